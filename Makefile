@@ -1,0 +1,41 @@
+# Set-up and everyday commands. `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+MDS := $(BIN)/mds
+DEMO := build/demo
+# The CPU wheel of this torch release is what the project is tested with; installing it
+# first keeps pip from resolving torch to a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench clean sample-data
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet -e ".[dev,tokenizers]"
+	touch $@
+
+demo: setup
+	rm -rf $(DEMO)
+	$(MDS) index sample_data/mds.toml -o $(DEMO)/index
+	$(MDS) index sample_data/mds.toml -o $(DEMO)/index --json > $(DEMO)/index-summary.json
+	@echo "demo index written to $(DEMO)/index (summary: $(DEMO)/index-summary.json)"
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python bench/bench_index.py --out build/bench
+
+sample-data: setup
+	$(BIN)/python sample_data/generate.py
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,88 @@
+"""The `mds` command: a thin layer over the library; user errors print as one line.
+
+Heavy imports (polars, the planner) happen inside commands so `mds --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import click
+import typer
+from mds.cli.output import err_console
+from mds.executor.errors import MdsError
+from typer.core import TyperGroup
+
+__all__ = ["app", "run"]
+
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+class MdsGroup(TyperGroup):
+    """The one place where MdsError becomes a one-line message and a non-zero exit."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MdsError as exc:
+            err_console.print(
+                f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True
+            )
+            raise typer.Exit(EXIT_USER_ERROR) from None
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]: nothing was written", highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+app = typer.Typer(
+    cls=MdsGroup,
+    name="mds",
+    help="Plan multi-source training data offline: index sources, plan steps, inspect, replay.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mds {version('mds')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version."
+    ),
+) -> None:
+    """Plan multi-source training data offline: index sources, plan steps, inspect, replay."""
+
+
+def _register() -> None:
+    from mds.cli import index
+
+    app.command("index")(index.index_command)
+
+
+_register()
+
+
+def _terminate(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
+def run() -> None:
+    """Console-script entry point: SIGTERM unwinds like Ctrl-C, so cleanup always runs."""
+    signal.signal(signal.SIGTERM, _terminate)
+    app(prog_name="mds")
+
+
+if __name__ == "__main__":
+    sys.exit(run())

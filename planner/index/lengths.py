@@ -1,0 +1,96 @@
+"""Token lengths from index inputs: type checks, tokenizer counts, labelled estimates.
+
+Every scanner funnels its raw length column through `checked_lengths`, so null, negative
+and out-of-range lengths fail the same way whatever the format.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+from mds.executor.errors import ConfigError, SourceDataError
+from mds.planner.config import LengthSpec
+
+__all__ = ["check_column_type", "checked_lengths", "load_tokenizer", "text_lengths"]
+
+MAX_TOKENS = 2**32 - 1
+TOKENIZE_BATCH = 4096
+
+
+def check_column_type(dtype: pl.DataType, role: str, column: str, where: str) -> None:
+    """Raise if `column` cannot serve as `role` ("tokens", "count" or "text")."""
+    ok = {
+        "tokens": isinstance(dtype, pl.List | pl.Array) and dtype.inner.is_integer(),
+        "count": dtype.is_integer(),
+        "text": dtype in (pl.String, pl.Null),
+    }[role]
+    if not ok:
+        wanted = {
+            "tokens": "a list of integer token ids",
+            "count": "an integer token count",
+            "text": "a string",
+        }[role]
+        raise SourceDataError(f"{where}column `{column}` has type {dtype}, expected {wanted}")
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str):
+    """Load a local Hugging Face tokenizer.json (extra `tokenizers`)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConfigError(
+            "`tokenizer` needs the `tokenizers` package: pip install 'mds[tokenizers]'"
+        ) from None
+    if not Path(path).is_file():
+        raise ConfigError(f"`tokenizer` file {path} not found")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # the library raises bare Exception for bad files
+        raise ConfigError(f"`tokenizer` file {path} is not a tokenizer.json ({exc})") from None
+
+
+def _tokenize(texts: pl.Series, path: str) -> pl.Series:
+    tok = load_tokenizer(path)
+    values = texts.to_list()
+    counts: list[int | None] = []
+    for start in range(0, len(values), TOKENIZE_BATCH):
+        batch = values[start : start + TOKENIZE_BATCH]
+        present = [t for t in batch if t is not None]
+        lens = iter(len(e.ids) for e in tok.encode_batch(present, add_special_tokens=False))
+        counts.extend(None if t is None else next(lens) for t in batch)
+    return pl.Series("n_tokens", counts, dtype=pl.Int64)
+
+
+def text_lengths(texts: pl.Series, length: LengthSpec, tokenizer_path: Path | None) -> pl.Series:
+    """n_tokens for a text column: tokenizer counts, or the labelled ceil(len / divisor) estimate."""
+    if length.kind == "tokenizer":
+        assert tokenizer_path is not None
+        return _tokenize(texts, str(tokenizer_path))
+    assert length.kind == "estimate" and length.estimate is not None
+    sizes = texts.str.len_bytes() if length.estimate.unit == "bytes" else texts.str.len_chars()
+    return (
+        (sizes.cast(pl.Float64) / length.estimate.divisor).ceil().cast(pl.Int64).alias("n_tokens")
+    )
+
+
+def checked_lengths(n: pl.Series, where: Callable[[int], str]) -> pl.Series:
+    """Validate raw lengths and return them as UInt32; `where(i)` names row i in errors."""
+    if n.dtype == pl.Null:
+        n = n.cast(pl.Int64)
+    nulls = n.is_null()
+    if nulls.any():
+        i = int(nulls.arg_true()[0])
+        raise SourceDataError(f"{where(i)}: length is null")
+    negative = n < 0
+    if negative.any():
+        i = int(negative.arg_true()[0])
+        raise SourceDataError(f"{where(i)}: length is negative ({n[i]})")
+    too_long = n > MAX_TOKENS
+    if too_long.any():
+        i = int(too_long.arg_true()[0])
+        raise SourceDataError(f"{where(i)}: length {n[i]} exceeds {MAX_TOKENS}")
+    return n.cast(pl.UInt32).alias("n_tokens")

@@ -1,0 +1,46 @@
+"""Shared pieces of the per-format scanners: the scan context and error wrapping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+from mds.executor.errors import MdsError, SourceDataError
+from mds.planner.config import SourceSpec
+from mds.planner.index.discover import DataFile
+
+__all__ = ["ScanContext", "first_line", "missing_column", "reading"]
+
+
+@dataclass(frozen=True)
+class ScanContext:
+    """What a scanner needs beyond the file: the source spec and resolved tokenizer path."""
+
+    spec: SourceSpec
+    tokenizer: Path | None = None
+    chunk_bytes: int = 16 << 20
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def missing_column(file: DataFile, column: str, available: list[str]) -> SourceDataError:
+    shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")
+    return SourceDataError(f"{file.rel}: column `{column}` not found; columns are {shown}")
+
+
+@contextmanager
+def reading(file: DataFile, what: str) -> Iterator[None]:
+    """Turn library read failures into one SourceDataError line naming the file."""
+    try:
+        yield
+    except MdsError:
+        raise
+    except (pl.exceptions.PolarsError, pa.ArrowException, OSError, ValueError) as exc:
+        raise SourceDataError(f"{file.rel}: cannot read {what} ({first_line(exc)})") from None
