@@ -10,6 +10,7 @@ import sys
 
 import click
 import typer
+from rich.markup import escape
 from mds.cli.output import err_console
 from mds.executor.errors import MdsError
 from typer.core import TyperGroup

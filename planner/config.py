@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_source",
+    "resolve_format",
 ]
 
 FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
@@ -55,7 +56,7 @@ class Estimate:
 class LengthSpec:
     """How a source's `n_tokens` is obtained, in the priority the docs give."""
 
-    kind: str  # "tokens" | "count" | "tokenizer" | "estimate" | "megatron"
+    kind: str  # "tokens" | "count" | "tokenizer" | "estimate" | "megatron" | "auto" (until found)
     column: str | None = None
     tokenizer: str | None = None
     estimate: Estimate | None = None
@@ -157,9 +158,14 @@ def parse_estimate(value: str, where: str) -> Estimate:
     return Estimate(match.group(1), float(match.group(2)))
 
 
-def _length_spec(
-    table: dict[str, Any], fmt: str | None, text: str | None, where: str
-) -> LengthSpec:
+_HOW_TO_MEASURE = (
+    "say how to measure length: set `tokens` (a token-id list column), `count` "
+    "(an integer column), `tokenizer` (a tokenizer.json, with `text`) or `estimate` "
+    '(e.g. "bytes/4", with `text`)'
+)
+
+
+def _length_spec(table: dict[str, Any], fmt: str | None, text: str | None, where: str) -> LengthSpec:
     given = [k for k in LENGTH_KEYS if k in table]
     if fmt == "megatron":
         if given:
@@ -172,11 +178,8 @@ def _length_spec(
             f"{where}set only one of `tokens`, `count`, `tokenizer`, `estimate`; got {', '.join(given)}"
         )
     if not given:
-        raise ConfigError(
-            f"{where}say how to measure length: set `tokens` (a token-id list column), `count` "
-            "(an integer column), `tokenizer` (a tokenizer.json, with `text`) or `estimate` "
-            '(e.g. "bytes/4", with `text`)'
-        )
+        # Only a Megatron dataset knows its lengths; that is settled once the files are found.
+        return LengthSpec("auto")
     kind = given[0]
     if kind in ("tokens", "count"):
         return LengthSpec(kind, column=_string(table, kind, where))
@@ -187,6 +190,23 @@ def _length_spec(
     estimate = _string(table, "estimate", where)
     assert estimate is not None
     return LengthSpec(kind, column=text, estimate=parse_estimate(estimate, where))
+
+
+def resolve_format(spec: SourceSpec, fmt: str) -> SourceSpec:
+    """Settle the length spec once the files' format is known (auto-detected formats)."""
+    where = f"source '{spec.name}': "
+    if fmt == "megatron":
+        if spec.length.kind not in ("auto", "megatron"):
+            raise ConfigError(
+                f'{where}`{spec.length.kind}` does not apply to format "megatron": lengths come from the .idx'
+            )
+        if spec.keep or spec.text:
+            key = "keep" if spec.keep else "text"
+            raise ConfigError(f'{where}`{key}` does not apply to format "megatron": it has no columns')
+        return replace(spec, format=fmt, length=LengthSpec("megatron"))
+    if spec.length.kind == "auto":
+        raise ConfigError(f"{where}{_HOW_TO_MEASURE}")
+    return replace(spec, format=fmt)
 
 
 def parse_source(table: dict[str, Any], where: str) -> SourceSpec:

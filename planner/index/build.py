@@ -23,7 +23,7 @@ import polars as pl
 from mds.executor.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.planner.atomic import atomic_write_bytes, fsync_file, is_temp, temp_sibling
-from mds.planner.config import IndexConfig, SourceSpec
+from mds.planner.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.arrow import scan_arrow
 from mds.planner.index.discover import DataFile, discover
 from mds.planner.index.jsonl import scan_jsonl
@@ -288,7 +288,10 @@ def build_index(
     created_dir = not output.exists()
 
     # Discover everything first: a bad glob fails before any work is done.
-    discovered = [(spec, discover(spec, config.root)) for spec in config.sources]
+    discovered = []
+    for spec in config.sources:
+        files = discover(spec, config.root)
+        discovered.append((resolve_format(spec, files[0].format), files))
     tokenizers = {spec.name: _resolve_tokenizer(spec, config.root) for spec, _ in discovered}
     old_by_name = {s["name"]: s for s in previous.sources} if previous else {}
 

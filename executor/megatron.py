@@ -1,0 +1,273 @@
+"""Read and write Megatron-LM indexed datasets (`prefix.bin` + `prefix.idx`, index version 1).
+
+The index arrays are views into a memory map (a 100M-sequence index is never copied) and
+validation walks them in fixed-size chunks, so memory stays bounded. numpy and stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from mds.executor.errors import SourceDataError
+
+__all__ = [
+    "DTYPE_CODES",
+    "MAGIC",
+    "MegatronIndex",
+    "check_bin",
+    "open_bin",
+    "read_index",
+    "read_sequence",
+    "write_dataset",
+]
+
+MAGIC = b"MMIDIDX\x00\x00"
+_VERSION = 1
+_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
+HEADER_SIZE = _HEADER.size  # 34
+
+# Megatron's DType enum; the files are little-endian whatever the host is.
+DTYPE_CODES: dict[int, np.dtype] = {
+    code: np.dtype(spec)
+    for code, spec in enumerate(("u1", "i1", "<i2", "<i4", "<i8", "<f8", "<f4", "<u2"), start=1)
+}
+_CODE_OF = {dtype.newbyteorder("<"): code for code, dtype in DTYPE_CODES.items()}
+_INT32, _INT64 = np.dtype("<i4"), np.dtype("<i8")
+
+# Validation works on slices of this many entries so its scratch memory stays bounded.
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, eq=False)
+class MegatronIndex:
+    """A parsed `.idx`: arrays are read-only views into a memory map of the file."""
+
+    path: Path
+    dtype: np.dtype
+    sizes: np.ndarray  # int32[sequence_count], tokens per sequence
+    pointers: np.ndarray  # int64[sequence_count], byte offset of each sequence in the .bin
+    document_indices: np.ndarray  # int64[document_count], sequence ranges of documents
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def bin_nbytes(self) -> int:
+        """The size the matching .bin must have."""
+        if len(self.sizes) == 0:
+            return 0
+        return int(self.pointers[-1]) + int(self.sizes[-1]) * self.itemsize
+
+
+def _chunks(n: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, _CHUNK):
+        yield start, min(start + _CHUNK, n)
+
+
+def _read_header(path: Path) -> tuple[np.dtype, int, int, int]:
+    """Parse and check the fixed header; return (dtype, sequences, documents, file size)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+            file_size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise SourceDataError(f"{path}: cannot read Megatron index ({exc.strerror})") from None
+    if head[: len(MAGIC)] != MAGIC:
+        raise SourceDataError(f"{path}: not a Megatron .idx file (bad magic)")
+    if len(head) < HEADER_SIZE:
+        raise SourceDataError(
+            f"{path}: truncated Megatron .idx header ({len(head)} bytes, need {HEADER_SIZE})"
+        )
+    _, version, code, n_seq, n_doc = _HEADER.unpack(head)
+    if version != _VERSION:
+        raise SourceDataError(
+            f"{path}: unsupported Megatron .idx version {version} (only {_VERSION} is supported)"
+        )
+    if code not in DTYPE_CODES:
+        raise SourceDataError(f"{path}: unknown Megatron dtype code {code} (expected 1-8)")
+    return DTYPE_CODES[code], n_seq, n_doc, file_size
+
+
+def _check_length(path: Path, n_seq: int, n_doc: int, file_size: int) -> None:
+    need = HEADER_SIZE + 12 * n_seq + 8 * n_doc
+    if file_size < need:
+        raise SourceDataError(
+            f"{path}: file too short for {n_seq} sequences and {n_doc} document indices "
+            f"({file_size} bytes, need {need})"
+        )
+    extra = file_size - need
+    if extra not in (0, n_seq):  # n_seq trailing bytes: megatron.core's int8 sequence_modes
+        raise SourceDataError(
+            f"{path}: {extra} unexpected bytes after the index arrays "
+            f"(expected 0, or {n_seq} of sequence_modes)"
+        )
+
+
+def _check_sizes_and_pointers(
+    path: Path, sizes: np.ndarray, pointers: np.ndarray, itemsize: int
+) -> None:
+    """Pointers must be the exclusive running sum of sizes * itemsize; sizes non-negative."""
+    offset = 0
+    for start, stop in _chunks(len(sizes)):
+        nbytes = sizes[start:stop].astype(np.int64) * itemsize
+        negative = np.flatnonzero(nbytes < 0)
+        if len(negative):
+            i = start + int(negative[0])
+            raise SourceDataError(f"{path}: sequence {i} has negative size {int(sizes[i])}")
+        ends = np.cumsum(nbytes) + offset
+        expected = ends - nbytes
+        wrong = np.flatnonzero(pointers[start:stop] != expected)
+        if len(wrong):
+            j = int(wrong[0])
+            raise SourceDataError(
+                f"{path}: pointer of sequence {start + j} is {int(pointers[start + j])}, "
+                f"expected {int(expected[j])} (pointers must be the running sum of "
+                f"sizes * {itemsize})"
+            )
+        offset = int(ends[-1])
+
+
+def _check_documents(path: Path, docs: np.ndarray, n_seq: int) -> None:
+    """Document boundaries: start at 0, never decrease, end at the sequence count."""
+    if len(docs) == 0 or docs[0] != 0 or docs[-1] != n_seq:
+        raise SourceDataError(
+            f"{path}: document_indices must start at 0 and end at the sequence count {n_seq}"
+            + (f" (got {int(docs[0])} .. {int(docs[-1])})" if len(docs) else " (it is empty)")
+        )
+    for start, stop in _chunks(len(docs) - 1):
+        steps = docs[start + 1 : stop + 1] - docs[start:stop]
+        bad = np.flatnonzero(steps < 0)
+        if len(bad):
+            i = start + int(bad[0]) + 1
+            raise SourceDataError(
+                f"{path}: document_indices decrease at entry {i} "
+                f"({int(docs[i - 1])} -> {int(docs[i])})"
+            )
+
+
+def read_index(idx_path: str | os.PathLike[str]) -> MegatronIndex:
+    """Open and validate a `.idx`; raises SourceDataError naming the file and the problem."""
+    path = Path(idx_path)
+    dtype, n_seq, n_doc, file_size = _read_header(path)
+    _check_length(path, n_seq, n_doc, file_size)
+    buffer = np.memmap(path, dtype=np.uint8, mode="r")
+    sizes = np.frombuffer(buffer, dtype=_INT32, count=n_seq, offset=HEADER_SIZE)
+    pointers = np.frombuffer(buffer, dtype=_INT64, count=n_seq, offset=HEADER_SIZE + 4 * n_seq)
+    docs = np.frombuffer(buffer, dtype=_INT64, count=n_doc, offset=HEADER_SIZE + 12 * n_seq)
+    _check_sizes_and_pointers(path, sizes, pointers, dtype.itemsize)
+    _check_documents(path, docs, n_seq)
+    return MegatronIndex(path, dtype, sizes, pointers, docs)
+
+
+def check_bin(index: MegatronIndex, bin_path: str | os.PathLike[str]) -> None:
+    """Raise SourceDataError unless the .bin has exactly the size the index implies."""
+    path = Path(bin_path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SourceDataError(f"{path}: cannot read Megatron data file ({exc.strerror})") from None
+    if size != index.bin_nbytes:
+        raise SourceDataError(
+            f"{path}: Megatron .bin is {size} bytes but {index.path.name} implies "
+            f"{index.bin_nbytes}"
+        )
+
+
+def open_bin(index: MegatronIndex, bin_path: str | os.PathLike[str]) -> np.ndarray:
+    """Check the .bin against the index and memory-map it as a flat array of `index.dtype`."""
+    check_bin(index, bin_path)
+    if index.bin_nbytes == 0:  # mmap cannot map an empty file
+        return np.empty(0, dtype=index.dtype)
+    return np.memmap(bin_path, dtype=index.dtype, mode="r")
+
+
+def read_sequence(
+    bin_source: str | os.PathLike[str] | np.ndarray, index: MegatronIndex, i: int
+) -> np.ndarray:
+    """Return sequence `i` as a fresh array; pass `open_bin(...)`'s result when reading many."""
+    if not 0 <= i < len(index):
+        raise IndexError(f"sequence {i} out of range for {len(index)} sequences")
+    data = bin_source if isinstance(bin_source, np.ndarray) else open_bin(index, bin_source)
+    if data.dtype != index.dtype:
+        raise TypeError(f"bin array has dtype {data.dtype}, index says {index.dtype}")
+    start = int(index.pointers[i]) // index.itemsize
+    return np.array(data[start : start + int(index.sizes[i])])
+
+
+def _as_dtype(sequence: object, dtype: np.dtype, i: int) -> np.ndarray:
+    raw = np.asarray(sequence)
+    if raw.ndim != 1:
+        raise ValueError(f"sequence {i} is not one-dimensional (shape {raw.shape})")
+    out = raw.astype(dtype)
+    if dtype.kind in "iu" and len(raw) and not np.array_equal(out, raw):
+        raise ValueError(f"sequence {i} has values that do not fit {dtype}")
+    return out
+
+
+def _idx_bytes(sizes: np.ndarray, dtype: np.dtype) -> bytes:
+    n = len(sizes)
+    header = _HEADER.pack(MAGIC, _VERSION, _CODE_OF[dtype], n, n + 1)
+    nbytes = sizes.astype(_INT64) * dtype.itemsize
+    pointers = np.cumsum(nbytes, dtype=_INT64) - nbytes
+    docs = np.arange(n + 1, dtype=_INT64)
+    return header + sizes.astype(_INT32).tobytes() + pointers.tobytes() + docs.tobytes()
+
+
+def _temp_beside(path: Path) -> Path:
+    """A fresh name in the same directory (so os.replace is atomic); the umask sets its mode."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            with open(tmp, "xb"):
+                return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot create a temporary file beside {path}")
+
+
+def write_dataset(
+    prefix: str | os.PathLike[str],
+    sequences: Iterable[object],
+    dtype: np.dtype | type = np.uint16,
+) -> tuple[Path, Path]:
+    """Write `prefix.bin` and `prefix.idx` (one document per sequence) atomically.
+
+    Each file is written under a temporary name in its directory and moved into place with
+    `os.replace`, so neither is ever seen half-written. The pair is not replaced as one: between
+    the two moves a reader can meet the new .bin beside the old .idx (`check_bin` catches that
+    unless the sizes happen to agree), so do not rewrite a dataset that is being read.
+    """
+    dtype = np.dtype(dtype).newbyteorder("<")
+    if dtype not in _CODE_OF:
+        names = ", ".join(str(d) for d in DTYPE_CODES.values())
+        raise ValueError(f"dtype {dtype} has no Megatron code; use one of {names}")
+    bin_path, idx_path = Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
+    temps: list[Path] = []
+    try:
+        temps.append(tmp_bin := _temp_beside(bin_path))
+        temps.append(tmp_idx := _temp_beside(idx_path))
+        sizes: list[int] = []
+        with open(tmp_bin, "wb") as f:
+            for i, sequence in enumerate(sequences):
+                arr = _as_dtype(sequence, dtype, i)
+                if len(arr) > np.iinfo(np.int32).max:
+                    raise ValueError(f"sequence {i} is longer than an int32 size can hold")
+                f.write(arr.tobytes())
+                sizes.append(len(arr))
+        tmp_idx.write_bytes(_idx_bytes(np.array(sizes, dtype=_INT64), dtype))
+        os.replace(tmp_bin, bin_path)
+        os.replace(tmp_idx, idx_path)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+    return bin_path, idx_path
