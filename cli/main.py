@@ -10,10 +10,10 @@ import sys
 
 import click
 import typer
-from rich.markup import escape
+from typer.core import TyperGroup
+
 from mds.cli.output import err_console
 from mds.executor.errors import MdsError
-from typer.core import TyperGroup
 
 __all__ = ["app", "run"]
 
@@ -37,10 +37,19 @@ class MdsGroup(TyperGroup):
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+HELP = """Plan multi-source training data offline: index sources, plan steps, inspect, replay.
+
+Example:
+
+\b
+    mds index sample_data/mds.toml -o index
+    mds index --help
+"""
+
 app = typer.Typer(
     cls=MdsGroup,
     name="mds",
-    help="Plan multi-source training data offline: index sources, plan steps, inspect, replay.",
+    help=HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -67,9 +76,10 @@ def main(
 
 
 def _register() -> None:
-    from mds.cli import index
+    from mds.cli import index, plan
 
     app.command("index")(index.index_command)
+    app.command("plan")(plan.plan_command)
 
 
 _register()

@@ -1,0 +1,306 @@
+"""The plan file: chunked per-step sample ids, readable one (chunk, DP rank) at a time.
+
+Layout (all integers little-endian; docs/plan-format.md is the spec):
+
+    header   b"MDSPLAN\\0" | u32 format version | u32 flags (0)
+    chunks   per chunk: a directory of D entries (u64 offset, u64 size, 8-byte BLAKE2b),
+             then one block per DP rank: micro-batch sample counts [steps, M] (u16 or u32),
+             then the samples' global ids, `id_width` bytes each
+    sections binary arrays named in the footer (per-step stats, per-chunk source cursors)
+    footer   UTF-8 JSON: config, sources, geometry, chunk list with directory checksums,
+             section offsets and checksums
+    trailer  u64 footer offset | u64 footer size | 8-byte BLAKE2b of the footer | magic
+
+Every byte a reader uses is covered by a checksum chained from the footer, so a corrupt
+plan raises PlanError instead of returning wrong samples. No pickle: JSON and raw arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from mds.executor.errors import PlanError
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "PlanReader", "PlanWriter", "RankChunk", "checksum"]
+
+MAGIC = b"MDSPLAN\x00"
+FORMAT_VERSION = 1
+_HEAD = struct.Struct("<8sII")
+_TRAILER = struct.Struct("<QQ8s8s")
+_DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
+_MAX_FOOTER = 1 << 30
+
+
+def checksum(data: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+@dataclass(frozen=True)
+class RankChunk:
+    """One DP rank's samples for the steps of one chunk."""
+
+    step_start: int
+    counts: np.ndarray  # [steps, micro_batches] samples per micro-batch
+    ids: np.ndarray  # uint64 global sample ids, in (step, micro-batch, sample) order
+
+
+def encode_ids(ids: np.ndarray, width: int) -> bytes:
+    raw = np.ascontiguousarray(ids, dtype="<u8").view(np.uint8).reshape(-1, 8)
+    return raw[:, :width].tobytes()
+
+
+def decode_ids(data: bytes | memoryview, width: int) -> np.ndarray:
+    raw = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
+    out = np.zeros((raw.shape[0], 8), dtype=np.uint8)
+    out[:, :width] = raw
+    return out.view("<u8").ravel()
+
+
+class PlanWriter:
+    """Writes a plan to a temporary file; `commit()` renames it into place."""
+
+    def __init__(
+        self,
+        path: Path,
+        tmp: Path,
+        *,
+        dp_size: int,
+        micro_batches: int,
+        id_width: int,
+        count_dtype: str,
+    ):
+        self.path, self.tmp = Path(path), Path(tmp)
+        self.dp, self.micro = dp_size, micro_batches
+        self.id_width, self.count_dtype = id_width, np.dtype(count_dtype)
+        self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._f.write(_HEAD.pack(MAGIC, FORMAT_VERSION, 0))
+        self._chunks: list[list[Any]] = []
+        self._sections: dict[str, dict[str, Any]] = {}
+
+    def add_chunk(
+        self, step_start: int, step_end: int, blocks: list[tuple[np.ndarray, np.ndarray]]
+    ) -> None:
+        """Append one chunk: for each rank, (counts [steps, M], global ids)."""
+        assert len(blocks) == self.dp
+        payloads = []
+        for counts, ids in blocks:
+            assert counts.shape == (step_end - step_start, self.micro)
+            assert int(counts.sum()) == len(ids)
+            payloads.append(
+                np.ascontiguousarray(counts, dtype=self.count_dtype.newbyteorder("<")).tobytes()
+                + encode_ids(ids, self.id_width)
+            )
+        dir_offset = self._f.tell()
+        directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
+        offset = dir_offset + directory.nbytes
+        for r, data in enumerate(payloads):
+            directory[r] = (offset, len(data), checksum(data))
+            offset += len(data)
+        dir_bytes = directory.tobytes()
+        self._f.write(dir_bytes)
+        for data in payloads:
+            self._f.write(data)
+        self._chunks.append([step_start, step_end, dir_offset, checksum(dir_bytes).hex()])
+
+    def add_section(self, name: str, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        self._sections[name] = {
+            "offset": self._f.tell(),
+            "size": len(data),
+            "dtype": array.dtype.newbyteorder("<").str,
+            "shape": list(array.shape),
+            "checksum": checksum(data).hex(),
+        }
+        self._f.write(data)
+
+    def commit(self, footer: dict[str, Any]) -> bytes:
+        """Write footer and trailer, fsync, rename into place; returns the footer bytes."""
+        footer = dict(footer)
+        footer["layout"] = {
+            "dp_size": self.dp,
+            "micro_batches": self.micro,
+            "id_width": self.id_width,
+            "count_dtype": self.count_dtype.newbyteorder("<").str,
+            "chunks": self._chunks,
+            "sections": self._sections,
+        }
+        data = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode()
+        offset = self._f.tell()
+        self._f.write(data)
+        self._f.write(_TRAILER.pack(offset, len(data), checksum(data), MAGIC))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.tmp, self.path)
+        return data
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class PlanReader:
+    """Random access to a plan: the footer, then only the (chunk, rank) blocks asked for."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise PlanError(f"{self.path}: cannot open plan ({exc.strerror or exc})") from None
+        try:
+            self._load()
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _fail(self, what: str) -> PlanError:
+        return PlanError(f"{self.path}: {what}")
+
+    def _read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise self._fail(
+                f"corrupt plan: a reference points outside the file ({offset}+{size} > {self.size})"
+            )
+        self._f.seek(offset)
+        data = self._f.read(size)
+        if len(data) != size:
+            raise self._fail("truncated plan file")
+        return data
+
+    def _load(self) -> None:
+        self.size = os.fstat(self._f.fileno()).st_size
+        if self.size < _HEAD.size + _TRAILER.size:
+            raise self._fail("not an mds plan (file too short; truncated?)")
+        magic, version, _flags = _HEAD.unpack(self._read(0, _HEAD.size))
+        if magic != MAGIC:
+            raise self._fail("not an mds plan (bad magic)")
+        if version > FORMAT_VERSION:
+            raise self._fail(
+                f"plan format version {version} is newer than this mds supports ({FORMAT_VERSION}); upgrade mds"
+            )
+        if version < 1:
+            raise self._fail(f"invalid plan format version {version}")
+        offset, size, digest, tail = _TRAILER.unpack(
+            self._read(self.size - _TRAILER.size, _TRAILER.size)
+        )
+        if tail != MAGIC:
+            raise self._fail("truncated or corrupt plan (no trailer)")
+        if size > _MAX_FOOTER or offset + size > self.size - _TRAILER.size:
+            raise self._fail("corrupt plan trailer")
+        data = self._read(offset, size)
+        if checksum(data) != digest:
+            raise self._fail("plan footer checksum mismatch (corrupt file)")
+        self.footer_bytes = data
+        try:
+            self.footer = json.loads(data)
+            layout = self.footer["layout"]
+            self.dp = int(layout["dp_size"])
+            self.micro = int(layout["micro_batches"])
+            self.id_width = int(layout["id_width"])
+            self.count_dtype = np.dtype(str(layout["count_dtype"]))
+            self.chunks = [
+                (int(a), int(b), int(o), bytes.fromhex(c)) for a, b, o, c in layout["chunks"]
+            ]
+            self.sections = dict(layout["sections"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._fail(f"corrupt plan footer ({exc})") from None
+        if not (
+            self.dp > 0
+            and self.micro > 0
+            and 1 <= self.id_width <= 8
+            and self.count_dtype in (np.dtype("<u2"), np.dtype("<u4"))
+        ):
+            raise self._fail("corrupt plan footer (bad layout)")
+        self.plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
+        self._dirs: dict[int, np.ndarray] = {}
+
+    @property
+    def steps(self) -> int:
+        return self.chunks[-1][1] if self.chunks else 0
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> PlanReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def chunk_of(self, step: int) -> int:
+        if not 0 <= step < self.steps:
+            raise PlanError(f"{self.path}: step {step} is outside the plan's {self.steps} steps")
+        lo, hi = 0, len(self.chunks)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.chunks[mid][0] <= step:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _directory(self, chunk: int) -> np.ndarray:
+        directory = self._dirs.get(chunk)
+        if directory is None:
+            _a, _b, offset, digest = self.chunks[chunk]
+            data = self._read(offset, self.dp * _DIR_ENTRY.itemsize)
+            if checksum(data) != digest:
+                raise self._fail(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
+            directory = np.frombuffer(data, dtype=_DIR_ENTRY)
+            if len(self._dirs) > 256:
+                self._dirs.clear()
+            self._dirs[chunk] = directory
+        return directory
+
+    def rank_chunk(self, chunk: int, rank: int) -> RankChunk:
+        """The samples of `rank` in `chunk`, checksum-verified."""
+        if not 0 <= rank < self.dp:
+            raise PlanError(f"{self.path}: DP rank {rank} is outside the plan's dp_size {self.dp}")
+        if not 0 <= chunk < len(self.chunks):
+            raise PlanError(f"{self.path}: chunk {chunk} does not exist")
+        a, b, _, _ = self.chunks[chunk]
+        entry = self._directory(chunk)[rank]
+        data = self._read(int(entry["offset"]), int(entry["size"]))
+        if checksum(data) != entry["checksum"]:
+            raise self._fail(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
+        head = (b - a) * self.micro * self.count_dtype.itemsize
+        if head > len(data) or (len(data) - head) % self.id_width:
+            raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
+        counts = (
+            np.frombuffer(data[:head], dtype=self.count_dtype)
+            .reshape(b - a, self.micro)
+            .astype(np.int64)
+        )
+        ids = decode_ids(memoryview(data)[head:], self.id_width)
+        if int(counts.sum()) != len(ids):
+            raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (counts do not match ids)")
+        return RankChunk(a, counts, ids)
+
+    def section(self, name: str) -> np.ndarray:
+        try:
+            meta = self.sections[name]
+            offset, size, dtype = (
+                int(meta["offset"]),
+                int(meta["size"]),
+                np.dtype(str(meta["dtype"])),
+            )
+            shape = tuple(int(x) for x in meta["shape"])
+            digest = bytes.fromhex(meta["checksum"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise self._fail(f"corrupt plan footer (section {name!r}: {exc})") from None
+        data = self._read(offset, size)
+        if checksum(data) != digest:
+            raise self._fail(f"section {name!r}: checksum mismatch (corrupt file)")
+        if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize != size:
+            raise self._fail(f"section {name!r}: corrupt shape")
+        return np.frombuffer(data, dtype=dtype).reshape(shape)

@@ -1,0 +1,372 @@
+"""Build a plan: mix, select, balance and encode every step, chunk by chunk.
+
+A chunk of steps [a, b) is a pure function of the config, the index and the mixing state
+at a; a fast sequential pass computes those states first, then chunks are planned
+independently (in worker processes with --workers) and written in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.executor.errors import ConfigError
+from mds.executor.planfile import PlanWriter
+from mds.planner.atomic import temp_sibling
+from mds.planner.balance import balance, lower_bound, naive_ranks
+from mds.planner.index.manifest import IndexManifest, read_manifest
+from mds.planner.mixing import Mixer, MixState
+from mds.planner.plan_config import PlanConfig
+from mds.planner.pool import COST_SCALE, SourcePool, load_pools
+from mds.planner.stream import SourceStream
+
+__all__ = ["STAT_COLUMNS", "ChunkResult", "PlanSummary", "Planner", "build_plan"]
+
+PLAN_FORMAT = "mds-plan"
+STAT_COLUMNS = (
+    "samples",
+    "tokens",
+    "cost",
+    "max_rank_cost",
+    "min_rank_cost",
+    "lower_bound",
+    "naive_max_rank_cost",
+    "max_micro_tokens",
+    "max_micro_cost",
+)
+
+
+@dataclass
+class ChunkResult:
+    """One planned chunk: per-rank (counts, ids) blocks and per-step stats rows."""
+
+    start: int
+    end: int
+    blocks: list[tuple[np.ndarray, np.ndarray]]
+    stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
+    source_samples: np.ndarray  # [steps, sources] int64
+
+
+@dataclass
+class PlanSummary:
+    path: str
+    plan_id: str
+    steps: int
+    dp_size: int
+    micro_batches: int
+    samples: int
+    tokens: int
+    bytes: int
+    ratio_mean: float
+    ratio_max: float
+    naive_ratio_mean: float
+    naive_ratio_max: float
+    speedup_vs_naive: float
+    seconds: float
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+class Planner:
+    """Everything needed to plan any chunk: pools, streams, mixer (see module docstring)."""
+
+    def __init__(self, config: PlanConfig, manifest: IndexManifest | None = None):
+        self.config = config
+        self.manifest = manifest or read_manifest(config.index)
+        self.pools: list[SourcePool] = load_pools(config, self.manifest)
+        self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
+        self.mixer = Mixer(config, self.pools, self.streams)
+        self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
+
+    def boundaries(self) -> list[tuple[int, int]]:
+        steps, size = self.config.train.steps, self.config.chunk_steps
+        return [(a, min(a + size, steps)) for a in range(0, steps, size)]
+
+    def states(self) -> list[MixState]:
+        """Mixing state at the start of every chunk, plus the final state."""
+        state = self.mixer.start()
+        out = [state]
+        for _a, b in self.boundaries():
+            _, state = self.mixer.run(state, b)
+            out.append(state)
+        return out
+
+    def plan_chunk(self, state: MixState, end: int) -> ChunkResult:
+        train = self.config.train
+        a = state.step
+        T, D, M = end - a, train.dp_size, train.micro_batches
+        counts, _ = self.mixer.run(state, end)  # [T, S]
+        per_step = counts.sum(axis=1)
+        width = int(per_step.max(initial=0))
+        gid = np.zeros((T, width), dtype=np.int64)
+        length = np.zeros((T, width), dtype=np.int64)
+        cost = np.zeros((T, width), dtype=np.int64)
+        valid = np.arange(width)[None, :] < per_step[:, None]
+        offsets = np.cumsum(counts, axis=1) - counts  # where each source starts inside a step
+        for s, (pool, stream) in enumerate(zip(self.pools, self.streams, strict=True)):
+            total = int(counts[:, s].sum())
+            if total == 0:
+                continue
+            pos = stream.positions(int(state.consumed[s]), total)
+            step_of = np.repeat(np.arange(T), counts[:, s])
+            first = np.cumsum(counts[:, s]) - counts[:, s]
+            slot = offsets[step_of, s] + np.arange(total) - first[step_of]
+            gid[step_of, slot] = pool.base + pool.rows[pos]
+            length[step_of, slot] = pool.lengths[pos]
+            cost[step_of, slot] = pool.costs[pos]
+        steps = np.arange(a, end)
+        assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
+        return ChunkResult(
+            a,
+            end,
+            _blocks(assign, gid, valid, T, D, M),
+            _stats(assign, cost, length, valid, steps, D, M),
+            counts,
+        )
+
+
+def _blocks(
+    assign, gid: np.ndarray, valid: np.ndarray, T: int, D: int, M: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per rank: sample counts [T, M] and global ids in (step, micro-batch, slot) order."""
+    t, j = np.nonzero(valid)
+    r, m = assign.rank[t, j], assign.micro[t, j]
+    cell = (r * T + t) * M + m
+    order = np.lexsort((j, cell))
+    ids = gid[t, j][order]
+    per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
+    bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
+    return [(per_cell[k], ids[bounds[k] : bounds[k + 1]]) for k in range(D)]
+
+
+def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
+    T = cost.shape[0]
+    naive = naive_ranks(valid, D, steps)
+    naive_load = np.zeros((T, D + 1), dtype=np.int64)
+    np.add.at(
+        naive_load,
+        (np.arange(T)[:, None].repeat(cost.shape[1], 1), np.where(naive >= 0, naive, D)),
+        cost,
+    )
+    cell = np.where(valid, assign.rank * M + assign.micro, D * M)
+    rows = np.arange(T)[:, None].repeat(cost.shape[1], 1)
+    micro_tok = np.zeros((T, D * M + 1), dtype=np.int64)
+    micro_cost = np.zeros((T, D * M + 1), dtype=np.int64)
+    np.add.at(micro_tok, (rows, cell), length)
+    np.add.at(micro_cost, (rows, cell), cost)
+    out = np.stack(
+        [
+            valid.sum(axis=1),
+            length.sum(axis=1),
+            cost.sum(axis=1),
+            assign.load.max(axis=1),
+            assign.load.min(axis=1),
+            lower_bound(cost, D),
+            naive_load[:, :D].max(axis=1),
+            micro_tok[:, : D * M].max(axis=1),
+            micro_cost[:, : D * M].max(axis=1),
+        ],
+        axis=1,
+    )
+    return out.astype(np.int64)
+
+
+# Worker-process plumbing: each worker builds its own Planner once.
+_WORKER: Planner | None = None
+
+
+def _init_worker(config: PlanConfig) -> None:
+    global _WORKER
+    _WORKER = Planner(config)
+
+
+def _run_chunk(args: tuple[MixState, int]) -> ChunkResult:
+    assert _WORKER is not None
+    state, end = args
+    return _WORKER.plan_chunk(state, end)
+
+
+def with_overrides(
+    config: PlanConfig,
+    steps: int | None = None,
+    dp_size: int | None = None,
+    index: Path | None = None,
+) -> PlanConfig:
+    """Apply --steps / --dp-size / --index and re-check what they affect."""
+    if index is not None:
+        config = replace(config, index=Path(index).resolve())
+    train = config.train
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {steps}")
+        train = replace(train, steps=steps)
+    if dp_size is not None:
+        if dp_size < 1:
+            raise ConfigError(f"--dp-size must be >= 1, got {dp_size}")
+        train = replace(train, dp_size=dp_size)
+        if train.samples_per_step is not None and train.samples_per_step < dp_size:
+            raise ConfigError(
+                f"--dp-size {dp_size} exceeds samples_per_step = {train.samples_per_step}"
+            )
+    return replace(config, train=train)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    return num / np.maximum(den, 1)
+
+
+def build_plan(
+    config: PlanConfig,
+    output: Path,
+    *,
+    workers: int | None = None,
+    progress: Any = None,
+) -> PlanSummary:
+    """Plan every step of `config` into the file `output` (written atomically)."""
+    started = time.perf_counter()
+    output = Path(output).resolve()
+    planner = Planner(config)
+    train = config.train
+    bounds = planner.boundaries()
+    states = planner.states()
+    workers = workers or config.workers or 1
+    workers = max(1, min(workers, len(bounds), os.cpu_count() or 1))
+    id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
+    count_dtype = "<u2" if train.max_tokens_per_micro_batch < 1 << 16 else "<u4"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    writer = PlanWriter(
+        output,
+        temp_sibling(output),
+        dp_size=train.dp_size,
+        micro_batches=train.micro_batches,
+        id_width=id_width,
+        count_dtype=count_dtype,
+    )
+    if progress is not None:
+        progress.start(train.steps)
+    stats, mixed = [], []
+    try:
+        jobs = [(states[i], b) for i, (_a, b) in enumerate(bounds)]
+        if workers == 1:
+            results = (planner.plan_chunk(state, end) for state, end in jobs)
+            pool = None
+        else:
+            pool = ProcessPoolExecutor(
+                workers,
+                mp_context=get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(config,),
+            )
+            results = pool.map(_run_chunk, jobs)
+        try:
+            for result in results:
+                writer.add_chunk(result.start, result.end, result.blocks)
+                stats.append(result.stats)
+                mixed.append(result.source_samples)
+                if progress is not None:
+                    progress.advance(result.end - result.start)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(STAT_COLUMNS)), np.int64)
+        mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
+        writer.add_section("stats", stats_arr)
+        writer.add_section("source_samples", mixed_arr)
+        writer.add_section("cursor_consumed", np.stack([s.consumed for s in states]))
+        writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
+        writer.add_section("cursor_target", np.stack([s.target for s in states]))
+        footer = _footer(planner, output, states[-1], stats_arr)
+        data = writer.commit(footer)
+    except BaseException:
+        writer.abort()
+        raise
+    plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
+    return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
+
+
+def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) -> dict[str, Any]:
+    config, manifest = planner.config, planner.manifest
+    peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
+    base = 0
+    index_sources = []
+    for s in manifest.sources:
+        index_sources.append(
+            {
+                "name": s["name"],
+                "base": base,
+                "rows": s["rows"],
+                "table_checksum": s["table_checksum"],
+            }
+        )
+        base += s["rows"]
+    sources = []
+    for s, pool in enumerate(planner.pools):
+        consumed = int(final.consumed[s])
+        sources.append(
+            {
+                "name": pool.name,
+                "base": pool.base,
+                "eligible": pool.n,
+                "dropped_overlong": pool.dropped,
+                "truncated": pool.truncated,
+                "samples": consumed,
+                "tokens": int(final.tokens[s]) if config.train.tokens_per_step else None,
+                "epochs": round(consumed / pool.n, 6) if pool.n else 0.0,
+                "epochs_started": -(-consumed // pool.n) if pool.n else 0,
+            }
+        )
+    return {
+        "format": PLAN_FORMAT,
+        "config": config.canonical(),
+        "index": {
+            "fingerprint": manifest.fingerprint,
+            "path": os.path.relpath(manifest.path, output.parent),
+            "sources": index_sources,
+        },
+        "sources": sources,
+        "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
+        "stats_columns": list(STAT_COLUMNS),
+        "steps": config.train.steps,
+    }
+
+
+def _summary(
+    output: Path, plan_id: str, planner: Planner, stats: np.ndarray, footer, seconds: float
+) -> PlanSummary:
+    col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
+    ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
+    naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
+    planned = int(col["max_rank_cost"].sum())
+    train = planner.config.train
+    return PlanSummary(
+        path=str(output),
+        plan_id=plan_id,
+        steps=train.steps,
+        dp_size=train.dp_size,
+        micro_batches=train.micro_batches,
+        samples=int(col["samples"].sum()),
+        tokens=int(col["tokens"].sum()),
+        bytes=output.stat().st_size,
+        ratio_mean=round(float(ratio.mean()), 6) if len(ratio) else 1.0,
+        ratio_max=round(float(ratio.max()), 6) if len(ratio) else 1.0,
+        naive_ratio_mean=round(float(naive.mean()), 6) if len(naive) else 1.0,
+        naive_ratio_max=round(float(naive.max()), 6) if len(naive) else 1.0,
+        speedup_vs_naive=round(int(col["naive_max_rank_cost"].sum()) / planned, 6)
+        if planned
+        else 1.0,
+        seconds=seconds,
+        sources=footer["sources"],
+    )

@@ -1,0 +1,314 @@
+"""The planning part of the config: `[train]`, `[cost]`, `[plan]` and per-source mixing keys.
+
+`PlanConfig.canonical()` is what the plan header stores: everything that changes the plan,
+in one normalized form, so equal configs give equal plan bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mds.executor.errors import ConfigError
+from mds.planner.config import IndexConfig, _check_keys, load_config, parse_config
+from mds.planner.schedule import WeightSchedule, parse_schedule
+
+__all__ = [
+    "CostSpec",
+    "MixSpec",
+    "PlanConfig",
+    "TrainSpec",
+    "load_plan_config",
+    "parse_plan_config",
+]
+
+TRAIN_KEYS = (
+    "steps",
+    "dp_size",
+    "micro_batches",
+    "samples_per_step",
+    "tokens_per_step",
+    "max_tokens_per_micro_batch",
+    "seed",
+    "overlong",
+    "weight_by",
+)
+COST_KEYS = ("a", "b", "model", "expr")
+MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
+PLAN_KEYS = ("index", "chunk_steps", "workers")
+OVERLONG = ("error", "drop", "truncate")
+WEIGHT_BY = ("samples", "tokens")
+DEFAULT_CHUNK_STEPS = 256
+# Without [cost]: the a:b ratio of a causal model with hidden size 4096 (see docs/config.md).
+DEFAULT_A, DEFAULT_B = 1.0, 1.0 / (6 * 4096)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Batch geometry: steps x dp_size ranks x micro_batches, one step's size, capacity."""
+
+    steps: int
+    dp_size: int
+    micro_batches: int
+    samples_per_step: int | None
+    tokens_per_step: int | None
+    max_tokens_per_micro_batch: int
+    seed: int
+    overlong: str
+    weight_by: str
+
+    @property
+    def bins(self) -> int:
+        return self.dp_size * self.micro_batches
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    """Per-sample cost: `a*L + b*L^2` (L = n_tokens), or an SQL expression over index columns."""
+
+    a: float = DEFAULT_A
+    b: float = DEFAULT_B
+    expr: str | None = None
+    origin: str = "default"  # "default" | "given" | "model" | "expr"
+
+    def describe(self) -> dict[str, Any]:
+        if self.expr is not None:
+            return {"expr": self.expr}
+        return {"a": self.a, "b": self.b, "origin": self.origin}
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """One source's part in the mix: its weight schedule, filter and epoch limit."""
+
+    name: str
+    weight: WeightSchedule
+    filter: str | None
+    max_epochs: int | None
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    train: TrainSpec
+    cost: CostSpec
+    sources: tuple[MixSpec, ...]
+    index: Path
+    chunk_steps: int = DEFAULT_CHUNK_STEPS
+    workers: int | None = None
+    path: Path | None = None
+
+    def canonical(self) -> dict[str, Any]:
+        """The plan-relevant config in normalized form (stored in the plan header)."""
+        t = self.train
+        return {
+            "train": {
+                "steps": t.steps,
+                "dp_size": t.dp_size,
+                "micro_batches": t.micro_batches,
+                "samples_per_step": t.samples_per_step,
+                "tokens_per_step": t.tokens_per_step,
+                "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
+                "seed": t.seed,
+                "overlong": t.overlong,
+                "weight_by": t.weight_by,
+            },
+            "cost": self.cost.describe(),
+            "chunk_steps": self.chunk_steps,
+            "sources": [
+                {
+                    "name": s.name,
+                    "weight": s.weight.describe(),
+                    "filter": s.filter,
+                    "max_epochs": s.max_epochs,
+                }
+                for s in self.sources
+            ],
+        }
+
+
+def _int(
+    table: dict[str, Any], key: str, where: str, *, minimum: int = 1, default: int | None = None
+) -> int | None:
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}`{key}` must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _float(table: dict[str, Any], key: str, where: str) -> float | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(f"{where}`{key}` must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _choice(
+    table: dict[str, Any], key: str, choices: tuple[str, ...], where: str, default: str
+) -> str:
+    value = table.get(key, default)
+    if value not in choices:
+        raise ConfigError(f"{where}`{key}` must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def parse_train(table: Any, where: str) -> TrainSpec:
+    where = f"{where}[train]: "
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}must be a table")
+    _check_keys(table, TRAIN_KEYS, where)
+    for key in ("steps", "dp_size", "max_tokens_per_micro_batch"):
+        if key not in table:
+            raise ConfigError(f"{where}`{key}` is required")
+    sps = _int(table, "samples_per_step", where)
+    tps = _int(table, "tokens_per_step", where)
+    if (sps is None) == (tps is None):
+        raise ConfigError(f"{where}set exactly one of `samples_per_step` and `tokens_per_step`")
+    unit = "samples" if sps is not None else "tokens"
+    weight_by = _choice(table, "weight_by", WEIGHT_BY, where, unit)
+    if weight_by != unit:
+        raise ConfigError(
+            f'{where}`weight_by = "{weight_by}"` needs `{weight_by}_per_step`: the mix is a share of '
+            "what a step holds"
+        )
+    seed = table.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"{where}`seed` must be an integer in [0, 2^63), got {seed!r}")
+    spec = TrainSpec(
+        steps=_int(table, "steps", where),
+        dp_size=_int(table, "dp_size", where),
+        micro_batches=_int(table, "micro_batches", where, default=1),
+        samples_per_step=sps,
+        tokens_per_step=tps,
+        max_tokens_per_micro_batch=_int(table, "max_tokens_per_micro_batch", where),
+        seed=seed,
+        overlong=_choice(table, "overlong", OVERLONG, where, "error"),
+        weight_by=weight_by,
+    )
+    if sps is not None and sps < spec.dp_size:
+        raise ConfigError(
+            f"{where}`samples_per_step` ({sps}) must be at least `dp_size` ({spec.dp_size})"
+        )
+    if tps is not None and tps > spec.bins * spec.max_tokens_per_micro_batch:
+        raise ConfigError(
+            f"{where}`tokens_per_step` ({tps}) exceeds the step's capacity dp_size x micro_batches x "
+            f"max_tokens_per_micro_batch = {spec.bins * spec.max_tokens_per_micro_batch}"
+        )
+    return spec
+
+
+def parse_cost(table: Any, where: str) -> CostSpec:
+    where = f"{where}[cost]: "
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}must be a table")
+    _check_keys(table, COST_KEYS, where)
+    given = [k for k in ("expr", "model") if k in table] + (
+        ["a/b"] if {"a", "b"} & set(table) else []
+    )
+    if len(given) > 1:
+        raise ConfigError(f"{where}use one of `a`/`b`, `model` or `expr`; got {', '.join(given)}")
+    if "expr" in table:
+        expr = table["expr"]
+        if not isinstance(expr, str) or not expr.strip():
+            raise ConfigError(f"{where}`expr` must be a non-empty SQL expression string")
+        return CostSpec(expr=expr, origin="expr")
+    if "model" in table:
+        model = table["model"]
+        mwhere = f"{where}model: "
+        if not isinstance(model, dict):
+            raise ConfigError(f"{mwhere}must be a table with `layers` and `hidden`")
+        _check_keys(model, MODEL_KEYS, mwhere)
+        layers = _int(model, "layers", mwhere)
+        hidden = _int(model, "hidden", mwhere)
+        if layers is None or hidden is None:
+            raise ConfigError(f"{mwhere}`layers` and `hidden` are required")
+        vocab = _int(model, "vocab", mwhere, minimum=0, default=0)
+        causal = model.get("causal", True)
+        if not isinstance(causal, bool):
+            raise ConfigError(f"{mwhere}`causal` must be true or false, got {causal!r}")
+        # Training FLOPs of one sequence of L tokens (Narayanan et al. 2021, Megatron-LM):
+        # 72*l*h^2*L + 6*h*V*L for the dense parts, 12*l*h*L^2 for attention (half if causal).
+        a = 72.0 * layers * hidden * hidden + 6.0 * hidden * vocab
+        b = (6.0 if causal else 12.0) * layers * hidden
+        return CostSpec(a=a, b=b, origin="model")
+    a, b = _float(table, "a", where), _float(table, "b", where)
+    if a is None and b is None:
+        return CostSpec()
+    a, b = a or 0.0, b or 0.0
+    if a == 0 and b == 0:
+        raise ConfigError(f"{where}`a` and `b` cannot both be 0")
+    return CostSpec(a=a, b=b, origin="given")
+
+
+def parse_mix(table: dict[str, Any], where: str) -> MixSpec:
+    if "weight" not in table:
+        raise ConfigError(f"{where}`weight` is required for planning")
+    weight = parse_schedule(table["weight"], f"{where}`weight`")
+    filt = table.get("filter")
+    if filt is not None and (not isinstance(filt, str) or not filt.strip()):
+        raise ConfigError(f"{where}`filter` must be a non-empty SQL expression string")
+    max_epochs = _int(table, "max_epochs", where)
+    return MixSpec(table["name"], weight, filt, max_epochs)
+
+
+def parse_plan_config(
+    data: dict[str, Any], index_config: IndexConfig, *, path: Path | None = None
+) -> PlanConfig:
+    where = f"{path}: " if path else ""
+    base = path.parent if path else Path.cwd()
+    if "train" not in data:
+        raise ConfigError(f"{where}[train] is required for planning")
+    train = parse_train(data["train"], where)
+    cost = parse_cost(data.get("cost", {}), where)
+    plan = data.get("plan", {})
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{where}[plan]: must be a table")
+    _check_keys(plan, PLAN_KEYS, f"{where}[plan]: ")
+    index = plan.get("index")
+    if index is not None and (not isinstance(index, str) or not index):
+        raise ConfigError(f"{where}[plan]: `index` must be a path string")
+    index_dir = (base / index) if index else (index_config.output or index_config.root / "index")
+    sources = []
+    for i, table in enumerate(data.get("source", [])):
+        sources.append(parse_mix(table, f"{where}[[source]] #{i + 1} ('{table.get('name')}'): "))
+    weights_by = [table.get("weight_by") for table in data.get("source", [])]
+    for i, wb in enumerate(weights_by):
+        if wb is not None and wb != train.weight_by:
+            raise ConfigError(
+                f"{where}[[source]] #{i + 1}: `weight_by = {wb!r}` differs from the run's "
+                f"{train.weight_by!r} (set by {train.weight_by}_per_step); every source must use the same unit"
+            )
+    return PlanConfig(
+        train=train,
+        cost=cost,
+        sources=tuple(sources),
+        index=Path(index_dir).resolve(),
+        chunk_steps=_int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS),
+        workers=_int(plan, "workers", f"{where}[plan]: "),
+        path=path,
+    )
+
+
+def load_plan_config(path: str | Path) -> PlanConfig:
+    """Read a TOML config and validate everything planning needs."""
+    index_config = load_config(path)
+    path = Path(path)
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    return parse_plan_config(data, index_config, path=path)
+
+
+def plan_config_from_dict(data: dict[str, Any], base: Path) -> PlanConfig:
+    """Same as load_plan_config for an already-parsed TOML document (tests, tools)."""
+    fake = base / "config.toml"
+    return parse_plan_config(data, parse_config(data, path=fake), path=fake)
