@@ -76,10 +76,11 @@ def main(
 
 
 def _register() -> None:
-    from mds.cli import index, plan
+    from mds.cli import export, index, plan
 
     app.command("index")(index.index_command)
     app.command("plan")(plan.plan_command)
+    app.command("export")(export.export_command)
 
 
 _register()

@@ -1,0 +1,37 @@
+"""`mds export`: one row per planned sample, as Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mds.cli.output import console, print_json
+
+__all__ = ["export_command"]
+
+
+def export_command(
+    plan: Path = typer.Argument(..., help="Plan file written by `mds plan`."),
+    output: Path = typer.Option(..., "--output", "-o", help="Parquet file to write."),
+    index: Path | None = typer.Option(
+        None, "--index", help="Index directory (default: the one the plan names)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+) -> None:
+    """Export a plan as a flat Parquet table: step, rank, micro_batch, source, row,
+    location in the source files, n_tokens and cost, one row per planned sample.
+
+    Example:
+
+    \b
+        mds export build/plan.mds -o build/plan.parquet
+        duckdb -c "SELECT step, rank, sum(cost) FROM 'build/plan.parquet' GROUP BY ALL"
+    """
+    from mds.planner.export import export_plan
+
+    rows = export_plan(plan, output, index)
+    if json_out:
+        print_json({"output": str(output), "rows": rows})
+    else:
+        console.print(f"wrote {rows:,} rows to {output}")

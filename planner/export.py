@@ -1,0 +1,121 @@
+"""Flatten a plan into one row per planned sample, joined with its index location.
+
+For DuckDB or Polars: (step, rank, micro_batch, source, row, location, n_tokens, cost).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from mds.executor.errors import DataChangedError
+from mds.executor.planfile import PlanReader
+from mds.planner.atomic import atomic_path
+from mds.planner.index.manifest import read_manifest, source_frame
+
+__all__ = ["export_plan", "plan_frame"]
+
+
+def _slots(reader: PlanReader) -> pl.DataFrame:
+    parts = []
+    for chunk in range(len(reader.chunks)):
+        for rank in range(reader.dp):
+            block = reader.rank_chunk(chunk, rank)
+            T, M = block.counts.shape
+            flat = block.counts.ravel()
+            parts.append(
+                pl.DataFrame(
+                    {
+                        "step": np.repeat(block.step_start + np.arange(T).repeat(M), flat),
+                        "rank": np.full(len(block.ids), rank, dtype=np.int64),
+                        "micro_batch": np.repeat(np.tile(np.arange(M), T), flat),
+                        "gid": block.ids.astype(np.int64),
+                    }
+                )
+            )
+    return (
+        pl.concat(parts)
+        if parts
+        else pl.DataFrame(
+            schema={"step": pl.Int64, "rank": pl.Int64, "micro_batch": pl.Int64, "gid": pl.Int64}
+        )
+    )
+
+
+def _cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.Series:
+    n = pl.col("n_tokens").cast(pl.Int64)
+    if truncate:
+        n = pl.min_horizontal(n, pl.lit(capacity))
+    if "expr" in cost:
+        return frame.select(pl.sql_expr(cost["expr"]).cast(pl.Float64).alias("cost"))["cost"]
+    L = n.cast(pl.Float64)
+    return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
+
+
+def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFrame:
+    """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch) order."""
+    plan = Path(plan)
+    with PlanReader(plan) as reader:
+        footer = reader.footer
+        slots = _slots(reader).with_row_index("order")
+    index_dir = Path(index) if index else (plan.parent / footer["index"]["path"])
+    manifest = read_manifest(index_dir)
+    if manifest.fingerprint != footer["index"]["fingerprint"]:
+        raise DataChangedError(
+            f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "
+            f"was made from ({footer['index']['fingerprint']}); pass the right --index or re-plan"
+        )
+    train = footer["config"]["train"]
+    bases = np.array([s["base"] for s in footer["index"]["sources"]], dtype=np.int64)
+    names = [s["name"] for s in footer["index"]["sources"]]
+    src = np.searchsorted(bases, slots["gid"].to_numpy(), side="right") - 1
+    slots = slots.with_columns(
+        pl.Series("source_id", src), (pl.col("gid") - pl.Series(bases[src])).alias("row")
+    )
+    out = []
+    for sid, part in slots.group_by("source_id", maintain_order=True):
+        sid = int(sid[0])
+        table = (
+            source_frame(manifest, names[sid])
+            .with_row_index("row")
+            .collect()
+            .with_columns(pl.col("row").cast(pl.Int64))
+        )
+        joined = part.join(table, on="row", how="left")
+        joined = joined.with_columns(
+            pl.lit(names[sid]).alias("source"),
+            _cost(
+                joined,
+                footer["config"]["cost"],
+                train["max_tokens_per_micro_batch"],
+                train["overlong"] == "truncate",
+            ),
+        )
+        out.append(joined)
+    frame = pl.concat(out, how="diagonal_relaxed").sort("order")
+    scale = float(footer["cost_scale"])
+    frame = frame.with_columns(
+        pl.max_horizontal(
+            (pl.col("cost") * scale).round(0, mode="half_to_even").cast(pl.Int64), pl.lit(1)
+        ).alias("cost_units")
+    )
+    first = ["step", "rank", "micro_batch", "source", "row", "file_id", "file_row"]
+    loc = [c for c in ("offset", "length") if c in frame.columns]
+    rest = [
+        c
+        for c in frame.columns
+        if c not in (*first, *loc, "n_tokens", "cost", "cost_units", "order", "gid", "source_id")
+    ]
+    return frame.select(*first, *loc, "n_tokens", "cost", "cost_units", *rest)
+
+
+def export_plan(plan: str | Path, output: str | Path, index: str | Path | None = None) -> int:
+    """Write `plan_frame` to Parquet atomically; returns the number of rows."""
+    frame = plan_frame(plan, index)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output) as tmp:
+        frame.write_parquet(tmp)
+    return frame.height
