@@ -38,6 +38,21 @@ def _adhoc_source(
     return table
 
 
+def _adhoc_root(patterns: list[str]) -> Path:
+    """The data root of an ad-hoc source: the working directory, or a common ancestor of it
+    and every pattern's fixed (glob-free) leading part, so absolute paths elsewhere work."""
+    import glob
+    import os
+
+    cwd = Path.cwd().resolve()
+    bases = [str(cwd)]
+    for pattern in patterns:
+        parts = Path(pattern).parts
+        fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+        bases.append(str((cwd / Path(*parts[:fixed])).resolve()) if fixed else str(cwd))
+    return Path(os.path.commonpath(bases))
+
+
 def index_command(
     config: Path | None = typer.Argument(
         None, help="TOML config with [[source]] tables.", show_default=False
@@ -122,7 +137,8 @@ def index_command(
         if output is None:
             raise ConfigError("--output is required with an ad-hoc --path source")
         table = _adhoc_source(path, name, fmt, tokens, count, text, tokenizer, estimate, keep)
-        cfg = parse_config({"source": [table]}, base=Path.cwd())
+        root = _adhoc_root(path)
+        cfg = parse_config({"index": {"root": str(root)}, "source": [table]}, base=root)
     if full_fingerprint:
         from dataclasses import replace
 

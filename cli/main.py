@@ -10,6 +10,7 @@ import sys
 
 import click
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from mds.cli.output import err_console
@@ -29,7 +30,10 @@ class MdsGroup(TyperGroup):
             return super().invoke(ctx)
         except MdsError as exc:
             err_console.print(
-                f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True
+                f"[bold red]error:[/] {escape(str(exc))}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
             )
             raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:

@@ -347,8 +347,10 @@ def build_index(
             fmt = files[0].data.format
             table = _assemble(spec, fmt, files, per_file)
             if table.height == 0:
+                more = ", ..." if len(files) > 3 else ""
+                shown = ", ".join(f.data.rel for f in files[:3]) + more
                 raise SourceDataError(
-                    f"source '{spec.name}': no samples in its {len(files)} file(s)"
+                    f"source '{spec.name}': no samples in its {len(files)} file(s): {shown}"
                 )
             rel, checksum = writer.write_table(spec.name, table)
             n = table["n_tokens"]

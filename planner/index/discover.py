@@ -76,10 +76,11 @@ def _expand(pattern: str, root: Path) -> list[Path]:
         matches = [Path(m) for m in sorted(glob.glob(str(full), recursive=True))]
     elif full.exists():
         matches = [full]
-    elif full.with_name(full.name + ".idx").is_file():
-        matches = [full.with_name(full.name + ".idx")]
     else:
-        matches = []
+        # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
+        # so a missing half is reported as such rather than as "matches no files").
+        halves = [full.with_name(full.name + ext) for ext in (".idx", ".bin")]
+        matches = [h for h in halves if h.is_file()][:1]
     out: list[Path] = []
     for match in matches:
         out.extend(_expand_dir(match) if match.is_dir() else [match])
@@ -87,8 +88,10 @@ def _expand(pattern: str, root: Path) -> list[Path]:
 
 
 def _megatron_pair(path: Path, where: str) -> tuple[Path, Path]:
-    stem = path.with_suffix("")
-    bin_path, idx_path = stem.with_suffix(".bin"), stem.with_suffix(".idx")
+    # The prefix may itself contain dots (`wiki.en_text_document`): strip only the extension.
+    ext = path.suffix if path.suffix.lower() in (".bin", ".idx") else ""
+    prefix = path.name[: len(path.name) - len(ext)]
+    bin_path, idx_path = path.with_name(prefix + ".bin"), path.with_name(prefix + ".idx")
     for needed in (bin_path, idx_path):
         if not needed.is_file():
             raise SourceDataError(

@@ -90,11 +90,23 @@ def _line_spans(chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
     return starts.astype(np.int64), (ends - starts).astype(np.int64)
 
 
+_WHITESPACE = np.frombuffer(b" \t\r\x0b\x0c", dtype=np.uint8)
+
+
 def _blank(chunk: bytes, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Lines that hold only whitespace: not samples, but they keep their line numbers."""
+    """Lines that hold only whitespace: not samples, but they keep their line numbers.
+
+    Only a line that starts with whitespace can be blank, so only those few are inspected.
+    """
     blank = lengths == 0
-    for i in np.flatnonzero(lengths <= 8):
-        if not blank[i] and not chunk[starts[i] : starts[i] + lengths[i]].strip():
+    if len(starts) == 0:
+        return blank
+    arr = np.frombuffer(chunk, dtype=np.uint8)
+    first = np.zeros(len(starts), dtype=bool)
+    present = ~blank
+    first[present] = np.isin(arr[starts[present]], _WHITESPACE)
+    for i in np.flatnonzero(first):
+        if not chunk[starts[i] : starts[i] + lengths[i]].strip():
             blank[i] = True
     return blank
 
@@ -107,15 +119,47 @@ _KIND = {
     list: "list",
     dict: "object",
 }
+# JSON value families a field may not switch between (integers and floats mix freely).
+_FAMILY = {**_KIND, int: "number"}
+
+
+def _dtype_family(dtype: pl.DataType) -> str | None:
+    if dtype == pl.Null:
+        return None
+    if dtype == pl.String:
+        return "string"
+    if dtype == pl.Boolean:
+        return "boolean"
+    if dtype.is_numeric():
+        return "number"
+    if isinstance(dtype, pl.List | pl.Array):
+        return "list"
+    if isinstance(dtype, pl.Struct):
+        return "object"
+    return str(dtype)
+
+
+def _type_change(where: str, field: str, family: str, seen: tuple[str, int]) -> SourceDataError:
+    def a(word: str) -> str:
+        return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+    return SourceDataError(
+        f"{where}: field `{field}` is {a(family)} here but {a(seen[0])} on line {seen[1]} "
+        "(a field must keep one JSON type throughout the file)"
+    )
 
 
 def _slow_rows(
-    chunk: bytes, starts, lengths, keep_rows, fields, line0: int, file: DataFile
+    chunk: bytes, starts, lengths, keep_rows, fields, line0: int, file: DataFile, seen: dict
 ) -> pl.DataFrame:
-    """Parse line by line; raise naming the line on the first problem, else return the rows."""
+    """Parse line by line; raise naming the line on the first problem, else return the rows.
+
+    `seen` maps a field to (JSON family, line) of its first non-null value; it is updated.
+    """
     columns: dict[str, list] = {f: [] for f in fields}
     for i in np.flatnonzero(keep_rows):
-        where = f"{file.rel} line {line0 + int(i) + 1}"
+        line = line0 + int(i) + 1
+        where = f"{file.rel} line {line}"
         raw = chunk[starts[i] : starts[i] + lengths[i]]
         try:
             text = raw.decode("utf-8")
@@ -132,25 +176,66 @@ def _slow_rows(
                 f"{where}: expected a JSON object, got {_KIND.get(type(obj), 'null')}"
             )
         for f in fields:
-            columns[f].append(obj.get(f))
+            value = obj.get(f)
+            if value is not None:
+                family = _FAMILY.get(type(value), "value")
+                first = seen.setdefault(f, (family, line))
+                if first[0] != family:
+                    raise _type_change(where, f, family, first)
+            columns[f].append(value)
     try:
         return pl.DataFrame(columns, strict=False)
     except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
         raise SourceDataError(f"{file.rel}: inconsistent field types ({first_line(exc)})") from None
 
 
-def _parse(chunk: bytes, schema, fields, n_rows: int) -> pl.DataFrame | None:
+def _parse(chunk: bytes, schema, fields, n_rows: int, loose: str | None) -> pl.DataFrame | None:
+    """Parse a chunk with Polars; None if it fails (the caller then goes line by line).
+
+    A String schema makes Polars turn any JSON value into text, hiding a field whose type
+    changes; Categorical accepts only strings, so String fields are parsed as that. The
+    `loose` field (the text that is measured, then dropped) stays String: hashing every
+    document into a Categorical would cost more than the whole scan.
+    """
     try:
         if schema is None:
             frame = pl.read_ndjson(io.BytesIO(chunk), infer_schema_length=None)
-            frame = frame.select(
-                [pl.col(f) if f in frame.columns else pl.lit(None).alias(f) for f in fields]
-            )
-        else:
-            frame = pl.read_ndjson(io.BytesIO(chunk), schema=schema)
+            schema = {f: frame.schema.get(f, pl.Null) for f in fields}
+            missing = [pl.lit(None).alias(f) for f in fields if f not in frame.columns]
+            frame = frame.with_columns(missing).select(fields)
+            if pl.String not in schema.values():
+                return frame if frame.height == n_rows else None
+        strict = {
+            f: (pl.Categorical if d == pl.String and f != loose else d) for f, d in schema.items()
+        }
+        frame = pl.read_ndjson(io.BytesIO(chunk), schema=strict)
+        frame = frame.with_columns(
+            [pl.col(f).cast(pl.String) for f, d in strict.items() if d == pl.Categorical]
+        )
     except (pl.exceptions.PolarsError, ValueError, RuntimeError):
         return None
     return frame if frame.height == n_rows else None
+
+
+def _merge_schema(schema, frame: pl.DataFrame, fields) -> dict:
+    """Types later chunks are parsed with: settled by the first non-null values."""
+    merged = dict(schema or {})
+    for f in fields:
+        old, new = merged.get(f, pl.Null), frame.schema[f]
+        if old == pl.Null or (old.is_integer() and new.is_float()):
+            merged[f] = new
+    return merged
+
+
+def _note_families(frame: pl.DataFrame, idx: np.ndarray, line0: int, seen: dict) -> None:
+    """Record the family and line of each field's first non-null value (fast path)."""
+    for f in frame.columns:
+        family = _dtype_family(frame.schema[f])
+        if family is None or f in seen:
+            continue
+        present = frame[f].is_not_null()
+        if present.any():
+            seen[f] = (family, line0 + int(idx[int(present.arg_true()[0])]) + 1)
 
 
 def _open(file: DataFile):
@@ -161,12 +246,34 @@ def _open(file: DataFile):
     return raw, (ZstdFrames(raw, file.rel) if file.format == "jsonl.zst" else raw)
 
 
+def _raw_lengths(frame: pl.DataFrame, spec, ctx: ScanContext, where: str) -> pl.Series:
+    """Unchecked n_tokens of one parsed chunk (the caller checks them all at the end)."""
+    kind, column = spec.length.kind, spec.length.column
+    dtype = frame.schema[column]
+    if dtype != pl.Null:
+        role = "text" if kind in ("tokenizer", "estimate") else kind
+        check_column_type(dtype, role, column, where)
+    if kind in ("tokenizer", "estimate"):
+        return text_lengths(frame[column].cast(pl.String), spec.length, ctx.tokenizer)
+    if kind == "tokens":
+        if dtype == pl.Null:
+            return pl.Series("n_tokens", [None] * frame.height, dtype=pl.Int64)
+        return frame[column].list.len().cast(pl.Int64).alias("n_tokens")
+    return frame[column].cast(pl.Int64).alias("n_tokens")
+
+
 def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
+    """Per line: position, raw length; per chunk the measured text is dropped at once, so
+    memory is bounded by one chunk plus the index columns."""
     spec = ctx.spec
     fields = list(spec.columns())
-    kind, column = spec.length.kind, spec.length.column
+    column = spec.length.column
+    assert column is not None
+    loose = column if spec.length.kind in ("tokenizer", "estimate") else None
     parts: list[pl.DataFrame] = []
     schema = None
+    present = 0
+    seen: dict[str, tuple[str, int]] = {}  # field -> (JSON family, line of first value)
     line0 = 0
     raw, stream = _open(file)
     with raw:
@@ -174,59 +281,46 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
             starts, lengths = _line_spans(chunk)
             keep_rows = ~_blank(chunk, starts, lengths)
             n_rows = int(keep_rows.sum())
-            frame = _parse(chunk, schema, fields, n_rows) if n_rows else None
+            idx = np.flatnonzero(keep_rows)
+            frame = _parse(chunk, schema, fields, n_rows, loose) if n_rows else None
             if frame is None and n_rows:
-                frame = _slow_rows(chunk, starts, lengths, keep_rows, fields, line0, file)
+                frame = _slow_rows(chunk, starts, lengths, keep_rows, fields, line0, file, seen)
+            elif frame is not None:
+                _note_families(frame, idx, line0, seen)
             if frame is not None:
-                if schema is None:
-                    schema = {
-                        f: (pl.String if frame.schema[f] == pl.Null else frame.schema[f])
-                        for f in fields
-                    }
-                idx = np.flatnonzero(keep_rows)
-                head = pl.DataFrame(
-                    {
-                        "file_row": (idx + line0).astype(np.int64),
-                        "offset": starts[idx] + base,
-                        "length": lengths[idx],
-                    }
+                schema = _merge_schema(schema, frame, fields)
+                present += frame.height - frame[column].null_count()
+                parts.append(
+                    pl.DataFrame(
+                        {
+                            "file_row": (idx + line0).astype(np.int64),
+                            "offset": starts[idx] + base,
+                            "length": lengths[idx],
+                            "n_tokens": _raw_lengths(frame, spec, ctx, f"{file.rel}: field "),
+                        }
+                    ).hstack(frame.select(list(spec.keep)))
                 )
-                parts.append(pl.concat([head, frame], how="horizontal"))
             line0 += len(starts)
-    if not parts:
-        frame = pl.DataFrame(
+    keep_schema = {f: (schema or {}).get(f, pl.Null) for f in spec.keep}
+    if not parts or sum(p.height for p in parts) == 0:
+        # No samples (an empty file, or only blank lines): nothing to type-check or measure.
+        return pl.DataFrame(
             schema={
                 "file_row": pl.Int64,
                 "offset": pl.Int64,
                 "length": pl.Int64,
-                **{f: pl.Null for f in fields},
+                "n_tokens": pl.UInt32,
+                **keep_schema,
             }
         )
-    else:
-        try:
-            frame = pl.concat(parts, how="vertical_relaxed")
-        except pl.exceptions.PolarsError as exc:
-            raise SourceDataError(
-                f"{file.rel}: field types change inside the file ({first_line(exc)})"
-            ) from None
-    if column and frame.height and frame[column].null_count() == frame.height:
+    if present == 0:
         raise SourceDataError(f"{file.rel}: field `{column}` is missing from every line")
-    role = "text" if kind in ("tokenizer", "estimate") else kind
-    assert column is not None
-    check_column_type(frame.schema[column], role, column, f"{file.rel}: field ")
-    if kind in ("tokenizer", "estimate"):
-        raw_n = text_lengths(frame[column], spec.length, ctx.tokenizer)
-    elif kind == "tokens":
-        raw_n = frame[column].list.len().cast(pl.Int64)
-    else:
-        raw_n = frame[column].cast(pl.Int64)
+    try:
+        frame = pl.concat(parts, how="vertical_relaxed")
+    except pl.exceptions.PolarsError as exc:
+        raise SourceDataError(
+            f"{file.rel}: field types change inside the file ({first_line(exc)})"
+        ) from None
     lines = frame["file_row"]
-    n_tokens = checked_lengths(raw_n, lambda i: f"{file.rel} line {int(lines[i]) + 1}")
-    return pl.concat(
-        [
-            frame.select("file_row", "offset", "length"),
-            n_tokens.to_frame(),
-            frame.select(list(spec.keep)),
-        ],
-        how="horizontal",
-    )
+    n_tokens = checked_lengths(frame["n_tokens"], lambda i: f"{file.rel} line {int(lines[i]) + 1}")
+    return frame.with_columns(n_tokens)

@@ -1,0 +1,15 @@
+"""Shared test set-up: make `tests/builders.py` importable as `builders`.
+
+pyproject sets importlib import mode, so test files with the same base name in different
+folders can coexist without `__init__.py` files.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+

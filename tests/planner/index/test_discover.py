@@ -1,0 +1,199 @@
+"""File discovery: globs, directories, save_to_disk, Megatron prefixes, and the errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from builders import source, write_megatron, write_save_to_disk
+
+from mds.executor.errors import ConfigError, SourceDataError
+from mds.planner.index.discover import DataFile, detect_format, discover
+
+
+def _touch(root: Path, *names: str) -> None:
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+
+
+def _rels(root: Path, **table) -> list[str]:
+    if not {"tokens", "count", "format"} & table.keys():
+        table["tokens"] = "tokens"
+    return [f.rel for f in discover(source(**table), root)]
+
+
+def test_glob(tmp_path: Path) -> None:
+    _touch(tmp_path, "web/b.parquet", "web/a.parquet", "web/notes.txt", "web/sub/c.parquet")
+    files = discover(source(path="web/*.parquet", tokens="t"), tmp_path)
+    assert [f.rel for f in files] == ["web/a.parquet", "web/b.parquet"]
+    assert files[0] == DataFile((tmp_path / "web/a.parquet").resolve(), "web/a.parquet", "parquet")
+
+
+def test_recursive_glob(tmp_path: Path) -> None:
+    _touch(tmp_path, "web/a.parquet", "web/x/b.parquet", "web/x/y/c.parquet", "other/d.parquet")
+    assert _rels(tmp_path, path="web/**/*.parquet") == [
+        "web/a.parquet",
+        "web/x/b.parquet",
+        "web/x/y/c.parquet",
+    ]
+
+
+def test_list_of_patterns(tmp_path: Path) -> None:
+    _touch(tmp_path, "a/1.jsonl", "b/2.jsonl", "c/3.jsonl")
+    assert _rels(tmp_path, path=["c/3.jsonl", "a/*.jsonl"], count="n") == ["a/1.jsonl", "c/3.jsonl"]
+
+
+def test_directory_takes_every_data_file_under_it(tmp_path: Path) -> None:
+    _touch(
+        tmp_path,
+        "d/b.jsonl",
+        "d/sub/a.jsonl",
+        "d/README.md",
+        "d/.hidden.jsonl",
+        "d/_SUCCESS",
+    )
+    assert _rels(tmp_path, path="d", count="n") == ["d/b.jsonl", "d/sub/a.jsonl"]
+
+
+def test_save_to_disk_directory(tmp_path: Path) -> None:
+    write_save_to_disk(tmp_path / "wiki", [{"x": [1]}, {"x": [2]}])
+    _touch(tmp_path, "wiki/cache-123.arrow")  # not listed in state.json: not data
+    files = discover(source(path="wiki", tokens="x"), tmp_path)
+    assert [f.rel for f in files] == [
+        "wiki/data-00000-of-00002.arrow",
+        "wiki/data-00001-of-00002.arrow",
+    ]
+    assert {f.format for f in files} == {"arrow"}
+
+
+def test_bad_save_to_disk_state(tmp_path: Path) -> None:
+    _touch(tmp_path, "wiki/data.arrow")
+    (tmp_path / "wiki/state.json").write_text('{"no_files": []}')
+    with pytest.raises(SourceDataError) as info:
+        discover(source(path="wiki", tokens="x"), tmp_path)
+    assert str(tmp_path / "wiki/state.json") in str(info.value)
+    assert "not a readable save_to_disk state file" in str(info.value)
+
+
+def test_megatron_prefix_without_extension(tmp_path: Path) -> None:
+    write_megatron(tmp_path / "math/doc", [[1, 2]])
+    (file,) = discover(source(path="math/doc"), tmp_path)
+    assert file.rel == "math/doc.bin"
+    assert file.format == "megatron"
+    assert file.path == (tmp_path / "math/doc.bin").resolve()
+    assert file.companion == (tmp_path / "math/doc.idx").resolve()
+
+
+def test_megatron_idx_glob_pairs_each_bin(tmp_path: Path) -> None:
+    write_megatron(tmp_path / "m/b", [[1]])
+    write_megatron(tmp_path / "m/a", [[1]])
+    files = discover(source(path="m/*.idx"), tmp_path)
+    assert [(f.rel, f.companion.name) for f in files] == [
+        ("m/a.bin", "a.idx"),
+        ("m/b.bin", "b.idx"),
+    ]
+    # Both halves matched by one glob still give one file per dataset.
+    assert [f.rel for f in discover(source(path="m/*"), tmp_path)] == ["m/a.bin", "m/b.bin"]
+
+
+def test_megatron_prefix_with_dots(tmp_path: Path) -> None:
+    write_megatron(tmp_path / "m/wiki.en_text_document", [[1]])
+    for pattern in ("m/wiki.en_text_document", "m/*.idx", "m"):
+        (file,) = discover(source(path=pattern), tmp_path)
+        assert file.rel == "m/wiki.en_text_document.bin"
+        assert file.companion.name == "wiki.en_text_document.idx"
+
+
+@pytest.mark.parametrize("missing", [".bin", ".idx"])
+@pytest.mark.parametrize("pattern", ["m/doc", "m/*"])
+def test_megatron_missing_half(tmp_path: Path, missing: str, pattern: str) -> None:
+    write_megatron(tmp_path / "m/doc", [[1]])
+    (tmp_path / f"m/doc{missing}").unlink()
+    with pytest.raises(SourceDataError) as info:
+        discover(source(path=pattern), tmp_path)
+    message = str(info.value)
+    assert f"{tmp_path / 'm/doc'}{missing}: missing" in message
+    assert "needs both .bin and .idx" in message
+
+
+def test_glob_matching_nothing(tmp_path: Path) -> None:
+    _touch(tmp_path, "web/a.parquet")
+    with pytest.raises(ConfigError) as info:
+        discover(source(name="web", path="web/*.jsonl", count="n"), tmp_path)
+    assert "source 'web': `path` 'web/*.jsonl' matches no files under" in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'nope.parquet' matches no files"):
+        discover(source(path="nope.parquet", tokens="t"), tmp_path)
+
+
+def test_unknown_extension_needs_format(tmp_path: Path) -> None:
+    _touch(tmp_path, "data.txt")
+    with pytest.raises(ConfigError, match="cannot tell the format of .*data.txt.*set `format`"):
+        discover(source(path="data.txt", count="n"), tmp_path)
+    (file,) = discover(source(path="data.txt", count="n", format="jsonl"), tmp_path)
+    assert file.format == "jsonl"
+
+
+def test_mixed_formats(tmp_path: Path) -> None:
+    _touch(tmp_path, "d/a.parquet", "d/b.jsonl")
+    with pytest.raises(ConfigError) as info:
+        discover(source(name="mix", path="d", tokens="t"), tmp_path)
+    assert "source 'mix': files of several formats (jsonl, parquet)" in str(info.value)
+
+
+def test_relative_path_outside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _touch(tmp_path, "x.parquet", "root/in.parquet")
+    with pytest.raises(ConfigError) as info:
+        discover(source(path="../x.parquet", tokens="t"), root)
+    assert "is outside the data root" in str(info.value)
+    assert "x.parquet" in str(info.value)
+
+
+def test_absolute_path_outside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _touch(tmp_path, "elsewhere/x.parquet", "root/in.parquet")
+    with pytest.raises(ConfigError, match="outside the data root"):
+        discover(source(path=str(tmp_path / "elsewhere/x.parquet"), tokens="t"), root)
+    # An absolute path inside the root is fine and stored relative to it.
+    assert _rels(root, path=str(root / "in.parquet")) == ["in.parquet"]
+
+
+def test_symlink_out_of_the_root_is_outside(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _touch(tmp_path, "elsewhere/x.parquet", "root/in.parquet")
+    (root / "link.parquet").symlink_to(tmp_path / "elsewhere/x.parquet")
+    with pytest.raises(ConfigError, match="outside the data root"):
+        discover(source(path="*.parquet", tokens="t"), root)
+
+
+def test_sorted_and_deduplicated(tmp_path: Path) -> None:
+    _touch(tmp_path, "d/c.jsonl", "d/a.jsonl", "d/b.jsonl")
+    rels = _rels(tmp_path, path=["d/c.jsonl", "d/*.jsonl", "d", "./d/a.jsonl"], count="n")
+    assert rels == ["d/a.jsonl", "d/b.jsonl", "d/c.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("a.parquet", "parquet"),
+        ("a.PQ", "parquet"),
+        ("a.jsonl", "jsonl"),
+        ("a.json", "jsonl"),
+        ("a.ndjson", "jsonl"),
+        ("a.jsonl.zst", "jsonl.zst"),
+        ("a.json.zst", "jsonl.zst"),
+        ("a.arrow", "arrow"),
+        ("a.feather", "arrow"),
+        ("a.idx", "megatron"),
+        ("a.bin", "megatron"),
+        ("a.csv", None),
+        ("a.zst", None),
+    ],
+)
+def test_detect_format(name: str, fmt: str | None) -> None:
+    assert detect_format(Path(name)) == fmt

@@ -1,0 +1,253 @@
+"""The Parquet scanner: exact lengths from list columns and count columns, text lengths, kept
+metadata, and one-line errors naming the file and row."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from builders import ctx, data_file, source, write_parquet, write_tokenizer
+
+from mds.executor.errors import SourceDataError
+from mds.planner.index.parquet import scan_parquet
+
+TOKENS = [[5, 6, 7], [], [1] * 40, [9], list(range(300))]
+
+
+def _scan(path: Path, tok_path: Path | None = None, **table) -> pl.DataFrame:
+    return scan_parquet(data_file(path), ctx(source(**table), "parquet", tok_path))
+
+
+def _error(path: Path, **table) -> str:
+    with pytest.raises(SourceDataError) as info:
+        _scan(path, **table)
+    message = str(info.value)
+    assert message.startswith(f"{path.name}"), message
+    return message
+
+
+@pytest.mark.parametrize(
+    "list_type",
+    [pa.list_(pa.int32()), pa.large_list(pa.int64()), pa.list_(pa.uint16())],
+    ids=str,
+)
+def test_token_lists_give_exact_lengths(tmp_path: Path, list_type: pa.DataType) -> None:
+    path = write_parquet(tmp_path / "a.parquet", {"tokens": pa.array(TOKENS, list_type)})
+    frame = _scan(path, tokens="tokens")
+    assert frame.columns == ["file_row", "n_tokens"]
+    assert frame.schema["n_tokens"] == pl.UInt32
+    assert frame["n_tokens"].to_list() == [len(t) for t in TOKENS]
+    assert frame["file_row"].to_list() == list(range(len(TOKENS)))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"row_group_size": 7, "data_page_size": 256},
+        {"use_dictionary": False, "compression": "none"},
+        {"data_page_version": "2.0", "compression": "snappy"},
+    ],
+    ids=["many-pages", "plain", "v2-pages"],
+)
+def test_token_lengths_across_row_groups_and_pages(tmp_path: Path, options: dict) -> None:
+    tokens = [list(range(i % 23)) + [None] * (i % 3) for i in range(200)]  # null ids count too
+    path = write_parquet(
+        tmp_path / "a.parquet", {"tokens": pa.array(tokens, pa.list_(pa.int32()))}, **options
+    )
+    assert _scan(path, tokens="tokens")["n_tokens"].to_list() == [len(t) for t in tokens]
+
+
+def test_count_column(tmp_path: Path) -> None:
+    counts = [3, 0, 2**31, 17]
+    path = write_parquet(
+        tmp_path / "b.parquet", {"n": pa.array(counts, pa.int64()), "t": list("abcd")}
+    )
+    frame = _scan(path, count="n", text="t")
+    assert frame["n_tokens"].to_list() == counts
+    assert frame.columns == ["file_row", "n_tokens"]
+
+
+@pytest.mark.parametrize("int_type", [pa.int8(), pa.uint32(), pa.int32()], ids=str)
+def test_count_column_any_integer_type(tmp_path: Path, int_type: pa.DataType) -> None:
+    path = write_parquet(tmp_path / "b.parquet", {"n": pa.array([1, 2, 3], int_type)})
+    assert _scan(path, count="n")["n_tokens"].to_list() == [1, 2, 3]
+
+
+def test_count_above_uint32_is_an_error(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "b.parquet", {"n": pa.array([1, 2**32], pa.int64())})
+    assert "b.parquet row 1: length 4294967296 exceeds 4294967295" in _error(path, count="n")
+
+
+def test_estimate_bytes_rounds_up(tmp_path: Path) -> None:
+    texts = ["", "a", "abcd", "abcde", "héllo"]  # é is two bytes: 6 bytes
+    path = write_parquet(tmp_path / "t.parquet", {"text": texts})
+    frame = _scan(path, text="text", estimate="bytes/4")
+    assert frame["n_tokens"].to_list() == [0, 1, 1, 2, 2]
+    assert frame["n_tokens"].to_list() == [math.ceil(len(t.encode()) / 4) for t in texts]
+
+
+def test_estimate_chars_on_non_ascii_text(tmp_path: Path) -> None:
+    texts = ["日本語のテキスト", "ümlaut", "😀😀😀😀😀", "abc"]
+    path = write_parquet(tmp_path / "t.parquet", {"text": texts})
+    chars = _scan(path, text="text", estimate="chars/4")["n_tokens"].to_list()
+    assert chars == [math.ceil(len(t) / 4) for t in texts] == [2, 2, 2, 1]
+    fractional = _scan(path, text="text", estimate="chars/2.5")["n_tokens"].to_list()
+    assert fractional == [math.ceil(len(t) / 2.5) for t in texts]
+    nbytes = _scan(path, text="text", estimate="bytes/4")["n_tokens"].to_list()
+    assert nbytes == [math.ceil(len(t.encode()) / 4) for t in texts] == [6, 2, 5, 1]
+
+
+def test_text_with_a_tokenizer(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    tok = write_tokenizer(tmp_path / "tokenizer.json", ["the", "cat", "sat"])
+    texts = ["the cat sat", "", "cat", "unknown words here too"]
+    path = write_parquet(tmp_path / "t.parquet", {"text": texts})
+    frame = _scan(path, tok, text="text", tokenizer="tokenizer.json")
+    assert frame["n_tokens"].to_list() == [3, 0, 1, 4]
+
+
+def test_kept_columns_are_preserved_in_order(tmp_path: Path) -> None:
+    path = write_parquet(
+        tmp_path / "k.parquet",
+        {
+            "tokens": pa.array([[1], [1, 2]], pa.list_(pa.int32())),
+            "lang": ["en", None],
+            "quality": [0.5, 0.25],
+            "domain": pa.array(["a.com", "b.org"], pa.large_string()),
+            "year": pa.array([2020, 2021], pa.int16()),
+        },
+    )
+    frame = _scan(path, tokens="tokens", keep=["year", "lang", "quality", "domain"])
+    assert frame.columns == ["file_row", "n_tokens", "year", "lang", "quality", "domain"]
+    assert frame.to_dicts() == [
+        {
+            "file_row": 0,
+            "n_tokens": 1,
+            "year": 2020,
+            "lang": "en",
+            "quality": 0.5,
+            "domain": "a.com",
+        },
+        {
+            "file_row": 1,
+            "n_tokens": 2,
+            "year": 2021,
+            "lang": None,
+            "quality": 0.25,
+            "domain": "b.org",
+        },
+    ]
+    assert frame.schema["year"] == pl.Int16
+
+
+def test_text_column_may_also_be_kept(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "k.parquet", {"n": [1, 2], "text": ["a", "b"]})
+    frame = _scan(path, count="n", text="text", keep=["text"])
+    assert frame["text"].to_list() == ["a", "b"]
+
+
+def test_zero_rows(tmp_path: Path) -> None:
+    table = pa.table(
+        {"tokens": pa.array([], pa.list_(pa.int32())), "lang": pa.array([], pa.string())}
+    )
+    path = write_parquet(tmp_path / "e.parquet", table)
+    frame = _scan(path, tokens="tokens", keep=["lang"])
+    assert frame.height == 0
+    assert frame.columns == ["file_row", "n_tokens", "lang"]
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_missing_column_lists_the_available_columns(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "a.parquet", {"ids": [[1]], "lang": ["en"]})
+    message = _error(path, tokens="tokens")
+    assert message == "a.parquet: column `tokens` not found; columns are ids, lang"
+    assert "column `region` not found; columns are ids, lang" in _error(
+        path, tokens="ids", keep=["region"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "table", "expected"),
+    [
+        ({"n": [1.0, 2.0]}, {"count": "n"}, "column `n` has type Float64, expected an integer"),
+        ({"t": ["a b"]}, {"tokens": "t"}, "column `t` has type String, expected a list of integer"),
+        ({"t": [[0.5]]}, {"tokens": "t"}, "has type List(Float64), expected a list of integer"),
+        (
+            {"x": [7]},
+            {"text": "x", "estimate": "bytes/4"},
+            "column `x` has type Int64, expected a string",
+        ),
+        (
+            {"n": [1], "x": [7]},
+            {"count": "n", "text": "x"},
+            "column `x` has type Int64, expected a string",
+        ),
+    ],
+    ids=["float-count", "string-tokens", "float-tokens", "int-text", "int-payload"],
+)
+def test_wrong_column_type(tmp_path: Path, data: dict, table: dict, expected: str) -> None:
+    path = write_parquet(tmp_path / "w.parquet", data)
+    assert expected in _error(path, **table)
+
+
+def test_null_in_count_column_names_the_row(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "n.parquet", {"n": pa.array([4, 5, None, 6], pa.int64())})
+    assert _error(path, count="n") == "n.parquet row 2: length is null"
+
+
+def test_null_token_list_names_the_row(tmp_path: Path) -> None:
+    tokens = pa.array([[1], [2, 3], [], None], pa.list_(pa.int32()))
+    path = write_parquet(tmp_path / "n.parquet", {"tokens": tokens})
+    assert _error(path, tokens="tokens") == "n.parquet row 3: length is null"
+
+
+def test_null_text_names_the_row(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "n.parquet", {"text": ["a", None]})
+    assert _error(path, text="text", estimate="bytes/4") == "n.parquet row 1: length is null"
+
+
+def test_negative_count_names_the_row(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "n.parquet", {"n": [1, 2, 3, -7]})
+    assert _error(path, count="n") == "n.parquet row 3: length is negative (-7)"
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> bytes:
+    path = write_parquet(
+        tmp_path / "good.parquet", {"tokens": pa.array(TOKENS, pa.list_(pa.int32()))}
+    )
+    return path.read_bytes()
+
+
+def test_corrupt_footer(tmp_path: Path, good: bytes) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(good[:-8] + b"\x00" * 8)
+    assert "bad.parquet: cannot read Parquet file" in _error(path, tokens="tokens")
+
+
+def test_corrupt_footer_length(tmp_path: Path, good: bytes) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(good[:-8] + (2**31 - 1).to_bytes(4, "little") + b"PAR1")
+    assert "bad.parquet: cannot read Parquet file" in _error(path, tokens="tokens")
+
+
+def test_truncated_file(tmp_path: Path, good: bytes) -> None:
+    path = tmp_path / "cut.parquet"
+    path.write_bytes(good[: len(good) // 2])
+    assert "cut.parquet: cannot read Parquet file" in _error(path, tokens="tokens")
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"not a parquet file at all\n" * 4], ids=["empty", "text"]
+)
+def test_not_a_parquet_file(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "text.parquet"
+    path.write_bytes(content)
+    message = _error(path, tokens="tokens")
+    assert message.startswith("text.parquet: cannot read Parquet file (")
+    assert "\n" not in message
