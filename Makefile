@@ -8,7 +8,7 @@ DEMO := build/demo
 # first keeps pip from resolving torch to a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean sample-data
+.PHONY: setup demo test lint bench golden clean sample-data
 
 setup: $(VENV)/.installed
 
@@ -23,7 +23,9 @@ demo: setup
 	rm -rf $(DEMO)
 	$(MDS) index sample_data/mds.toml -o $(DEMO)/index
 	$(MDS) index sample_data/mds.toml -o $(DEMO)/index --json > $(DEMO)/index-summary.json
-	@echo "demo index written to $(DEMO)/index (summary: $(DEMO)/index-summary.json)"
+	$(MDS) plan sample_data/mds.toml --index $(DEMO)/index -o $(DEMO)/plan.mds
+	$(MDS) export $(DEMO)/plan.mds -o $(DEMO)/plan.parquet
+	@echo "demo: index, plan and export written to $(DEMO)/"
 
 test: setup
 	$(BIN)/python -m pytest
@@ -33,6 +35,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/bench_index.py --out build/bench
+	$(BIN)/python bench/bench_plan.py --out build/bench
 
 sample-data: setup
 	$(BIN)/python sample_data/generate.py
