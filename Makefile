@@ -37,6 +37,9 @@ bench: setup
 	$(BIN)/python bench/bench_index.py --out build/bench
 	$(BIN)/python bench/bench_plan.py --out build/bench
 
+golden: setup
+	$(BIN)/python tests/golden/regenerate.py
+
 sample-data: setup
 	$(BIN)/python sample_data/generate.py
 

@@ -4,8 +4,9 @@ Layout (all integers little-endian; docs/plan-format.md is the spec):
 
     header   b"MDSPLAN\\0" | u32 format version | u32 flags (0)
     chunks   per chunk: a directory of D entries (u64 offset, u64 size, 8-byte BLAKE2b),
-             then one block per DP rank: micro-batch sample counts [steps, M] (u16 or u32),
-             then the samples' global ids, `id_width` bytes each
+             then one block per DP rank: micro-batch sample counts [steps, M] (u8, u16
+             or u32, the chunk's `count_width`), then the samples' global ids,
+             `id_width` bytes each
     sections binary arrays named in the footer (per-step stats, per-chunk source cursors)
     footer   UTF-8 JSON: config, sources, geometry, chunk list with directory checksums,
              section offsets and checksums
@@ -37,6 +38,7 @@ _HEAD = struct.Struct("<8sII")
 _TRAILER = struct.Struct("<QQ8s8s")
 _DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
 _MAX_FOOTER = 1 << 30
+_COUNT_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def checksum(data: bytes | memoryview) -> bytes:
@@ -75,11 +77,10 @@ class PlanWriter:
         dp_size: int,
         micro_batches: int,
         id_width: int,
-        count_dtype: str,
     ):
         self.path, self.tmp = Path(path), Path(tmp)
         self.dp, self.micro = dp_size, micro_batches
-        self.id_width, self.count_dtype = id_width, np.dtype(count_dtype)
+        self.id_width = id_width
         self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
         self._f.write(_HEAD.pack(MAGIC, FORMAT_VERSION, 0))
         self._chunks: list[list[Any]] = []
@@ -90,14 +91,13 @@ class PlanWriter:
     ) -> None:
         """Append one chunk: for each rank, (counts [steps, M], global ids)."""
         assert len(blocks) == self.dp
+        peak = max((int(c.max(initial=0)) for c, _ in blocks), default=0)
+        width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
         payloads = []
         for counts, ids in blocks:
             assert counts.shape == (step_end - step_start, self.micro)
             assert int(counts.sum()) == len(ids)
-            payloads.append(
-                np.ascontiguousarray(counts, dtype=self.count_dtype.newbyteorder("<")).tobytes()
-                + encode_ids(ids, self.id_width)
-            )
+            payloads.append(counts.astype(_COUNT_DTYPES[width]).tobytes() + encode_ids(ids, self.id_width))
         dir_offset = self._f.tell()
         directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
         offset = dir_offset + directory.nbytes
@@ -108,7 +108,7 @@ class PlanWriter:
         self._f.write(dir_bytes)
         for data in payloads:
             self._f.write(data)
-        self._chunks.append([step_start, step_end, dir_offset, checksum(dir_bytes).hex()])
+        self._chunks.append([step_start, step_end, dir_offset, checksum(dir_bytes).hex(), width])
 
     def add_section(self, name: str, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
@@ -128,7 +128,6 @@ class PlanWriter:
             "dp_size": self.dp,
             "micro_batches": self.micro,
             "id_width": self.id_width,
-            "count_dtype": self.count_dtype.newbyteorder("<").str,
             "chunks": self._chunks,
             "sections": self._sections,
         }
@@ -207,9 +206,9 @@ class PlanReader:
             self.dp = int(layout["dp_size"])
             self.micro = int(layout["micro_batches"])
             self.id_width = int(layout["id_width"])
-            self.count_dtype = np.dtype(str(layout["count_dtype"]))
             self.chunks = [
-                (int(a), int(b), int(o), bytes.fromhex(c)) for a, b, o, c in layout["chunks"]
+                (int(a), int(b), int(o), bytes.fromhex(c), int(w))
+                for a, b, o, c, w in layout["chunks"]
             ]
             self.sections = dict(layout["sections"])
         except (ValueError, KeyError, TypeError) as exc:
@@ -218,7 +217,7 @@ class PlanReader:
             self.dp > 0
             and self.micro > 0
             and 1 <= self.id_width <= 8
-            and self.count_dtype in (np.dtype("<u2"), np.dtype("<u4"))
+            and all(c[4] in _COUNT_DTYPES and c[0] < c[1] for c in self.chunks)
         ):
             raise self._fail("corrupt plan footer (bad layout)")
         self.plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
@@ -252,7 +251,7 @@ class PlanReader:
     def _directory(self, chunk: int) -> np.ndarray:
         directory = self._dirs.get(chunk)
         if directory is None:
-            _a, _b, offset, digest = self.chunks[chunk]
+            _a, _b, offset, digest, _w = self.chunks[chunk]
             data = self._read(offset, self.dp * _DIR_ENTRY.itemsize)
             if checksum(data) != digest:
                 raise self._fail(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
@@ -268,16 +267,17 @@ class PlanReader:
             raise PlanError(f"{self.path}: DP rank {rank} is outside the plan's dp_size {self.dp}")
         if not 0 <= chunk < len(self.chunks):
             raise PlanError(f"{self.path}: chunk {chunk} does not exist")
-        a, b, _, _ = self.chunks[chunk]
+        a, b, _, _, width = self.chunks[chunk]
         entry = self._directory(chunk)[rank]
         data = self._read(int(entry["offset"]), int(entry["size"]))
-        if checksum(data) != entry["checksum"]:
+        # An "S8" field drops trailing NUL bytes on read; pad it back to the stored 8 bytes.
+        if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
             raise self._fail(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
-        head = (b - a) * self.micro * self.count_dtype.itemsize
+        head = (b - a) * self.micro * width
         if head > len(data) or (len(data) - head) % self.id_width:
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
         counts = (
-            np.frombuffer(data[:head], dtype=self.count_dtype)
+            np.frombuffer(data[:head], dtype=_COUNT_DTYPES[width])
             .reshape(b - a, self.micro)
             .astype(np.int64)
         )

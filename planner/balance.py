@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mds.executor.errors import PlanError
+from mds.planner.permutation import _mix
 
 __all__ = ["Assignment", "balance", "greedy_lpt", "lower_bound", "naive_ranks"]
 
@@ -29,6 +30,8 @@ INF = np.iinfo(np.int64).max
 PARTNERS = 4
 REFINE_ROUNDS = 48
 SLACK = 2
+_KEY_BITS = 41
+_KEY_COST = np.int64(1 << _KEY_BITS)
 
 
 @dataclass
@@ -53,8 +56,9 @@ def naive_ranks(valid: np.ndarray, dp: int, steps: np.ndarray) -> np.ndarray:
     """
     T, N = valid.shape
     x = (steps.astype(np.uint64)[:, None] << np.uint64(32)) | np.arange(N, dtype=np.uint64)[None, :]
-    x = x * np.uint64(0x9E3779B97F4A7C15)
-    x ^= x >> np.uint64(29)
+    # The full splitmix64 finalizer: one multiply and shift left the sort order a Weyl
+    # sequence, the same near-contiguous blocks at every step instead of a random order.
+    x = _mix(x + np.uint64(0x9E3779B97F4A7C15))
     key = np.where(valid, x, np.uint64(2**64 - 1))
     order = np.argsort(key, axis=1, kind="stable")
     rank = np.full((T, N), -1, dtype=np.int64)
@@ -88,24 +92,37 @@ def _lpt(
     some sample found no rank with room (those are redone exactly)."""
     T, N = cost.shape
     order = np.argsort(np.where(valid, -cost, 1), axis=1, kind="stable")
+    # Columns of the sorted arrays, contiguous, so each pass reads one row.
+    cs = np.ascontiguousarray(np.take_along_axis(cost, order, axis=1).T)
+    ls = np.ascontiguousarray(np.take_along_axis(length, order, axis=1).T)
+    vs = np.ascontiguousarray(np.take_along_axis(valid, order, axis=1).T)
     load = np.zeros((T, dp), dtype=np.int64)
     tok = np.zeros((T, dp), dtype=np.int64)
-    rank = np.full((T, N), -1, dtype=np.int64)
+    flat_load, flat_tok = load.reshape(-1), tok.reshape(-1)
+    chosen = np.full((N, T), -1, dtype=np.int64)
     stuck = np.zeros(T, dtype=bool)
-    ar = np.arange(T)
+    base = np.arange(T) * dp
     for k in range(N):
-        idx = order[:, k]
-        v = valid[ar, idx]
+        v = vs[k]
         if not v.any():
             break
-        n = length[ar, idx]
-        fits = tok + n[:, None] <= cap_rank
-        r = np.argmin(np.where(fits, load, INF), axis=1)
-        ok = v & fits[ar, r]
-        stuck |= v & ~ok
-        load[ar, r] += cost[ar, idx] * ok
-        tok[ar, r] += n * ok
-        rank[ar, idx] = np.where(ok, r, -1)
+        n = ls[k]
+        r = np.argmin(load, axis=1)
+        # Capacity rarely binds: check the least-loaded rank first, mask only where it is full.
+        full = flat_tok[base + r] + n > cap_rank
+        if full.any():
+            rows = np.flatnonzero(full)
+            fits = tok[rows] + n[rows, None] <= cap_rank
+            r[rows] = np.argmin(np.where(fits, load[rows], INF), axis=1)
+            full[rows] = ~fits[np.arange(len(rows)), r[rows]]
+        ok = v & ~full
+        stuck |= v & full
+        cell = base + r
+        flat_load[cell] += cs[k] * ok
+        flat_tok[cell] += n * ok
+        chosen[k] = np.where(ok, r, -1)
+    rank = np.full((T, N), -1, dtype=np.int64)
+    np.put_along_axis(rank, order, chosen.T, axis=1)
     return rank, stuck
 
 
@@ -139,13 +156,14 @@ def _greedy_capacity(
 def _slots(rank: np.ndarray, cost: np.ndarray, dp: int) -> np.ndarray:
     """[T, D, P] sample indices per rank (by cost, descending), -1 for empty slots."""
     T, N = rank.shape
-    key = np.where(rank >= 0, rank, dp)
-    order = np.lexsort((np.broadcast_to(np.arange(N), (T, N)), -cost, key))
-    counts = (
-        np.stack([np.bincount(row[row >= 0], minlength=dp) for row in rank])
-        if T
-        else np.zeros((0, dp), int)
-    )
+    key = np.where(rank >= 0, rank, dp).astype(np.int64)
+    if cost.max(initial=0) < _KEY_COST:
+        # One packed key (rank, then cost descending); a stable sort keeps index order on ties.
+        order = np.argsort((key << _KEY_BITS) | (_KEY_COST - 1 - cost), axis=1, kind="stable")
+    else:
+        order = np.lexsort((np.broadcast_to(np.arange(N), (T, N)), -cost, key))
+    flat = (key + (dp + 1) * np.arange(T)[:, None]).ravel()
+    counts = np.bincount(flat, minlength=T * (dp + 1)).reshape(T, dp + 1)[:, :dp]
     width = int(counts.max(initial=0)) + SLACK
     starts = np.concatenate([np.zeros((T, 1), np.int64), np.cumsum(counts, axis=1)[:, :-1]], axis=1)
     pos = starts[:, :, None] + np.arange(width)[None, None, :]
@@ -227,23 +245,27 @@ def _micro(
     cm = np.take_along_axis(cpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
     lm = np.take_along_axis(lpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
     order = np.argsort(-cm, axis=2, kind="stable")
-    mb = np.full((T, D, P), -1, dtype=np.int64)
+    cs = np.take_along_axis(cm, order, axis=2)
+    ls = np.take_along_axis(lm, order, axis=2)
+    ms = np.full((T, D, P), -1, dtype=np.int64)  # micro-batch per slot, in cost order
     mcost = np.zeros((T, D, micro), dtype=np.int64)
     mtok = np.zeros((T, D, micro), dtype=np.int64)
     failed = np.zeros((T, D), dtype=bool)
-    td = np.indices((T, D))
+    ti, di = np.indices((T, D))
     for p in range(P):
-        k = order[:, :, p]
-        c = np.take_along_axis(cm, k[:, :, None], axis=2)[:, :, 0]
-        n = np.take_along_axis(lm, k[:, :, None], axis=2)[:, :, 0]
+        c, n = cs[:, :, p], ls[:, :, p]
         present = c >= 0
+        if not present.any():
+            break
         fits = mtok + n[:, :, None] <= capacity
         m = np.argmin(np.where(fits, mcost, INF), axis=2)
-        good = present & np.take_along_axis(fits, m[:, :, None], axis=2)[:, :, 0]
+        good = present & fits[ti, di, m]
         failed |= present & ~good
-        mcost[td[0], td[1], m] += np.where(good, c, 0)
-        mtok[td[0], td[1], m] += np.where(good, n, 0)
-        mb[td[0], td[1], k] = np.where(good, m, -1)
+        mcost[ti, di, m] += c * good
+        mtok[ti, di, m] += n * good
+        ms[:, :, p] = np.where(good, m, -1)
+    mb = np.empty_like(ms)
+    np.put_along_axis(mb, order, ms, axis=2)
     for t, d in zip(*np.nonzero(failed), strict=True):
         mb[t, d] = _first_fit(lm[t, d], slots[t, d] >= 0, micro, capacity, int(t))
     return mb
@@ -282,6 +304,9 @@ def balance(
 ) -> Assignment:
     """Rank and micro-batch for every sample slot of T steps ([T, N] arrays; see module doc)."""
     T, N = cost.shape
+    if N == 0:  # every step of the chunk is empty (possible with tokens_per_step)
+        empty = np.full((T, 0), -1, dtype=np.int64)
+        return Assignment(empty, empty.copy(), np.zeros((T, dp), dtype=np.int64))
     cost = np.where(valid, cost, 0)
     length = np.where(valid, length, 0)
     rank, forced = _lpt(cost, length, valid, dp, micro * capacity)

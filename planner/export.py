@@ -49,7 +49,8 @@ def _cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.
     if truncate:
         n = pl.min_horizontal(n, pl.lit(capacity))
     if "expr" in cost:
-        return frame.select(pl.sql_expr(cost["expr"]).cast(pl.Float64).alias("cost"))["cost"]
+        # with_columns broadcasts a constant expression, as the planner's pools do
+        return frame.with_columns(pl.sql_expr(cost["expr"]).cast(pl.Float64).alias("cost"))["cost"]
     L = n.cast(pl.Float64)
     return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
 
@@ -94,7 +95,9 @@ def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFram
             ),
         )
         out.append(joined)
-    frame = pl.concat(out, how="diagonal_relaxed").sort("order")
+    # File order is (chunk, rank, step, ...); the documented order is (step, rank, micro_batch),
+    # with a micro-batch's samples in their order in the plan.
+    frame = pl.concat(out, how="diagonal_relaxed").sort("step", "rank", "micro_batch", "order")
     scale = float(footer["cost_scale"])
     frame = frame.with_columns(
         pl.max_horizontal(

@@ -4,9 +4,13 @@ The state between steps is small (a cursor and a cumulative target per source), 
 step range can be computed from the state at its start; the planner records that state at
 every chunk boundary. Two modes, set by the step size:
 
-* samples_per_step: each step's S samples are apportioned by the largest-remainder
-  (Hamilton) method applied to every source's deficit against its cumulative target, so
-  each cumulative count stays within one sample of S * sum of normalized weights.
+* samples_per_step: earliest-deadline-first apportionment. Sample m of a source may be
+  taken once its cumulative target C reaches m - 1 and must be taken by the step where C
+  first exceeds m; each step serves the S pending samples with the earliest deadlines
+  (the mandatory ones first), looking ahead in the schedule. EDF is optimal for unit jobs
+  with release times and deadlines, and a schedule with every lag within one sample
+  always exists (Tijdeman, "The chairman assignment problem", 1980), so every cumulative
+  count stays within one sample of S * sum of normalized weights, after every step.
 * tokens_per_step: each source takes samples, in stream order, while its cumulative
   tokens are below its target; it overshoots by less than one sample.
 """
@@ -22,7 +26,9 @@ from mds.planner.plan_config import PlanConfig
 from mds.planner.pool import SourcePool
 from mds.planner.stream import SourceStream
 
-__all__ = ["MixState", "Mixer", "hamilton"]
+__all__ = ["MixState", "Mixer"]
+
+_EPS = 1e-6  # float slack in the bounds; targets are sums of float64 shares
 
 
 @dataclass
@@ -38,31 +44,6 @@ class MixState:
         return MixState(self.step, self.consumed.copy(), self.tokens.copy(), self.target.copy())
 
 
-def hamilton(deficit: np.ndarray, total: int) -> np.ndarray:
-    """Largest-remainder (Hamilton) apportionment of `total` integers by `deficit`.
-
-    Negative deficits get 0. Ties in the remainder go to the lower source index.
-    """
-    want = np.maximum(deficit, 0.0)
-    base = np.floor(want).astype(np.int64)
-    left = total - int(base.sum())
-    if left > 0:
-        order = np.lexsort((np.arange(len(want)), -(want - base)))
-        base[order[:left]] += 1
-    elif left < 0:
-        # More whole deficits than room (possible only after rounding in earlier steps):
-        # take back from the sources that are the least behind.
-        order = np.lexsort((np.arange(len(want)), want - base))
-        for i in order:
-            if left == 0:
-                break
-            take = min(base[i], -left)
-            base[i] -= take
-            left += take
-    assert int(base.sum()) == total
-    return base
-
-
 class Mixer:
     """Per-step source counts for a plan; see the module docstring."""
 
@@ -76,8 +57,10 @@ class Mixer:
         n = len(self.pools)
         return MixState(0, np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.float64))
 
-    def shares(self, a: int, b: int) -> np.ndarray:
-        """Normalized weights [b-a, sources]; a source with no samples gets weight 0."""
+    def shares(self, a: int, b: int, checked: int | None = None) -> np.ndarray:
+        """Normalized weights [b-a, sources]. Steps before `checked` (default b) must be
+        valid; later ones are look-ahead only, where an invalid step just adds nothing."""
+        checked = b if checked is None else checked
         steps = np.arange(a, b)
         w = (
             np.stack([s.at(steps) for s in self.schedules], axis=1)
@@ -85,18 +68,79 @@ class Mixer:
             else np.zeros((b - a, 0))
         )
         empty = [i for i, p in enumerate(self.pools) if p.n == 0]
-        if empty and (w[:, empty] > 0).any():
+        if empty and (w[: checked - a, empty] > 0).any():
             p = self.pools[empty[0]]
             raise PlanError(
                 f"source '{p.name}' has weight > 0 but no samples (after `filter` and `overlong`)"
             )
+        if empty:
+            w[:, empty] = 0.0
         total = w.sum(axis=1)
-        zero = np.flatnonzero(total <= 0)
+        zero = np.flatnonzero(total[: checked - a] <= 0)
         if zero.size:
             raise PlanError(
                 f"all source weights are 0 at step {a + int(zero[0])}; at least one must be > 0"
             )
-        return w / total[:, None]
+        return w / np.where(total > 0, total, 1.0)[:, None]
+
+    def _curve(self, start: np.ndarray, a: int, b: int, checked: int | None = None) -> np.ndarray:
+        """Cumulative targets after each step of [a, b): sequential float64 sums from `start`,
+        the same additions in the same order whichever step range is asked for."""
+        size = self.train.samples_per_step or self.train.tokens_per_step
+        rows = np.vstack([start[None, :], size * self.shares(a, b, checked)])
+        return np.cumsum(rows, axis=0)[1:]
+
+    def _edf(self, state: MixState, b: int) -> np.ndarray:
+        """samples_per_step counts for [state.step, b) (see the module docstring)."""
+        a, size, n = state.step, self.train.samples_per_step, len(self.pools)
+        end = max(self.train.steps, b)
+        out = np.zeros((b - a, n), dtype=np.int64)
+        if b == a:
+            return out
+        horizon = min(end, b + max(64, b - a))
+        while True:
+            curve = self._curve(state.target, a, horizon, checked=b)
+            # Per source, the integer thresholds m its jobs can have in this range, and the
+            # first row where the target exceeds each (its deadline); len(curve) = beyond.
+            first = np.floor(state.target).astype(np.int64) - 1
+            last = np.floor(curve[b - a - 1]).astype(np.int64) + 3
+            sizes = last - first + 1
+            offsets = np.concatenate([[0], np.cumsum(sizes)])
+            deadline = np.concatenate(
+                [
+                    np.searchsorted(
+                        curve[:, s], np.arange(first[s], last[s] + 1) + _EPS, side="right"
+                    )
+                    for s in range(n)
+                ]
+            )
+            if horizon == end or not (deadline == len(curve)).any():
+                break
+            horizon = min(end, horizon + 4 * (horizon - a))
+        never = np.int64(np.iinfo(np.int64).max)
+        deadline = np.where(deadline == len(curve), never, deadline)
+        consumed = state.consumed.copy()
+        sources = np.arange(n)
+        for k in range(b - a):
+            target = curve[k]
+            lo = np.maximum(0, np.ceil(target - 1 - _EPS).astype(np.int64) - consumed)
+            hi = np.maximum(lo, np.floor(target + 1 + _EPS).astype(np.int64) - consumed)
+            room = size - int(lo.sum())
+            extra = hi - lo
+            if room < 0 or int(extra.sum()) < room:
+                raise PlanError(
+                    f"step {a + k}: cannot keep every source within one sample of its target"
+                )
+            src = np.repeat(sources, extra)
+            j = np.arange(len(src)) - np.repeat(np.cumsum(extra) - extra, extra)
+            m = consumed[src] + lo[src] + j + 1  # the job: the source's m-th sample
+            due = deadline[offsets[src] + (m - first[src])]
+            # Earliest deadline first; among equal deadlines the source most behind its target.
+            pick = np.lexsort((j, src, m - target[src], due))[:room]
+            take = lo + np.bincount(src[pick], minlength=n)
+            out[k] = take
+            consumed += take
+        return out
 
     def run(self, state: MixState, b: int) -> tuple[np.ndarray, MixState]:
         """Counts [b - state.step, sources] for steps [state.step, b) and the state at b."""
@@ -105,11 +149,9 @@ class Mixer:
         out = np.zeros((b - a, len(self.pools)), dtype=np.int64)
         state = state.copy()
         if self.train.samples_per_step is not None:
-            size = self.train.samples_per_step
-            for k in range(b - a):
-                state.target += size * shares[k]
-                out[k] = hamilton(state.target - state.consumed, size)
-                state.consumed += out[k]
+            out = self._edf(state, b)
+            state.target = self._curve(state.target, a, b)[-1] if b > a else state.target
+            state.consumed += out.sum(axis=0)
         else:
             size = self.train.tokens_per_step
             ends = np.empty_like(shares)

@@ -145,7 +145,7 @@ def _blocks(
     t, j = np.nonzero(valid)
     r, m = assign.rank[t, j], assign.micro[t, j]
     cell = (r * T + t) * M + m
-    order = np.lexsort((j, cell))
+    order = np.argsort(cell * gid.shape[1] + j, kind="stable")
     ids = gid[t, j][order]
     per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
     bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
@@ -221,11 +221,19 @@ def with_overrides(
             raise ConfigError(
                 f"--dp-size {dp_size} exceeds samples_per_step = {train.samples_per_step}"
             )
+        room = train.bins * train.max_tokens_per_micro_batch
+        if train.tokens_per_step is not None and train.tokens_per_step > room:
+            # the check parse_train makes, redone for the new geometry
+            raise ConfigError(
+                f"--dp-size {dp_size}: tokens_per_step ({train.tokens_per_step}) exceeds the "
+                f"step's capacity dp_size x micro_batches x max_tokens_per_micro_batch = {room}"
+            )
     return replace(config, train=train)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    return num / np.maximum(den, 1)
+    # An empty step (possible with tokens_per_step) is perfectly balanced: ratio 1, not 0.
+    return np.where(den > 0, num / np.maximum(den, 1), 1.0)
 
 
 def build_plan(
@@ -245,7 +253,6 @@ def build_plan(
     workers = workers or config.workers or 1
     workers = max(1, min(workers, len(bounds), os.cpu_count() or 1))
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
-    count_dtype = "<u2" if train.max_tokens_per_micro_batch < 1 << 16 else "<u4"
     output.parent.mkdir(parents=True, exist_ok=True)
     writer = PlanWriter(
         output,
@@ -253,7 +260,6 @@ def build_plan(
         dp_size=train.dp_size,
         micro_batches=train.micro_batches,
         id_width=id_width,
-        count_dtype=count_dtype,
     )
     if progress is not None:
         progress.start(train.steps)

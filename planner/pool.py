@@ -70,9 +70,12 @@ def _costs(frame: pl.DataFrame, lengths: np.ndarray, cost: CostSpec, name: str) 
         L = lengths.astype(np.float64)
         return cost.a * L + cost.b * L * L
     where = f"[cost] `expr` (source '{name}')"
-    values = _collect(frame.lazy().select(_sql(cost.expr, where).alias("cost")), where, cost.expr)[
-        "cost"
-    ]
+    # with_columns, not select: a constant (`expr = "1"`) is broadcast to one value per row.
+    values = _collect(
+        frame.lazy().with_columns(_sql(cost.expr, where).alias("cost")).select("cost"),
+        where,
+        cost.expr,
+    )["cost"]
     if not values.dtype.is_numeric():
         raise ConfigError(f"{where}: must be numeric, got {values.dtype}")
     out = values.cast(pl.Float64).to_numpy()

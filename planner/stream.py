@@ -56,7 +56,10 @@ class SourceStream:
         source's cumulative tokens (`tokens` so far) reach it; int64 counts from `start`."""
         need = float(targets.max()) - tokens if targets.size else 0.0
         cum = np.zeros(1, dtype=np.int64)
-        block = _BLOCK
+        # First block sized from the mean length (doubling after): a fixed 2^16 start made
+        # small sources walk thousands of epochs per call. Same result, only fewer samples read.
+        mean = max(float(self.pool.lengths.mean()), 1.0) if self.pool.n else 1.0
+        block = int(min(_BLOCK, max(16.0, 1.25 * need / mean + 16)))
         while cum[-1] < need:
             lengths = self.pool.lengths[self.positions(start + len(cum) - 1, block)]
             cum = np.concatenate([cum, cum[-1] + np.cumsum(lengths)])

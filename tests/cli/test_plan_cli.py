@@ -1,0 +1,254 @@
+"""`mds plan` and `mds export` from the command line (in-process, with typer's runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from plan_builders import SAMPLE_CONFIG, sample_index, write_source
+from typer.testing import CliRunner
+
+from mds.cli.main import app
+from mds.executor.planfile import PlanReader
+
+SUMMARY_KEYS = {
+    "samples",
+    "tokens",
+    "bytes_per_sample",
+    "ratio_mean",
+    "ratio_max",
+    "naive_ratio_mean",
+    "naive_ratio_max",
+    "speedup_vs_naive",
+    "plan_id",
+}
+
+
+def mds(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def one_error_line(result, *needles):
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    return sample_index(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def planned(index, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "plan.mds"
+    result = mds("plan", SAMPLE_CONFIG, "-o", out, "--index", index, "--json")
+    assert result.exit_code == 0, result.output
+    return out, json.loads(result.stdout)
+
+
+def test_plan_json_summary(planned):
+    out, summary = planned
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["samples"] == 64 * 32
+    assert summary["path"] == str(out.resolve())
+    assert summary["steps"] == 64 and summary["dp_size"] == 4 and summary["micro_batches"] == 2
+    assert summary["bytes_per_sample"] == round(out.stat().st_size / summary["samples"], 3)
+    assert summary["ratio_mean"] >= 1.0 and summary["speedup_vs_naive"] > 1.0
+    with PlanReader(out) as r:
+        assert summary["plan_id"] == r.plan_id
+    assert [s["name"] for s in summary["sources"]] == [
+        "web",
+        "books",
+        "forum",
+        "code",
+        "wiki",
+        "math",
+    ]
+
+
+def test_plan_table_output(index, tmp_path):
+    result = mds("plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index, "--steps", "2")
+    assert result.exit_code == 0, result.output
+    for text in ("steps x dp ranks x micro-batches", "2 x 4 x 2", "plan id", "sources", "books"):
+        assert text in result.stdout
+
+
+def test_overrides_take_effect(index, tmp_path):
+    result = mds(
+        "plan",
+        SAMPLE_CONFIG,
+        "-o",
+        tmp_path / "p.mds",
+        "--index",
+        index,
+        "--steps",
+        "5",
+        "--dp-size",
+        "8",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["steps"], summary["dp_size"], summary["samples"]) == (5, 8, 5 * 32)
+    with PlanReader(tmp_path / "p.mds") as r:
+        assert (r.dp, r.steps) == (8, 5)
+
+
+def test_workers_option_gives_the_same_plan(planned, index, tmp_path):
+    out, summary = planned
+    result = mds(
+        "plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index, "-j", "2", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan_id"] == summary["plan_id"]
+    assert (tmp_path / "p.mds").read_bytes() == out.read_bytes()
+
+
+def test_export(planned, tmp_path):
+    out, summary = planned
+    target = tmp_path / "plan.parquet"
+    result = mds("export", out, "-o", target)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {summary['samples']:,} rows" in result.stdout
+    frame = pl.read_parquet(target)
+    assert frame.height == summary["samples"]
+    assert frame.columns[:5] == ["step", "rank", "micro_batch", "source", "row"]
+    result = mds("export", out, "-o", tmp_path / "again.parquet", "--json")
+    assert json.loads(result.stdout) == {
+        "output": str(tmp_path / "again.parquet"),
+        "rows": summary["samples"],
+    }
+
+
+def test_help_has_examples():
+    for command in ("plan", "export"):
+        result = mds(command, "--help")
+        assert result.exit_code == 0
+        assert "Example" in result.stdout
+    assert "mds plan sample_data/mds.toml -o build/plan.mds" in mds("plan", "--help").stdout
+
+
+# --- errors: one line, exit 1 ---------------------------------------------------------------------
+
+CONFIG = """
+[[source]]
+name = "a"
+path = "a/data.parquet"
+count = "n"
+weight = {weight}
+
+[train]
+{train}
+"""
+TRAIN = """steps = 4
+dp_size = 2
+samples_per_step = 4
+max_tokens_per_micro_batch = 100"""
+
+
+def config(tmp_path: Path, train: str = TRAIN, weight: str = "1.0", lengths=(5, 6, 7)) -> Path:
+    write_source(tmp_path, "a", list(lengths))
+    path = tmp_path / "mds.toml"
+    path.write_text(CONFIG.format(train=train, weight=weight), encoding="utf-8")
+    return path
+
+
+def indexed(tmp_path: Path, **kwargs) -> Path:
+    path = config(tmp_path, **kwargs)
+    result = mds("index", path, "-o", tmp_path / "index")
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_small_config_plans(tmp_path):
+    path = indexed(tmp_path)
+    result = mds("plan", path, "-o", tmp_path / "p.mds", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["samples"] == 16
+
+
+@pytest.mark.parametrize(
+    ("train", "needles"),
+    [
+        (
+            TRAIN + "\nsample_per_step = 3",
+            ["[train]: unknown key `sample_per_step`", "did you mean"],
+        ),
+        (TRAIN.replace("steps = 4\n", ""), ["[train]: `steps` is required"]),
+        (
+            TRAIN + "\ntokens_per_step = 10",
+            ["set exactly one of `samples_per_step` and `tokens_per_step`"],
+        ),
+        (
+            TRAIN.replace("samples_per_step = 4", "samples_per_step = 1"),
+            ["`samples_per_step` (1) must be at least `dp_size` (2)"],
+        ),
+    ],
+)
+def test_config_errors(tmp_path, train, needles):
+    path = config(tmp_path, train=train)
+    line = one_error_line(mds("plan", path, "-o", tmp_path / "p.mds"), *needles)
+    assert str(path) in line
+    assert not (tmp_path / "p.mds").exists()
+
+
+def test_missing_config_file(tmp_path):
+    one_error_line(
+        mds("plan", tmp_path / "nope.toml", "-o", tmp_path / "p.mds"), "config file not found"
+    )
+
+
+def test_missing_index(tmp_path):
+    path = config(tmp_path)
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds", "--json"), "not an mds index", "mds index"
+    )
+
+
+def test_plan_errors(tmp_path):
+    path = indexed(tmp_path, lengths=(5, 600, 7))
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds"),
+        "source 'a' row 1: 600 tokens exceed max_tokens_per_micro_batch = 100",
+    )
+    train = TRAIN + '\noverlong = "drop"'
+    path.write_text(CONFIG.format(train=train, weight="[[0, 1.0], [2, 0.0]]"), encoding="utf-8")
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds"), "all source weights are 0 at step 2"
+    )
+    assert not (tmp_path / "p.mds").exists()
+
+
+def test_bad_override(tmp_path):
+    path = indexed(tmp_path)
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds", "--dp-size", "5"),
+        "--dp-size 5 exceeds samples_per_step = 4",
+    )
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds", "--steps", "0"), "--steps must be >= 1"
+    )
+
+
+def test_export_errors(planned, tmp_path):
+    out, _ = planned
+    bad = tmp_path / "bad.mds"
+    data = bytearray(out.read_bytes())
+    data[8] = 99  # format version
+    bad.write_bytes(bytes(data))
+    one_error_line(mds("export", bad, "-o", tmp_path / "x.parquet"), "newer than this mds supports")
+    one_error_line(
+        mds("export", tmp_path / "none.mds", "-o", tmp_path / "x.parquet"), "cannot open plan"
+    )
+    assert not (tmp_path / "x.parquet").exists()
