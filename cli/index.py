@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from mds.cli.output import console, print_json
 from mds.executor.errors import ConfigError
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from mds.executor.errors import SourceDataError
 
 __all__ = [

@@ -97,7 +97,9 @@ class PlanWriter:
         for counts, ids in blocks:
             assert counts.shape == (step_end - step_start, self.micro)
             assert int(counts.sum()) == len(ids)
-            payloads.append(counts.astype(_COUNT_DTYPES[width]).tobytes() + encode_ids(ids, self.id_width))
+            payloads.append(
+                counts.astype(_COUNT_DTYPES[width]).tobytes() + encode_ids(ids, self.id_width)
+            )
         dir_offset = self._f.tell()
         directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
         offset = dir_offset + directory.nbytes

@@ -188,6 +188,7 @@ def _refine(
     cm = np.take_along_axis(cpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
     lm = np.take_along_axis(lpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
     load, tok = cm.sum(axis=2), lm.sum(axis=2)
+    longest = int(length.max(initial=0))
     q = min(PARTNERS, D - 1)
     active = ~skip
     for _ in range(REFINE_ROUNDS):
@@ -202,14 +203,15 @@ def _refine(
         cq, nq = cm[t[:, None], part], lm[t[:, None], part]  # [t, q, P]
         s1 = slots[t, r1] >= 0
         delta = c1[:, :, None, None] - cq[:, None, :, :]  # [t, P, q, P]
-        dtok = n1[:, :, None, None] - nq[:, None, :, :]
-        new1 = l1[:, None, None, None] - delta
-        new2 = lq[:, None, :, None] + delta
+        # A swap helps iff 0 < delta < l1 - lq; the best brings delta closest to half of that.
+        score = np.maximum(l1[:, None, None, None] - delta, lq[:, None, :, None] + delta)
         ok = (delta > 0) & s1[:, :, None, None]
-        ok &= (k1[:, None, None, None] - dtok <= cap_rank) & (
-            kq[:, None, :, None] + dtok <= cap_rank
-        )
-        score = np.where(ok, np.maximum(new1, new2), INF).reshape(len(t), -1)
+        if int(tok.max()) + longest > cap_rank:  # token room can bind: check both ranks
+            dtok = n1[:, :, None, None] - nq[:, None, :, :]
+            ok &= (k1[:, None, None, None] - dtok <= cap_rank) & (
+                kq[:, None, :, None] + dtok <= cap_rank
+            )
+        score = np.where(ok, score, INF).reshape(len(t), -1)
         best = np.argmin(score, axis=1)
         gain = score[np.arange(len(t)), best] < l1
         active[t[~gain]] = False

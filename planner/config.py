@@ -165,7 +165,9 @@ _HOW_TO_MEASURE = (
 )
 
 
-def _length_spec(table: dict[str, Any], fmt: str | None, text: str | None, where: str) -> LengthSpec:
+def _length_spec(
+    table: dict[str, Any], fmt: str | None, text: str | None, where: str
+) -> LengthSpec:
     given = [k for k in LENGTH_KEYS if k in table]
     if fmt == "megatron":
         if given:
@@ -202,7 +204,9 @@ def resolve_format(spec: SourceSpec, fmt: str) -> SourceSpec:
             )
         if spec.keep or spec.text:
             key = "keep" if spec.keep else "text"
-            raise ConfigError(f'{where}`{key}` does not apply to format "megatron": it has no columns')
+            raise ConfigError(
+                f'{where}`{key}` does not apply to format "megatron": it has no columns'
+            )
         return replace(spec, format=fmt, length=LengthSpec("megatron"))
     if spec.length.kind == "auto":
         raise ConfigError(f"{where}{_HOW_TO_MEASURE}")

@@ -246,12 +246,31 @@ def build_plan(
     """Plan every step of `config` into the file `output` (written atomically)."""
     started = time.perf_counter()
     output = Path(output).resolve()
-    planner = Planner(config)
     train = config.train
-    bounds = planner.boundaries()
-    states = planner.states()
-    workers = workers or config.workers or 1
-    workers = max(1, min(workers, len(bounds), os.cpu_count() or 1))
+    chunks = -(-train.steps // config.chunk_steps)
+    workers = max(1, min(workers or config.workers or 1, chunks, os.cpu_count() or 1))
+    # Workers start (and load the index) while this process runs the sequential pass.
+    pool = (
+        ProcessPoolExecutor(
+            workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(config,)
+        )
+        if workers > 1
+        else None
+    )
+    try:
+        planner = Planner(config)
+        states = planner.states()
+        data, footer, stats_arr = _write(planner, states, output, pool, progress)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
+    return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
+
+
+def _write(planner: Planner, states: list[MixState], output: Path, pool, progress):
+    """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
+    train = planner.config.train
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
     output.parent.mkdir(parents=True, exist_ok=True)
     writer = PlanWriter(
@@ -265,28 +284,17 @@ def build_plan(
         progress.start(train.steps)
     stats, mixed = [], []
     try:
-        jobs = [(states[i], b) for i, (_a, b) in enumerate(bounds)]
-        if workers == 1:
+        jobs = [(states[i], b) for i, (_a, b) in enumerate(planner.boundaries())]
+        if pool is None:
             results = (planner.plan_chunk(state, end) for state, end in jobs)
-            pool = None
         else:
-            pool = ProcessPoolExecutor(
-                workers,
-                mp_context=get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(config,),
-            )
             results = pool.map(_run_chunk, jobs)
-        try:
-            for result in results:
-                writer.add_chunk(result.start, result.end, result.blocks)
-                stats.append(result.stats)
-                mixed.append(result.source_samples)
-                if progress is not None:
-                    progress.advance(result.end - result.start)
-        finally:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
+        for result in results:
+            writer.add_chunk(result.start, result.end, result.blocks)
+            stats.append(result.stats)
+            mixed.append(result.source_samples)
+            if progress is not None:
+                progress.advance(result.end - result.start)
         stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(STAT_COLUMNS)), np.int64)
         mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
         writer.add_section("stats", stats_arr)
@@ -299,8 +307,7 @@ def build_plan(
     except BaseException:
         writer.abort()
         raise
-    plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
-    return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
+    return data, footer, stats_arr
 
 
 def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) -> dict[str, Any]:

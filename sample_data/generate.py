@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+
 from mds.executor.megatron import write_dataset
 
 SEED = 20240601

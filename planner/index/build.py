@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+
 from mds.executor.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.planner.atomic import atomic_write_bytes, fsync_file, is_temp, temp_sibling

@@ -15,6 +15,7 @@ from typing import BinaryIO
 import numpy as np
 import polars as pl
 import zstandard
+
 from mds.executor.errors import SourceDataError
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import check_column_type, checked_lengths, text_lengths

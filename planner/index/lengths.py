@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+
 from mds.executor.errors import ConfigError, SourceDataError
 from mds.planner.config import LengthSpec
 

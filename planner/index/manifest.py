@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+
 from mds.executor.errors import IndexFormatError
 
 __all__ = [

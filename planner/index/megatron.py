@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import polars as pl
+
 from mds.executor.megatron import check_bin, read_index
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import checked_lengths

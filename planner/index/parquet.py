@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import polars as pl
+
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import check_column_type, checked_lengths, text_lengths
 from mds.planner.index.scan import ScanContext, missing_column, reading

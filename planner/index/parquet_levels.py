@@ -6,12 +6,14 @@ materialise every token id."""
 from __future__ import annotations
 
 import os
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 from mds.executor.errors import SourceDataError
 
@@ -41,6 +43,8 @@ _MAX_NESTING = 32
 
 _MAX_VARINT = 5  # a 32-bit ULEB128 varint, the run headers of the RLE/bit-packed hybrid
 _WORKERS = min(2, os.cpu_count() or 1)
+# First read at each page: its header and, mostly, all the compressed level data it holds.
+_READ_AHEAD = 1 << 15
 # Below this many levels per row (on a column big enough to matter) level runs are nearly as
 # many as the values, and a full decode in native code is at least as fast as this path.
 _DENSE_MEAN_LEVELS = 16
@@ -52,7 +56,7 @@ class _Unsupported(Exception):
 
 
 class _Truncated(Exception):
-    """A page header runs past the end of the bytes it was read from."""
+    """A page header or a page's compressed start runs past the bytes read so far."""
 
 
 @dataclass(frozen=True)
@@ -197,10 +201,8 @@ def _chunk_lengths(path: str, fd: int, data_end: int, chunk: _Chunk, col: _Colum
         return np.zeros(0, np.int64)  # writers leave its offsets at 0
     if chunk.start < 4 or chunk.size < 0 or chunk.start + chunk.size > data_end:
         raise SourceDataError(f"{where}: column chunk runs past the data (truncated file?)")
-    buf = os.pread(fd, chunk.size, chunk.start)
-    if len(buf) != chunk.size:
-        raise SourceDataError(f"{where}: column chunk is truncated")
-    levels = _chunk_levels(buf, chunk.codec, col.max_def, col.list_def)
+    reader = _ChunkReader(fd, chunk.start, chunk.size, where)
+    levels = _chunk_levels(reader, chunk.codec, col.max_def, col.list_def)
     if levels.size != chunk.num_values:
         raise _Unsupported("level count differs from the column chunk's num_values")
     lengths = _lengths(levels, col.list_def)
@@ -209,47 +211,313 @@ def _chunk_lengths(path: str, fd: int, data_end: int, chunk: _Chunk, col: _Colum
     return lengths
 
 
-def _chunk_levels(buf: bytes, codec: str | None, max_def: int, list_def: int) -> _Levels:
+class _ChunkReader:
+    """Reads parts of one column chunk: only page headers and level data are needed, a few
+    KB of each ~1 MB page, so the chunk is never read whole."""
+
+    def __init__(self, fd: int, start: int, size: int, where: str) -> None:
+        self.fd, self.start, self.size, self.where = fd, start, size, where
+
+    def read(self, pos: int, n: int) -> bytes:
+        """Bytes [pos, pos + n) of the chunk, fewer where the chunk ends first."""
+        n = max(0, min(n, self.size - pos))
+        data = os.pread(self.fd, n, self.start + pos)
+        if len(data) != n:
+            raise SourceDataError(f"{self.where}: column chunk is truncated")
+        return data
+
+
+class _Body:
+    """A page's (compressed) body, read from the file only as far as it is needed."""
+
+    def __init__(self, reader: _ChunkReader, pos: int, size: int, head: bytes) -> None:
+        self.reader, self.pos, self.size = reader, pos, size
+        self.data = head[:size]  # what has been read so far, from the start of the body
+
+    @property
+    def complete(self) -> bool:
+        return len(self.data) == self.size
+
+    def load(self, n: int) -> bytes:
+        """At least the first n bytes (all of a shorter body)."""
+        n = min(n, self.size)
+        if len(self.data) < n:
+            self.data = self.reader.read(self.pos, n)
+        return self.data
+
+
+def _chunk_levels(reader: _ChunkReader, codec: str | None, max_def: int, list_def: int) -> _Levels:
     """Row starts and their definition levels over all data pages of one column chunk."""
     pages = _Pages()
-    view = memoryview(buf)
     pos = 0
-    while pos < len(buf):
-        try:
-            page = _page_header(view, pos)
-        except _Truncated:
-            raise _Unsupported("page header runs past the column chunk") from None
+    while pos < reader.size:
+        head = reader.read(pos, _READ_AHEAD)
+        while True:
+            try:
+                page = _page_header(memoryview(head), 0)
+                break
+            except _Truncated:
+                if pos + len(head) >= reader.size:
+                    raise _Unsupported("page header runs past the column chunk") from None
+                head = reader.read(pos, 2 * len(head))
         body_start = pos + page.header_size
         pos = body_start + page.compressed_size
-        if pos > len(buf):
+        if pos > reader.size:
             # Old parquet-mr left the dictionary header out of total_compressed_size
             # (PARQUET-816); a truncated file was already caught against the footer.
             raise _Unsupported("page runs past the column chunk")
-        body = view[body_start:pos]
+        if page.type in (_DICTIONARY_PAGE, _INDEX_PAGE):
+            continue
+        body = _Body(reader, body_start, page.compressed_size, head[page.header_size :])
         if page.type == _DATA_PAGE:
             pages.add(page, *_v1_levels(body, page, codec))
         elif page.type == _DATA_PAGE_V2:
             pages.add(page, *_v2_levels(body, page))
-        elif page.type not in (_DICTIONARY_PAGE, _INDEX_PAGE):
+        else:
             raise _Unsupported(f"page type {page.type}")
     return pages.levels(max_def, list_def)
 
 
-def _v1_levels(body, page: _Page, codec: str | None) -> tuple[memoryview, memoryview]:
-    """DATA_PAGE: the whole page is compressed; each level run is prefixed by its length."""
+def _v1_levels(body: _Body, page: _Page, codec: str | None) -> tuple[memoryview, memoryview]:
+    """DATA_PAGE: the whole page is compressed; each level run is prefixed by its length.
+
+    Only the start of the page is decompressed, as far as the levels go; when that fails
+    for any reason the whole page is, which then decides."""
+    if codec is None and page.compressed_size != page.uncompressed_size:
+        raise _Unsupported("page size differs from its header")
+    data = None
+    decode = _PREFIX_DECODERS.get(codec)
+    if decode is not None:
+        try:
+            data = _read_prefix(body, decode, page.uncompressed_size)
+        except _Unsupported:
+            pass
+    if data is None:
+        data = _decompress(body.load(body.size), page, codec)
+    rep, pos = _length_prefixed(data, 0)
+    dfn, _ = _length_prefixed(data, pos)
+    return rep, dfn
+
+
+def _decompress(body: bytes, page: _Page, codec: str | None) -> memoryview:
+    """The whole page, decompressed."""
     if codec is None:
-        data = body
+        data = memoryview(body)
     else:
         try:
             out = pa.decompress(body, decompressed_size=page.uncompressed_size, codec=codec)
-        except pa.ArrowException as exc:  # e.g. an LZ4 framing we do not expect
+        except (pa.ArrowException, OSError) as exc:  # e.g. an LZ4 framing we do not expect
             raise _Unsupported(f"cannot decompress a page: {exc}") from None
         data = memoryview(out)
     if len(data) != page.uncompressed_size:
         raise _Unsupported("page size differs from its header")
-    rep, pos = _length_prefixed(data, 0)
-    dfn, _ = _length_prefixed(data, pos)
-    return rep, dfn
+    return data
+
+
+def _levels_end(out) -> int:
+    """Bytes the level sections of a v1 page take, as far as `out` (its start) tells."""
+    if len(out) < 4:
+        return 4
+    rep_end = 8 + int.from_bytes(out[:4], "little")
+    if len(out) < rep_end:
+        return rep_end
+    return rep_end + int.from_bytes(out[rep_end - 4 : rep_end], "little")
+
+
+def _read_prefix(body: _Body, decode, page_size: int) -> memoryview:
+    """The start of the decompressed page through its level data, reading more of the body
+    while the decoder runs out of input."""
+
+    def need(out) -> int:
+        end = _levels_end(out)
+        if end > page_size:
+            raise _Unsupported("level data runs past the page")
+        return end
+
+    while True:
+        try:
+            return decode(body.data, need)
+        except _Truncated:
+            if body.complete:
+                raise _Unsupported("compressed page ends before its level data") from None
+            body.load(2 * max(len(body.data), _READ_AHEAD))
+
+
+# Each prefix decoder takes the start of a page body and `need`, which maps the output so
+# far to the number of output bytes wanted (it only grows); it returns at least that many,
+# raises _Truncated if the input ran out first and _Unsupported for anything else.
+
+
+def _plain_prefix(src: bytes, need) -> memoryview:
+    if len(src) < need(src):
+        raise _Truncated
+    return memoryview(src)
+
+
+def _snappy_tables() -> list[tuple[int, int]]:
+    """Per snappy tag byte: the bytes its element takes and the bytes it outputs; (0, 0) for
+    the literals whose length follows the tag."""
+    table = []
+    for tag in range(256):
+        kind, high = tag & 3, tag >> 2
+        if kind == 0:  # literal of high + 1 bytes, or of a length in high - 59 more bytes
+            table.append((2 + high, high + 1) if high < 60 else (0, 0))
+        else:  # copy with a 1-, 2- or 4-byte offset
+            table.append(((0, 2, 3, 5)[kind], 4 + (high & 7) if kind == 1 else high + 1))
+    return table
+
+
+_SNAPPY_TAGS = _snappy_tables()
+_SNAPPY_LONGEST = 61  # bytes of the longest element whose length is in its tag
+
+
+def _snappy_prefix(src: bytes, need) -> memoryview:
+    """The start of a raw snappy stream (format_description.txt in google/snappy).
+
+    The elements are parsed here (a Python loop over bytes is cheaper than numpy for the few
+    thousand elements of a page's levels), stopping at the first element that reaches
+    `need`; pyarrow then decompresses just those, re-framed as a stream of that length.
+    It does the copies (overlapping ones too) and rejects offsets of 0 or past the output,
+    so a corrupt stream cannot return wrong bytes. A literal that runs past `src` is taken
+    as far as it goes.
+    """
+    total, pos = _uvarint(src)
+    base, made, wanted, size = pos, 0, need(_snappy_head(src, pos)), len(src)
+    tags, safe = _SNAPPY_TAGS, size - _SNAPPY_LONGEST  # before `safe` no bounds to check
+    while True:
+        if wanted > total:
+            raise _Unsupported("snappy stream shorter than the level data")
+        cut = -1  # where the literal that runs past `src` starts
+        while made < wanted:
+            if pos < safe:
+                taken, out_bytes = tags[src[pos]]
+                if taken:
+                    pos += taken
+                    made += out_bytes
+                    continue
+            if pos >= size:
+                raise _Truncated
+            tag = src[pos]
+            taken, length = tags[tag]
+            if taken:
+                if pos + taken <= size:
+                    pos += taken
+                    made += length
+                    continue
+                if tag & 3:
+                    raise _Truncated
+                start = pos + 1
+            else:
+                start = pos + (tag >> 2) - 58  # the tag, then (tag >> 2) - 59 length bytes
+                if start > size:
+                    raise _Truncated
+                length = int.from_bytes(src[pos + 1 : start], "little") + 1
+                if start + length <= size:
+                    pos = start + length
+                    made += length
+                    continue
+            if made + length > total:
+                raise _Unsupported("snappy literal past the stream's length")
+            cut = start
+            break
+        if made > total:
+            raise _Unsupported("snappy elements past the stream's length")
+        out = _snappy_elements(src[base:pos], made)
+        if cut >= 0:
+            out = memoryview(bytes(out) + src[cut:])
+        wanted = need(out)
+        if len(out) >= wanted:
+            return out
+        if cut >= 0:
+            raise _Truncated
+
+
+def _snappy_head(src: bytes, pos: int) -> bytes:
+    """The bytes of the literal at `pos` (as far as `src` goes), if one is there: the start
+    of the output, which often tells `need` enough without decompressing anything."""
+    if pos >= len(src) or src[pos] & 3:
+        return b""
+    high = src[pos] >> 2
+    if high < 60:
+        return src[pos + 1 : pos + 2 + high]
+    start = pos + high - 58
+    return src[start : start + int.from_bytes(src[pos + 1 : start], "little") + 1]
+
+
+def _snappy_elements(elements: bytes, size: int) -> memoryview:
+    """Decompress whole snappy elements that output `size` bytes."""
+    if size == 0:
+        return memoryview(b"")
+    stream = _uvarint_bytes(size) + elements
+    try:
+        return memoryview(pa.decompress(stream, decompressed_size=size, codec="snappy"))
+    except (pa.ArrowException, OSError) as exc:  # pyarrow raises a plain OSError for these
+        raise _Unsupported(f"corrupt snappy data: {exc}") from None
+
+
+def _uvarint(src: bytes) -> tuple[int, int]:
+    """A 32-bit ULEB128 varint at the start of `src` and its length."""
+    value = shift = 0
+    for pos in range(min(len(src), _MAX_VARINT)):
+        byte = src[pos]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if value >> 32:
+                raise _Unsupported("varint too large")
+            return value, pos + 1
+        shift += 7
+    if len(src) < _MAX_VARINT:
+        raise _Truncated
+    raise _Unsupported("varint too long")
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _zstd_prefix(src: bytes, need) -> memoryview:
+    out = b""
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(src)
+        while len(out) < (wanted := need(out)):
+            piece = reader.read(wanted - len(out))
+            if not piece:
+                raise _Truncated  # or the frame ended: then the whole page decides
+            out += piece
+    except zstandard.ZstdError as exc:
+        raise _Unsupported(f"corrupt zstd data: {exc}") from None
+    return memoryview(out)
+
+
+def _gzip_prefix(src: bytes, need) -> memoryview:
+    out, pending = b"", src
+    stream = zlib.decompressobj(wbits=47)  # a gzip or zlib header, as pyarrow accepts
+    try:
+        while len(out) < (wanted := need(out)):
+            piece = stream.decompress(pending, wanted - len(out))
+            if not piece and len(stream.unconsumed_tail) >= len(pending):
+                if stream.eof:
+                    raise _Unsupported("gzip stream ends before the level data")
+                raise _Truncated
+            pending = stream.unconsumed_tail
+            out += piece
+    except (zlib.error, EOFError) as exc:
+        raise _Unsupported(f"corrupt gzip data: {exc}") from None
+    return memoryview(out)
+
+
+# Codecs whose pages can be decompressed partway; the others are decompressed whole.
+_PREFIX_DECODERS = {
+    None: _plain_prefix,
+    "snappy": _snappy_prefix,
+    "zstd": _zstd_prefix,
+    "gzip": _gzip_prefix,
+}
 
 
 def _length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
@@ -261,12 +529,13 @@ def _length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
     return data[pos + 4 : end], end
 
 
-def _v2_levels(body: memoryview, page: _Page) -> tuple[memoryview, memoryview]:
+def _v2_levels(body: _Body, page: _Page) -> tuple[memoryview, memoryview]:
     """DATA_PAGE_V2: levels come first, never compressed, lengths given in the header."""
     split, end = page.rep_bytes, page.rep_bytes + page.def_bytes
-    if end > len(body):
+    if end > body.size:
         raise _Unsupported("level data runs past the page")
-    return body[:split], body[split:end]
+    data = memoryview(body.load(end))
+    return data[:split], data[split:end]
 
 
 class _Pages:

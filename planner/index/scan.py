@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+
 from mds.executor.errors import MdsError, SourceDataError
 from mds.planner.config import SourceSpec
 from mds.planner.index.discover import DataFile

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from mds.executor.errors import SourceDataError
 from mds.executor.megatron import (
     DTYPE_CODES,

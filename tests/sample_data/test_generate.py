@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+
 from mds.executor.megatron import check_bin, read_index
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"

@@ -388,3 +388,223 @@ def test_page_header_with_bit_packed_levels_is_declined() -> None:
     header += _field(1, 5) + _zz(4) + _field(1, 5) + _zz(4) + b"\0" + b"\0"
     with pytest.raises(parquet_levels._Unsupported):
         parquet_levels._page_header(memoryview(header), 0)
+
+
+# --- decompressing only the start of a v1 page ---
+
+PREFIX_CODECS = ["none", "snappy", "zstd", "gzip"]
+
+
+def _compress(data: bytes, codec: str) -> bytes:
+    return data if codec == "none" else pa.compress(data, codec=codec, asbytes=True)
+
+
+def _decoder(codec: str):
+    return parquet_levels._PREFIX_DECODERS[None if codec == "none" else codec]
+
+
+def _fixed(n: int):
+    return lambda out: n
+
+
+# Random bytes give literals; repeated short patterns give copies, many overlapping their
+# own output (offset < length).
+SEGMENT = st.binary(max_size=300) | st.tuples(
+    st.binary(min_size=1, max_size=9), st.integers(1, 400)
+)
+PAYLOAD = st.lists(SEGMENT, max_size=12).map(
+    lambda segments: b"".join(s if isinstance(s, bytes) else s[0] * s[1] for s in segments)
+)
+
+
+@FAST
+@given(data=PAYLOAD, frac=st.floats(0, 1), cut=st.floats(0, 1))
+def test_snappy_prefix_matches_pyarrow(data: bytes, frac: float, cut: float) -> None:
+    stream = _compress(data, "snappy")
+    for n in (round(frac * len(data)), len(data)):
+        out = parquet_levels._snappy_prefix(stream, _fixed(n))
+        assert len(out) >= n and bytes(out) == data[: len(out)]
+    # The start of the stream only: enough output or _Truncated, never wrong bytes.
+    try:
+        out = parquet_levels._snappy_prefix(stream[: round(cut * len(stream))], _fixed(n))
+    except parquet_levels._Truncated:
+        return
+    assert len(out) >= n and bytes(out) == data[: len(out)]
+
+
+def _levels_page(rng, rep: int, dfn: int, rest: int) -> bytes:
+    """The start of a v1 page: length-prefixed rep and def levels, then the values."""
+    parts = [rng.integers(0, 4, size).astype(np.uint8).tobytes() for size in (rep, dfn)]
+    values = rng.integers(0, 256, rest).astype(np.uint8).tobytes()
+    return b"".join(len(p).to_bytes(4, "little") + p for p in parts) + values
+
+
+@FAST
+@given(
+    codec=st.sampled_from(PREFIX_CODECS),
+    sizes=st.tuples(st.integers(0, 20000), st.integers(0, 3000), st.integers(0, 20000)),
+    seed=st.integers(0, 2**32 - 1),
+    cut=st.floats(0, 1),
+)
+def test_prefix_decoders_reach_the_end_of_the_levels(codec, sizes, seed, cut) -> None:
+    page = _levels_page(np.random.default_rng(seed), *sizes)
+    end = 8 + sizes[0] + sizes[1]
+    stream, decode = _compress(page, codec), _decoder(codec)
+    out = decode(stream, parquet_levels._levels_end)
+    assert len(out) >= end and bytes(out) == page[: len(out)]
+    try:
+        out = decode(stream[: round(cut * len(stream))], parquet_levels._levels_end)
+    except parquet_levels._Truncated:
+        return
+    assert len(out) >= end and bytes(out) == page[: len(out)]
+
+
+class _FakeReader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.reads = data, 0
+
+    def read(self, pos: int, n: int) -> bytes:
+        self.reads += 1
+        return self.data[pos : pos + n]
+
+
+@pytest.mark.parametrize("codec", PREFIX_CODECS)
+def test_read_prefix_reads_more_of_the_body_as_needed(codec: str) -> None:
+    page = _levels_page(np.random.default_rng(4), 100_000, 10, 100_000)
+    stream = _compress(page, codec)
+    reader = _FakeReader(stream)
+    body = parquet_levels._Body(reader, 0, len(stream), stream[:100])
+    out = parquet_levels._read_prefix(body, _decoder(codec), len(page))
+    assert bytes(out[:100_018]) == page[:100_018]
+    assert reader.reads > 0 and len(body.data) < len(stream)
+
+
+_varint = _uleb  # a snappy stream starts with its length as a ULEB128 varint
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        # Long-form literals (60: 1 length byte ... 63: 4), even where a short form fits.
+        (_varint(7) + bytes([60 << 2, 6]) + b"abcdefg", b"abcdefg"),
+        (_varint(3) + bytes([61 << 2, 2, 0]) + b"xyz", b"xyz"),
+        (_varint(2) + bytes([62 << 2, 1, 0, 0]) + b"pq", b"pq"),
+        (_varint(1) + bytes([63 << 2, 0, 0, 0, 0]) + b"z", b"z"),
+        # Copies with 1-, 2- and 4-byte offsets, overlapping their output.
+        (_varint(10) + b"\x04ab" + bytes([1 | 4 << 2, 2]), b"abababababab"[:10]),
+        (_varint(9) + b"\x08abc" + bytes([2 | 5 << 2, 3, 0]), b"abcabcabc"),
+        (_varint(12) + b"\x0cabcd" + bytes([3 | 7 << 2, 4, 0, 0, 0]), b"abcd" * 3),
+        (_varint(6) + b"\x00a" + bytes([1 | 1 << 2, 1]), b"aaaaaa"),
+    ],
+)
+def test_snappy_prefix_element_forms(stream: bytes, expected: bytes) -> None:
+    assert pa.decompress(stream, len(expected), codec="snappy").to_pybytes() == expected
+    for n in range(len(expected) + 1):
+        out = parquet_levels._snappy_prefix(stream, _fixed(n))
+        assert len(out) >= n and bytes(out) == expected[: len(out)]
+
+
+@pytest.mark.parametrize(
+    ("stream", "n", "error"),
+    [
+        (_varint(5) + b"\x00a" + bytes([1, 0]), 5, "_Unsupported"),  # copy offset 0
+        (_varint(5) + b"\x00a" + bytes([1, 2]), 5, "_Unsupported"),  # offset past the output
+        (_varint(9) + b"\x08abc" + bytes([2 | 5 << 2, 4, 0]), 9, "_Unsupported"),
+        (_varint(9) + b"\x08abc" + bytes([3 | 5 << 2, 0, 1, 0, 0]), 9, "_Unsupported"),
+        (_varint(5) + b"\x00a" + bytes([1]), 5, "_Truncated"),  # offset byte missing
+        (_varint(5) + b"\x00a" + bytes([3 | 3 << 2, 1, 0]), 5, "_Truncated"),
+        (_varint(100) + bytes([61 << 2, 5]), 1, "_Truncated"),  # length bytes missing
+        (_varint(100) + b"\x10abc", 6, "_Truncated"),  # literal cut short
+        (_varint(100) + b"\x10abcde", 3, None),  # ... which is enough
+        (b"\x80", 1, "_Truncated"),  # stream length cut short
+        (b"\x80" * 5 + b"\x01", 1, "_Unsupported"),  # stream length over 5 bytes
+        (b"\xff\xff\xff\xff\x1f", 1, "_Unsupported"),  # ... or over 32 bits
+        (_varint(3) + b"\x08abc", 4, "_Unsupported"),  # more wanted than the stream holds
+        (_varint(2) + b"\x08abc", 2, "_Unsupported"),  # a literal past the stream's length
+        (_varint(2) + b"\x08ab", 2, "_Unsupported"),  # ... also when cut short
+        (_varint(5) + b"\x00a" + bytes([1 | 7 << 2, 1]), 5, "_Unsupported"),  # copy too
+        (_varint(1) + b"", 1, "_Truncated"),
+    ],
+)
+def test_snappy_prefix_rejects_malformed_streams(stream: bytes, n: int, error) -> None:
+    if error is None:
+        out = parquet_levels._snappy_prefix(stream, _fixed(n))
+        assert bytes(out[:n]) == stream[2 : 2 + n]
+        return
+    with pytest.raises(getattr(parquet_levels, error)):
+        parquet_levels._snappy_prefix(stream, _fixed(n))
+    # A whole body that ends too early is no longer a matter of reading more.
+    body = parquet_levels._Body(_FakeReader(stream), 0, len(stream), stream)
+    with pytest.raises(parquet_levels._Unsupported):
+        parquet_levels._read_prefix(body, parquet_levels._snappy_prefix, 1 << 20)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_corrupt_zstd_or_gzip_prefix_is_unsupported(codec: str) -> None:
+    stream = bytearray(_compress(_levels_page(np.random.default_rng(5), 500, 20, 500), codec))
+    stream[:4] = b"\x00\x01\x02\x03"  # the magic / header
+    with pytest.raises(parquet_levels._Unsupported):
+        _decoder(codec)(bytes(stream), parquet_levels._levels_end)
+
+
+def _many_pages(tmp_path: Path, compression: str, version: str = "1.0") -> Path:
+    rng = np.random.default_rng(6)
+    lengths = rng.integers(0, 2000, 300)
+    lengths[rng.random(300) < 0.1] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = pa.array(rng.integers(0, 50000, offsets[-1], dtype=np.int32))
+    array = pa.ListArray.from_arrays(offsets, values, mask=pa.array(rng.random(300) < 0.1))
+    path = tmp_path / "m.parquet"
+    pq.write_table(
+        pa.table({"tokens": array}),
+        path,
+        compression=compression,
+        data_page_version=version,
+        data_page_size=8192,
+        row_group_size=100,
+    )
+    return path
+
+
+@pytest.mark.parametrize("compression", PREFIX_CODECS)
+def test_v1_pages_are_decompressed_only_partway(tmp_path, monkeypatch, compression) -> None:
+    path = _many_pages(tmp_path, compression)
+
+    def whole_page(*args):
+        raise AssertionError("a whole page was decompressed")
+
+    monkeypatch.setattr(parquet_levels, "_decompress", whole_page)
+    assert_fast_path(path)
+    # Tiny reads: page headers and level data are read again, larger, until they fit.
+    monkeypatch.setattr(parquet_levels, "_READ_AHEAD", 7)
+    assert_fast_path(path)
+
+
+@pytest.mark.parametrize("compression", ["snappy", "zstd", "gzip"])
+def test_whole_page_fallback_when_the_prefix_decoder_declines(
+    tmp_path, monkeypatch, compression
+) -> None:
+    path = _many_pages(tmp_path, compression)
+
+    def decline(src, need):
+        raise parquet_levels._Unsupported("declined")
+
+    monkeypatch.setitem(parquet_levels._PREFIX_DECODERS, compression, decline)
+    assert_fast_path(path)
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_small_reads_for_every_codec(tmp_path, monkeypatch, version) -> None:
+    monkeypatch.setattr(parquet_levels, "_READ_AHEAD", 5)
+    for compression in COMPRESSIONS:
+        assert_fast_path(_many_pages(tmp_path, compression, version))
+
+
+def test_read_prefix_stops_at_the_end_of_the_body() -> None:
+    page = _levels_page(np.random.default_rng(7), 5000, 10, 0)
+    body_size = 3000  # the levels claim more than the page holds
+    reader = _FakeReader(page)  # the bytes after the body belong to the next page
+    body = parquet_levels._Body(reader, 0, body_size, page[:100])
+    with pytest.raises(parquet_levels._Unsupported):
+        parquet_levels._read_prefix(body, parquet_levels._plain_prefix, 1 << 20)
+    assert len(body.data) == body_size
