@@ -91,7 +91,7 @@ def _lpt(
     """Greedy LPT over ranks that still have token room; returns ranks and steps where
     some sample found no rank with room (those are redone exactly)."""
     T, N = cost.shape
-    order = np.argsort(np.where(valid, -cost, 1), axis=1, kind="stable")
+    order = _by_cost(cost, valid)
     # Columns of the sorted arrays, contiguous, so each pass reads one row.
     cs = np.ascontiguousarray(np.take_along_axis(cost, order, axis=1).T)
     ls = np.ascontiguousarray(np.take_along_axis(length, order, axis=1).T)
@@ -174,6 +174,29 @@ def _slots(rank: np.ndarray, cost: np.ndarray, dp: int) -> np.ndarray:
     return np.where(inside, picked, -1)
 
 
+def _by_cost(cost: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Per row: valid slots by cost descending (ties: lower index), then padding.
+
+    A packed unique key lets numpy use its fast unstable sort and still give one answer."""
+    T, N = cost.shape
+    bits = max(1, (N - 1).bit_length())
+    if cost.max(initial=0) < _KEY_COST and _KEY_BITS + 1 + bits <= 63:
+        rank_key = np.where(valid, _KEY_COST - 1 - cost, _KEY_COST)  # padding sorts last
+        return np.argsort((rank_key << bits) | np.arange(N), axis=1)
+    return np.argsort(np.where(valid, -cost, 1), axis=1, kind="stable")
+
+
+def _least(load: np.ndarray, q: int) -> np.ndarray:
+    """Indices of the q least-loaded ranks per row (ties: lower index), by repeated argmin."""
+    work = load.copy()
+    rows = np.arange(len(load))
+    out = np.empty((len(load), q), dtype=np.int64)
+    for i in range(q):
+        out[:, i] = np.argmin(work, axis=1)
+        work[rows, out[:, i]] = INF
+    return out
+
+
 def _refine(
     slots: np.ndarray, cost: np.ndarray, length: np.ndarray, cap_rank: int, skip: np.ndarray
 ) -> None:
@@ -196,7 +219,7 @@ def _refine(
         if t.size == 0:
             break
         r1 = np.argmax(load[t], axis=1)
-        part = np.argsort(load[t], axis=1, kind="stable")[:, :q]
+        part = _least(load[t], q)
         l1, k1 = load[t, r1], tok[t, r1]
         lq, kq = load[t[:, None], part], tok[t[:, None], part]
         c1, n1 = cm[t, r1], lm[t, r1]  # [t, P]

@@ -1,8 +1,9 @@
 """Build a plan: mix, select, balance and encode every step, chunk by chunk.
 
 A chunk of steps [a, b) is a pure function of the config, the index and the mixing state
-at a; a fast sequential pass computes those states first, then chunks are planned
-independently (in worker processes with --workers) and written in order.
+at a. A sequential pass computes the states (and counts) chunk by chunk, ahead of the
+chunks themselves, which are planned independently (in worker processes with --workers)
+and written in order.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
@@ -104,11 +106,13 @@ class Planner:
             out.append(state)
         return out
 
-    def plan_chunk(self, state: MixState, end: int) -> ChunkResult:
+    def plan_chunk(self, state: MixState, end: int, counts: np.ndarray | None = None) -> ChunkResult:
+        """Steps [state.step, end); `counts` are the mixer's counts for them, if known."""
         train = self.config.train
         a = state.step
         T, D, M = end - a, train.dp_size, train.micro_batches
-        counts, _ = self.mixer.run(state, end)  # [T, S]
+        if counts is None:
+            counts, _ = self.mixer.run(state, end)  # [T, S]
         per_step = counts.sum(axis=1)
         width = int(per_step.max(initial=0))
         gid = np.zeros((T, width), dtype=np.int64)
@@ -145,7 +149,7 @@ def _blocks(
     t, j = np.nonzero(valid)
     r, m = assign.rank[t, j], assign.micro[t, j]
     cell = (r * T + t) * M + m
-    order = np.argsort(cell * gid.shape[1] + j, kind="stable")
+    order = np.argsort(cell * gid.shape[1] + j)  # unique keys: any sort gives one order
     ids = gid[t, j][order]
     per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
     bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
@@ -193,10 +197,9 @@ def _init_worker(config: PlanConfig) -> None:
     _WORKER = Planner(config)
 
 
-def _run_chunk(args: tuple[MixState, int]) -> ChunkResult:
+def _run_chunk(state: MixState, end: int, counts: np.ndarray) -> ChunkResult:
     assert _WORKER is not None
-    state, end = args
-    return _WORKER.plan_chunk(state, end)
+    return _WORKER.plan_chunk(state, end, counts)
 
 
 def with_overrides(
@@ -259,8 +262,7 @@ def build_plan(
     )
     try:
         planner = Planner(config)
-        states = planner.states()
-        data, footer, stats_arr = _write(planner, states, output, pool, progress)
+        data, footer, stats_arr = _write(planner, output, pool, workers, progress)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -268,7 +270,27 @@ def build_plan(
     return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
 
 
-def _write(planner: Planner, states: list[MixState], output: Path, pool, progress):
+def _chunks(planner: Planner, pool, workers: int, states: list[MixState]):
+    """Planned chunks in order. The sequential mixing pass runs here, one chunk ahead of
+    the workers, which get each chunk's counts with its start state."""
+    pending: deque = deque()
+    state = planner.mixer.start()
+    states.append(state)
+    for _a, b in planner.boundaries():
+        counts, after = planner.mixer.run(state, b)
+        states.append(after)
+        if pool is None:
+            yield planner.plan_chunk(state, b, counts)
+        else:
+            pending.append(pool.submit(_run_chunk, state, b, counts))
+            if len(pending) > 2 * workers:
+                yield pending.popleft().result()
+        state = after
+    while pending:
+        yield pending.popleft().result()
+
+
+def _write(planner: Planner, output: Path, pool, workers: int, progress):
     """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
     train = planner.config.train
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
@@ -283,13 +305,9 @@ def _write(planner: Planner, states: list[MixState], output: Path, pool, progres
     if progress is not None:
         progress.start(train.steps)
     stats, mixed = [], []
+    states: list[MixState] = []
     try:
-        jobs = [(states[i], b) for i, (_a, b) in enumerate(planner.boundaries())]
-        if pool is None:
-            results = (planner.plan_chunk(state, end) for state, end in jobs)
-        else:
-            results = pool.map(_run_chunk, jobs)
-        for result in results:
+        for result in _chunks(planner, pool, workers, states):
             writer.add_chunk(result.start, result.end, result.blocks)
             stats.append(result.stats)
             mixed.append(result.source_samples)
