@@ -106,7 +106,9 @@ class Planner:
             out.append(state)
         return out
 
-    def plan_chunk(self, state: MixState, end: int, counts: np.ndarray | None = None) -> ChunkResult:
+    def plan_chunk(
+        self, state: MixState, end: int, counts: np.ndarray | None = None
+    ) -> ChunkResult:
         """Steps [state.step, end); `counts` are the mixer's counts for them, if known."""
         train = self.config.train
         a = state.step
