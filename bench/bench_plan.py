@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     parser.add_argument("--data", type=Path, default=Path("build/bench-data/plan"))
-    parser.add_argument("--steps", type=int, default=4096, help="steps to plan (512 samples each)")
+    parser.add_argument("--steps", type=int, default=16384, help="steps to plan (512 samples each)")
     parser.add_argument("--rows", type=int, default=ROWS_PER_SOURCE, help="rows per source")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--chunk-steps", type=int, default=256)

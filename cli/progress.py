@@ -1,4 +1,4 @@
-"""A rich progress bar behind the library's Progress callbacks (stderr, hidden off a TTY)."""
+"""Rich progress bars behind the library's Progress callbacks (stderr, hidden off a TTY)."""
 
 from __future__ import annotations
 
@@ -17,64 +17,55 @@ from mds.cli.output import err_console
 __all__ = ["ByteProgress", "StepProgress"]
 
 
-class ByteProgress:
+class _Bar:
+    """One task with a known total; subclasses choose the columns and the unit."""
+
+    def __init__(self, label: str, enabled: bool = True):
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            *self.columns(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+            disable=not enabled or not err_console.is_terminal,
+        )
+        self._label = label
+        self._task = None
+
+    def columns(self) -> tuple:
+        return ()
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._bar.__exit__(*exc)
+
+    def _start(self, description: str, total: int) -> None:
+        self._task = self._bar.add_task(description, total=total)
+
+    def advance(self, amount: int) -> None:
+        if self._task is not None:
+            self._bar.advance(self._task, amount)
+
+
+class ByteProgress(_Bar):
     """Progress over a known number of bytes, e.g. the files `mds index` scans."""
 
-    def __init__(self, label: str, enabled: bool = True):
-        self._bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-            disable=not enabled or not err_console.is_terminal,
-        )
-        self._label = label
-        self._task = None
-
-    def __enter__(self) -> ByteProgress:
-        self._bar.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._bar.__exit__(*exc)
+    def columns(self) -> tuple:
+        return (DownloadColumn(), TransferSpeedColumn())
 
     def start(self, total_bytes: int, total_files: int) -> None:
-        self._task = self._bar.add_task(f"{self._label} {total_files} files", total=total_bytes)
-
-    def advance(self, nbytes: int) -> None:
-        if self._task is not None:
-            self._bar.advance(self._task, nbytes)
+        self._start(f"{self._label} {total_files} files", total_bytes)
 
 
-class StepProgress:
+class StepProgress(_Bar):
     """Progress over planned steps."""
 
-    def __init__(self, label: str, enabled: bool = True):
-        self._bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-            disable=not enabled or not err_console.is_terminal,
-        )
-        self._label = label
-        self._task = None
-
-    def __enter__(self) -> StepProgress:
-        self._bar.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._bar.__exit__(*exc)
+    def columns(self) -> tuple:
+        return (MofNCompleteColumn(),)
 
     def start(self, total_steps: int) -> None:
-        self._task = self._bar.add_task(f"{self._label} steps", total=total_steps)
-
-    def advance(self, steps: int) -> None:
-        if self._task is not None:
-            self._bar.advance(self._task, steps)
+        self._start(f"{self._label} steps", total_steps)

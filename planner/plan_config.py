@@ -163,11 +163,15 @@ def _choice(
     return value
 
 
-def parse_train(table: Any, where: str) -> TrainSpec:
-    where = f"{where}[train]: "
+def _table(table: Any, keys: tuple[str, ...], where: str) -> None:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}must be a table")
-    _check_keys(table, TRAIN_KEYS, where)
+    _check_keys(table, keys, where)
+
+
+def parse_train(table: Any, where: str) -> TrainSpec:
+    where = f"{where}[train]: "
+    _table(table, TRAIN_KEYS, where)
     for key in ("steps", "dp_size", "max_tokens_per_micro_batch"):
         if key not in table:
             raise ConfigError(f"{where}`{key}` is required")
@@ -210,9 +214,7 @@ def parse_train(table: Any, where: str) -> TrainSpec:
 
 def parse_cost(table: Any, where: str) -> CostSpec:
     where = f"{where}[cost]: "
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}must be a table")
-    _check_keys(table, COST_KEYS, where)
+    _table(table, COST_KEYS, where)
     given = [k for k in ("expr", "model") if k in table] + (
         ["a/b"] if {"a", "b"} & set(table) else []
     )
