@@ -29,6 +29,8 @@ from mds.planner.stream import SourceStream
 __all__ = ["MixState", "Mixer"]
 
 _EPS = 1e-6  # float slack in the bounds; targets are sums of float64 shares
+_UNKEPT = "step {step}: cannot keep every source within one sample of its target"
+_JOBS = 4  # pending jobs per source and step: its count may move within [C - 1, C + 1]
 
 
 @dataclass
@@ -117,27 +119,32 @@ class Mixer:
             if horizon == end or not (deadline == len(curve)).any():
                 break
             horizon = min(end, horizon + 4 * (horizon - a))
-        never = np.int64(np.iinfo(np.int64).max)
+        never = np.int64(np.iinfo(np.int64).max - 1)  # due after the last step
+        absent = np.int64(np.iinfo(np.int64).max)  # padding: not a job at all
         deadline = np.where(deadline == len(curve), never, deadline)
+        deadline = np.append(deadline, absent)
+        low = np.ceil(curve[: b - a] - 1 - _EPS).astype(np.int64)  # A >= C - 1
+        high = np.floor(curve[: b - a] + 1 + _EPS).astype(np.int64)  # A <= C + 1
+        jobs = np.arange(_JOBS)
         consumed = state.consumed.copy()
-        sources = np.arange(n)
         for k in range(b - a):
-            target = curve[k]
-            lo = np.maximum(0, np.ceil(target - 1 - _EPS).astype(np.int64) - consumed)
-            hi = np.maximum(lo, np.floor(target + 1 + _EPS).astype(np.int64) - consumed)
+            lo = np.maximum(low[k] - consumed, 0)
+            extra = np.maximum(high[k] - consumed, lo) - lo
             room = size - int(lo.sum())
-            extra = hi - lo
-            if room < 0 or int(extra.sum()) < room:
-                raise PlanError(
-                    f"step {a + k}: cannot keep every source within one sample of its target"
-                )
-            src = np.repeat(sources, extra)
-            j = np.arange(len(src)) - np.repeat(np.cumsum(extra) - extra, extra)
-            m = consumed[src] + lo[src] + j + 1  # the job: the source's m-th sample
-            due = deadline[offsets[src] + (m - first[src])]
-            # Earliest deadline first; among equal deadlines the source most behind its target.
-            pick = np.lexsort((j, src, m - target[src], due))[:room]
-            take = lo + np.bincount(src[pick], minlength=n)
+            take = lo
+            if room < 0:
+                raise PlanError(_UNKEPT.format(step=a + k))
+            if room:
+                assert int(extra.max()) <= _JOBS
+                # Candidate jobs, source-major: the source's m-th sample for the next `extra` m.
+                m = (consumed + lo + 1)[:, None] + jobs
+                slot = offsets[:-1, None] + (m - first[:, None])
+                due = deadline[np.where(jobs < extra[:, None], slot, -1)].ravel()
+                # Earliest deadline first; then the source most behind its target; then order.
+                pick = np.lexsort(((m - curve[k][:, None]).ravel(), due))[:room]
+                if due[pick[-1]] == absent:
+                    raise PlanError(_UNKEPT.format(step=a + k))
+                take = lo + np.bincount(pick // _JOBS, minlength=n)
             out[k] = take
             consumed += take
         return out
