@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mds.executor.errors import PlanError
-from mds.planner.permutation import _mix
+from mds.planner.permutation import splitmix64
 
 __all__ = ["Assignment", "balance", "greedy_lpt", "lower_bound", "naive_ranks"]
 
@@ -58,7 +58,7 @@ def naive_ranks(valid: np.ndarray, dp: int, steps: np.ndarray) -> np.ndarray:
     x = (steps.astype(np.uint64)[:, None] << np.uint64(32)) | np.arange(N, dtype=np.uint64)[None, :]
     # The full splitmix64 finalizer: one multiply and shift left the sort order a Weyl
     # sequence, the same near-contiguous blocks at every step instead of a random order.
-    x = _mix(x + np.uint64(0x9E3779B97F4A7C15))
+    x = splitmix64(x + np.uint64(0x9E3779B97F4A7C15))
     key = np.where(valid, x, np.uint64(2**64 - 1))
     order = np.argsort(key, axis=1, kind="stable")
     rank = np.full((T, N), -1, dtype=np.int64)

@@ -12,14 +12,14 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["epoch_key", "permute"]
+__all__ = ["epoch_key", "permute", "splitmix64"]
 
 _ROUNDS = 4
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer: a fast, well-distributed 64-bit hash."""
     x = x ^ (x >> np.uint64(30))
     x = x * _M1
@@ -39,7 +39,7 @@ def _feistel(x: np.ndarray, half_bits: int, keys: tuple[int, ...]) -> np.ndarray
     shift = np.uint64(half_bits)
     left, right = x >> shift, x & mask
     for key in keys:
-        left, right = right, left ^ (_mix(right ^ np.uint64(key)) & mask)
+        left, right = right, left ^ (splitmix64(right ^ np.uint64(key)) & mask)
     return (left << shift) | right
 
 

@@ -159,6 +159,7 @@ def _blocks(
 
 
 def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
+    """Per-step rows of STAT_COLUMNS, costs in integer units."""
     T = cost.shape[0]
     naive = naive_ranks(valid, D, steps)
     naive_load = np.zeros((T, D + 1), dtype=np.int64)
