@@ -46,8 +46,10 @@ HELP = """Plan multi-source training data offline: index sources, plan steps, in
 Example:
 
 \b
-    mds index sample_data/mds.toml -o index
-    mds index --help
+    mds index sample_data/mds.toml -o build/index
+    mds plan sample_data/mds.toml --index build/index -o build/plan.mds
+    mds export build/plan.mds -o build/plan.parquet
+    mds plan --help
 """
 
 app = typer.Typer(
