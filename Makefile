@@ -25,7 +25,10 @@ demo: setup
 	$(MDS) index sample_data/mds.toml -o $(DEMO)/index --json > $(DEMO)/index-summary.json
 	$(MDS) plan sample_data/mds.toml --index $(DEMO)/index -o $(DEMO)/plan.mds
 	$(MDS) export $(DEMO)/plan.mds -o $(DEMO)/plan.parquet
-	@echo "demo: index, plan and export written to $(DEMO)/"
+	$(MDS) inspect $(DEMO)/plan.mds --html $(DEMO)/report.html
+	$(MDS) inspect $(DEMO)/plan.mds
+	$(MDS) verify $(DEMO)/plan.mds
+	@echo "demo: index, plan, export and report written to $(DEMO)/"
 
 test: setup
 	$(BIN)/python -m pytest

@@ -19,8 +19,8 @@ def export_command(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:
-    """Export a plan as a flat Parquet table: step, rank, micro_batch, source, row,
-    location in the source files, n_tokens and cost, one row per planned sample.
+    """Export a plan as a flat Parquet table: step, rank, micro_batch, source, row, file
+    and location in it, n_tokens, cost and kept metadata, one row per planned sample.
 
     Example:
 

@@ -87,6 +87,13 @@ def _register() -> None:
     app.command("index")(index.index_command)
     app.command("plan")(plan.plan_command)
     app.command("export")(export.export_command)
+    from mds.cli import inspect
+
+    app.command("inspect")(inspect.inspect_command)
+    from mds.cli import diff, verify
+
+    app.command("verify")(verify.verify_command)
+    app.command("diff")(diff.diff_command)
 
 
 _register()

@@ -35,7 +35,25 @@ INDEX_SOURCE_KEYS = ("name", "path", "format", "text", "keep", *LENGTH_KEYS)
 PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "on_exhausted")
 TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan")
 INDEX_KEYS = ("root", "output", "workers", "fingerprint")
-RESERVED_COLUMNS = ("file_id", "file_row", "offset", "length", "n_tokens", "row")
+# Index columns, plus the columns `mds export` adds beside kept metadata.
+RESERVED_COLUMNS = (
+    "file_id",
+    "file_row",
+    "offset",
+    "length",
+    "n_tokens",
+    "row",
+    "file",
+    "source",
+    "step",
+    "rank",
+    "micro_batch",
+    "cost",
+    "cost_units",
+    "gid",
+    "order",
+    "source_id",
+)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ESTIMATE_RE = re.compile(r"^\s*(bytes|chars)\s*/\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 

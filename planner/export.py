@@ -13,9 +13,9 @@ import polars as pl
 from mds.executor.errors import DataChangedError
 from mds.executor.planfile import PlanReader
 from mds.planner.atomic import atomic_path
-from mds.planner.index.manifest import read_manifest, source_frame
+from mds.planner.index.manifest import IndexManifest, read_manifest, source_frame
 
-__all__ = ["export_plan", "plan_frame"]
+__all__ = ["export_plan", "locate", "plan_frame", "plan_index", "sample_cost"]
 
 
 def _slots(reader: PlanReader) -> pl.DataFrame:
@@ -44,7 +44,8 @@ def _slots(reader: PlanReader) -> pl.DataFrame:
     )
 
 
-def _cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.Series:
+def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.Series:
+    """Each row's cost in configured units, from the canonical `cost` of a plan's config."""
     n = pl.col("n_tokens").cast(pl.Int64)
     if truncate:
         n = pl.min_horizontal(n, pl.lit(capacity))
@@ -55,39 +56,49 @@ def _cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.
     return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
 
 
-def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFrame:
-    """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch) order."""
-    plan = Path(plan)
-    with PlanReader(plan) as reader:
-        footer = reader.footer
-        slots = _slots(reader).with_row_index("order")
-    index_dir = Path(index) if index else (plan.parent / footer["index"]["path"])
+def plan_index(plan: Path, footer: dict, index: str | Path | None = None) -> IndexManifest:
+    """The index a plan was made from (`index`, else the path its footer names), checked
+    against the fingerprint the plan recorded."""
+    index_dir = Path(index) if index else (Path(plan).parent / footer["index"]["path"])
     manifest = read_manifest(index_dir)
     if manifest.fingerprint != footer["index"]["fingerprint"]:
         raise DataChangedError(
             f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "
             f"was made from ({footer['index']['fingerprint']}); pass the right --index or re-plan"
         )
-    train = footer["config"]["train"]
-    bases = np.array([s["base"] for s in footer["index"]["sources"]], dtype=np.int64)
-    names = [s["name"] for s in footer["index"]["sources"]]
-    src = np.searchsorted(bases, slots["gid"].to_numpy(), side="right") - 1
+    return manifest
+
+
+def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.DataFrame:
+    """Join planned slots (columns `gid`, `order`, ...) to their index rows: source, row,
+    file path, file_row (offset, length), n_tokens, kept metadata, cost and cost units
+    (the integers the balancer used). Rows come back in `order`."""
+    index_sources = footer["index"]["sources"]
+    bases = np.array([s["base"] for s in index_sources], dtype=np.int64)
+    sid = np.searchsorted(bases, slots["gid"].to_numpy(), side="right") - 1
     slots = slots.with_columns(
-        pl.Series("source_id", src), (pl.col("gid") - pl.Series(bases[src])).alias("row")
+        pl.Series("source_id", sid), (pl.col("gid") - pl.Series(bases[sid])).alias("row")
     )
+    train = footer["config"]["train"]
     out = []
-    for sid, part in slots.group_by("source_id", maintain_order=True):
-        sid = int(sid[0])
-        table = (
-            source_frame(manifest, names[sid])
-            .with_row_index("row")
-            .collect()
-            .with_columns(pl.col("row").cast(pl.Int64))
+    for (s,), part in slots.group_by("source_id", maintain_order=True):
+        name = index_sources[int(s)]["name"]
+        files = manifest.source(name)["files"]
+        paths = pl.DataFrame(
+            {"file_id": [f["id"] for f in files], "file": [f["path"] for f in files]},
+            schema={"file_id": pl.UInt32, "file": pl.String},
         )
-        joined = part.join(table, on="row", how="left")
+        table = (
+            source_frame(manifest, name)
+            .with_row_index("row")
+            .with_columns(pl.col("row").cast(pl.Int64))
+            .filter(pl.col("row").is_in(part["row"].unique().implode()))
+            .collect()
+        )
+        joined = part.join(table, on="row", how="left").join(paths, on="file_id", how="left")
         joined = joined.with_columns(
-            pl.lit(names[sid]).alias("source"),
-            _cost(
+            pl.lit(name).alias("source"),
+            sample_cost(
                 joined,
                 footer["config"]["cost"],
                 train["max_tokens_per_micro_batch"],
@@ -95,16 +106,23 @@ def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFram
             ),
         )
         out.append(joined)
+    frame = pl.concat(out, how="diagonal_relaxed").sort("order")
+    scale = float(footer["cost_scale"])
+    units = (pl.col("cost") * scale).round(0, mode="half_to_even").cast(pl.Int64)
+    return frame.with_columns(pl.max_horizontal(units, pl.lit(1)).alias("cost_units"))
+
+
+def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFrame:
+    """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch) order."""
+    plan = Path(plan)
+    with PlanReader(plan) as reader:
+        footer = reader.footer
+        slots = _slots(reader).with_row_index("order")
+    manifest = plan_index(plan, footer, index)
     # File order is (chunk, rank, step, ...); the documented order is (step, rank, micro_batch),
     # with a micro-batch's samples in their order in the plan.
-    frame = pl.concat(out, how="diagonal_relaxed").sort("step", "rank", "micro_batch", "order")
-    scale = float(footer["cost_scale"])
-    frame = frame.with_columns(
-        pl.max_horizontal(
-            (pl.col("cost") * scale).round(0, mode="half_to_even").cast(pl.Int64), pl.lit(1)
-        ).alias("cost_units")
-    )
-    first = ["step", "rank", "micro_batch", "source", "row", "file_id", "file_row"]
+    frame = locate(slots, manifest, footer).sort("step", "rank", "micro_batch", "order")
+    first = ["step", "rank", "micro_batch", "source", "row", "file", "file_id", "file_row"]
     loc = [c for c in ("offset", "length") if c in frame.columns]
     rest = [
         c

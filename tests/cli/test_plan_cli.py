@@ -7,10 +7,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from cli_helpers import mds, one_error_line
 from plan_builders import SAMPLE_CONFIG, sample_index, write_source
-from typer.testing import CliRunner
 
-from mds.cli.main import app
 from mds.executor.planfile import PlanReader
 
 SUMMARY_KEYS = {
@@ -24,24 +23,6 @@ SUMMARY_KEYS = {
     "speedup_vs_naive",
     "plan_id",
 }
-
-
-def mds(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def one_error_line(result, *needles):
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

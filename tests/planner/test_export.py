@@ -14,7 +14,7 @@ from mds.planner.export import export_plan, plan_frame
 from mds.planner.index.manifest import read_manifest, source_frame
 from mds.planner.plan import build_plan
 
-FIRST = ["step", "rank", "micro_batch", "source", "row", "file_id", "file_row"]
+FIRST = ["step", "rank", "micro_batch", "source", "row", "file", "file_id", "file_row"]
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,9 @@ def sample(tmp_path_factory):
 
 def test_columns_and_order(sample):
     _, _, frame = sample
-    assert frame.columns[:7] == FIRST
-    assert frame.columns[7:12] == ["offset", "length", "n_tokens", "cost", "cost_units"]
-    assert set(frame.columns[12:]) == {"lang", "quality", "score", "repo_lang"}
+    assert frame.columns[:8] == FIRST
+    assert frame.columns[8:13] == ["offset", "length", "n_tokens", "cost", "cost_units"]
+    assert set(frame.columns[13:]) == {"lang", "quality", "score", "repo_lang"}
     assert frame.schema["step"] == pl.Int64 and frame.schema["row"] == pl.Int64
     assert frame.schema["cost"] == pl.Float64 and frame.schema["cost_units"] == pl.Int64
     keys = frame.select("step", "rank", "micro_batch")

@@ -1,0 +1,389 @@
+"""`mds inspect`: what an index or a plan holds, as tables and sparklines, JSON or HTML.
+
+The figures come from `mds.planner.report*` (plain dicts); this module only draws them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from mds.cli.output import console, print_json
+from mds.executor.errors import ConfigError
+
+__all__ = ["bar", "inspect_command", "resample", "sparkline"]
+
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+BAR_WIDTH = 40
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def inspect_command(
+    path: Path = typer.Argument(..., help="An index directory or a plan file."),
+    step: int | None = typer.Option(
+        None, "--step", help="Plan: show this step sample by sample (0-based)."
+    ),
+    rank: list[int] = typer.Option(
+        [], "--rank", help="With --step: only this DP rank (repeatable; default: all)."
+    ),
+    index: Path | None = typer.Option(
+        None, "--index", help="Plan: index directory (default: the one the plan names)."
+    ),
+    files: bool = typer.Option(
+        False, "--files", help="Index: list every file with size and fingerprint."
+    ),
+    html: Path | None = typer.Option(
+        None, "--html", help="Write a self-contained HTML report to this file instead."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Show what an index or a plan holds: sizes, lengths, mix, balance, or one step.
+
+    PATH is an index directory (per source: rows, tokens, length percentiles and histogram,
+    metadata values, files) or a plan file (header, target vs realized mix overall and per
+    schedule phase, epochs, rank imbalance, capacity fill, charts over steps). With --step,
+    a plan step's samples with their file locations, tokens and costs.
+
+    Example:
+
+    \b
+        mds inspect build/index
+        mds inspect build/index --files --json
+        mds inspect build/plan.mds
+        mds inspect build/plan.mds --step 10 --rank 3
+        mds inspect build/plan.mds --html build/plan-report.html
+    """
+    report = _report(path, step, rank, index, files)
+    if html is not None:
+        from mds.cli.inspect_html import write_html
+
+        write_html(report, html)
+        if not json_out:
+            console.print(f"wrote {html}")
+    if json_out:
+        print_json(report)
+    elif html is None and report["kind"] == "index":
+        print_index(report, files)
+    elif html is None:
+        (print_plan if report["kind"] == "plan" else print_step)(report)
+
+
+def _report(
+    path: Path, step: int | None, ranks: list[int], index: Path | None, files: bool
+) -> dict[str, Any]:
+    from mds.planner.report import detect
+
+    kind = detect(path)
+    if kind == "index":
+        for given, option in ((step is not None, "--step"), (ranks, "--rank"), (index, "--index")):
+            if given:
+                raise ConfigError(f"{option} needs a plan file; {path} is an index directory")
+        from mds.planner.index.manifest import read_manifest
+        from mds.planner.report_index import index_report
+
+        return index_report(read_manifest(path))
+    if files:
+        raise ConfigError(f"--files needs an index directory; {path} is a plan file")
+    if ranks and step is None:
+        raise ConfigError("--rank needs --step")
+    from mds.executor.planfile import PlanReader
+
+    with PlanReader(path) as reader:
+        if step is not None:
+            from mds.planner.report_step import step_report
+
+            return step_report(reader, step, ranks, index)
+        from mds.planner.report_plan import plan_report
+
+        return plan_report(reader, index)
+
+
+# --- drawing helpers (pure) --------------------------------------------------------------------
+
+
+def resample(values: list[float], width: int = SPARK_WIDTH) -> list[float]:
+    """At most `width` values: means of consecutive, nearly equal runs."""
+    n = len(values)
+    if n <= width:
+        return list(values)
+    edges = [round(i * n / width) for i in range(width + 1)]
+    return [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:], strict=False)]
+
+
+def sparkline(values: list[float], lo: float, hi: float, width: int = SPARK_WIDTH) -> str:
+    """One character per value (after `resample`), ▁ at `lo` up to █ at `hi`."""
+    span = hi - lo
+    out = []
+    for v in resample(values, width):
+        level = 0 if span <= 0 else round((min(max(v, lo), hi) - lo) / span * (len(SPARK) - 1))
+        out.append(SPARK[level])
+    return "".join(out)
+
+
+def bar(value: float, peak: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of `value / peak * width` cells, in eighths."""
+    if peak <= 0 or value <= 0:
+        return ""
+    eighths = max(1, round(value / peak * width * 8))
+    return "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def _num(x: float | None, fmt: str = ".4f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _esc(text: Any) -> str:
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _value(x: Any) -> str:
+    return format(x, ".4g") if isinstance(x, float) else str(x)
+
+
+def _tokens(n: int, exact: bool) -> str:
+    return f"{n:,}" if exact else f"~{n:,}"
+
+
+def _table(title: str | None = None, *columns: str, left: tuple[int, ...] = (0,), **kwargs: Any):
+    """A rich table; columns are right-aligned (numbers) except those at `left`."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", **kwargs)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i in left else "right")
+    return table
+
+
+def _pairs(title: str, rows: list[tuple[str, str]]):
+    table = _table(title, "what", "value", show_header=False)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+# --- index -------------------------------------------------------------------------------------
+
+
+def print_index(report: dict[str, Any], files: bool = False) -> None:
+    console.print(
+        _pairs(
+            f"index {_esc(report['path'])}",
+            [
+                ("format version", str(report["format_version"])),
+                ("fingerprint", f"{report['fingerprint']} ({report['fingerprint_mode']})"),
+                ("root", _esc(report["root"])),
+                (
+                    "rows / tokens",
+                    f"{report['rows']:,} / {_tokens(report['tokens'], report['exact'])}",
+                ),
+            ],
+        )
+    )
+    table = _table(
+        "sources", "source", "format", "rows", "tokens", "p50", "p90", "p99", "max", left=(0, 1)
+    )
+    for s in report["sources"]:
+        n = s["lengths"]
+        mark = "" if s["exact"] else "~"
+        table.add_row(
+            s["name"],
+            s["format"],
+            f"{s['rows']:,}",
+            _tokens(s["tokens"], s["exact"]),
+            *(f"{mark}{n[k]:,}" if n[k] is not None else "-" for k in ("p50", "p90", "p99", "max")),
+        )
+    console.print(table)
+    if not report["exact"]:
+        console.print("~ estimated token counts (length rule, not a tokenizer)")
+    for s in report["sources"]:
+        _print_source(s, files)
+
+
+def _print_source(s: dict[str, Any], files: bool) -> None:
+    length = s["length"]
+    how = length.get("kind", "?") + (f" {length['rule']}" if "rule" in length else "")
+    console.print(f"\n[bold]{s['name']}[/] ({s['format']}, lengths: {how})")
+    if s["histogram"]:
+        peak = max(b["count"] for b in s["histogram"])
+        hist = _table(None, "tokens", "samples", "", left=(0, 2), box=None, pad_edge=False)
+        for b in s["histogram"]:
+            label = _esc(f"[{b['lo']:,}, {b['hi']:,})")
+            hist.add_row(label, f"{b['count']:,}", bar(b["count"], peak))
+        console.print(hist)
+    for m in s["metadata"]:
+        if m["kind"] == "numeric":
+            text = f"min {_value(m['min'])}, mean {_value(m['mean'])}, max {_value(m['max'])}"
+        else:
+            text = ", ".join(f"{_esc(t['value'])} {t['count']:,}" for t in m["top"])
+            text += f", other {m['other']:,}" if m["other"] else ""
+        nulls = f" (nulls {m['nulls']:,})" if m["nulls"] else ""
+        console.print(f"  {m['column']} [{m['dtype']}]: {text}{nulls}")
+    if files:
+        table = _table(None, "file", "size", "rows", "tokens", "fingerprint", left=(0, 4))
+        table.columns[4].overflow = "fold"
+        for f in s["files"]:
+            table.add_row(
+                _esc(f["path"]),
+                f"{f['size']:,}",
+                f"{f['rows']:,}",
+                f"{f['tokens']:,}",
+                f["fingerprint"],
+            )
+        console.print(table)
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
+    size = (
+        f"{h['samples_per_step']:,} samples"
+        if h["samples_per_step"] is not None
+        else f"{h['tokens_per_step']:,} tokens"
+    )
+    return [
+        ("format version / plan id", f"{h['format_version']} / {h['plan_id']}"),
+        (
+            "steps x dp ranks x micro-batches",
+            f"{h['steps']:,} x {h['dp_size']} x {h['micro_batches']}",
+        ),
+        ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
+        ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
+        ("cost model", ", ".join(f"{k} = {_value(v)}" for k, v in h["cost"].items())),
+        ("index fingerprint", f"{h['index_fingerprint']} ({_esc(h['index_path'])})"),
+        ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
+    ]
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    console.print(_pairs(f"plan {_esc(report['path'])}", _header_rows(report["header"])))
+    unit = report["share_unit"]
+    table = _table(
+        f"mix (shares of {unit})",
+        "source",
+        "target",
+        "realized",
+        "diff",
+        "samples",
+        "eligible",
+        "epochs",
+        "started",
+    )
+    for s in report["sources"]:
+        table.add_row(
+            s["name"],
+            _pct(s["target"]),
+            _pct(s["realized"]),
+            f"{100 * (s['realized'] - s['target']):+.2f}",
+            f"{s['samples']:,}",
+            f"{s['eligible']:,}",
+            f"{s['epochs']:.3f}",
+            str(s["epochs_started"]),
+        )
+    console.print(table)
+    if len(report["phases"]) > 1:
+        heads = [f"steps {p['start']}-{p['end'] - 1}" for p in report["phases"]]
+        table = _table("per schedule phase: target / realized", "source", *heads)
+        for i, s in enumerate(report["sources"]):
+            cells = [p["sources"][i] for p in report["phases"]]
+            table.add_row(
+                s["name"], *(f"{_pct(c['target'])} / {_pct(c['realized'])}" for c in cells)
+            )
+        console.print(table)
+    _print_balance(report)
+    _print_charts(report)
+
+
+def _print_balance(report: dict[str, Any]) -> None:
+    imb, fill = report["imbalance"], report["capacity_fill"]
+    table = _table("per-step balance", "ratio", "mean", "median", "p99", "max")
+    for label, key in (
+        ("max rank cost / mean", "max_over_mean"),
+        ("max rank cost / lower bound", "max_over_lower_bound"),
+        ("naive sharding / lower bound", "naive_over_lower_bound"),
+    ):
+        q = imb[key]
+        table.add_row(label, *(_num(q[k]) for k in ("mean", "median", "p99", "max")))
+    console.print(table)
+    console.print(f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x")
+    console.print(
+        f"capacity fill: step tokens / (dp x micro x capacity) mean {_pct(fill['step']['mean'])}, "
+        f"min {_pct(fill['step']['min'])}; max micro-batch tokens / capacity mean "
+        f"{_pct(fill['max_micro_batch']['mean'])}, max {_pct(fill['max_micro_batch']['max'])}"
+    )
+
+
+def _print_charts(report: dict[str, Any]) -> None:
+    series, steps = report["series"], report["header"]["steps"]
+    if not series["start"]:
+        return
+    rows: list[tuple[str, list[float], float, float, str]] = []
+    for s in series["sources"]:
+        lo = min(min(s["target"]), min(s["realized"]))
+        hi = max(max(s["target"]), max(s["realized"]))
+        rows.append((f"{s['name']} target", s["target"], lo, hi, f"{_pct(lo)} - {_pct(hi)}"))
+        rows.append((f"{s['name']} realized", s["realized"], lo, hi, ""))
+    hi = max(max(series["ratio"]), max(series["naive_ratio"]))
+    rows.append(("max / lower bound", series["ratio"], 1.0, hi, f"1 - {hi:.3f}"))
+    rows.append(("naive / lower bound", series["naive_ratio"], 1.0, hi, ""))
+    label = max(len(r[0]) for r in rows)
+    scale = max(len(r[4]) for r in rows)
+    width = max(8, min(SPARK_WIDTH, console.width - label - scale - 4))
+    per_col = steps / min(width, len(series["start"])) if series["start"] else 1
+    console.print(f"over steps 0-{steps - 1} (one column ~ {per_col:.3g} steps; range per pair)")
+    for name, values, lo, hi, text in rows:
+        console.print(
+            f"{name:<{label}}  {sparkline(values, lo, hi, width)}  {text}", soft_wrap=True
+        )
+
+
+# --- step --------------------------------------------------------------------------------------
+
+
+def print_step(report: dict[str, Any]) -> None:
+    from rich.box import SIMPLE_HEAD
+
+    ranks = report["ranks"]
+    which = (
+        "all ranks"
+        if len(ranks) == report["dp_size"]
+        else ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    )
+    table = _table(
+        f"step {report['step']} of {_esc(report['path'])} ({which}); cost in units",
+        "rank", "mb", "source", "row", "file", "file_row", "offset", "tokens", "cost",
+        left=(2, 4), box=SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
+    )  # fmt: skip
+    table.columns[4].overflow = "fold"
+    for s in report["samples"]:
+        table.add_row(
+            str(s["rank"]), str(s["micro_batch"]), s["source"], str(s["row"]), _esc(s["file"]),
+            str(s["file_row"]), "-" if s["offset"] is None else str(s["offset"]),
+            f"{s['n_tokens']:,}", f"{s['cost_units']:.3g}",
+        )  # fmt: skip
+    console.print(table)
+    peak = max((r["cost_units"] for r in report["rank_totals"]), default=0)
+    totals = _table("per rank", "rank", "samples", "tokens", "cost", "micro-batch tokens", "")
+    totals.columns[5].justify = "left"
+    for r in report["rank_totals"]:
+        micro = " / ".join(f"{m['tokens']:,}" for m in r["micro_batches"])
+        totals.add_row(
+            str(r["rank"]), f"{r['samples']:,}", f"{r['tokens']:,}", f"{r['cost_units']:.4g}",
+            micro, bar(r["cost_units"], peak, 16),
+        )  # fmt: skip
+    console.print(totals)
+    st = report["stats"]
+    console.print(
+        f"step: {st['samples']:,} samples, {st['tokens']:,} tokens; max rank cost "
+        f"{st['max_rank_cost']:.4g} units, lower bound {st['lower_bound']:.4g}, naive "
+        f"{st['naive_max_rank_cost']:.4g}"
+    )

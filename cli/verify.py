@@ -1,0 +1,74 @@
+"""`mds verify`: prove a plan, its index and its source files are intact before a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mds.cli.output import console, print_json
+from mds.executor.errors import DataChangedError, IndexFormatError, MdsError, PlanError
+
+__all__ = ["verify_command"]
+
+# What a failed check means, as the error the one error path prints.
+_ERRORS: dict[str, type[MdsError]] = {
+    "plan": PlanError,
+    "index": IndexFormatError,
+    "data": DataChangedError,
+}
+
+
+def verify_command(
+    plan: Path = typer.Argument(..., help="Plan file written by `mds plan`."),
+    full: bool = typer.Option(
+        False, "--full", help="Recompute source files' content fingerprints (reads every file)."
+    ),
+    index: Path | None = typer.Option(
+        None, "--index", help="Index directory (default: the one the plan names)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+) -> None:
+    """Verify a plan: every checksum in the plan file, the index it was made from, and the
+    index's source files (size and mtime; with --full, their content fingerprints).
+
+    Exits 0 when every check passes; otherwise prints the checks and one error line
+    naming the first mismatch, and exits 1.
+
+    Example:
+
+    \b
+        mds verify build/plan.mds
+        mds verify build/plan.mds --full
+        mds verify build/plan.mds --index build/other-index --json
+    """
+    from mds.planner.verify import verify_plan
+
+    result = verify_plan(plan, index=index, full=full)
+    if json_out:
+        print_json(result.to_json())
+    else:
+        _print_checks(result)
+    first = result.first_failure
+    if first is not None:
+        raise _ERRORS[first.kind](f"{plan}: {first.name}: {first.detail}")
+
+
+def _print_checks(result) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    mode = "content fingerprints" if result.full else "stat check of source files"
+    table = Table(title=f"verify {result.plan} ({mode})", title_justify="left")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail", overflow="fold")
+    for check in result.checks:
+        status = "[green]ok[/]" if check.ok else "[bold red]FAILED[/]"
+        table.add_row(escape(check.name), status, escape(check.detail))
+    console.print(table)
+    failed = sum(not c.ok for c in result.checks)
+    if failed:
+        console.print(f"{failed} of {len(result.checks)} checks FAILED")
+    else:
+        console.print(f"all {len(result.checks)} checks passed; plan id {result.plan_id}")

@@ -1,0 +1,417 @@
+"""Verify a plan end to end: every checksum in the plan file, then the index and source files
+it was made from, so a run can prove before it starts that its data is what was planned.
+
+`verify_plan` never raises for a mismatch: it returns every check with ok/failed and a detail
+naming the first problem it found; the CLI turns the first failure into the exit code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from mds.executor.errors import MdsError, PlanError
+from mds.executor.fingerprint import fingerprint, stat_signature
+from mds.executor.planfile import PlanReader
+from mds.planner.index.manifest import IndexManifest, index_fingerprint, read_manifest
+
+__all__ = ["Check", "VerifyResult", "verify_plan"]
+
+_READ = 8 << 20  # bytes hashed per read: sections and tables are streamed, never loaded whole
+_DIR_ENTRY = 24  # bytes per rank in a chunk directory (docs/plan-format.md)
+_MODES = ("sampled", "full")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verified property. `kind` says what a failure means: a corrupt "plan", a
+    malformed "index", or "data" that changed since it was indexed."""
+
+    name: str
+    ok: bool
+    detail: str
+    kind: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class VerifyResult:
+    plan: Path
+    full: bool
+    plan_id: str | None = None
+    index: Path | None = None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def first_failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+    def add(self, name: str, kind: str, problem: str | None, detail: str) -> None:
+        """Record a check: failed with `problem`, or passed with `detail`."""
+        self.checks.append(Check(name, problem is None, problem or detail, kind))
+
+    def to_json(self) -> dict[str, Any]:
+        first = self.first_failure
+        return {
+            "ok": self.ok,
+            "plan": str(self.plan),
+            "plan_id": self.plan_id,
+            "index": str(self.index) if self.index is not None else None,
+            "mode": "full" if self.full else "stat",
+            "checks": [c.to_json() for c in self.checks],
+            "first_failure": first.to_json() if first else None,
+        }
+
+
+def verify_plan(
+    plan: str | os.PathLike, *, index: str | os.PathLike | None = None, full: bool = False
+) -> VerifyResult:
+    """Check the plan's checksums, its index and the index's source files (see module doc).
+
+    Source files get a stat check (size, mtime) unless `full`, which recomputes their
+    content fingerprints.
+    """
+    result = VerifyResult(Path(plan), full)
+    footer = _verify_plan_file(result)
+    if index is not None:
+        result.index = Path(index)
+    elif footer is not None:
+        result.index = result.plan.parent / str(_plan_index(footer).get("path", ""))
+    if result.index is not None:
+        _verify_index(result, footer, full)
+    return result
+
+
+def _plan_index(footer: dict[str, Any]) -> dict[str, Any]:
+    """The footer's record of its index (an empty dict if the footer lacks one)."""
+    index = footer.get("index")
+    return index if isinstance(index, dict) else {}
+
+
+# --- the plan file -------------------------------------------------------------------------
+
+
+def _verify_plan_file(result: VerifyResult) -> dict[str, Any] | None:
+    """Footer, layout, directories, blocks, sections; returns the footer if it is readable."""
+    try:
+        reader = PlanReader(result.plan)
+    except PlanError as exc:
+        result.add("plan file", "plan", str(exc).removeprefix(f"{result.plan}: "), "")
+        return None
+    with reader, open(result.plan, "rb") as f:
+        result.plan_id = reader.plan_id
+        result.add(
+            "plan file",
+            "plan",
+            None,
+            f"plan id {reader.plan_id}, {reader.steps} steps, {len(reader.chunks)} chunks "
+            f"x {reader.dp} ranks",
+        )
+        result.add("plan layout", "plan", _layout_problem(reader), "chunks cover every step")
+        bad_dirs = _verify_directories(result, reader, f)
+        _verify_blocks(result, reader, bad_dirs)
+        _verify_sections(result, reader, f)
+        return reader.footer
+
+
+def _layout_problem(reader: PlanReader) -> str | None:
+    expected = 0
+    for i, (a, b, *_rest) in enumerate(reader.chunks):
+        if a != expected:
+            return f"chunk {i} starts at step {a}, expected {expected}"
+        expected = b
+    steps = reader.footer.get("steps")
+    if steps != expected:
+        return f"the footer says {steps} steps, the chunks cover {expected}"
+    return None
+
+
+def _hash_range(f: BinaryIO, offset: int, size: int, file_size: int) -> bytes | None:
+    """The plan checksum of bytes [offset, offset + size), read piecewise; None if outside."""
+    if offset < 0 or size < 0 or offset + size > file_size:
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    f.seek(offset)
+    left = size
+    while left:
+        piece = f.read(min(left, _READ))
+        if not piece:
+            return None
+        h.update(piece)
+        left -= len(piece)
+    return h.digest()
+
+
+def _verify_directories(result: VerifyResult, reader: PlanReader, f: BinaryIO) -> set[int]:
+    """Check every chunk directory against the footer; returns the chunks that failed."""
+    bad: list[int] = []
+    first = None
+    for c, (_a, _b, offset, digest, _w) in enumerate(reader.chunks):
+        got = _hash_range(f, offset, reader.dp * _DIR_ENTRY, reader.size)
+        if got != digest:
+            bad.append(c)
+            first = first or (
+                f"chunk {c}: directory outside the file (truncated?)"
+                if got is None
+                else f"chunk {c}: directory checksum mismatch"
+            )
+    result.add(
+        "chunk directories",
+        "plan",
+        _first_of(first, len(bad), "directories"),
+        f"{len(reader.chunks)} directories",
+    )
+    return set(bad)
+
+
+def _verify_blocks(result: VerifyResult, reader: PlanReader, bad_dirs: set[int]) -> None:
+    """Read and check every (chunk, rank) block, one at a time."""
+    failed, samples, first = 0, 0, None
+    prefix = f"{reader.path}: "
+    for c in range(len(reader.chunks)):
+        if c in bad_dirs:
+            continue  # counted as a directory failure: its blocks cannot be located
+        for r in range(reader.dp):
+            try:
+                samples += len(reader.rank_chunk(c, r).ids)
+            except PlanError as exc:
+                failed += 1
+                first = first or str(exc).removeprefix(prefix)
+    checked = (len(reader.chunks) - len(bad_dirs)) * reader.dp
+    result.add(
+        "rank blocks",
+        "plan",
+        _first_of(first, failed, "blocks"),
+        f"{checked} blocks, {samples:,} samples",
+    )
+
+
+def _verify_sections(result: VerifyResult, reader: PlanReader, f: BinaryIO) -> None:
+    failed, first = 0, None
+    for name, meta in sorted(reader.sections.items()):
+        problem = _section_problem(reader, f, name, meta)
+        if problem is not None:
+            failed += 1
+            first = first or problem
+    result.add(
+        "sections",
+        "plan",
+        _first_of(first, failed, "sections"),
+        f"{len(reader.sections)} sections: {', '.join(sorted(reader.sections))}",
+    )
+
+
+def _section_problem(reader: PlanReader, f: BinaryIO, name: str, meta: Any) -> str | None:
+    try:
+        offset, size = int(meta["offset"]), int(meta["size"])
+        dtype = np.dtype(str(meta["dtype"]))
+        shape = [int(x) for x in meta["shape"]]
+        digest = bytes.fromhex(meta["checksum"])
+    except (KeyError, ValueError, TypeError) as exc:
+        return f"section {name!r}: corrupt footer entry ({exc})"
+    if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize != size:
+        return f"section {name!r}: size does not match its shape {shape} and dtype"
+    got = _hash_range(f, offset, size, reader.size)
+    if got is None:
+        return f"section {name!r}: outside the file (truncated?)"
+    if got != digest:
+        return f"section {name!r}: checksum mismatch"
+    return None
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _first_of(first: str | None, failed: int, what: str) -> str | None:
+    """The first problem, with how many more of the same kind there were."""
+    if first is None:
+        return None
+    return first if failed <= 1 else f"{first} (and {failed - 1} more {what})"
+
+
+# --- the index and its sources -----------------------------------------------------------
+
+
+def _verify_index(result: VerifyResult, footer: dict[str, Any] | None, full: bool) -> None:
+    assert result.index is not None
+    try:
+        manifest = read_manifest(result.index)
+    except MdsError as exc:
+        result.add("index manifest", "index", str(exc), "")
+        return
+    root = manifest.data.get("root")
+    problem = _manifest_problem(manifest, root)
+    files = sum(len(s["files"]) for s in manifest.sources)
+    detail = f"{_count(len(manifest.sources), 'source')}, {_count(files, 'file')}, root {root}"
+    result.add("index manifest", "index", problem, detail)
+    _verify_fingerprint(result, manifest, footer)
+    if not (isinstance(root, str) and Path(root).is_absolute()):
+        return
+    for entry in manifest.sources:
+        name = entry["name"]
+        result.add(
+            f"source {name}: table",
+            "data",
+            _table_problem(manifest, entry),
+            f"{entry['table']}, checksum ok",
+        )
+        problem, detail = _files_problem(Path(str(root)), entry, full)
+        result.add(f"source {name}: files", "data", problem, detail)
+
+
+def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
+    """An unusable root, or file paths that are not relative paths inside it."""
+    if not (isinstance(root, str) and Path(root).is_absolute()):
+        return f"{manifest.path}: manifest `root` is not an absolute path ({root!r})"
+    bad, first = 0, None
+    for entry in manifest.sources:
+        for i, item in enumerate(entry["files"]):
+            where = f"{entry['name']} files[{i}]"
+            try:
+                _entry_paths(Path(root), item, where)
+            except ValueError as exc:
+                bad += 1
+                first = first or f"{manifest.path}: {exc}"
+    return _first_of(first, bad, "unsafe paths")
+
+
+def _verify_fingerprint(
+    result: VerifyResult, manifest: IndexManifest, footer: dict[str, Any] | None
+) -> None:
+    """The manifest's fingerprint matches its entries and the one the plan was made from."""
+    stored = manifest.fingerprint
+    problem = None
+    if index_fingerprint(manifest.sources) != stored:
+        problem = (
+            f"{manifest.path}: manifest fingerprint {stored} does not match its own entries "
+            "(manifest edited?)"
+        )
+    elif footer is not None:
+        planned = str(_plan_index(footer).get("fingerprint"))
+        if planned != stored:
+            changed = _changed_sources(manifest, footer)
+            problem = (
+                f"{manifest.path}: index fingerprint {stored} differs from the plan's {planned}"
+                + (f" (changed: {', '.join(changed)})" if changed else "")
+                + "; pass the right --index or re-plan"
+            )
+    detail = stored if footer is not None else f"{stored} (not compared: plan unreadable)"
+    result.add("index fingerprint", "data", problem, detail)
+
+
+def _changed_sources(manifest: IndexManifest, footer: dict[str, Any]) -> list[str]:
+    """Sources whose table differs between the plan's record and the manifest."""
+    planned = {
+        s.get("name"): s.get("table_checksum")
+        for s in _plan_index(footer).get("sources", [])
+        if isinstance(s, dict)
+    }
+    now = {s["name"]: s["table_checksum"] for s in manifest.sources}
+    return [n for n in dict.fromkeys([*planned, *now]) if planned.get(n) != now.get(n)]
+
+
+def _table_problem(manifest: IndexManifest, entry: dict[str, Any]) -> str | None:
+    table = manifest.path / entry["table"]
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        with open(table, "rb") as f:
+            while piece := f.read(_READ):
+                h.update(piece)
+    except OSError as exc:
+        return f"{table}: cannot read index table ({exc.strerror or exc})"
+    got = "blake2b:" + h.hexdigest()
+    if got != entry["table_checksum"]:
+        return f"{table}: checksum {got} differs from the manifest's {entry['table_checksum']}"
+    return None
+
+
+def _files_problem(root: Path, entry: dict[str, Any], full: bool) -> tuple[str | None, str]:
+    """Check every file of one source; returns (first problem or None, passing detail)."""
+    files = entry["files"]
+    failed, first = 0, None
+    for i, item in enumerate(files):
+        problem = _file_problem(root, item, full, f"{entry['name']} files[{i}]")
+        if problem is not None:
+            failed += 1
+            first = first or problem
+    modes = sorted(
+        {str(f.get("fingerprint", "")).partition(":")[0] for f in files if isinstance(f, dict)}
+    )
+    what = f"content fingerprints ({', '.join(modes)})" if full else "size and mtime"
+    detail = f"{_count(len(files), 'file')}, {what} match"
+    if first is not None and failed > 1:
+        first = f"{first} ({failed} of {len(files)} files differ)"
+    return first, detail
+
+
+def _safe_path(root: Path, rel: Any, where: str) -> Path:
+    """`root / rel`; a ValueError for anything but a relative path inside the root."""
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"{where}: path {rel!r} is not a relative file path")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute():
+        raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
+    return root.joinpath(*pure.parts)
+
+
+def _entry_paths(root: Path, item: Any, where: str) -> tuple[Path, Path | None]:
+    """A file entry's path and Megatron `.idx` companion, both checked to stay in root."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: not an object")
+    path = _safe_path(root, item.get("path"), where)
+    companion = _safe_path(root, item["index_path"], where) if "index_path" in item else None
+    return path, companion
+
+
+def _file_problem(root: Path, item: Any, full: bool, where: str) -> str | None:
+    try:
+        path, companion = _entry_paths(root, item, where)
+    except ValueError as exc:
+        return str(exc)
+    rel = item["path"]
+    try:
+        if full:
+            return _content_problem(path, companion, item, rel)
+        return _stat_problem(path, companion, item, rel)
+    except MdsError as exc:  # unreadable or missing: SourceDataError from the fingerprint helpers
+        for where, name in ((path, rel), (companion, item.get("index_path"))):
+            if where is not None and str(exc).startswith(f"{where}: "):
+                reason = str(exc).removeprefix(f"{where}: ")
+                return f"{name}: {'missing' if not os.path.lexists(where) else reason}"
+        return f"{rel}: {exc}"
+
+
+def _stat_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
+    size, mtime = stat_signature(path)
+    if size != item.get("size"):
+        return f"{rel}: size changed ({item.get('size')} -> {size} bytes)"
+    if mtime != item.get("mtime_ns"):
+        return f"{rel}: modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
+    if companion is not None:
+        stat_signature(companion)  # no recorded stat: its content is checked by --full
+    return None
+
+
+def _content_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
+    stored = item.get("fingerprint")
+    mode = stored.partition(":")[0] if isinstance(stored, str) else None
+    if mode not in _MODES:
+        return f"{rel}: unknown fingerprint {stored!r} in the manifest"
+    got = fingerprint(path, mode)
+    if companion is not None:
+        got = f"{got}+{fingerprint(companion, mode).split(':', 1)[1]}"
+    if got != stored:
+        return f"{rel}: content changed ({mode} fingerprint {stored} -> {got})"
+    return None

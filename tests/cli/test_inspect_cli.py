@@ -1,0 +1,467 @@
+"""`mds inspect` from the command line: terminal output, the JSON schema of docs/inspect.md,
+the HTML report (well-formed, SVG parses, optional headless render) and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+import pytest
+from cli_helpers import mds
+from cli_helpers import one_error_line as _one_error_line
+from plan_builders import SAMPLE_CONFIG
+
+from mds.planner.config import load_config
+from mds.planner.export import plan_frame
+from mds.planner.index.build import build_index
+from mds.planner.plan import STAT_COLUMNS, build_plan, with_overrides
+from mds.planner.plan_config import load_plan_config
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def ok(*args):
+    result = mds(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def one_error_line(result, *needles):
+    assert result.stdout == ""
+    return _one_error_line(result, *needles)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("inspect")
+    index = out / "index"
+    build_index(load_config(SAMPLE_CONFIG), index, workers=1)
+    plan = out / "plan.mds"
+    build_plan(with_overrides(load_plan_config(SAMPLE_CONFIG), index=index), plan)
+    return index, plan
+
+
+# --- the JSON schema (docs/inspect.md), as key -> type -----------------------------------------
+
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
+OPT_INT = (int, type(None))
+OPT_STR = (str, type(None))
+STATS = {"mean": OPT_NUM, "min": OPT_NUM, "median": OPT_NUM, "p99": OPT_NUM, "max": OPT_NUM}
+SHARE = {"name": str, "target": NUM, "realized": NUM}
+INDEX_SCHEMA = {
+    "schema": int,
+    "kind": str,
+    "path": str,
+    "format_version": int,
+    "fingerprint": str,
+    "fingerprint_mode": str,
+    "root": str,
+    "rows": int,
+    "tokens": int,
+    "exact": bool,
+    "sources": [
+        {
+            "name": str,
+            "format": str,
+            "rows": int,
+            "tokens": int,
+            "exact": bool,
+            "length": dict,
+            "lengths": {
+                "min": OPT_INT,
+                "mean": OPT_NUM,
+                "p50": OPT_INT,
+                "p90": OPT_INT,
+                "p99": OPT_INT,
+                "max": OPT_INT,
+            },
+            "histogram": [{"lo": int, "hi": int, "count": int}],
+            "metadata": list,
+            "files": [
+                {
+                    "id": int,
+                    "path": str,
+                    "index_path": OPT_STR,
+                    "size": int,
+                    "fingerprint": str,
+                    "rows": int,
+                    "tokens": int,
+                }
+            ],
+        }
+    ],
+}
+PLAN_SCHEMA = {
+    "schema": int,
+    "kind": str,
+    "path": str,
+    "header": {
+        "format_version": int,
+        "plan_id": str,
+        "bytes": int,
+        "steps": int,
+        "dp_size": int,
+        "micro_batches": int,
+        "samples_per_step": OPT_INT,
+        "tokens_per_step": OPT_INT,
+        "weight_by": str,
+        "capacity": int,
+        "overlong": str,
+        "seed": int,
+        "cost": dict,
+        "cost_scale": NUM,
+        "index_fingerprint": str,
+        "index_path": str,
+        "chunk_steps": int,
+        "chunks": int,
+    },
+    "totals": {"samples": int, "tokens": int},
+    "share_unit": str,
+    "sources": [
+        {
+            **SHARE,
+            "eligible": int,
+            "samples": int,
+            "tokens": OPT_INT,
+            "epochs": NUM,
+            "epochs_started": int,
+            "dropped_overlong": int,
+            "truncated": int,
+            "weight": (int, float, dict),
+            "filter": OPT_STR,
+            "max_epochs": OPT_INT,
+        }
+    ],
+    "phases": [{"start": int, "end": int, "sources": [SHARE]}],
+    "imbalance": {
+        "max_over_mean": STATS,
+        "max_over_lower_bound": STATS,
+        "naive_over_lower_bound": STATS,
+        "speedup_vs_naive": NUM,
+    },
+    "capacity_fill": {"step": STATS, "max_micro_batch": STATS},
+    "series": {
+        "bucket": int,
+        "start": [int],
+        "ratio": [NUM],
+        "naive_ratio": [NUM],
+        "sources": [{"name": str, "target": [NUM], "realized": [NUM]}],
+    },
+}
+TOTAL = {"samples": int, "tokens": int, "cost": NUM, "cost_units": int}
+STEP_SCHEMA = {
+    "schema": int,
+    "kind": str,
+    "path": str,
+    "plan_id": str,
+    "index": str,
+    "index_root": str,
+    "step": int,
+    "dp_size": int,
+    "micro_batches": int,
+    "ranks": [int],
+    "stats": dict.fromkeys(STAT_COLUMNS, int),
+    "samples": [
+        {
+            "rank": int,
+            "micro_batch": int,
+            "source": str,
+            "row": int,
+            "file": str,
+            "file_row": int,
+            "offset": OPT_INT,
+            "length": OPT_INT,
+            "n_tokens": int,
+            "cost": NUM,
+            "cost_units": int,
+        }
+    ],
+    "rank_totals": [{"rank": int, **TOTAL, "micro_batches": [{"micro_batch": int, **TOTAL}]}],
+}
+
+
+def check(value, spec, where="$"):
+    """`value` has exactly the keys of `spec` with the documented types."""
+    if isinstance(spec, dict):
+        assert isinstance(value, dict), where
+        assert set(value) == set(spec), (where, set(value) ^ set(spec))
+        for key, sub in spec.items():
+            check(value[key], sub, f"{where}.{key}")
+    elif isinstance(spec, list):
+        assert isinstance(value, list) and value, where
+        for i, item in enumerate(value):
+            check(item, spec[0], f"{where}[{i}]")
+    else:
+        assert isinstance(value, spec), (where, value)
+        if spec is int or spec == OPT_INT:
+            assert not isinstance(value, bool), where
+
+
+def as_json(*args):
+    return json.loads(ok(*args, "--json").stdout)
+
+
+# --- index ---------------------------------------------------------------------------------------
+
+
+def test_index_json_schema(built):
+    index, _ = built
+    report = as_json("inspect", index)
+    check(report, INDEX_SCHEMA)
+    assert (report["schema"], report["kind"]) == (1, "index")
+    code = next(s for s in report["sources"] if s["name"] == "code")
+    assert code["exact"] is False and report["exact"] is False
+    for s in report["sources"]:
+        for m in s["metadata"]:
+            assert {"column", "dtype", "nulls", "kind"} <= set(m)
+            keys = (
+                {"min", "mean", "max"} if m["kind"] == "numeric" else {"distinct", "top", "other"}
+            )
+            assert keys <= set(m)
+
+
+def test_index_terminal(built):
+    index, _ = built
+    out = ok("inspect", index).stdout
+    for text in ("web", "books", "forum", "code", "wiki", "math", "p99", "█", "lang"):
+        assert text in out
+    assert "~94,623" in out  # the estimated source is marked
+    assert "sampled:" not in out
+    assert "sampled:" in ok("inspect", index, "--files").stdout
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+def test_plan_json_schema(built):
+    _, plan = built
+    report = as_json("inspect", plan)
+    check(report, PLAN_SCHEMA)
+    assert report["kind"] == "plan" and report["header"]["steps"] == 64
+
+
+def test_plan_terminal(built):
+    _, plan = built
+    out = ok("inspect", plan).stdout
+    for text in ("64 x 4 x 2", "target", "realized", "steps 32-62", "predicted speedup", "epochs"):
+        assert text in out
+    assert any(c in out for c in "▁▂▃▄▅▆▇") and "naive / lower bound" in out
+
+
+# --- step ----------------------------------------------------------------------------------------
+
+
+def test_step_json_equals_plan_frame(built):
+    _, plan = built
+    report = as_json("inspect", plan, "--step", 21, "--rank", 2, "--rank", 0)
+    check(report, STEP_SCHEMA)
+    assert report["ranks"] == [0, 2]
+    keys = ["rank", "micro_batch", "source", "row", "file_row", "offset", "n_tokens", "cost"]
+    frame = plan_frame(plan).filter((pl.col("step") == 21) & pl.col("rank").is_in([0, 2]))
+    expected = frame.with_columns(pl.col("n_tokens").cast(pl.Int64)).select(keys).to_dicts()
+    assert [{k: s[k] for k in keys} for s in report["samples"]] == expected
+
+
+def test_step_terminal(built):
+    _, plan = built
+    out = ok("inspect", plan, "--step", 3, "--rank", 1).stdout
+    assert "step 3" in out and "rank 1" in out and "per rank" in out
+    assert ".parquet" in out or ".jsonl" in out or ".arrow" in out or ".bin" in out
+
+
+def test_step_with_index_option(built, tmp_path):
+    index, plan = built
+    moved = tmp_path / "plan.mds"
+    shutil.copy(plan, moved)  # the footer's relative index path no longer resolves
+    one_error_line(mds("inspect", moved, "--step", 0), "not an mds index")
+    report = as_json("inspect", moved, "--step", 0, "--index", index)
+    assert report["index"] == str(index)
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
+
+
+class WellFormed(HTMLParser):
+    """Every non-void tag is closed, in order; records external references."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("src", "href") or (value and "url(" in value):
+                self.external.append(f"{tag} {name}={value}")
+        if tag in ("script", "link", "img", "iframe"):
+            self.external.append(tag)
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("src", "href"):
+                self.external.append(f"{tag} {name}={value}")
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def check_html(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    parser = WellFormed()
+    parser.feed(text)
+    parser.close()
+    assert parser.errors == [] and parser.stack == [], (parser.errors, parser.stack)
+    assert parser.external == []
+    svgs = []
+    start = 0
+    while (i := text.find("<svg", start)) >= 0:
+        j = text.index("</svg>", i) + len("</svg>")
+        svgs.append(ET.fromstring(text[i:j]))
+        start = j
+    assert svgs
+    ns = "{http://www.w3.org/2000/svg}"
+    for svg in svgs:
+        width, height = float(svg.get("width")), float(svg.get("height"))
+        for line in svg.iter(f"{ns}polyline"):
+            for point in line.get("points").split():
+                x, y = map(float, point.split(","))
+                assert 0 <= x <= width and 0 <= y <= height
+    return text
+
+
+@pytest.fixture(scope="module")
+def html_reports(built, tmp_path_factory):
+    index, plan = built
+    out = tmp_path_factory.mktemp("html")
+    paths = {}
+    for name, args in (
+        ("index", [index]),
+        ("plan", [plan]),
+        ("step", [plan, "--step", 5]),
+    ):
+        paths[name] = out / f"{name}.html"
+        result = ok("inspect", *args, "--html", paths[name])
+        assert f"wrote {paths[name]}" in result.stdout
+    return paths
+
+
+def test_html_reports_are_well_formed(html_reports):
+    index = check_html(html_reports["index"])
+    assert "samples per length bucket" in index and "sampled:" in index
+    plan = check_html(html_reports["plan"])
+    assert plan.count("<svg") == 7  # six share charts and the imbalance chart
+    assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
+    step = check_html(html_reports["step"])
+    assert "cost units per rank" in step
+    leftovers = [p for p in html_reports["index"].parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # atomic write: no temporary files stay
+
+
+def test_html_with_json(built, tmp_path):
+    index, _ = built
+    result = ok("inspect", index, "--html", tmp_path / "r.html", "--json")
+    assert json.loads(result.stdout)["kind"] == "index"
+    check_html(tmp_path / "r.html")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
+def test_html_renders_in_chromium(html_reports, tmp_path):
+    png = tmp_path / "plan.png"
+    subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={png}",
+            "--window-size=1200,2000",
+            html_reports["plan"].resolve().as_uri(),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    assert png.exists() and png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- errors and help -------------------------------------------------------------------------------
+
+
+def test_errors(built, tmp_path):
+    index, plan = built
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a plan")
+    one_error_line(mds("inspect", notes), "neither an mds plan file nor an mds index")
+    one_error_line(mds("inspect", tmp_path), "neither an mds index")
+    one_error_line(mds("inspect", tmp_path / "missing"), "no such file or directory")
+    one_error_line(mds("inspect", plan, "--step", 64), "--step 64 is outside the plan's 64 steps")
+    one_error_line(mds("inspect", plan, "--step", -1), "--step -1 is outside")
+    one_error_line(
+        mds("inspect", plan, "--step", 0, "--rank", 4), "--rank 4 is outside the plan's dp_size 4"
+    )
+    one_error_line(mds("inspect", plan, "--rank", 1), "--rank needs --step")
+    one_error_line(mds("inspect", index, "--step", 1), "--step needs a plan file")
+    one_error_line(mds("inspect", plan, "--files"), "--files needs an index directory")
+
+
+def test_fingerprint_mismatch(built, tmp_path):
+    index, plan = built
+    other = tmp_path / "index"
+    shutil.copytree(index, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["fingerprint"] = "blake2b:" + "f" * 32
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    one_error_line(
+        mds("inspect", plan, "--step", 0, "--index", other), "differs from the one the plan"
+    )
+
+
+def test_corrupt_plan_is_one_line(built, tmp_path):
+    _, plan = built
+    bad = tmp_path / "bad.mds"
+    data = bytearray(plan.read_bytes())
+    data[-40] ^= 0xFF  # inside the footer: its checksum no longer matches
+    bad.write_bytes(bytes(data))
+    one_error_line(mds("inspect", bad), "checksum mismatch")
+
+
+def test_help_has_examples():
+    out = ok("inspect", "--help").stdout
+    assert "Example" in out and "mds inspect build/plan.mds --step 10 --rank 3" in out
+    assert "inspect" in ok("--help").stdout
+
+
+def test_drawing_helpers():
+    from mds.cli.inspect import bar, resample, sparkline
+    from mds.cli.svg import nice_range
+
+    assert sparkline(list(range(8)), 0, 7) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5.0, 5.0], 5.0, 5.0) == "▁▁"
+    assert len(sparkline([0.5] * 1000, 0, 1)) == 60
+    assert resample([1.0, 3.0, 5.0, 7.0], 2) == [2.0, 6.0]
+    assert bar(4, 8, 10) == "█████" and bar(0, 8) == "" and bar(1, 8, 1) == "▏"
+    lo, hi, ticks = nice_range(1.0, 2.58)
+    assert (lo, hi) == (1.0, 3.0) and ticks == [1.0, 1.5, 2.0, 2.5, 3.0]

@@ -1,0 +1,113 @@
+"""`mds verify` from the command line: exit codes, the table, --json, one `error:` line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import mds, one_error_line
+from plan_builders import REPO
+
+from mds.planner.config import load_config
+from mds.planner.index.build import build_index
+from mds.planner.plan import build_plan, with_overrides
+from mds.planner.plan_config import load_plan_config
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    """A copy of the sample data with its index and plan: tests may change it."""
+    shutil.copytree(REPO / "sample_data", tmp_path / "data")
+    config = tmp_path / "data" / "mds.toml"
+    build_index(load_config(config), tmp_path / "index", workers=1)
+    build_plan(
+        with_overrides(load_plan_config(config), index=tmp_path / "index"), tmp_path / "plan.mds"
+    )
+    return tmp_path
+
+
+def test_clean_plan_passes(work):
+    result = mds("verify", work / "plan.mds")
+    assert result.exit_code == 0, result.output
+    for text in ("rank blocks", "source math: files", "ok", "checks passed"):
+        assert text in result.stdout
+    assert "FAILED" not in result.stdout and result.stderr == ""
+    assert mds("verify", work / "plan.mds", "--full").exit_code == 0
+
+
+def test_json(work):
+    result = mds("verify", work / "plan.mds", "--json", "--full")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {"ok", "plan_id", "checks", "first_failure"} <= set(data)
+    assert data["ok"] is True and data["first_failure"] is None and data["mode"] == "full"
+    assert all(set(c) == {"name", "ok", "detail"} and c["ok"] for c in data["checks"])
+
+
+def test_corrupt_block_is_named(work):
+    plan = work / "plan.mds"
+    data = bytearray(plan.read_bytes())
+    data[16 + 4 * 24 + 3] ^= 0xFF  # chunk 0's directory is at 16; rank 0's block follows it
+    plan.write_bytes(bytes(data))
+    result = mds("verify", plan)
+    line = one_error_line(result, "rank blocks: chunk 0 rank 0: checksum mismatch")
+    assert line.startswith(f"error: {plan}: ")
+    assert "FAILED" in result.stdout  # the table is still printed
+    result = mds("verify", plan, "--json")
+    one_error_line(result, "chunk 0 rank 0")
+    data = json.loads(result.stdout)
+    assert data["ok"] is False
+    assert data["first_failure"]["name"] == "rank blocks"
+
+
+def test_touched_source_file(work):
+    path = work / "data" / "books" / "books.parquet"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5))
+    one_error_line(
+        mds("verify", work / "plan.mds"), "source books: files", "books/books.parquet: modified"
+    )
+    assert mds("verify", work / "plan.mds", "--full").exit_code == 0
+
+
+def test_changed_content_only_full_notices(work):
+    path = work / "data" / "forum" / "forum.jsonl"
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert mds("verify", work / "plan.mds").exit_code == 0
+    one_error_line(mds("verify", work / "plan.mds", "--full"), "forum/forum.jsonl: content changed")
+
+
+def test_other_index(work, tmp_path_factory):
+    other = tmp_path_factory.mktemp("other") / "index"
+    shutil.copytree(work / "index", other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["sources"][0]["files"][0]["path"] = "../../etc/passwd"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    one_error_line(
+        mds("verify", work / "plan.mds", "--index", other),
+        "index manifest",
+        "'../../etc/passwd' escapes the index root",
+    )
+    one_error_line(
+        mds("verify", work / "plan.mds", "--index", work / "missing"), "not an mds index"
+    )
+
+
+def test_truncated_and_missing_plans(work):
+    plan = work / "plan.mds"
+    plan.write_bytes(plan.read_bytes()[:-1])
+    one_error_line(mds("verify", plan), "plan file: ", "truncated")
+    one_error_line(mds("verify", work / "nope.mds"), "cannot open plan")
+
+
+def test_help_has_examples():
+    result = mds("verify", "--help")
+    assert result.exit_code == 0
+    assert "Example" in result.stdout and "mds verify build/plan.mds --full" in result.stdout

@@ -1,0 +1,27 @@
+"""Running the `mds` CLI in-process for tests, and the one-line error contract."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from mds.cli.main import app
+
+
+def mds(*args):
+    """Invoke `mds ARGS`; a bug (any exception but SystemExit) is re-raised with its traceback."""
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def one_error_line(result, *needles) -> str:
+    """A user error: exit 1, exactly one `error:` line on stderr, no traceback."""
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    return lines[0]
