@@ -363,7 +363,13 @@ def _safe_path(root: Path, rel: Any, where: str) -> Path:
     pure = PurePosixPath(rel)
     if pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute():
         raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
-    return root.joinpath(*pure.parts)
+    path = root.joinpath(*pure.parts)
+    # A symlink inside the root may still point outside it: follow links, then compare.
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ValueError(
+            f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
+        )
+    return path
 
 
 def _entry_paths(root: Path, item: Any, where: str) -> tuple[Path, Path | None]:

@@ -367,3 +367,17 @@ def test_several_changed_files_are_counted(work):
         (work / "data" / "web" / name).unlink()
     detail = failure(verify_plan(work / "plan.mds"))[1]
     assert detail == "web/part-00000.parquet: missing (2 of 3 files differ)"
+
+
+def test_symlink_out_of_the_root_is_refused(tmp_path):
+    from mds.planner.verify import _safe_path
+
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "secret.txt"
+    outside.write_text("x")
+    (root / "link.txt").symlink_to(outside)
+    with pytest.raises(ValueError, match="leads outside the index root"):
+        _safe_path(root, "link.txt", "web files[0]")
+    (root / "ok.txt").write_text("y")
+    assert _safe_path(root, "ok.txt", "web files[0]") == root / "ok.txt"
