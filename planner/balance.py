@@ -24,7 +24,7 @@ import numpy as np
 from mds.executor.errors import PlanError
 from mds.planner.permutation import splitmix64
 
-__all__ = ["Assignment", "balance", "greedy_lpt", "lower_bound", "naive_ranks"]
+__all__ = ["Assignment", "balance", "greedy_lpt", "group_sums", "lower_bound", "naive_ranks"]
 
 INF = np.iinfo(np.int64).max
 PARTNERS = 4
@@ -59,8 +59,13 @@ def naive_ranks(valid: np.ndarray, dp: int, steps: np.ndarray) -> np.ndarray:
     # The full splitmix64 finalizer: one multiply and shift left the sort order a Weyl
     # sequence, the same near-contiguous blocks at every step instead of a random order.
     x = splitmix64(x + np.uint64(0x9E3779B97F4A7C15))
-    key = np.where(valid, x, np.uint64(2**64 - 1))
-    order = np.argsort(key, axis=1, kind="stable")
+    if N <= 1 << 16:
+        # Keep the hash's high bits and put the slot index in the low 16: keys are unique,
+        # so numpy's fast unstable sort gives one order on every machine.
+        x = (x & ~np.uint64(0xFFFF)) | np.arange(N, dtype=np.uint64)[None, :]
+        order = np.argsort(np.where(valid, x, np.uint64(2**64 - 1)), axis=1)
+    else:
+        order = np.argsort(np.where(valid, x, np.uint64(2**64 - 1)), axis=1, kind="stable")
     rank = np.full((T, N), -1, dtype=np.int64)
     np.put_along_axis(rank, order, np.arange(N)[None, :] % dp, axis=1)
     return np.where(valid, rank, -1)
@@ -172,6 +177,22 @@ def _slots(rank: np.ndarray, cost: np.ndarray, dp: int) -> np.ndarray:
         T, dp, width
     )
     return np.where(inside, picked, -1)
+
+
+def group_sums(groups: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
+    """Exact int64 sums of `weights` per group id in [0, size).
+
+    np.bincount sums in float64: exact while no group's running sum can reach 2^53 (largest
+    |weight| x largest group below 2^53); otherwise fall back to np.add.at."""
+    groups, weights = groups.ravel(), weights.ravel()
+    if not weights.size:
+        return np.zeros(size, dtype=np.int64)
+    biggest = int(np.bincount(groups, minlength=size).max())
+    if int(np.abs(weights).max()) * biggest < 1 << 53:
+        return np.bincount(groups, weights=weights, minlength=size)[:size].astype(np.int64)
+    out = np.zeros(size, dtype=np.int64)
+    np.add.at(out, groups, weights)
+    return out
 
 
 def _by_cost(cost: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -361,7 +382,6 @@ def balance(
     micro_out[tt, idx] = mb_slots[tt, dd, pp]
     for t, mb in exact.items():
         micro_out[t, valid[t]] = mb
-    load = np.zeros((T, dp), dtype=np.int64)
-    np.add.at(load, (tt, dd), cost[tt, idx])
+    load = group_sums(tt * dp + dd, cost[tt, idx], T * dp).reshape(T, dp)
     assert (micro_out[valid] >= 0).all() and (rank_out[valid] >= 0).all()
     return Assignment(rank_out, micro_out, load)

@@ -23,7 +23,7 @@ import numpy as np
 from mds.executor.errors import ConfigError
 from mds.executor.planfile import PlanWriter
 from mds.planner.atomic import temp_sibling
-from mds.planner.balance import balance, lower_bound, naive_ranks
+from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.mixing import Mixer, MixState
 from mds.planner.plan_config import PlanConfig
@@ -162,18 +162,12 @@ def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
     """Per-step rows of STAT_COLUMNS, costs in integer units."""
     T = cost.shape[0]
     naive = naive_ranks(valid, D, steps)
-    naive_load = np.zeros((T, D + 1), dtype=np.int64)
-    np.add.at(
-        naive_load,
-        (np.arange(T)[:, None].repeat(cost.shape[1], 1), np.where(naive >= 0, naive, D)),
-        cost,
-    )
-    cell = np.where(valid, assign.rank * M + assign.micro, D * M)
-    rows = np.arange(T)[:, None].repeat(cost.shape[1], 1)
-    micro_tok = np.zeros((T, D * M + 1), dtype=np.int64)
-    micro_cost = np.zeros((T, D * M + 1), dtype=np.int64)
-    np.add.at(micro_tok, (rows, cell), length)
-    np.add.at(micro_cost, (rows, cell), cost)
+    rows = np.arange(T)[:, None]
+    naive_load = group_sums(rows * (D + 1) + np.where(naive >= 0, naive, D), cost, T * (D + 1))
+    naive_load = naive_load.reshape(T, D + 1)
+    cell = rows * (D * M + 1) + np.where(valid, assign.rank * M + assign.micro, D * M)
+    micro_tok = group_sums(cell, length, T * (D * M + 1)).reshape(T, D * M + 1)
+    micro_cost = group_sums(cell, cost, T * (D * M + 1)).reshape(T, D * M + 1)
     out = np.stack(
         [
             valid.sum(axis=1),

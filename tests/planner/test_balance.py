@@ -287,3 +287,16 @@ def test_greedy_lpt_matches_a_plain_implementation(T, N, dp, seed):
     cost = rng.integers(1, 50, (T, N))
     valid = rng.random((T, N)) < 0.8
     assert np.array_equal(greedy_lpt(cost, valid, dp), greedy_reference(cost, valid, dp))
+
+
+def test_group_sums_is_exact_on_both_paths():
+    from mds.planner.balance import group_sums
+
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 7, 500)
+    small = rng.integers(0, 1 << 40, 500)
+    huge = np.full(500, (1 << 62) // 500, dtype=np.int64)  # forces the integer fallback
+    for weights in (small, huge):
+        expected = np.zeros(8, dtype=np.int64)
+        np.add.at(expected, groups, weights)
+        assert np.array_equal(group_sums(groups, weights, 8), expected)
