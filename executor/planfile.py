@@ -30,7 +30,15 @@ import numpy as np
 
 from mds.executor.errors import PlanError
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "PlanReader", "PlanWriter", "RankChunk", "checksum"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "PlanReader",
+    "PlanWriter",
+    "RankChunk",
+    "checksum",
+    "plan_id_of",
+]
 
 MAGIC = b"MDSPLAN\x00"
 FORMAT_VERSION = 1
@@ -43,6 +51,11 @@ _COUNT_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 def checksum(data: bytes | memoryview) -> bytes:
     return hashlib.blake2b(data, digest_size=8).digest()
+
+
+def plan_id_of(footer: bytes) -> str:
+    """A plan's identity: BLAKE2b-128 of its footer, which covers every checksum."""
+    return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -222,7 +235,7 @@ class PlanReader:
             and all(c[4] in _COUNT_DTYPES and c[0] < c[1] for c in self.chunks)
         ):
             raise self._fail("corrupt plan footer (bad layout)")
-        self.plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
+        self.plan_id = plan_id_of(data)
         self._dirs: dict[int, np.ndarray] = {}
 
     @property

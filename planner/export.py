@@ -11,37 +11,38 @@ import numpy as np
 import polars as pl
 
 from mds.executor.errors import DataChangedError
-from mds.executor.planfile import PlanReader
+from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.atomic import atomic_path
 from mds.planner.index.manifest import IndexManifest, read_manifest, source_frame
 
-__all__ = ["export_plan", "locate", "plan_frame", "plan_index", "sample_cost"]
+__all__ = ["block_frame", "export_plan", "locate", "plan_frame", "plan_index", "sample_cost"]
+
+
+_SLOT_SCHEMA = {"step": pl.Int64, "rank": pl.Int64, "micro_batch": pl.Int64, "gid": pl.Int64}
+
+
+def block_frame(block: RankChunk, rank: int) -> pl.DataFrame:
+    """One rank's block as rows of (step, rank, micro_batch, gid), in plan order."""
+    T, M = block.counts.shape
+    flat = block.counts.ravel()
+    return pl.DataFrame(
+        {
+            "step": np.repeat(block.step_start + np.arange(T).repeat(M), flat),
+            "rank": np.full(len(block.ids), rank, dtype=np.int64),
+            "micro_batch": np.repeat(np.tile(np.arange(M), T), flat),
+            "gid": block.ids.astype(np.int64),
+        },
+        schema=_SLOT_SCHEMA,
+    )
 
 
 def _slots(reader: PlanReader) -> pl.DataFrame:
-    parts = []
-    for chunk in range(len(reader.chunks)):
-        for rank in range(reader.dp):
-            block = reader.rank_chunk(chunk, rank)
-            T, M = block.counts.shape
-            flat = block.counts.ravel()
-            parts.append(
-                pl.DataFrame(
-                    {
-                        "step": np.repeat(block.step_start + np.arange(T).repeat(M), flat),
-                        "rank": np.full(len(block.ids), rank, dtype=np.int64),
-                        "micro_batch": np.repeat(np.tile(np.arange(M), T), flat),
-                        "gid": block.ids.astype(np.int64),
-                    }
-                )
-            )
-    return (
-        pl.concat(parts)
-        if parts
-        else pl.DataFrame(
-            schema={"step": pl.Int64, "rank": pl.Int64, "micro_batch": pl.Int64, "gid": pl.Int64}
-        )
-    )
+    parts = [
+        block_frame(reader.rank_chunk(chunk, rank), rank)
+        for chunk in range(len(reader.chunks))
+        for rank in range(reader.dp)
+    ]
+    return pl.concat(parts) if parts else pl.DataFrame(schema=_SLOT_SCHEMA)
 
 
 def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.Series:

@@ -8,10 +8,10 @@ and written in order.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from mds.executor.errors import ConfigError
-from mds.executor.planfile import PlanWriter
+from mds.executor.planfile import PlanWriter, plan_id_of
 from mds.planner.atomic import temp_sibling
 from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
 from mds.planner.index.manifest import IndexManifest, read_manifest
@@ -97,13 +97,19 @@ class Planner:
         steps, size = self.config.train.steps, self.config.chunk_steps
         return [(a, min(a + size, steps)) for a in range(0, steps, size)]
 
+    def mix_chunks(self) -> Iterator[tuple[MixState, int, np.ndarray, MixState]]:
+        """The sequential mixing pass: per chunk (state at its start, end step, counts,
+        state at its end)."""
+        state = self.mixer.start()
+        for _a, b in self.boundaries():
+            counts, after = self.mixer.run(state, b)
+            yield state, b, counts, after
+            state = after
+
     def states(self) -> list[MixState]:
         """Mixing state at the start of every chunk, plus the final state."""
-        state = self.mixer.start()
-        out = [state]
-        for _a, b in self.boundaries():
-            _, state = self.mixer.run(state, b)
-            out.append(state)
+        out = [self.mixer.start()]
+        out += [after for _state, _b, _counts, after in self.mix_chunks()]
         return out
 
     def plan_chunk(
@@ -263,7 +269,7 @@ def build_plan(
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    plan_id = hashlib.blake2b(data, digest_size=16).hexdigest()
+    plan_id = plan_id_of(data)
     return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
 
 
@@ -271,10 +277,8 @@ def _chunks(planner: Planner, pool, workers: int, states: list[MixState]):
     """Planned chunks in order. The sequential mixing pass runs here, one chunk ahead of
     the workers, which get each chunk's counts with its start state."""
     pending: deque = deque()
-    state = planner.mixer.start()
-    states.append(state)
-    for _a, b in planner.boundaries():
-        counts, after = planner.mixer.run(state, b)
+    states.append(planner.mixer.start())
+    for state, b, counts, after in planner.mix_chunks():
         states.append(after)
         if pool is None:
             yield planner.plan_chunk(state, b, counts)
@@ -282,7 +286,6 @@ def _chunks(planner: Planner, pool, workers: int, states: list[MixState]):
             pending.append(pool.submit(_run_chunk, state, b, counts))
             if len(pending) > 2 * workers:
                 yield pending.popleft().result()
-        state = after
     while pending:
         yield pending.popleft().result()
 

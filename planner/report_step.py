@@ -10,12 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from mds.executor.errors import ConfigError
 from mds.executor.planfile import PlanReader
-from mds.planner.export import locate, plan_index
+from mds.planner.export import block_frame, locate, plan_index
 from mds.planner.index.manifest import IndexManifest
 from mds.planner.report import SCHEMA
 from mds.planner.report_plan import step_stats
@@ -52,22 +51,11 @@ def _check(reader: PlanReader, step: int, ranks: Sequence[int]) -> None:
 def step_slots(reader: PlanReader, step: int, ranks: Sequence[int]) -> pl.DataFrame:
     """(rank, micro_batch, gid) of every sample of `step` on `ranks`, in plan order."""
     chunk = reader.chunk_of(step)
-    parts = []
-    for rank in ranks:
-        block = reader.rank_chunk(chunk, rank)
-        t = step - block.step_start
-        first = int(block.counts[:t].sum())
-        here = block.counts[t]
-        parts.append(
-            pl.DataFrame(
-                {
-                    "rank": np.full(int(here.sum()), rank, dtype=np.int64),
-                    "micro_batch": np.repeat(np.arange(len(here), dtype=np.int64), here),
-                    "gid": block.ids[first : first + int(here.sum())].astype(np.int64),
-                }
-            )
-        )
-    return pl.concat(parts).with_row_index("order")
+    parts = [
+        block_frame(reader.rank_chunk(chunk, rank), rank).filter(pl.col("step") == step)
+        for rank in ranks
+    ]
+    return pl.concat(parts).drop("step").with_row_index("order")
 
 
 def _locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict[str, Any]) -> pl.DataFrame:

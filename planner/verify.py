@@ -18,7 +18,12 @@ import numpy as np
 from mds.executor.errors import MdsError, PlanError
 from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.executor.planfile import PlanReader
-from mds.planner.index.manifest import IndexManifest, index_fingerprint, read_manifest
+from mds.planner.index.manifest import (
+    IndexManifest,
+    index_fingerprint,
+    read_manifest,
+    table_checksum,
+)
 
 __all__ = ["Check", "VerifyResult", "verify_plan"]
 
@@ -324,14 +329,10 @@ def _changed_sources(manifest: IndexManifest, footer: dict[str, Any]) -> list[st
 
 def _table_problem(manifest: IndexManifest, entry: dict[str, Any]) -> str | None:
     table = manifest.path / entry["table"]
-    h = hashlib.blake2b(digest_size=16)
     try:
-        with open(table, "rb") as f:
-            while piece := f.read(_READ):
-                h.update(piece)
+        got = table_checksum(table)
     except OSError as exc:
         return f"{table}: cannot read index table ({exc.strerror or exc})"
-    got = "blake2b:" + h.hexdigest()
     if got != entry["table_checksum"]:
         return f"{table}: checksum {got} differs from the manifest's {entry['table_checksum']}"
     return None

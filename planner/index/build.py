@@ -8,7 +8,6 @@ replace manifest.json, the commit point. On any failure the previous index is un
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -35,6 +34,7 @@ from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
     read_manifest,
+    table_checksum,
 )
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.parquet import scan_parquet
@@ -104,20 +104,19 @@ class _File:
     size: int
     mtime_ns: int
     fingerprint: str
+    nbytes: int  # bytes a scan reads: the file plus a Megatron .idx
     reuse: int | None = None  # file id in the previous table whose rows stay valid
 
 
-def _file_size(f: DataFile) -> int:
-    size, _ = stat_signature(f.path)
-    return size + (stat_signature(f.companion)[0] if f.companion else 0)
-
-
-def _fingerprint(f: DataFile, mode: str) -> tuple[int, int, str]:
+def _fingerprint(f: DataFile, mode: str) -> tuple[int, int, str, int]:
+    """(size, mtime_ns, fingerprint, bytes to scan), stat-ing each file once."""
     size, mtime = stat_signature(f.path)
     fp = fingerprint(f.path, mode)
+    nbytes = size
     if f.companion is not None:
         fp = f"{fp}+{fingerprint(f.companion, mode).split(':', 1)[1]}"
-    return size, mtime, fp
+        nbytes += stat_signature(f.companion)[0]
+    return size, mtime, fp, nbytes
 
 
 def _spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
@@ -165,7 +164,7 @@ def _resolve_tokenizer(spec: SourceSpec, root: Path) -> Path | None:
 def _plan_files(
     spec: SourceSpec,
     files: list[DataFile],
-    fps: list[tuple[int, int, str]],
+    fps: list[tuple[int, int, str, int]],
     spec_key: str,
     old: dict | None,
 ) -> list[_File]:
@@ -176,8 +175,8 @@ def _plan_files(
                 entry["id"]
             )
     return [
-        _File(f, size, mtime, fp, reusable.get((f.rel, size, mtime, fp)))
-        for f, (size, mtime, fp) in zip(files, fps, strict=True)
+        _File(f, size, mtime, fp, nbytes, reusable.get((f.rel, size, mtime, fp)))
+        for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True)
     ]
 
 
@@ -226,9 +225,8 @@ class _Writer:
         tmp = temp_sibling(tables / f"{name}.parquet")
         try:
             frame.write_parquet(tmp, compression="zstd", statistics=True)
-            data = tmp.read_bytes()
-            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-            rel = f"{TABLES}/{name}-{digest[:16]}.parquet"
+            checksum = table_checksum(tmp)
+            rel = f"{TABLES}/{name}-{checksum.removeprefix('blake2b:')[:16]}.parquet"
             final = self.output / rel
             if not final.exists():
                 fsync_file(tmp)
@@ -237,7 +235,7 @@ class _Writer:
                     self.created.append(final)
         finally:
             tmp.unlink(missing_ok=True)
-        return rel, f"blake2b:{digest}"
+        return rel, checksum
 
     def rollback(self) -> None:
         for path in self.created:
@@ -320,7 +318,7 @@ def build_index(
                 for fi, f in enumerate(fs)
                 if f.reuse is None
             ]
-            progress.start(sum(_file_size(f.data) for _, _, f in todo), len(todo))
+            progress.start(sum(f.nbytes for _, _, f in todo), len(todo))
             frames: dict[tuple[int, int], pl.DataFrame] = {}
             futures: dict[Future, tuple[int, int, _File]] = {}
             for si, fi, f in todo:
@@ -336,7 +334,7 @@ def build_index(
                         raise fut.exception()  # type: ignore[misc]
                     si, fi, f = futures[fut]
                     frames[(si, fi)] = fut.result()
-                    progress.advance(_file_size(f.data))
+                    progress.advance(f.nbytes)
 
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)
@@ -399,7 +397,7 @@ def build_index(
                     rows=table.height,
                     tokens=int(n.sum()),
                     exact=spec.length.exact,
-                    bytes_scanned=sum(_file_size(f.data) for f in scanned),
+                    bytes_scanned=sum(f.nbytes for f in scanned),
                 )
             )
         manifest = {

@@ -6,17 +6,10 @@ import polars as pl
 
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import check_column_type, checked_lengths, text_lengths
+from mds.planner.index.parquet_levels import list_lengths
 from mds.planner.index.scan import ScanContext, missing_column, reading
 
 __all__ = ["scan_parquet"]
-
-
-def _list_lengths_fast(file: DataFile, column: str):
-    try:
-        from mds.planner.index.parquet_levels import list_lengths
-    except ImportError:
-        return None
-    return list_lengths(file.path, column)
 
 
 def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
@@ -39,7 +32,7 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         check_column_type(schema[spec.text], "text", spec.text, f"{file.rel}: ")
 
     with reading(file, "Parquet file"):
-        fast = _list_lengths_fast(file, column) if kind == "tokens" else None
+        fast = list_lengths(file.path, column) if kind == "tokens" else None
         exprs = [pl.col(c) for c in spec.keep]
         if kind == "tokens" and fast is None:
             exprs.append(pl.col(column).list.len().cast(pl.Int64).alias("__n"))
