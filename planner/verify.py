@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import MdsError, PlanError
-from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.executor.planfile import PlanReader
 from mds.planner.index.manifest import (
     IndexManifest,
@@ -29,7 +29,6 @@ __all__ = ["Check", "VerifyResult", "verify_plan"]
 
 _READ = 8 << 20  # bytes hashed per read: sections and tables are streamed, never loaded whole
 _DIR_ENTRY = 24  # bytes per rank in a chunk directory (docs/plan-format.md)
-_MODES = ("sampled", "full")
 
 
 @dataclass(frozen=True)
@@ -285,7 +284,7 @@ def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
         for i, item in enumerate(entry["files"]):
             where = f"{entry['name']} files[{i}]"
             try:
-                _entry_paths(Path(root), item, where)
+                entry_paths(Path(root), item, where)
             except ValueError as exc:
                 bad += 1
                 first = first or f"{manifest.path}: {exc}"
@@ -343,7 +342,7 @@ def _files_problem(root: Path, entry: dict[str, Any], full: bool) -> tuple[str |
     files = entry["files"]
     failed, first = 0, None
     for i, item in enumerate(files):
-        problem = _file_problem(root, item, full, f"{entry['name']} files[{i}]")
+        problem = file_problem(root, item, full, f"{entry['name']} files[{i}]")
         if problem is not None:
             failed += 1
             first = first or problem
@@ -355,70 +354,3 @@ def _files_problem(root: Path, entry: dict[str, Any], full: bool) -> tuple[str |
     if first is not None and failed > 1:
         first = f"{first} ({failed} of {len(files)} files differ)"
     return first, detail
-
-
-def _safe_path(root: Path, rel: Any, where: str) -> Path:
-    """`root / rel`; a ValueError for anything but a relative path inside the root."""
-    if not isinstance(rel, str) or not rel:
-        raise ValueError(f"{where}: path {rel!r} is not a relative file path")
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute():
-        raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
-    path = root.joinpath(*pure.parts)
-    # A symlink inside the root may still point outside it: follow links, then compare.
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise ValueError(
-            f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
-        )
-    return path
-
-
-def _entry_paths(root: Path, item: Any, where: str) -> tuple[Path, Path | None]:
-    """A file entry's path and Megatron `.idx` companion, both checked to stay in root."""
-    if not isinstance(item, dict):
-        raise ValueError(f"{where}: not an object")
-    path = _safe_path(root, item.get("path"), where)
-    companion = _safe_path(root, item["index_path"], where) if "index_path" in item else None
-    return path, companion
-
-
-def _file_problem(root: Path, item: Any, full: bool, where: str) -> str | None:
-    try:
-        path, companion = _entry_paths(root, item, where)
-    except ValueError as exc:
-        return str(exc)
-    rel = item["path"]
-    try:
-        if full:
-            return _content_problem(path, companion, item, rel)
-        return _stat_problem(path, companion, item, rel)
-    except MdsError as exc:  # unreadable or missing: SourceDataError from the fingerprint helpers
-        for where, name in ((path, rel), (companion, item.get("index_path"))):
-            if where is not None and str(exc).startswith(f"{where}: "):
-                reason = str(exc).removeprefix(f"{where}: ")
-                return f"{name}: {'missing' if not os.path.lexists(where) else reason}"
-        return f"{rel}: {exc}"
-
-
-def _stat_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
-    size, mtime = stat_signature(path)
-    if size != item.get("size"):
-        return f"{rel}: size changed ({item.get('size')} -> {size} bytes)"
-    if mtime != item.get("mtime_ns"):
-        return f"{rel}: modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
-    if companion is not None:
-        stat_signature(companion)  # no recorded stat: its content is checked by --full
-    return None
-
-
-def _content_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
-    stored = item.get("fingerprint")
-    mode = stored.partition(":")[0] if isinstance(stored, str) else None
-    if mode not in _MODES:
-        return f"{rel}: unknown fingerprint {stored!r} in the manifest"
-    got = fingerprint(path, mode)
-    if companion is not None:
-        got = f"{got}+{fingerprint(companion, mode).split(':', 1)[1]}"
-    if got != stored:
-        return f"{rel}: content changed ({mode} fingerprint {stored} -> {got})"
-    return None

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from plan_builders import REPO
 
+import mds.executor.datacheck as datacheck
 import mds.planner.verify as verify_mod
 from mds.planner.config import load_config
 from mds.planner.index.build import build_index
@@ -252,9 +253,9 @@ def escape_paths(pristine: Path, tmp_path: Path) -> dict[str, str]:
 def spy_on_file_access(monkeypatch) -> list:
     """Record every path verify stats or fingerprints (and still do it)."""
     touched: list = []
-    stat, fp = verify_mod.stat_signature, verify_mod.fingerprint
-    monkeypatch.setattr(verify_mod, "stat_signature", lambda p: touched.append(p) or stat(p))
-    monkeypatch.setattr(verify_mod, "fingerprint", lambda p, m: touched.append(p) or fp(p, m))
+    stat, fp = datacheck.stat_signature, datacheck.fingerprint
+    monkeypatch.setattr(datacheck, "stat_signature", lambda p: touched.append(p) or stat(p))
+    monkeypatch.setattr(datacheck, "fingerprint", lambda p, m: touched.append(p) or fp(p, m))
     return touched
 
 
@@ -370,7 +371,7 @@ def test_several_changed_files_are_counted(work):
 
 
 def test_symlink_out_of_the_root_is_refused(tmp_path):
-    from mds.planner.verify import _safe_path
+    from mds.executor.datacheck import safe_path
 
     root = tmp_path / "root"
     root.mkdir()
@@ -378,6 +379,6 @@ def test_symlink_out_of_the_root_is_refused(tmp_path):
     outside.write_text("x")
     (root / "link.txt").symlink_to(outside)
     with pytest.raises(ValueError, match="leads outside the index root"):
-        _safe_path(root, "link.txt", "web files[0]")
+        safe_path(root, "link.txt", "web files[0]")
     (root / "ok.txt").write_text("y")
-    assert _safe_path(root, "ok.txt", "web files[0]") == root / "ok.txt"
+    assert safe_path(root, "ok.txt", "web files[0]") == root / "ok.txt"

@@ -1,0 +1,85 @@
+"""Checks that a source file is still the one indexed: paths that stay inside the index root,
+then size and mtime (cheap) or the content fingerprint (full).
+
+Shared by `mds verify` and the executor's start-up check; stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mds.executor.errors import MdsError
+from mds.executor.fingerprint import fingerprint, stat_signature
+
+__all__ = ["MODES", "entry_paths", "file_problem", "safe_path"]
+
+MODES = ("sampled", "full")
+
+
+def safe_path(root: Path, rel: Any, where: str) -> Path:
+    """`root / rel`; a ValueError for anything but a relative path inside the root."""
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"{where}: path {rel!r} is not a relative file path")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute():
+        raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
+    path = root.joinpath(*pure.parts)
+    # A symlink inside the root may still point outside it: follow links, then compare.
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ValueError(
+            f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
+        )
+    return path
+
+
+def entry_paths(root: Path, item: Any, where: str) -> tuple[Path, Path | None]:
+    """A file entry's path and Megatron `.idx` companion, both checked to stay in root."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: not an object")
+    path = safe_path(root, item.get("path"), where)
+    companion = safe_path(root, item["index_path"], where) if "index_path" in item else None
+    return path, companion
+
+
+def file_problem(root: Path, item: Any, full: bool, where: str) -> str | None:
+    try:
+        path, companion = entry_paths(root, item, where)
+    except ValueError as exc:
+        return str(exc)
+    rel = item["path"]
+    try:
+        if full:
+            return _content_problem(path, companion, item, rel)
+        return _stat_problem(path, companion, item, rel)
+    except MdsError as exc:  # unreadable or missing: SourceDataError from the fingerprint helpers
+        for where, name in ((path, rel), (companion, item.get("index_path"))):
+            if where is not None and str(exc).startswith(f"{where}: "):
+                reason = str(exc).removeprefix(f"{where}: ")
+                return f"{name}: {'missing' if not os.path.lexists(where) else reason}"
+        return f"{rel}: {exc}"
+
+
+def _stat_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
+    size, mtime = stat_signature(path)
+    if size != item.get("size"):
+        return f"{rel}: size changed ({item.get('size')} -> {size} bytes)"
+    if mtime != item.get("mtime_ns"):
+        return f"{rel}: modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
+    if companion is not None:
+        stat_signature(companion)  # no recorded stat: its content is checked by --full
+    return None
+
+
+def _content_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
+    stored = item.get("fingerprint")
+    mode = stored.partition(":")[0] if isinstance(stored, str) else None
+    if mode not in MODES:
+        return f"{rel}: unknown fingerprint {stored!r} in the manifest"
+    got = fingerprint(path, mode)
+    if companion is not None:
+        got = f"{got}+{fingerprint(companion, mode).split(':', 1)[1]}"
+    if got != stored:
+        return f"{rel}: content changed ({mode} fingerprint {stored} -> {got})"
+    return None
