@@ -1,0 +1,514 @@
+"""Fetch sample payloads from one source file by location: random access for training.
+
+One reader per open file, for the five source formats of the index (`open_reader`). Requests
+come in any order, repeats allowed; each reader groups them by the unit it decodes (Parquet
+row group, Arrow record batch, zstd frame) so one call decodes each unit at most once, and
+keeps decoded units in the shared `blocks` cache. Every problem with the data raises
+SourceDataError naming the file (as `display`) and the row or line. A reader, like the
+cache, serves one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mds.executor import megatron
+from mds.executor.errors import SourceDataError
+from mds.executor.lru import LRU
+from mds.executor.zstd_seek import ZstdSeekFile
+
+__all__ = ["FORMATS", "PAYLOAD_KINDS", "FileReader", "open_reader"]
+
+FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
+PAYLOAD_KINDS = ("token_ids", "text")
+
+Payload = np.ndarray | str
+
+
+class FileReader(Protocol):
+    """Payloads of one file: `fetch` returns them in request order; `close` frees the file."""
+
+    def fetch(
+        self, file_rows: np.ndarray, offsets: np.ndarray | None, lengths: np.ndarray | None
+    ) -> list[Payload]: ...
+
+    def close(self) -> None: ...
+
+
+def open_reader(
+    fmt: str,
+    path: Path,
+    *,
+    payload_kind: str,
+    column: str,
+    companion: Path | None,
+    blocks: LRU,
+    display: str,
+) -> FileReader:
+    """Open the reader for a manifest source `fmt`; SourceDataError if the file is unusable."""
+    if payload_kind not in PAYLOAD_KINDS:
+        raise ValueError(f"unknown payload kind {payload_kind!r} (expected one of {PAYLOAD_KINDS})")
+    if fmt == "megatron":
+        if companion is None or payload_kind != "token_ids":
+            raise ValueError("a Megatron reader needs the .idx companion and token_ids payloads")
+        return MegatronReader(path, companion, display)
+    if not column:
+        raise ValueError(f"a {fmt} reader needs the payload column")
+    if fmt == "parquet":
+        return ParquetReader(path, payload_kind, column, blocks, display)
+    if fmt == "arrow":
+        return ArrowReader(path, payload_kind, column, display)
+    if fmt == "jsonl":
+        return JsonlReader(path, payload_kind, column, display)
+    if fmt == "jsonl.zst":
+        return JsonlZstReader(path, payload_kind, column, blocks, display)
+    raise ValueError(f"unknown source format {fmt!r} (expected one of {FORMATS})")
+
+
+# --- shared checks ----------------------------------------------------------------------
+
+
+def _cannot_open(display: str, exc: OSError) -> SourceDataError:
+    # pyarrow's OSError carries its own long text as strerror; errno says it plainly.
+    reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or _first_line(exc))
+    return SourceDataError(f"{display}: cannot open ({reason})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_rows(rows: np.ndarray, n: int, display: str, unit: str = "row") -> np.ndarray:
+    """Rows as int64; SourceDataError naming the first one outside [0, n)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    bad = np.flatnonzero((rows < 0) | (rows >= n))
+    if len(bad):
+        r = int(rows[bad[0]])
+        raise SourceDataError(
+            f"{display} {unit} {r} is beyond the file's {n} {unit}s (file changed since indexing?)"
+        )
+    return rows
+
+
+def _check_column_type(type_: pa.DataType, kind: str, column: str, display: str) -> None:
+    """The payload column must hold integer lists (token_ids) or strings (text)."""
+    if kind == "token_ids":
+        ok = (pa.types.is_list(type_) or pa.types.is_large_list(type_)) and pa.types.is_integer(
+            type_.value_type
+        )
+        want = "a list of integer token ids"
+    else:
+        if pa.types.is_dictionary(type_):
+            type_ = type_.value_type
+        ok = pa.types.is_string(type_) or pa.types.is_large_string(type_)
+        ok = ok or pa.types.is_string_view(type_)
+        want = "text"
+    if not ok:
+        raise SourceDataError(f"{display}: column '{column}' is {type_}, not {want}")
+
+
+def _missing_column(display: str, column: str, names: list[str]) -> SourceDataError:
+    shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+    return SourceDataError(f"{display} has no column '{column}' (columns: {shown})")
+
+
+# --- decoded blocks of Arrow data -------------------------------------------------------
+
+
+class _TokenBlock:
+    """A list<int> column of one block as numpy offsets and values, so a row is a slice."""
+
+    def __init__(self, array: pa.Array, copy: bool):
+        self.offsets = array.offsets.to_numpy()
+        values = array.values  # the whole child; the offsets index into it
+        self.bad_values = None
+        if values.null_count:
+            self.bad_values = values.is_null().to_numpy(zero_copy_only=False)
+            values = values.fill_null(0)
+        self.values = values.to_numpy()
+        self.nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
+        self.copy = copy
+        self.nbytes = self.offsets.nbytes + self.values.nbytes
+
+    def take(self, local: np.ndarray, rows: np.ndarray, where: Callable[[int], str]) -> list:
+        out = []
+        for i, r in zip(local.tolist(), rows.tolist(), strict=True):
+            if self.nulls is not None and self.nulls[i]:
+                raise SourceDataError(f"{where(r)} is null")
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            if self.bad_values is not None and self.bad_values[a:b].any():
+                raise SourceDataError(f"{where(r)} holds a null token id")
+            out.append(self.values[a:b].copy() if self.copy else self.values[a:b])
+        return out
+
+
+class _TextBlock:
+    """A string column of one block, kept as Arrow; only the requested rows become str."""
+
+    def __init__(self, array: pa.Array):
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        self.array = array
+        self.nbytes = array.nbytes
+
+    def take(self, local: np.ndarray, rows: np.ndarray, where: Callable[[int], str]) -> list:
+        values = self.array.take(pa.array(local, type=pa.int64())).to_pylist()
+        for value, r in zip(values, rows.tolist(), strict=True):
+            if value is None:
+                raise SourceDataError(f"{where(r)} is null")
+        return values
+
+
+def _block(array: pa.Array | pa.ChunkedArray, kind: str, copy: bool) -> _TokenBlock | _TextBlock:
+    if isinstance(array, pa.ChunkedArray):
+        array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+    return _TokenBlock(array, copy) if kind == "token_ids" else _TextBlock(array)
+
+
+def _gather(
+    rows: np.ndarray,
+    starts: np.ndarray,
+    load: Callable[[int, int], _TokenBlock | _TextBlock],
+    where: Callable[[int], str],
+) -> list[Payload]:
+    """Group rows by block (`starts` = first row of each block, then the total), load each
+    needed block once and return the rows' payloads in request order."""
+    out: list = [None] * len(rows)
+    blocks = np.searchsorted(starts, rows, side="right") - 1
+    order = np.argsort(blocks, kind="stable")
+    cuts = np.flatnonzero(np.diff(blocks[order])) + 1
+    for group in np.split(order, cuts) if len(order) else []:
+        b = int(blocks[group[0]])
+        block = load(b, int(rows[group[0]]))
+        for i, value in zip(
+            group.tolist(), block.take(rows[group] - starts[b], rows[group], where), strict=True
+        ):
+            out[i] = value
+    return out
+
+
+def _row_starts(counts: list[int]) -> np.ndarray:
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=starts[1:])
+    return starts
+
+
+# --- Parquet ----------------------------------------------------------------------------
+
+
+class ParquetReader:
+    """Rows of one column, read a row group at a time; decoded row groups are cached."""
+
+    def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
+        self.path, self.kind, self.column, self.display = path, kind, column, display
+        self._blocks = blocks
+        try:
+            self._file = pq.ParquetFile(path)
+        except OSError as exc:
+            if exc.errno is not None:
+                raise _cannot_open(display, exc) from None
+            raise SourceDataError(
+                f"{display}: not a readable Parquet file ({_first_line(exc)})"
+            ) from None
+        except pa.ArrowException as exc:
+            raise SourceDataError(
+                f"{display}: not a readable Parquet file ({_first_line(exc)})"
+            ) from None
+        try:
+            self._check_schema()
+        except BaseException:
+            self.close()
+            raise
+        meta = self._file.metadata
+        self.starts = _row_starts([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+
+    def _check_schema(self) -> None:
+        schema = self._file.schema_arrow
+        if self.column not in schema.names:
+            raise _missing_column(self.display, self.column, schema.names)
+        _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
+
+    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        return _gather(rows, self.starts, self._row_group, self._where)
+
+    def _where(self, row: int) -> str:
+        return f"{self.display} row {row}: column '{self.column}'"
+
+    def _row_group(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+        key = (self.path, "rg", i)
+        block = self._blocks.get(key)
+        if block is None:
+            try:
+                table = self._file.read_row_group(i, columns=[self.column], use_threads=False)
+            except (OSError, pa.ArrowException) as exc:
+                raise SourceDataError(
+                    f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
+                ) from None
+            block = _block(table.column(0), self.kind, copy=True)
+            self._blocks.put(key, block, block.nbytes)
+        return block
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# --- Arrow IPC --------------------------------------------------------------------------
+
+
+class ArrowReader:
+    """Rows of an Arrow IPC file or stream, memory-mapped: batches are zero-copy views.
+
+    A stream has no footer, so it is walked once at open to list its batches (views into
+    the map, nothing is read into memory unless the IPC buffers are compressed).
+    """
+
+    def __init__(self, path: Path, kind: str, column: str, display: str):
+        self.path, self.kind, self.column, self.display = path, kind, column, display
+        try:
+            self._map = pa.memory_map(str(path))
+        except OSError as exc:
+            raise _cannot_open(display, exc) from None
+        try:
+            self._open_batches()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_batches(self) -> None:
+        try:
+            try:
+                file = pa.ipc.open_file(self._map)
+                schema, self._get = file.schema, file.get_batch
+                counts = [file.get_batch(i).num_rows for i in range(file.num_record_batches)]
+            except pa.ArrowInvalid:
+                self._map.seek(0)
+                stream = pa.ipc.open_stream(self._map)
+                schema, batches = stream.schema, list(stream)
+                self._get = batches.__getitem__
+                counts = [b.num_rows for b in batches]
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceDataError(
+                f"{self.display}: not a readable Arrow IPC file or stream ({_first_line(exc)})"
+            ) from None
+        if self.column not in schema.names:
+            raise _missing_column(self.display, self.column, schema.names)
+        _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
+        self._index = schema.get_field_index(self.column)
+        self.starts = _row_starts(counts)
+
+    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        return _gather(rows, self.starts, self._batch, self._where)
+
+    def _where(self, row: int) -> str:
+        return f"{self.display} row {row}: column '{self.column}'"
+
+    def _batch(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+        try:
+            return _block(self._get(i).column(self._index), self.kind, copy=False)
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceDataError(
+                f"{self.display} row {row} (record batch {i}): cannot read ({_first_line(exc)})"
+            ) from None
+
+    def close(self) -> None:
+        self._get = None
+        self._map.close()
+
+
+# --- JSONL and JSONL.zst ----------------------------------------------------------------
+
+
+def _describe(value: object) -> str:
+    kinds = {str: "a string", bool: "a boolean", int: "an integer", float: "a number"}
+    return kinds.get(type(value), "a list" if isinstance(value, list) else "an object")
+
+
+def _json_tokens(value: object, where: str) -> np.ndarray:
+    if not isinstance(value, list):
+        raise SourceDataError(f"{where} is {_describe(value)}, not a list of integer token ids")
+    if not value:
+        return np.empty(0, dtype=np.int64)
+    try:
+        array = np.array(value)
+    except (ValueError, OverflowError):
+        array = np.empty(0, dtype=object)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        bad = next((v for v in value if type(v) is not int), None)
+        got = f"{_describe(bad)} ({json.dumps(bad)[:40]})" if bad is not None else None
+        got = got or "an integer that does not fit int64"
+        raise SourceDataError(f"{where} is not a list of integer token ids (holds {got})")
+    return array
+
+
+def _parse_line(raw: bytes, kind: str, column: str, where: str) -> Payload:
+    """The payload of one JSONL line: field `column` of the object, checked for `kind`."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SourceDataError(f"{where}: invalid UTF-8 at byte {exc.start} of the line") from None
+    except json.JSONDecodeError as exc:
+        raise SourceDataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise SourceDataError(f"{where}: expected a JSON object, got {_describe(obj)}")
+    if column not in obj:
+        raise SourceDataError(f"{where}: has no field '{column}'")
+    value = obj[column]
+    if value is None:
+        raise SourceDataError(f"{where}: field '{column}' is null")
+    if kind == "token_ids":
+        return _json_tokens(value, f"{where}: field '{column}'")
+    if not isinstance(value, str):
+        raise SourceDataError(f"{where}: field '{column}' is {_describe(value)}, not text")
+    return value
+
+
+def _inner_line(raw: bytes, head: int, length: int, expected: int) -> bytes | None:
+    """The line inside `raw` (read with one byte either side), or None unless newlines or the
+    data's edges surround it and the read was complete."""
+    if len(raw) != expected:
+        return None
+    tail = raw[head + length :]
+    if raw[:head] not in (b"", b"\n") or tail not in (b"", b"\n"):
+        return None
+    return raw[head : head + length]
+
+
+class _LineReader:
+    """Lines located by (byte offset, byte length); subclasses read raw byte ranges.
+
+    Each line is read with one byte either side, which must be a newline (or the start or
+    end of the data): a cheap check that the file still has its lines where the index says.
+    """
+
+    display: str
+    kind: str
+    column: str
+    size: int
+    what = "file"
+
+    def _read(self, starts: np.ndarray, sizes: np.ndarray, where) -> list[bytes]:
+        raise NotImplementedError
+
+    def fetch(self, file_rows, offsets, lengths) -> list[Payload]:
+        if offsets is None or lengths is None:
+            raise ValueError("JSONL readers need the byte offsets and lengths of the lines")
+        rows = np.asarray(file_rows, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+
+        def where(i: int) -> str:
+            return f"line {int(rows[i]) + 1} (byte {int(offsets[i])})"
+
+        ends = offsets + lengths
+        bad = np.flatnonzero((offsets < 0) | (lengths < 0) | (ends > self.size))
+        if len(bad):
+            raise SourceDataError(
+                f"{self.display} {where(int(bad[0]))} is beyond the end of the {self.what} "
+                f"({self.size} bytes; file changed since indexing?)"
+            )
+        lo = np.maximum(offsets - 1, 0)
+        hi = np.minimum(ends + 1, self.size)
+        raws = self._read(lo, hi - lo, where)
+        out = []
+        for i, raw in enumerate(raws):
+            line = _inner_line(raw, int(offsets[i] - lo[i]), int(lengths[i]), int(hi[i] - lo[i]))
+            if line is None:
+                raise SourceDataError(
+                    f"{self.display} {where(i)}: no line starts and ends there "
+                    "(file changed since indexing?)"
+                )
+            out.append(_parse_line(line, self.kind, self.column, f"{self.display} {where(i)}"))
+        return out
+
+
+class JsonlReader(_LineReader):
+    """Lines of a plain JSONL file, one positioned read each."""
+
+    def __init__(self, path: Path, kind: str, column: str, display: str):
+        self.kind, self.column, self.display = kind, column, display
+        try:
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError as exc:
+            raise _cannot_open(display, exc) from None
+        self.size = os.fstat(self._fd).st_size
+
+    def _read(self, starts, sizes, where) -> list[bytes]:
+        return [os.pread(self._fd, int(n), int(s)) for s, n in zip(starts, sizes, strict=True)]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class JsonlZstReader(_LineReader):
+    """Lines of a zstd-compressed JSONL file; offsets are in the decompressed stream."""
+
+    what = "decompressed stream"
+
+    def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
+        self.kind, self.column, self.display = kind, column, display
+        self._file = ZstdSeekFile(path, display, blocks)
+        self.size = self._file.size
+
+    @property
+    def frames(self):
+        """The file's zstd frame table."""
+        return self._file.table
+
+    def _read(self, starts, sizes, where) -> list[bytes]:
+        return self._file.read_ranges(starts, sizes, where)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# --- Megatron ---------------------------------------------------------------------------
+
+
+def _relabel(exc: SourceDataError, path: Path, display: str) -> SourceDataError:
+    """The megatron module names files by path; say `display` instead."""
+    text = str(exc)
+    prefix = f"{path}: "
+    return SourceDataError(display + text[len(prefix) - 2 :] if text.startswith(prefix) else text)
+
+
+class MegatronReader:
+    """Sequences of a Megatron `.bin`, located through its `.idx`; both memory-mapped."""
+
+    def __init__(self, path: Path, companion: Path, display: str):
+        self.display = display
+        idx_display = str(PurePosixPath(display).with_name(companion.name))
+        for p, shown in ((companion, idx_display), (path, display)):
+            if not p.exists():
+                raise SourceDataError(f"{shown}: cannot open (No such file or directory)")
+        try:
+            self._index = megatron.read_index(companion)
+        except SourceDataError as exc:
+            raise _relabel(exc, companion, idx_display) from None
+        try:
+            self._data = megatron.open_bin(self._index, path)
+        except SourceDataError as exc:
+            raise _relabel(exc, path, display) from None
+        if self._index.dtype.kind not in "iu":
+            raise SourceDataError(
+                f"{display}: Megatron dtype is {self._index.dtype}, not integer token ids"
+            )
+
+    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
+        rows = _check_rows(file_rows, len(self._index), self.display, unit="sequence")
+        return [megatron.read_sequence(self._data, self._index, r) for r in rows.tolist()]
+
+    def close(self) -> None:
+        self._data = None

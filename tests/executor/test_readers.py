@@ -1,0 +1,573 @@
+"""Payload readers: every sample file read at random equals a plain sequential read, each format's
+grouping and caching, and one test per user-data error message."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from mds.executor.errors import SourceDataError
+from mds.executor.lru import LRU
+from mds.executor.megatron import write_dataset
+from mds.executor.readers import open_reader
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+
+
+def line_spans(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(line number, byte offset, byte length) of every non-blank line, as the index has them."""
+    rows, offsets, lengths = [], [], []
+    position = 0
+    for number, line in enumerate(data.split(b"\n")):
+        if line.strip():
+            rows.append(number)
+            offsets.append(position)
+            lengths.append(len(line))
+        position += len(line) + 1
+    return (np.array(x, dtype=np.int64) for x in (rows, offsets, lengths))  # type: ignore[return-value]
+
+
+def unzstd(data: bytes) -> bytes:
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    return reader.read()
+
+
+def reader_for(fmt, path, kind="text", column="text", blocks=None, companion=None, display=None):
+    return open_reader(
+        fmt,
+        Path(path),
+        payload_kind=kind,
+        column=column,
+        companion=companion,
+        blocks=LRU(max_bytes=64 << 20) if blocks is None else blocks,
+        display=display or Path(path).name,
+    )
+
+
+def shuffled_with_repeats(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.permutation(n), rng.integers(0, n, n // 3 + 1)]).astype(np.int64)
+
+
+def assert_payloads_equal(got: list, expected: list) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        if isinstance(e, str):
+            assert g == e
+        else:
+            assert isinstance(g, np.ndarray) and g.ndim == 1 and g.dtype.kind in "iu"
+            assert g.tolist() == list(e)
+
+
+def fetch_all(reader, order, offsets=None, lengths=None):
+    try:
+        if offsets is None:
+            return reader.fetch(order, None, None)
+        return reader.fetch(order, offsets, lengths)
+    finally:
+        reader.close()
+
+
+# --- oracle: the real sample files ----------------------------------------------------------
+
+CACHES = {"warm": lambda: LRU(max_bytes=64 << 20), "tiny": lambda: LRU(max_bytes=1)}
+
+
+@pytest.mark.parametrize("cache", sorted(CACHES))
+@pytest.mark.parametrize(
+    "rel, kind, column",
+    [
+        ("web/part-00000.parquet", "token_ids", "tokens"),
+        ("web/part-00001.parquet", "token_ids", "tokens"),
+        ("web/part-00002.parquet", "token_ids", "tokens"),
+        ("books/books.parquet", "text", "text"),
+    ],
+)
+def test_sample_parquet_matches_read_table(rel, kind, column, cache):
+    expected = pq.read_table(SAMPLE / rel, columns=[column]).column(0).to_pylist()
+    order = shuffled_with_repeats(len(expected))
+    got = fetch_all(reader_for("parquet", SAMPLE / rel, kind, column, CACHES[cache]()), order)
+    assert_payloads_equal(got, [expected[i] for i in order])
+
+
+@pytest.mark.parametrize("kind, column", [("token_ids", "input_ids"), ("text", "text")])
+def test_sample_arrow_stream_matches_read_all(kind, column):
+    path = SAMPLE / "wiki/data-00000-of-00001.arrow"
+    with pa.memory_map(str(path)) as source:
+        expected = pa.ipc.open_stream(source).read_all().column(column).to_pylist()
+    order = shuffled_with_repeats(len(expected))
+    got = fetch_all(reader_for("arrow", path, kind, column), order)
+    assert_payloads_equal(got, [expected[i] for i in order])
+
+
+def test_sample_jsonl_matches_json_lines():
+    path = SAMPLE / "forum/forum.jsonl"
+    data = path.read_bytes()
+    rows, offsets, lengths = line_spans(data)
+    lines = data.split(b"\n")
+    order = shuffled_with_repeats(len(rows))
+    got = fetch_all(reader_for("jsonl", path), rows[order], offsets[order], lengths[order])
+    assert_payloads_equal(got, [json.loads(lines[rows[i]])["text"] for i in order])
+
+
+@pytest.mark.parametrize("cache", sorted(CACHES))
+@pytest.mark.parametrize("name", ["code-00000.jsonl.zst", "code-00001.jsonl.zst"])
+def test_sample_jsonl_zst_matches_full_decompression(name, cache):
+    path = SAMPLE / "code" / name
+    data = unzstd(path.read_bytes())
+    rows, offsets, lengths = line_spans(data)
+    lines = data.split(b"\n")
+    order = shuffled_with_repeats(len(rows))
+    reader = reader_for("jsonl.zst", path, "text", "content", CACHES[cache]())
+    assert len(reader.frames) == (1 if name == "code-00000.jsonl.zst" else 3)
+    got = fetch_all(reader, rows[order], offsets[order], lengths[order])
+    assert_payloads_equal(got, [json.loads(lines[rows[i]])["content"] for i in order])
+
+
+def test_sample_megatron_matches_the_bin():
+    prefix = SAMPLE / "math/math_text_document"
+    idx = prefix.with_suffix(".idx").read_bytes()
+    n = int.from_bytes(idx[18:26], "little")
+    sizes = np.frombuffer(idx, dtype="<i4", count=n, offset=34)
+    tokens = np.fromfile(prefix.with_suffix(".bin"), dtype="<u2")
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    expected = [tokens[bounds[i] : bounds[i + 1]] for i in range(n)]
+    order = shuffled_with_repeats(n)
+    reader = reader_for(
+        "megatron",
+        prefix.with_suffix(".bin"),
+        "token_ids",
+        "",
+        companion=prefix.with_suffix(".idx"),
+    )
+    assert_payloads_equal(fetch_all(reader, order), [expected[i].tolist() for i in order])
+
+
+# --- Parquet --------------------------------------------------------------------------------
+
+
+def _token_table(n: int, value_type=pa.int32(), list_type=pa.list_) -> tuple[pa.Table, list]:
+    rows = [list(range(i, i + i % 7)) for i in range(n)]
+    return pa.table({"tokens": pa.array(rows, list_type(value_type)), "id": range(n)}), rows
+
+
+@pytest.mark.parametrize("value_type", [pa.int8(), pa.uint16(), pa.int32(), pa.int64()])
+@pytest.mark.parametrize("list_type", [pa.list_, pa.large_list])
+def test_parquet_token_types(tmp_path, value_type, list_type):
+    table, rows = _token_table(50, value_type, list_type)
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=16)
+    got = fetch_all(
+        reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens"), [49, 3, 3]
+    )
+    assert_payloads_equal(got, [rows[49], rows[3], rows[3]])
+    assert got[0].dtype == value_type.to_pandas_dtype()
+
+
+def test_parquet_reads_each_row_group_once_per_call_and_caches(tmp_path):
+    table, rows = _token_table(100)
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=10)
+    blocks = LRU(max_bytes=1 << 20)
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
+    reads: list[int] = []
+    inner = reader._file.read_row_group
+    reader._file.read_row_group = lambda i, **kw: reads.append(i) or inner(i, **kw)
+    order = np.array([95, 3, 91, 5, 95, 0, 42])
+    assert_payloads_equal(reader.fetch(order, None, None), [rows[i] for i in order])
+    assert sorted(reads) == [0, 4, 9]
+    assert {k[2] for k in [(reader.path, "rg", i) for i in range(10)] if k in blocks} == {0, 4, 9}
+    reader.fetch(np.array([1, 99]), None, None)
+    assert sorted(reads) == [0, 4, 9]  # from the cache
+    reader.close()
+
+
+def test_parquet_payload_is_a_copy_of_the_cached_block(tmp_path):
+    table, _ = _token_table(20)
+    pq.write_table(table, tmp_path / "t.parquet")
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens")
+    first = reader.fetch(np.array([6]), None, None)[0]
+    first[:] = -1
+    assert reader.fetch(np.array([6]), None, None)[0].tolist() == list(range(6, 12))
+    reader.close()
+
+
+def test_parquet_empty_file_and_empty_request(tmp_path):
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "e.parquet")
+    reader = reader_for("parquet", tmp_path / "e.parquet")
+    assert reader.fetch(np.array([], dtype=np.int64), None, None) == []
+    with pytest.raises(SourceDataError, match="row 0 is beyond the file's 0 rows"):
+        reader.fetch(np.array([0]), None, None)
+    reader.close()
+
+
+def test_parquet_errors(tmp_path):
+    table = pa.table(
+        {
+            "tokens": pa.array([[1, 2], None, [3, None]], pa.list_(pa.int32())),
+            "text": ["a", None, "c"],
+            "score": [1.0, 2.0, 3.0],
+        }
+    )
+    path = tmp_path / "web/part-00000.parquet"
+    path.parent.mkdir()
+    pq.write_table(table, path)
+    shown = "web/part-00000.parquet"
+
+    def open_(kind, column):
+        return reader_for("parquet", path, kind, column, display=shown)
+
+    tokens = open_("token_ids", "tokens")
+    with pytest.raises(
+        SourceDataError, match=r"^web/part-00000\.parquet row 1: column 'tokens' is null$"
+    ):
+        tokens.fetch(np.array([0, 1]), None, None)
+    with pytest.raises(SourceDataError, match=r"row 2: column 'tokens' holds a null token id$"):
+        tokens.fetch(np.array([2]), None, None)
+    with pytest.raises(
+        SourceDataError,
+        match=r"^web/part-00000\.parquet row 900 is beyond the file's 3 rows \(file changed since indexing\?\)$",
+    ):
+        tokens.fetch(np.array([0, 900]), None, None)
+    with pytest.raises(SourceDataError, match=r"row -1 is beyond"):
+        tokens.fetch(np.array([-1]), None, None)
+    tokens.close()
+    with pytest.raises(SourceDataError, match=r"row 1: column 'text' is null$"):
+        open_("text", "text").fetch(np.array([1]), None, None)
+    with pytest.raises(
+        SourceDataError,
+        match=r"^web/part-00000\.parquet has no column 'input_ids' \(columns: tokens, text, score\)$",
+    ):
+        open_("token_ids", "input_ids")
+    with pytest.raises(
+        SourceDataError, match=r": column 'score' is double, not a list of integer token ids$"
+    ):
+        open_("token_ids", "score")
+    with pytest.raises(SourceDataError, match=r": column 'tokens' is list<.*>, not text$"):
+        open_("text", "tokens")
+
+
+def test_parquet_float_lists_are_not_token_ids(tmp_path):
+    pq.write_table(pa.table({"tokens": [[1.5, 2.0]]}), tmp_path / "f.parquet")
+    with pytest.raises(
+        SourceDataError, match="'tokens' is list<element: double>, not a list of integer"
+    ):
+        reader_for("parquet", tmp_path / "f.parquet", "token_ids", "tokens")
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    for fmt in ("parquet", "arrow", "jsonl", "jsonl.zst"):
+        with pytest.raises(
+            SourceDataError, match=r"^data/gone: cannot open \(No such file or directory\)$"
+        ):
+            reader_for(fmt, tmp_path / "gone", display="data/gone")
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"this is not a columnar file at all\n")
+    with pytest.raises(SourceDataError, match=r"^junk: not a readable Parquet file \("):
+        reader_for("parquet", junk)
+    with pytest.raises(SourceDataError, match=r"^junk: not a readable Arrow IPC file or stream \("):
+        reader_for("arrow", junk)
+
+
+def test_bad_arguments_are_programming_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown source format 'csv'"):
+        reader_for("csv", tmp_path / "x")
+    with pytest.raises(ValueError, match="unknown payload kind"):
+        reader_for("parquet", tmp_path / "x", kind="image")
+    with pytest.raises(ValueError, match="needs the payload column"):
+        reader_for("parquet", tmp_path / "x", column="")
+    with pytest.raises(ValueError, match="companion"):
+        reader_for("megatron", tmp_path / "x.bin", "token_ids", "")
+
+
+# --- Arrow ----------------------------------------------------------------------------------
+
+
+def _batches(n: int, per_batch: int) -> tuple[pa.Schema, list[pa.RecordBatch], list]:
+    rows = [list(range(i % 11)) for i in range(n)]
+    table = pa.table(
+        {"text": [f"row {i}" for i in range(n)], "input_ids": pa.array(rows, pa.list_(pa.int64()))}
+    )
+    return table.schema, table.to_batches(max_chunksize=per_batch), rows
+
+
+@pytest.mark.parametrize("layout", ["file", "stream"])
+def test_arrow_file_and_stream_random_access(tmp_path, layout):
+    schema, batches, rows = _batches(95, 10)
+    path = tmp_path / f"x.{layout}.arrow"
+    opener = pa.ipc.new_file if layout == "file" else pa.ipc.new_stream
+    with pa.OSFile(str(path), "wb") as sink, opener(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    order = shuffled_with_repeats(95)
+    reader = reader_for("arrow", path, "token_ids", "input_ids")
+    assert reader.starts.tolist() == list(range(0, 91, 10)) + [95]
+    assert_payloads_equal(reader.fetch(order, None, None), [rows[i] for i in order])
+    got = reader_for("arrow", path).fetch(np.array([94, 0]), None, None)
+    assert got == ["row 94", "row 0"]
+    with pytest.raises(SourceDataError, match=r"row 95 is beyond the file's 95 rows"):
+        reader.fetch(np.array([95]), None, None)
+    reader.close()
+
+
+def test_arrow_token_payloads_are_read_only_views(tmp_path):
+    schema, batches, _ = _batches(20, 20)
+    path = tmp_path / "x.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batches[0])
+    reader = reader_for("arrow", path, "token_ids", "input_ids")
+    payload = reader.fetch(np.array([5]), None, None)[0]
+    assert not payload.flags.writeable
+    reader.close()
+
+
+def test_arrow_errors(tmp_path):
+    table = pa.table({"input_ids": pa.array([[1], None], pa.list_(pa.int32())), "n": [1.0, 2.0]})
+    path = tmp_path / "wiki/data.arrow"
+    path.parent.mkdir()
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    reader = reader_for("arrow", path, "token_ids", "input_ids", display="wiki/data.arrow")
+    with pytest.raises(
+        SourceDataError, match=r"^wiki/data\.arrow row 1: column 'input_ids' is null$"
+    ):
+        reader.fetch(np.array([1]), None, None)
+    with pytest.raises(SourceDataError, match=r"^wiki/data\.arrow has no column 'tokens'"):
+        reader_for("arrow", path, "token_ids", "tokens", display="wiki/data.arrow")
+    with pytest.raises(SourceDataError, match=r"column 'n' is double, not text"):
+        reader_for("arrow", path, "text", "n")
+
+
+# --- JSONL ----------------------------------------------------------------------------------
+
+
+def _jsonl(tmp_path: Path, lines: list[str], name="forum/forum.jsonl") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    return path
+
+
+def _line(path: Path, number: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Location of 1-based line `number` of the file (blank or not)."""
+    data = path.read_bytes()
+    offset = sum(len(x) + 1 for x in data.split(b"\n")[: number - 1])
+    length = len(data.split(b"\n")[number - 1])
+    return np.array([number - 1]), np.array([offset]), np.array([length])
+
+
+def test_jsonl_blank_lines_keep_their_numbers_and_requests_keep_order(tmp_path):
+    path = _jsonl(
+        tmp_path, ['{"text": "a"}', "", "  ", '{"text": "b", "x": 1}', '{"text": "\\u00e9\\n"}']
+    )
+    rows, offsets, lengths = line_spans(path.read_bytes())
+    assert rows.tolist() == [0, 3, 4]
+    order = np.array([2, 0, 1, 2, 2])
+    got = fetch_all(reader_for("jsonl", path), rows[order], offsets[order], lengths[order])
+    assert got == ["é\n", "a", "b", "é\n", "é\n"]
+
+
+def test_jsonl_token_ids(tmp_path):
+    path = _jsonl(tmp_path, ['{"tokens": [1, 2, 300000]}', '{"tokens": []}'])
+    rows, offsets, lengths = line_spans(path.read_bytes())
+    got = fetch_all(reader_for("jsonl", path, "token_ids", "tokens"), rows, offsets, lengths)
+    assert [g.tolist() for g in got] == [[1, 2, 300000], []]
+    assert all(g.dtype.kind in "iu" for g in got)
+
+
+JSONL_ERRORS = [
+    (
+        '{"text": "unterminated',
+        "text",
+        "text",
+        r"invalid JSON \(Unterminated string starting at at column 10\)",
+    ),
+    ("[1, 2]", "text", "text", r"expected a JSON object, got a list"),
+    ('{"body": "x"}', "text", "text", r"has no field 'text'"),
+    ('{"text": null}', "text", "text", r"field 'text' is null"),
+    ('{"text": 5}', "text", "text", r"field 'text' is an integer, not text"),
+    (
+        '{"tokens": [1, 2.5]}',
+        "token_ids",
+        "tokens",
+        r"field 'tokens' is not a list of integer token ids \(holds a number \(2\.5\)\)",
+    ),
+    (
+        '{"tokens": [1, "a"]}',
+        "token_ids",
+        "tokens",
+        r"field 'tokens' is not a list of integer token ids \(holds a string \(\"a\"\)\)",
+    ),
+    (
+        '{"tokens": [[1], [2]]}',
+        "token_ids",
+        "tokens",
+        r"field 'tokens' is not a list of integer token ids \(holds a list \(\[1\]\)\)",
+    ),
+    (
+        '{"tokens": [true, false]}',
+        "token_ids",
+        "tokens",
+        r"field 'tokens' is not a list of integer token ids \(holds a boolean \(true\)\)",
+    ),
+    (
+        '{"tokens": "1 2 3"}',
+        "token_ids",
+        "tokens",
+        r"field 'tokens' is a string, not a list of integer token ids",
+    ),
+    (
+        '{"tokens": [99999999999999999999999]}',
+        "token_ids",
+        "tokens",
+        r"field 'tokens' is not a list of integer token ids \(holds an integer that does not fit int64\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.zst"])
+@pytest.mark.parametrize("bad, kind, column, message", JSONL_ERRORS)
+def test_jsonl_line_errors_name_file_line_and_byte(tmp_path, fmt, bad, kind, column, message):
+    lines = ['{"text": "ok", "tokens": [1]}'] * 11 + [bad]
+    path = _jsonl(tmp_path, lines)
+    if fmt == "jsonl.zst":
+        data = path.read_bytes()
+        path = tmp_path / "forum/forum.jsonl.zst"
+        cctx = zstandard.ZstdCompressor()
+        path.write_bytes(cctx.compress(data[:100]) + cctx.compress(data[100:]))
+    rows, offsets, lengths = _line(tmp_path / "forum/forum.jsonl", 12)
+    shown = f"forum/{path.name}"
+    reader = reader_for(fmt, path, kind, column, display=shown)
+    with pytest.raises(
+        SourceDataError,
+        match=rf"^{shown.replace('.', '[.]')} line 12 \(byte {offsets[0]}\): {message}",
+    ):
+        reader.fetch(rows, offsets, lengths)
+    reader.close()
+
+
+def test_jsonl_invalid_utf8(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n{"text": "\xff"}\n')
+    with pytest.raises(
+        SourceDataError,
+        match=r"^x\.jsonl line 2 \(byte 15\): invalid UTF-8 at byte 10 of the line$",
+    ):
+        reader_for("jsonl", path).fetch(np.array([1]), np.array([15]), np.array([14]))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.zst"])
+def test_jsonl_locations_that_no_longer_fit(tmp_path, fmt):
+    data = b'{"text": "first"}\n{"text": "second"}\n'
+    path = tmp_path / f"x.{fmt}"
+    path.write_bytes(zstandard.ZstdCompressor().compress(data) if fmt == "jsonl.zst" else data)
+    reader = reader_for(fmt, path)
+    what = "decompressed stream" if fmt == "jsonl.zst" else "file"
+    with pytest.raises(
+        SourceDataError,
+        match=rf"line 3 \(byte 36\) is beyond the end of the {what} \(37 bytes; file changed since indexing\?\)$",
+    ):
+        reader.fetch(np.array([0, 2]), np.array([0, 36]), np.array([17, 5]))
+    with pytest.raises(SourceDataError, match=r"line 2 \(byte 17\): no line starts and ends there"):
+        reader.fetch(np.array([1]), np.array([17]), np.array([19]))  # off by one: starts at \n
+    with pytest.raises(SourceDataError, match=r"line 1 \(byte 0\): no line starts and ends there"):
+        reader.fetch(np.array([0]), np.array([0]), np.array([16]))  # too short: ends at "}"
+    reader.close()
+
+
+def test_jsonl_file_shrunk_after_open(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"text": "first"}\n{"text": "second"}\n')
+    reader = reader_for("jsonl", path)
+    path.write_bytes(b'{"text": "first"}\n{"text": "se')
+    with pytest.raises(SourceDataError, match=r"^x\.jsonl line 2 \(byte 18\): no line starts"):
+        reader.fetch(np.array([1]), np.array([18]), np.array([18]))
+    reader.close()
+
+
+def test_jsonl_needs_offsets(tmp_path):
+    path = _jsonl(tmp_path, ['{"text": "a"}'])
+    with pytest.raises(ValueError, match="offsets and lengths"):
+        reader_for("jsonl", path).fetch(np.array([0]), None, None)
+
+
+# --- JSONL.zst ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 1, 300])
+def test_jsonl_zst_lines_spanning_frames(tmp_path, max_bytes):
+    rng = np.random.default_rng(3)
+    lines = [
+        json.dumps({"content": "w" * int(n), "i": i})
+        for i, n in enumerate(rng.integers(0, 400, 60))
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    cuts = sorted(rng.integers(0, len(data), 12).tolist())
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    blob = b"".join(
+        zstandard.ZstdCompressor(write_content_size=bool(i % 2)).compress(p)
+        for i, p in enumerate(pieces)
+    )
+    path = tmp_path / "x.jsonl.zst"
+    path.write_bytes(blob)
+    rows, offsets, lengths = line_spans(data)
+    order = shuffled_with_repeats(len(rows), seed=4)
+    reader = reader_for("jsonl.zst", path, "text", "content", LRU(max_bytes=max_bytes))
+    got = reader.fetch(rows[order], offsets[order], lengths[order])
+    assert got == [json.loads(lines[i])["content"] for i in order]
+    reader.close()
+
+
+def test_jsonl_zst_truncated_file(tmp_path):
+    blob = zstandard.ZstdCompressor().compress(b'{"text": "a"}\n' * 1000)
+    path = tmp_path / "code/x.jsonl.zst"
+    path.parent.mkdir()
+    path.write_bytes(blob[:-3])
+    with pytest.raises(SourceDataError, match=r"^code/x\.jsonl\.zst: truncated zstd file"):
+        reader_for("jsonl.zst", path, display="code/x.jsonl.zst")
+
+
+# --- Megatron -------------------------------------------------------------------------------
+
+
+def test_megatron_round_trip_and_errors(tmp_path):
+    sequences = [np.arange(i, dtype=np.int64) * 3 for i in range(30)]
+    (tmp_path / "math").mkdir()
+    bin_path, idx_path = write_dataset(tmp_path / "math/m", sequences, dtype=np.int32)
+    reader = reader_for(
+        "megatron", bin_path, "token_ids", "", companion=idx_path, display="math/m.bin"
+    )
+    order = np.array([29, 0, 7, 7])
+    assert_payloads_equal(reader.fetch(order, None, None), [sequences[i] for i in order])
+    with pytest.raises(
+        SourceDataError,
+        match=r"^math/m\.bin sequence 30 is beyond the file's 30 sequences \(file changed since indexing\?\)$",
+    ):
+        reader.fetch(np.array([30]), None, None)
+    reader.close()
+    bin_path.write_bytes(bin_path.read_bytes()[:-4])
+    with pytest.raises(
+        SourceDataError, match=r"^math/m\.bin: Megatron \.bin is \d+ bytes but m\.idx implies"
+    ):
+        reader_for("megatron", bin_path, "token_ids", "", companion=idx_path, display="math/m.bin")
+    idx_path.write_bytes(b"garbage" * 10)
+    with pytest.raises(SourceDataError, match=r"^math/m\.idx: not a Megatron \.idx file"):
+        reader_for("megatron", bin_path, "token_ids", "", companion=idx_path, display="math/m.bin")
+    idx_path.unlink()
+    with pytest.raises(
+        SourceDataError, match=r"^math/m\.idx: cannot open \(No such file or directory\)$"
+    ):
+        reader_for("megatron", bin_path, "token_ids", "", companion=idx_path, display="math/m.bin")
+
+
+def test_megatron_float_data_is_not_token_ids(tmp_path):
+    bin_path, idx_path = write_dataset(tmp_path / "f", [np.ones(3)], dtype=np.float32)
+    with pytest.raises(
+        SourceDataError, match=r"^f\.bin: Megatron dtype is float32, not integer token ids$"
+    ):
+        reader_for("megatron", bin_path, "token_ids", "", companion=idx_path, display="f.bin")
