@@ -1,7 +1,12 @@
 """mds.executor: replay one rank's slice of a plan inside training.
 
-Import-light on purpose: no polars, no planner. Heavy pieces (torch) load on first use.
+Import-light on purpose: no polars, no planner. `PlanExecutor` and `PlanLoader` (which
+need torch) load on first access, so importing the errors stays cheap.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from mds.executor.errors import (
     ConfigError,
@@ -11,13 +16,31 @@ from mds.executor.errors import (
     PlanError,
     SourceDataError,
 )
+from mds.executor.mesh import MeshPosition, mesh_position
+
+if TYPE_CHECKING:
+    from mds.executor.executor import PlanExecutor
+    from mds.executor.loader import PlanLoader
 
 __all__ = [
     "ConfigError",
     "DataChangedError",
     "IndexFormatError",
     "MdsError",
+    "MeshPosition",
     "PlanError",
+    "PlanExecutor",
+    "PlanLoader",
     "SourceDataError",
+    "mesh_position",
 ]
-assert sorted(__all__) == __all__
+
+_LAZY = {"PlanExecutor": "mds.executor.executor", "PlanLoader": "mds.executor.loader"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mds.executor' has no attribute {name!r}")

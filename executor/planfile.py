@@ -185,8 +185,8 @@ class PlanReader:
             raise self._fail(
                 f"corrupt plan: a reference points outside the file ({offset}+{size} > {self.size})"
             )
-        self._f.seek(offset)
-        data = self._f.read(size)
+        # pread: no shared file position, so threads and forked workers can share the reader.
+        data = os.pread(self._f.fileno(), size, offset)
         if len(data) != size:
             raise self._fail("truncated plan file")
         return data

@@ -1,0 +1,281 @@
+"""PlanExecutor: replay one DP rank's slice of a plan as packed micro-batches.
+
+The only state is the plan's identity and the position of the next micro-batch, so
+resuming is a seek: find the chunk, read this rank's block, index into it. Every byte
+read from the plan is checksum-verified, and the source files are checked against the
+index before the first batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.executor.batch import pack
+from mds.executor.errors import ConfigError, DataChangedError, PlanError
+from mds.executor.manifest import read_manifest
+from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
+from mds.executor.planfile import PlanReader, RankChunk
+from mds.executor.sources import SourceCatalog, Tokenize
+
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "VERIFY_MODES", "PlanExecutor"]
+
+STATE_FORMAT = "mds-executor-state"
+STATE_VERSION = 1
+VERIFY_MODES = ("stat", "full", "none")
+
+
+class PlanExecutor:
+    """Iterate one DP rank's micro-batches of a plan, in plan order, from any position.
+
+    `verify`: "stat" (default) checks size and mtime of every file of the sources the plan
+    uses, "full" their content fingerprints, the index tables and every block of this
+    rank; "none" skips the file checks (plan bytes are always checksum-verified on read).
+    """
+
+    def __init__(
+        self,
+        plan: str | os.PathLike,
+        dp_rank: int,
+        *,
+        dp_size: int | None = None,
+        index: str | os.PathLike | None = None,
+        tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
+        verify: str = "stat",
+        estimated: str = "error",
+        cache_bytes: int = 256 << 20,
+        max_open_files: int = 64,
+    ):
+        if verify not in VERIFY_MODES:
+            raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
+        self._args = dict(
+            plan=plan,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            index=index,
+            tokenize=tokenize,
+            estimated=estimated,
+            cache_bytes=cache_bytes,
+            max_open_files=max_open_files,
+        )
+        self.plan_path = Path(plan)
+        self._reader = PlanReader(self.plan_path)
+        try:
+            self._setup(dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files)
+            if verify != "none":
+                self._catalog.check_files(full=verify == "full")
+            if verify == "full":
+                for chunk in range(len(self._reader.chunks)):
+                    self._reader.rank_chunk(chunk, self.dp_rank)
+        except BaseException:
+            self._reader.close()
+            raise
+
+    def _setup(self, dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files):
+        reader = self._reader
+        if dp_size is not None and dp_size != reader.dp:
+            raise ConfigError(
+                f"this job has dp_size {dp_size}, but {self.plan_path} was planned for dp_size "
+                f"{reader.dp}; re-plan with dp_size = {dp_size}"
+            )
+        if not isinstance(dp_rank, int) or not 0 <= dp_rank < reader.dp:
+            raise ConfigError(
+                f"dp_rank {dp_rank!r} is outside {self.plan_path}'s dp_size {reader.dp} "
+                f"(valid: 0..{reader.dp - 1})"
+            )
+        self.dp_rank, self.dp_size = dp_rank, reader.dp
+        self.micro_batches, self.steps = reader.micro, reader.steps
+        self.plan_id = reader.plan_id
+        footer = reader.footer
+        try:
+            recorded = footer["index"]
+            index_dir = (
+                Path(index) if index is not None else self.plan_path.parent / recorded["path"]
+            )
+        except (KeyError, TypeError):
+            raise PlanError(f"{self.plan_path}: the footer does not name its index") from None
+        manifest = read_manifest(index_dir)
+        if manifest.fingerprint != recorded.get("fingerprint"):
+            raise DataChangedError(
+                f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one "
+                f"{self.plan_path} was made from ({recorded.get('fingerprint')}); pass the right "
+                "index= or re-plan"
+            )
+        self.index_path = index_dir
+        self._catalog = SourceCatalog(
+            manifest,
+            footer,
+            tokenize=tokenize,
+            estimated=estimated,
+            cache_bytes=cache_bytes,
+            max_open_files=max_open_files,
+        )
+        self.source_names = self._catalog.names
+        self.mesh: MeshPosition | None = None
+        self._pos = 0
+        self._pid = os.getpid()
+        self._block: tuple[int, RankChunk, np.ndarray] | None = None
+
+    @classmethod
+    def from_env(
+        cls,
+        plan: str | os.PathLike,
+        *,
+        tp: int = 1,
+        cp: int = 1,
+        pp: int = 1,
+        order: str = DEFAULT_ORDER,
+        environ: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> PlanExecutor:
+        """An executor for this process's DP rank, from torchrun's RANK and WORLD_SIZE and the
+        sizes of the other parallel dimensions (their peers get the same micro-batches)."""
+        rank, world = torchrun_rank(environ)
+        where = mesh_position(rank, world, tp=tp, cp=cp, pp=pp, order=order)
+        executor = cls(plan, where.dp_rank, dp_size=where.dp_size, **kwargs)
+        executor.mesh = where
+        return executor
+
+    # --- position and state -------------------------------------------------------------
+
+    @property
+    def total(self) -> int:
+        """Micro-batches in the plan for this rank: steps x micro_batches."""
+        return self.steps * self.micro_batches
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(step, micro_batch) of the next micro-batch to be yielded."""
+        return divmod(self._pos, self.micro_batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        step, micro = self.position
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "plan_id": self.plan_id,
+            "step": step,
+            "micro_batch": micro,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Seek to the position a `state_dict()` recorded; refuses another plan's state."""
+        self._pos = self._position_of(state)
+
+    def _position_of(self, state: Mapping[str, Any]) -> int:
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise PlanError("not an mds executor state (no format 'mds-executor-state')")
+        if state.get("version") != STATE_VERSION:
+            raise PlanError(
+                f"executor state version {state.get('version')!r} is not supported "
+                f"(this mds reads {STATE_VERSION})"
+            )
+        if state.get("plan_id") != self.plan_id:
+            raise PlanError(
+                f"the executor state is from plan {state.get('plan_id')}, but {self.plan_path} "
+                f"is plan {self.plan_id}; resume with the plan the run started with"
+            )
+        step, micro = state.get("step"), state.get("micro_batch")
+        if not (isinstance(step, int) and isinstance(micro, int)):
+            raise PlanError(f"executor state step={step!r} micro_batch={micro!r} must be integers")
+        pos = step * self.micro_batches + micro
+        if not (0 <= micro < self.micro_batches and 0 <= pos <= self.total):
+            raise PlanError(
+                f"executor state (step {step}, micro-batch {micro}) is outside the plan's "
+                f"{self.steps} steps x {self.micro_batches} micro-batches"
+            )
+        return pos
+
+    def seek(self, step: int, micro_batch: int = 0) -> None:
+        """Make (step, micro_batch) the next micro-batch: what `load_state_dict` does."""
+        self.load_state_dict({**self.state_dict(), "step": step, "micro_batch": micro_batch})
+
+    # --- iteration -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Micro-batches from the current position to the end of the plan. The position
+        moves past each one as it is handed out, so `state_dict()` after receiving a batch
+        resumes with the next."""
+        while self._pos < self.total:
+            pos = self._pos
+            batch = self.micro_batch_at(pos)
+            self._pos = pos + 1
+            yield batch
+
+    def micro_batch_at(self, pos: int) -> dict[str, Any]:
+        """The micro-batch at linear position step * micro_batches + micro_batch."""
+        assert 0 <= pos < self.total, pos
+        self._ensure_process()
+        step, micro = divmod(pos, self.micro_batches)
+        ids = self.sample_ids(step, micro)
+        sid, rows = self._catalog.locate(ids)
+        tokens: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(ids)
+        for s in np.unique(sid):
+            pick = np.flatnonzero(sid == s)
+            for j, t in zip(pick, self._catalog.fetch(int(s), rows[pick]), strict=True):
+                tokens[j] = t
+        return pack(tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro)
+
+    def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
+        """Global sample ids of one of this rank's micro-batches, from the plan alone."""
+        chunk = self._reader.chunk_of(step)
+        if self._block is None or self._block[0] != chunk:
+            block = self._reader.rank_chunk(chunk, self.dp_rank)
+            starts = np.zeros(block.counts.size + 1, dtype=np.int64)
+            np.cumsum(block.counts.ravel(), out=starts[1:])
+            self._block = (chunk, block, starts)
+        _, block, starts = self._block
+        local = (step - block.step_start) * self.micro_batches + micro_batch
+        return block.ids[starts[local] : starts[local + 1]]
+
+    def _ensure_process(self) -> None:
+        """After a fork (DataLoader workers), drop inherited open files and caches."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._catalog.reset()
+            self._block = None
+
+    def shared(self, group: Any = None, src: int | None = None) -> Iterator[dict[str, Any]]:
+        """Iterate with one read per DP rank: global rank `src` (default: the first of this
+        process's mesh peers) reads and broadcasts each micro-batch to `group`, its TP, CP
+        and PP peers; every peer's position advances, so any of them can checkpoint."""
+        from mds.executor.broadcast import broadcast_batches
+
+        if src is None:
+            if self.mesh is None:
+                raise ConfigError("shared() needs src= unless the executor came from from_env()")
+            src = self.mesh.peers[0]
+        return broadcast_batches(self, src=src, group=group)
+
+    def dataloader(self, num_workers: int = 2, **kwargs: Any):
+        """A torch DataLoader over this executor's remaining micro-batches, with workers; see
+        `PlanLoader`."""
+        from mds.executor.loader import PlanLoader
+
+        return PlanLoader(self, num_workers=num_workers, **kwargs)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._catalog.close()
+        self._reader.close()
+
+    def __enter__(self) -> PlanExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self):
+        # Spawned DataLoader workers rebuild the executor; the parent already verified it.
+        return (_rebuild, (self._args, self._pos))
+
+
+def _rebuild(args: dict[str, Any], pos: int) -> PlanExecutor:
+    executor = PlanExecutor(**args, verify="none")
+    executor._pos = pos
+    return executor

@@ -1,0 +1,83 @@
+"""PlanLoader: an executor behind a torch DataLoader, so fetching and tokenizing run in
+worker processes while batches still arrive in plan order.
+
+Worker w of W builds the micro-batches at positions start + w, start + w + W, ...; the
+DataLoader asks workers in turn and returns results in request order, which is plan order.
+The state is the executor's and moves only when the training loop receives a batch, so
+batches that workers prefetched but the loop never saw are built again after a resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from mds.executor.errors import ConfigError
+from mds.executor.executor import PlanExecutor
+
+__all__ = ["PlanLoader"]
+
+
+class _Positions(IterableDataset):
+    """The micro-batches at positions [start, stop), dealt round-robin to workers."""
+
+    def __init__(self, executor: PlanExecutor, start: int, stop: int):
+        self.executor, self.start, self.stop = executor, start, stop
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for pos in range(self.start + worker, self.stop, workers):
+            yield self.executor.micro_batch_at(pos)
+
+
+class PlanLoader:
+    """Iterate an executor's remaining micro-batches through a DataLoader with workers.
+
+    `state_dict()`/`load_state_dict()` are the executor's: they count what this iterator
+    has handed to the training loop. Extra keyword arguments go to torch's DataLoader
+    (e.g. `prefetch_factor`, `pin_memory`, `multiprocessing_context`).
+    """
+
+    def __init__(self, executor: PlanExecutor, num_workers: int = 2, **dataloader_kwargs: Any):
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers!r} must be an integer >= 0")
+        for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn"):
+            if key in dataloader_kwargs:
+                raise ConfigError(
+                    f"PlanLoader sets DataLoader's {key!r} itself: batches come from the plan"
+                )
+        self.executor, self.num_workers = executor, num_workers
+        self.dataloader_kwargs = dataloader_kwargs
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.executor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.executor.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        ex = self.executor
+        if self.num_workers == 0:
+            yield from ex
+            return
+        ex._catalog.preload()
+        while ex._pos < ex.total:
+            loader = DataLoader(
+                _Positions(ex, ex._pos, ex.total),
+                batch_size=None,
+                num_workers=self.num_workers,
+                **self.dataloader_kwargs,
+            )
+            restarted = False
+            for batch in loader:
+                pos = batch["step"] * ex.micro_batches + batch["micro_batch"]
+                if pos != ex._pos:  # the loop seeked (load_state_dict) while workers ran ahead
+                    restarted = True
+                    break
+                ex._pos = pos + 1
+                yield batch
+            if not restarted:
+                return
