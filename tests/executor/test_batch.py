@@ -1,0 +1,57 @@
+"""Packing: the micro-batch dict, its dtypes, and that docs/executor.md documents every key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mds.executor.batch import pack
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "executor.md").read_text(encoding="utf-8")
+
+
+def _pack(lengths: list[int]) -> dict:
+    tokens = [np.arange(n, dtype=np.int64) + 100 * i for i, n in enumerate(lengths)]
+    n = len(lengths)
+    return pack(
+        tokens,
+        source=np.arange(n) % 3,
+        sample_id=np.arange(n) + 1000,
+        row=np.arange(n) + 10,
+        step=7,
+        micro_batch=1,
+    )
+
+
+@given(st.lists(st.integers(0, 50), max_size=12))
+def test_cu_seqlens_and_positions_describe_the_packed_samples(lengths):
+    batch = _pack(lengths)
+    cu = batch["cu_seqlens"]
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, *np.cumsum(lengths, dtype=int).tolist()]
+    assert batch["input_ids"].dtype == torch.int64 and len(batch["input_ids"]) == sum(lengths)
+    expected_pos = [p for n in lengths for p in range(n)]
+    assert batch["position_ids"].tolist() == expected_pos
+    assert batch["max_seqlen"] == max(lengths, default=0)
+    for i, n in enumerate(lengths):
+        sample = batch["input_ids"][cu[i] : cu[i + 1]]
+        assert sample.tolist() == list(range(100 * i, 100 * i + n))
+    assert batch["source"].dtype == torch.int32
+    assert batch["sample_id"].dtype == torch.int64 and batch["row"].dtype == torch.int64
+    assert (batch["step"], batch["micro_batch"]) == (7, 1)
+
+
+def test_an_empty_micro_batch_has_empty_tensors_and_one_boundary():
+    batch = _pack([])
+    assert batch["input_ids"].shape == (0,) and batch["cu_seqlens"].tolist() == [0]
+    assert batch["max_seqlen"] == 0 and batch["source"].shape == (0,)
+
+
+def test_the_docs_table_lists_exactly_the_keys_of_a_micro_batch():
+    section = DOC.split("## A micro-batch", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
+    assert sorted(documented) == sorted(_pack([3]))
