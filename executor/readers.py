@@ -245,7 +245,7 @@ class ParquetReader:
         return f"{self.display} row {row}: column '{self.column}'"
 
     def _row_group(self, i: int, row: int) -> _TokenBlock | _TextBlock:
-        key = (self.path, "rg", i)
+        key = (self.path, "rg", i, self.column, self.kind)
         block = self._blocks.get(key)
         if block is None:
             try:

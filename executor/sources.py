@@ -29,6 +29,7 @@ __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
 Tokenize = Callable[[str], Sequence[int]]
 ESTIMATED = ("error", "fit")
 _JSONL = ("jsonl", "jsonl.zst")
+_WIDTHS = {"n_tokens": np.uint32, "file_row": np.int64, "offset": np.int64, "length": np.uint32}
 
 
 @dataclass
@@ -71,6 +72,10 @@ class SourceCatalog:
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
     ):
+        if not isinstance(max_open_files, int) or max_open_files < 1:
+            raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
+        if not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ConfigError(f"cache_bytes={cache_bytes!r} must be an integer >= 0")
         if estimated not in ESTIMATED:
             raise ConfigError(f"estimated={estimated!r} must be one of {', '.join(ESTIMATED)}")
         self.manifest, self.estimated = manifest, estimated
@@ -110,12 +115,7 @@ class SourceCatalog:
 
     def _source(self, sid: int, planned: dict[str, Any]) -> _Source:
         name = planned["name"]
-        entry = self.manifest.source(name)
-        if entry["table_checksum"] != planned.get("table_checksum"):
-            raise DataChangedError(
-                f"{self.manifest.path}: source {name!r} was re-indexed since the plan was made; "
-                "re-plan, or point index= at the index the plan was made from"
-            )
+        entry = self.manifest.source(name)  # same tables: the caller compared fingerprints
         paths = []
         for i, item in enumerate(entry["files"]):
             try:
@@ -247,7 +247,8 @@ class SourceCatalog:
                 raise DataChangedError(
                     f"{table_path}: {table.num_rows} rows, the plan was made from {s.rows}"
                 )
-            s.columns = {n: table[n].to_numpy().astype(np.int64, copy=False) for n in names}
+            # The narrowest types that hold them: this is the executor's per-row memory.
+            s.columns = {n: table[n].to_numpy().astype(_WIDTHS[n], copy=False) for n in names}
         return s.columns
 
     def _reader(self, s: _Source, file_id: int) -> FileReader:

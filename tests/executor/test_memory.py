@@ -1,0 +1,65 @@
+"""Memory does not grow with the number of sources: replaying a plan over 500 sources peaks
+within 20% of the RSS of the same plan over one source (same rows, same tokens), and the
+open-file LRU keeps the descriptors bounded while every source is read.
+
+Each replay runs in a fresh interpreter that reports its own VmHWM (ru_maxrss would start
+from the pytest process's RSS), so the numbers are the executor's alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+from many_sources import replay_in_child, token_plan, token_sources
+
+TOTAL_ROWS = 30_000
+STEPS, SAMPLES_PER_STEP, MICRO_BATCHES = 200, 64, 4
+MAX_OPEN_FILES = 64
+FD_SLACK = 8  # the plan file, and whatever the interpreter holds beyond its start-up set
+MB = 1e6
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory) -> dict[int, dict]:
+    out = {}
+    for n in (1, 500):
+        root = tmp_path_factory.mktemp(f"sources-{n}")
+        index = token_sources(root, n, TOTAL_ROWS, seed=11)
+        plan = token_plan(root, index, STEPS, SAMPLES_PER_STEP, micro_batches=MICRO_BATCHES)
+        out[n] = replay_in_child(plan, max_open_files=MAX_OPEN_FILES)
+    return out
+
+
+def _describe(replays: dict[int, dict]) -> str:
+    lines = []
+    for n, r in sorted(replays.items()):
+        net = r["peak_rss"] - r["after_import_rss"]
+        lines.append(
+            f"{n} source(s): peak {r['peak_rss'] / MB:.1f} MB, after import torch+mds.executor "
+            f"{r['after_import_rss'] / MB:.1f} MB, net {net / MB:.1f} MB; "
+            f"{r['micro_batches']} micro-batches, {r['sources_touched']} sources touched, "
+            f"fds {r['after_import_fds']} -> max {r['max_fds']}, {r['seconds']:.2f} s"
+        )
+    return "\n".join(lines)
+
+
+def test_both_replays_yield_the_whole_plan(replays):
+    for r in replays.values():
+        assert r["micro_batches"] == STEPS * MICRO_BATCHES
+        assert r["samples"] == STEPS * SAMPLES_PER_STEP
+
+
+def test_rss_over_500_sources_is_within_20_percent_of_one_source(replays):
+    one, many = replays[1]["peak_rss"], replays[500]["peak_rss"]
+    assert many <= 1.2 * one, (
+        f"peak RSS over 500 sources is {many / one:.3f}x the one-source run\n" + _describe(replays)
+    )
+
+
+def test_the_500_source_replay_reads_from_nearly_every_source(replays):
+    assert replays[500]["sources_touched"] >= 400, _describe(replays)
+
+
+def test_open_files_stay_bounded_by_max_open_files(replays):
+    r = replays[500]
+    assert r["open_readers"] <= MAX_OPEN_FILES
+    assert r["max_fds"] <= r["after_import_fds"] + MAX_OPEN_FILES + FD_SLACK, _describe(replays)
