@@ -70,8 +70,11 @@ def _coords(rank: int, dims: list[str], sizes: dict[str, int]) -> dict[str, int]
 
 
 def torchrun_rank(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) as torchrun (or any launcher following its convention) sets them."""
+    """(RANK, WORLD_SIZE) as torchrun (or any launcher following its convention) sets them;
+    (0, 1) when neither is set."""
     env = os.environ if environ is None else environ
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return 0, 1  # a plain single-process run
     try:
         return int(env["RANK"]), int(env["WORLD_SIZE"])
     except KeyError as exc:

@@ -150,7 +150,11 @@ class SourceCatalog:
                     'or pass estimated="fit" to cut each sample to its planned length'
                 )
             if kind == "text":
-                fn = tokenize.get(s.name) if isinstance(tokenize, Mapping) else tokenize
+                recorded = (s.entry.get("length") or {}).get("kind") == "tokenizer"
+                if isinstance(tokenize, Mapping):
+                    fn = tokenize.get(s.name)
+                else:  # one function: for the sources the index did not count with a tokenizer
+                    fn = None if recorded else tokenize
                 s.tokenize = fn or self._index_tokenizer(s)
 
     def _index_tokenizer(self, s: _Source) -> Tokenize:

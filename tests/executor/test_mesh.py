@@ -57,6 +57,7 @@ def test_bad_meshes_are_refused_with_the_reason(kwargs, message):
 
 def test_torchrun_environment_is_read_and_missing_variables_are_named():
     assert torchrun_rank({"RANK": "3", "WORLD_SIZE": "4"}) == (3, 4)
+    assert torchrun_rank({}) == (0, 1)  # no launcher: a single process
     with pytest.raises(ConfigError, match="WORLD_SIZE is not set: launch with torchrun"):
         torchrun_rank({"RANK": "0"})
     with pytest.raises(ConfigError, match="must be integers"):
