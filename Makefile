@@ -7,6 +7,7 @@ DEMO := build/demo
 # The CPU wheel of this torch release is what the project is tested with; installing it
 # first keeps pip from resolving torch to a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
+TORCHRUN := OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2
 
 .PHONY: setup demo test lint bench golden clean sample-data
 
@@ -28,7 +29,10 @@ demo: setup
 	$(MDS) inspect $(DEMO)/plan.mds --html $(DEMO)/report.html
 	$(MDS) inspect $(DEMO)/plan.mds
 	$(MDS) verify $(DEMO)/plan.mds
-	@echo "demo: index, plan, export and report written to $(DEMO)/"
+	$(MDS) plan sample_data/mds.toml --index $(DEMO)/index -o $(DEMO)/plan-dp2.mds --dp-size 2
+	$(TORCHRUN) examples/train_tiny.py --plan $(DEMO)/plan-dp2.mds --steps 4 --checkpoint $(DEMO)/train
+	$(TORCHRUN) examples/train_tiny.py --plan $(DEMO)/plan-dp2.mds --steps 8 --checkpoint $(DEMO)/train --resume
+	@echo "demo: index, plan, export, report and a resumed 2-rank training run in $(DEMO)/"
 
 test: setup
 	$(BIN)/python -m pytest
@@ -39,6 +43,8 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/bench_index.py --out build/bench
 	$(BIN)/python bench/bench_plan.py --out build/bench
+	$(BIN)/python bench/bench_readers.py --out build/bench
+	$(BIN)/python bench/bench_executor.py --out build/bench
 
 golden: setup
 	$(BIN)/python tests/golden/regenerate.py
