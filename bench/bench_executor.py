@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from many_sources import replay_in_child, token_plan, token_sources  # noqa: E402
+from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
 from mds.executor import PlanExecutor  # noqa: E402
 from mds.executor.batch import pack  # noqa: E402
@@ -444,10 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     results = {"info": info, "step": step, "resume": resume, "rss": rss}
     table = markdown(results)
-    (out / "executor.md").write_text(table, encoding="utf-8")
-    (out / "executor.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print()
-    print(table)
+    write_report(out, "executor", table, results)
     return 0
 
 

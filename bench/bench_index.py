@@ -41,6 +41,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
 from mds.planner.config import parse_config
 from mds.planner.index.build import build_index
@@ -563,12 +564,7 @@ def main(argv: list[str] | None = None) -> None:
         "data": str(root),
     }
     table = markdown(results, info)
-    (out / "index.md").write_text(table, encoding="utf-8")
-    (out / "index.json").write_text(
-        json.dumps({**info, "results": results}, indent=2) + "\n", encoding="utf-8"
-    )
-    print()
-    print(table)
+    write_report(out, "index", table, {**info, "results": results})
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
 from mds.planner.balance import greedy_lpt, lower_bound, naive_ranks
 from mds.planner.config import parse_config
@@ -162,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     results = [run_profile(args, profile) for profile in args.profiles]
-    (args.out / "plan.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = "\n".join(render(r) for r in results)
-    (args.out / "plan.md").write_text(table)
-    print(table)
+    write_report(args.out, "plan", "\n".join(render(r) for r in results), results)
     return 0
 
 

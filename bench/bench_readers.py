@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
 from mds.executor.lru import LRU
 from mds.executor.megatron import write_dataset
@@ -342,12 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         "ratios": ratios(results),
     }
     table = markdown(results, info)
-    (out / "readers.md").write_text(table, encoding="utf-8")
-    (out / "readers.json").write_text(
-        json.dumps({**info, "results": results}, indent=2) + "\n", encoding="utf-8"
-    )
-    print()
-    print(table)
+    write_report(out, "readers", table, {**info, "results": results})
 
 
 if __name__ == "__main__":

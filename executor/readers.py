@@ -205,7 +205,25 @@ def _row_starts(counts: list[int]) -> np.ndarray:
 # --- Parquet ----------------------------------------------------------------------------
 
 
-class ParquetReader:
+class _ColumnReader:
+    """A column read in units of rows (row groups, record batches) that start at `starts`."""
+
+    display: str
+    column: str
+    starts: np.ndarray
+
+    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        return _gather(rows, self.starts, self._unit, self._where)
+
+    def _where(self, row: int) -> str:
+        return f"{self.display} row {row}: column '{self.column}'"
+
+    def _unit(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+        raise NotImplementedError
+
+
+class ParquetReader(_ColumnReader):
     """Rows of one column, read a row group at a time; decoded row groups are cached."""
 
     def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
@@ -237,14 +255,7 @@ class ParquetReader:
             raise _missing_column(self.display, self.column, schema.names)
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
 
-    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
-        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return _gather(rows, self.starts, self._row_group, self._where)
-
-    def _where(self, row: int) -> str:
-        return f"{self.display} row {row}: column '{self.column}'"
-
-    def _row_group(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, row: int) -> _TokenBlock | _TextBlock:
         key = (self.path, "rg", i, self.column, self.kind)
         block = self._blocks.get(key)
         if block is None:
@@ -265,7 +276,7 @@ class ParquetReader:
 # --- Arrow IPC --------------------------------------------------------------------------
 
 
-class ArrowReader:
+class ArrowReader(_ColumnReader):
     """Rows of an Arrow IPC file or stream, memory-mapped: batches are zero-copy views.
 
     A stream has no footer, so it is walked once at open to list its batches (views into
@@ -306,14 +317,7 @@ class ArrowReader:
         self._index = schema.get_field_index(self.column)
         self.starts = _row_starts(counts)
 
-    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
-        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return _gather(rows, self.starts, self._batch, self._where)
-
-    def _where(self, row: int) -> str:
-        return f"{self.display} row {row}: column '{self.column}'"
-
-    def _batch(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, row: int) -> _TokenBlock | _TextBlock:
         try:
             return _block(self._get(i).column(self._index), self.kind, copy=False)
         except (OSError, pa.ArrowException) as exc:
