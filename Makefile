@@ -9,7 +9,7 @@ DEMO := build/demo
 TORCH_PIN ?= torch==2.13.0
 TORCHRUN := OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2
 
-.PHONY: setup demo test lint bench golden clean sample-data
+.PHONY: setup demo test lint bench soak golden clean sample-data
 
 setup: $(VENV)/.installed
 
@@ -45,6 +45,15 @@ bench: setup
 	$(BIN)/python bench/bench_plan.py --out build/bench
 	$(BIN)/python bench/bench_readers.py --out build/bench
 	$(BIN)/python bench/bench_executor.py --out build/bench
+
+# Kill-and-resume soak: SIGKILL the 2-rank training example at SOAK_KILLS seeded random
+# moments and check that the final model trained on exactly the plan's samples.
+SOAK_KILLS ?= 200
+soak: setup
+	mkdir -p build/soak
+	$(MDS) index sample_data/mds.toml -o build/soak/index
+	$(MDS) plan sample_data/mds.toml --index build/soak/index -o build/soak/plan-dp2.mds --dp-size 2
+	$(BIN)/python tests/examples/soak.py --plan build/soak/plan-dp2.mds --work build/soak/runs --kills $(SOAK_KILLS) --steps 16
 
 golden: setup
 	$(BIN)/python tests/golden/regenerate.py

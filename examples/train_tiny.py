@@ -381,6 +381,8 @@ def train_from(ex: PlanExecutor, state, ckpt: Path | None, args, rank: int, worl
                 },
             )
 
+    if args.log_json and rank == 0:
+        trim_log(Path(args.log_json), start)
     log = open(args.log_json, "a") if args.log_json and rank == 0 else None  # noqa: SIM115
     source = ex.dataloader(num_workers=args.workers) if args.workers > 0 else ex
     batches = iter(source)
@@ -391,6 +393,7 @@ def train_from(ex: PlanExecutor, state, ckpt: Path | None, args, rank: int, worl
             t0 = time.perf_counter()
             loss, tokens, samples = train_step(model, optimizer, mbs, step, args)
             inputs, per_rank = all_gather(digest(mbs)), all_gather(samples)
+            ids = all_gather([int(i) for mb in mbs for i in mb["sample_id"]])
             say(
                 f"step {step + 1:4d}/{stop}  loss {loss:.4f}  target tokens {tokens:6d}  "
                 f"samples {sum(per_rank):3d}  {time.perf_counter() - t0:.2f}s"
@@ -401,6 +404,7 @@ def train_from(ex: PlanExecutor, state, ckpt: Path | None, args, rank: int, worl
                     "loss": loss,
                     "tokens": tokens,
                     "samples": per_rank,
+                    "sample_ids": ids,  # per rank, in plan order
                     "inputs": inputs,
                     "lr": lr_at(step, args),
                 }
@@ -420,6 +424,24 @@ def train_from(ex: PlanExecutor, state, ckpt: Path | None, args, rank: int, worl
     if ckpt is not None and (step > start or not ckpt.exists()):
         save(step)
         say(f"checkpoint at step {step}: {ckpt}")
+
+
+def trim_log(path: Path, start: int) -> None:
+    """Keep the log lines of steps before `start`: the steps a resumed model has trained on.
+    Later lines belong to work lost with the process (a killed run may end mid-line)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the torn last line of a killed run
+        if record["step"] < start:
+            kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 class UsageError(Exception):
