@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mds.executor.errors import ConfigError
 
-__all__ = ["DEFAULT_ORDER", "MeshPosition", "mesh_position", "torchrun_rank"]
+__all__ = ["DEFAULT_ORDER", "MeshPosition", "mesh_position", "peer_groups", "torchrun_rank"]
 
 DEFAULT_ORDER = "tp-cp-dp-pp"
 _DIMS = ("tp", "cp", "dp", "pp")
@@ -59,6 +59,20 @@ def mesh_position(
     coords = _coords(rank, dims, sizes)
     peers = tuple(r for r in range(world_size) if _coords(r, dims, sizes)["dp"] == coords["dp"])
     return MeshPosition(coords["dp"], sizes["dp"], coords, peers)
+
+
+def peer_groups(
+    world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, order: str = DEFAULT_ORDER
+) -> list[tuple[int, ...]]:
+    """The global ranks of every DP rank's peers, by DP rank: what each process passes to
+    `torch.distributed.new_group`, in this order, before iterating `shared()`."""
+    first = [
+        mesh_position(r, world_size, tp=tp, cp=cp, pp=pp, order=order) for r in range(world_size)
+    ]
+    groups: dict[int, tuple[int, ...]] = {}
+    for pos in first:
+        groups.setdefault(pos.dp_rank, pos.peers)
+    return [groups[d] for d in sorted(groups)]
 
 
 def _coords(rank: int, dims: list[str], sizes: dict[str, int]) -> dict[str, int]:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mds.executor.errors import ConfigError
-from mds.executor.mesh import mesh_position, torchrun_rank
+from mds.executor.mesh import mesh_position, peer_groups, torchrun_rank
 
 
 def test_default_order_puts_tp_fastest_then_cp_then_dp_then_pp():
@@ -62,3 +62,10 @@ def test_torchrun_environment_is_read_and_missing_variables_are_named():
         torchrun_rank({"RANK": "0"})
     with pytest.raises(ConfigError, match="must be integers"):
         torchrun_rank({"RANK": "x", "WORLD_SIZE": "4"})
+
+
+def test_peer_groups_partition_the_world_by_dp_rank():
+    groups = peer_groups(8, tp=2, pp=2)
+    assert groups == [(0, 1, 4, 5), (2, 3, 6, 7)]
+    for d, group in enumerate(groups):
+        assert all(mesh_position(r, 8, tp=2, pp=2).dp_rank == d for r in group)
