@@ -8,6 +8,7 @@ and written in order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mds.executor.errors import ConfigError
+from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import PlanWriter, plan_id_of
 from mds.planner.atomic import temp_sibling
 from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
@@ -294,14 +295,15 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
     """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
     train = planner.config.train
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    writer = PlanWriter(
-        output,
-        temp_sibling(output),
-        dp_size=train.dp_size,
-        micro_batches=train.micro_batches,
-        id_width=id_width,
-    )
+    tmp = temp_sibling(output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        writer = PlanWriter(
+            output, tmp, dp_size=train.dp_size, micro_batches=train.micro_batches, id_width=id_width
+        )
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _cannot_write(output, exc) from exc
     if progress is not None:
         progress.start(train.steps)
     stats, mixed = [], []
@@ -322,10 +324,20 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
         writer.add_section("cursor_target", np.stack([s.target for s in states]))
         footer = _footer(planner, output, states[-1], stats_arr)
         data = writer.commit(footer)
-    except BaseException:
-        writer.abort()
+    except BaseException as exc:
+        # abort() closes the file, which flushes again and fails again on a full disk.
+        with contextlib.suppress(OSError):
+            writer.abort()
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(output, exc) from exc
         raise
     return data, footer, stats_arr
+
+
+def _cannot_write(output: Path, exc: OSError) -> PlanError:
+    """A failed write (disk full, read-only, permissions) as one line naming the plan."""
+    return PlanError(f"{output}: cannot write the plan ({exc.strerror or exc})")
 
 
 def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) -> dict[str, Any]:

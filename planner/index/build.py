@@ -212,6 +212,14 @@ def _length_stats(n: pl.Series) -> dict[str, Any]:
     return stats
 
 
+def _cannot_write(output: Path, what: str, exc: Exception) -> IndexFormatError:
+    """A failed write (disk full, read-only, permissions) as one line naming the index.
+    Polars reports I/O failures as ComputeError "...underlying IO error: <reason>"."""
+    reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    reason = reason.rpartition("IO error: ")[2]
+    return IndexFormatError(f"{output}: cannot write {what} ({reason})")
+
+
 class _Writer:
     """Publishes new tables and remembers them, so a failed build can remove them again."""
 
@@ -221,9 +229,9 @@ class _Writer:
     def write_table(self, name: str, frame: pl.DataFrame) -> tuple[str, str]:
         """Write under a temporary name, then rename to a name derived from the content."""
         tables = self.output / TABLES
-        tables.mkdir(parents=True, exist_ok=True)
         tmp = temp_sibling(tables / f"{name}.parquet")
         try:
+            tables.mkdir(parents=True, exist_ok=True)
             frame.write_parquet(tmp, compression="zstd", statistics=True)
             checksum = table_checksum(tmp)
             rel = f"{TABLES}/{name}-{checksum.removeprefix('blake2b:')[:16]}.parquet"
@@ -233,6 +241,8 @@ class _Writer:
                 os.replace(tmp, final)
                 if rel not in self.keep:
                     self.created.append(final)
+        except (OSError, pl.exceptions.ComputeError) as exc:
+            raise _cannot_write(self.output, f"the table of source '{name}'", exc) from exc
         finally:
             tmp.unlink(missing_ok=True)
         return rel, checksum
@@ -409,9 +419,12 @@ def build_index(
             "fingerprint": index_fingerprint(entries),
             "sources": entries,
         }
-        atomic_write_bytes(
-            output / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-        )
+        try:
+            atomic_write_bytes(
+                output / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+            )
+        except OSError as exc:
+            raise _cannot_write(output, MANIFEST, exc) from exc
     except BaseException:
         writer.rollback()
         if created_dir:

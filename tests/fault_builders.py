@@ -1,0 +1,365 @@
+"""Builders for tests/test_faults.py: a small four-source data root, byte-level plan damage,
+a full disk, and a deterministic pause inside a real `mds` subprocess to interrupt it.
+
+A plain module (tests/conftest.py puts tests/ on sys.path): `from fault_builders import ...`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from builders import config_file, jsonl_bytes, write_jsonl, write_parquet, write_zst
+from cli_helpers import mds
+
+REPO = Path(__file__).resolve().parents[1]
+MDS_BIN = REPO / ".venv" / "bin" / "mds"
+if not MDS_BIN.exists():  # another environment: the console script next to this interpreter
+    MDS_BIN = Path(sys.executable).with_name("mds")
+
+# --- the data root -----------------------------------------------------------------------------
+
+WORLD_TOML = """
+[index]
+output = "index"
+
+[[source]]
+name = "web"
+path = "web/*.parquet"
+tokens = "tokens"
+keep = ["lang"]
+weight = 0.4
+
+[[source]]
+name = "books"
+path = "books/books.parquet"
+count = "n"
+text = "text"
+weight = {books_weight}
+{books_extra}
+
+[[source]]
+name = "forum"
+path = "forum/forum.jsonl"
+tokens = "ids"
+weight = 0.2
+
+[[source]]
+name = "code"
+path = "code/*.jsonl.zst"
+count = "n"
+text = "text"
+weight = 0.2
+{extra}
+[plan]
+chunk_steps = 2
+
+[train]
+steps = 6
+dp_size = 2
+micro_batches = 2
+samples_per_step = 8
+max_tokens_per_micro_batch = {capacity}
+seed = 11
+"""
+
+
+def words(n: int) -> str:
+    """A text of `n` words: `word_ids` counts it as n tokens."""
+    return " ".join(["w"] * n)
+
+
+def word_ids(text: str) -> list[int]:
+    """tokenize= for the world's text sources: one token per whitespace-separated word."""
+    return [len(w) for w in text.split()]
+
+
+def web_columns(i: int, rows: int = 10) -> dict[str, Any]:
+    return {
+        "tokens": pa.array(
+            [list(range(1 + (r * 5 + i) % 13)) for r in range(rows)], pa.list_(pa.int32())
+        ),
+        "lang": [("en", "fr")[(r + i) % 2] for r in range(rows)],
+    }
+
+
+BOOK_LENGTHS = [7, 30, 12, 5, 21, 9, 16, 3]
+FORUM = [{"ids": list(range(1 + r % 7))} for r in range(12)]
+CODE = [{"n": 1 + r % 9, "text": words(1 + r % 9)} for r in range(16)]
+
+
+def world_toml(
+    *, books_weight: Any = 0.2, books_extra: str = "", capacity: int = 64, extra: str = ""
+) -> str:
+    """The world's mds.toml; `books_extra` adds keys to books, `extra` adds [[source]] tables."""
+    return WORLD_TOML.format(
+        books_weight=books_weight, books_extra=books_extra, capacity=capacity, extra=extra
+    )
+
+
+def write_world(root: Path, **toml: Any) -> Path:
+    """Write the four sources under `root` and its mds.toml; return the config path.
+
+    web: two Parquet files of token lists (+ lang); books: one Parquet file, count + text;
+    forum: JSONL of token lists; code: .jsonl.zst in two zstd frames, count + text.
+    """
+    for i in range(2):
+        write_parquet(root / f"web/part-{i}.parquet", web_columns(i))
+    write_parquet(
+        root / "books/books.parquet",
+        {"n": pa.array(BOOK_LENGTHS, pa.int64()), "text": [words(n) for n in BOOK_LENGTHS]},
+    )
+    write_jsonl(root / "forum/forum.jsonl", FORUM)
+    write_zst(root / "code/code.jsonl.zst", jsonl_bytes(CODE), frames=2)
+    return config_file(root, world_toml(**toml))
+
+
+def index_world(root: Path) -> Path:
+    result = mds("index", root / "mds.toml")
+    assert result.exit_code == 0, result.output
+    return root / "index"
+
+
+def plan_world(root: Path, output: Path | None = None, *args: Any) -> Path:
+    output = output or root / "plan.mds"
+    result = mds("plan", root / "mds.toml", "-o", output, *args)
+    assert result.exit_code == 0, result.output
+    return output
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory`, hidden ones included (relative path -> bytes)."""
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def names(directory: Path) -> set[str]:
+    """The entries directly in `directory`: a temporary left next to an output shows here."""
+    return {p.name for p in directory.iterdir()}
+
+
+# --- damage ------------------------------------------------------------------------------------
+
+
+def flip_byte(path: Path, offset: int, mask: int = 0x01) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path, size: int) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:size])
+
+
+def plan_layout(plan: Path) -> dict[str, Any]:
+    data = plan.read_bytes()
+    offset, size, _digest, _magic = struct.unpack("<QQ8s8s", data[-32:])
+    return json.loads(data[offset : offset + size])["layout"]
+
+
+def block_span(plan: Path, chunk: int, rank: int) -> tuple[int, int]:
+    """(offset, size) of the (chunk, rank) block, read from the chunk's directory by hand."""
+    dir_offset = plan_layout(plan)["chunks"][chunk][2]
+    with open(plan, "rb") as f:
+        f.seek(dir_offset + 24 * rank)
+        offset, size, _c = struct.unpack("<QQ8s", f.read(24))
+    return offset, size
+
+
+def set_plan_version(plan: Path, version: int) -> None:
+    """Patch the header's u32 format version (bytes 8..12)."""
+    data = bytearray(plan.read_bytes())
+    struct.pack_into("<I", data, 8, version)
+    plan.write_bytes(bytes(data))
+
+
+# --- a full disk -------------------------------------------------------------------------------
+
+NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
+
+
+class FullDisk(io.RawIOBase):
+    """A raw file that takes `budget` bytes, then fails every write with ENOSPC, as write(2)
+    does on a full filesystem (a short write, then the error). Wrapped in io.BufferedWriter it
+    behaves like `open(path, "wb")` on that disk: buffered data fails at flush or close."""
+
+    def __init__(self, path: os.PathLike | str, budget: int):
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.left = budget
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return os.lseek(self._fd, pos, whence)
+
+    def tell(self) -> int:
+        return os.lseek(self._fd, 0, os.SEEK_CUR)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, b) -> int:
+        n = min(len(b), self.left)
+        if n == 0:
+            raise OSError(errno.ENOSPC, NO_SPACE)
+        os.write(self._fd, bytes(memoryview(b)[:n]))
+        self.left -= n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+def full_disk_open(budget: int, buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> Callable[..., Any]:
+    """An `open` whose binary writes go to a FullDisk of `budget` bytes; reads are real. A
+    small `buffer_size` makes the failure land in the middle of the writes, not at close."""
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if mode == "wb":
+            return io.BufferedWriter(FullDisk(file, budget), buffer_size)
+        return builtins.open(file, mode, *args, **kwargs)
+
+    return fake_open
+
+
+def full_disk_write_bytes(real: Callable[..., Any], budget: int, match: Callable[[Path], bool]):
+    """A `Path.write_bytes` that writes matching paths to a FullDisk of `budget` bytes."""
+
+    def write_bytes(self: Path, data) -> int:
+        if not match(self):
+            return real(self, data)
+        with io.BufferedWriter(FullDisk(self, budget)) as f:
+            return f.write(data)
+
+    return write_bytes
+
+
+def full_disk_write_parquet(real: Callable[..., Any], budget: int):
+    """A `polars.DataFrame.write_parquet` on a full disk: the first `budget` bytes of the file
+    land, then polars' own error for ENOSPC (what writing to /dev/full raises)."""
+    import polars as pl
+
+    def write_parquet(self, file, *args, **kwargs):
+        buf = io.BytesIO()
+        real(self, buf, *args, **kwargs)
+        Path(file).write_bytes(buf.getvalue()[:budget])
+        raise pl.exceptions.ComputeError(
+            "parquet: File out of specification: underlying IO error: "
+            f"{NO_SPACE} (os error {errno.ENOSPC})"
+        )
+
+    return write_parquet
+
+
+# --- interrupting a real `mds` process -----------------------------------------------------------
+
+# Loaded by the child through PYTHONPATH before `mds` starts: it wraps one write step so the
+# process announces (touches a file) that it is mid-write and then waits for the test's signal.
+# No timing guesses: the signal always lands at the same point.
+SITECUSTOMIZE = """
+import os
+import time
+
+_AT = os.environ.get("MDS_FAULT_AT")
+_READY = os.environ.get("MDS_FAULT_READY")
+
+
+def _park():
+    with open(_READY, "w"):
+        pass
+    time.sleep(120)  # the test's SIGINT / SIGTERM ends this
+
+
+if _AT == "index-manifest":  # every new table is in place; the manifest is next
+    import mds.planner.atomic as atomic
+
+    _real = atomic.atomic_write_bytes
+
+    def atomic_write_bytes(path, data):
+        if path.name == "manifest.json":
+            _park()
+        return _real(path, data)
+
+    atomic.atomic_write_bytes = atomic_write_bytes
+elif _AT == "plan-chunk":  # two chunks are in the temporary plan file; more are coming
+    import mds.executor.planfile as planfile
+
+    _real = planfile.PlanWriter.add_chunk
+    _seen = []
+
+    def add_chunk(self, *args, **kwargs):
+        _real(self, *args, **kwargs)
+        _seen.append(1)
+        if len(_seen) == 2:
+            self._f.flush()
+            _park()
+
+    planfile.PlanWriter.add_chunk = add_chunk
+"""
+
+
+def interrupt_mds(
+    tmp: Path,
+    at: str,
+    sig: signal.Signals,
+    *args: Any,
+    parked: Callable[[], Any] = lambda: None,
+    timeout: float = 60,
+) -> tuple[subprocess.CompletedProcess, Any]:
+    """Run `mds ARGS` as a real process, wait until it parks at `at`, call `parked()` (to look
+    at the disk mid-write), send `sig`; return the finished process (text output) and what
+    `parked()` returned."""
+    hook = tmp / "fault-hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
+    ready = hook / f"ready-{at}-{sig.name}"
+    ready.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(MDS_FAULT_AT=at, MDS_FAULT_READY=str(ready), COLUMNS="200", NO_COLOR="1")
+    proc = subprocess.Popen(
+        [str(MDS_BIN), *[str(a) for a in args]],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if proc.poll() is not None:
+                out, err = proc.communicate()
+                raise AssertionError(f"mds exited {proc.returncode} before {at}:\n{out}\n{err}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"mds never reached {at}")
+            time.sleep(0.01)
+        seen = parked()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), seen
