@@ -362,7 +362,9 @@ def _parse_line(raw: bytes, kind: str, column: str, where: str) -> Payload:
     except UnicodeDecodeError as exc:
         raise SourceDataError(f"{where}: invalid UTF-8 at byte {exc.start} of the line") from None
     except json.JSONDecodeError as exc:
-        raise SourceDataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        raise SourceDataError(
+            f"{where}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+        ) from None
     if not isinstance(obj, dict):
         raise SourceDataError(f"{where}: expected a JSON object, got {_describe(obj)}")
     if column not in obj:

@@ -170,7 +170,7 @@ def _slow_rows(
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SourceDataError(
-                f"{where}: malformed JSON ({exc.msg} at column {exc.colno})"
+                f"{where}: malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
             ) from None
         if not isinstance(obj, dict):
             raise SourceDataError(

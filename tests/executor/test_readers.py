@@ -386,7 +386,7 @@ JSONL_ERRORS = [
         '{"text": "unterminated',
         "text",
         "text",
-        r"invalid JSON \(Unterminated string starting at at column 10\)",
+        r"invalid JSON \(Unterminated string starting at column 10\)",
     ),
     ("[1, 2]", "text", "text", r"expected a JSON object, got a list"),
     ('{"body": "x"}', "text", "text", r"has no field 'text'"),
