@@ -27,7 +27,13 @@ def safe_path(root: Path, rel: Any, where: str) -> Path:
         raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
     path = root.joinpath(*pure.parts)
     # A symlink inside the root may still point outside it: follow links, then compare.
-    if not path.resolve().is_relative_to(root.resolve()):
+    try:
+        inside = path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL byte
+        raise ValueError(
+            f"{where}: path {rel!r} cannot be resolved ({exc}); refused, not read"
+        ) from None
+    if not inside:
         raise ValueError(
             f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
         )

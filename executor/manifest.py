@@ -29,6 +29,9 @@ __all__ = [
 FORMAT = "mds-index"
 VERSION = 1
 MANIFEST = "manifest.json"
+# The source formats and payload kinds an index may name (the executor's readers read all).
+FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
+PAYLOAD_KINDS = ("token_ids", "text")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,61 @@ def index_fingerprint(sources: list[dict[str, Any]]) -> str:
     return "blake2b:" + hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _source_problem(entry: dict[str, Any]) -> str | None:
+    """What the executor relies on in a source entry, beyond the keys `_check` requires:
+    a known format, a payload it can read, file entries whose rows tile the table."""
+    if not _count(entry["rows"]):
+        return f"rows {entry['rows']!r} is not an integer >= 0"
+    fmt = entry.get("format")
+    if fmt not in FORMATS:
+        return f"format {fmt!r} is not one of {', '.join(FORMATS)}"
+    payload = entry.get("payload")
+    if payload is not None:
+        if not (
+            isinstance(payload, dict)
+            and payload.get("kind") in PAYLOAD_KINDS
+            and isinstance(payload.get("column"), str)
+            and (payload["column"] or fmt == "megatron")
+            and (payload["kind"] == "token_ids" or fmt != "megatron")
+        ):
+            return f"payload {payload!r} is not a {fmt} payload (kind and column)"
+    length = entry.get("length")
+    if not (length is None or isinstance(length, dict)):
+        return f"length {length!r} is not an object"
+    if (
+        length
+        and length.get("kind") == "tokenizer"
+        and not isinstance(length.get("tokenizer"), str)
+    ):
+        return "length.tokenizer is missing or not a string"
+    if not isinstance(entry.get("spec_key", ""), str):
+        return "spec_key is not a string"
+    first = 0
+    for j, item in enumerate(entry["files"]):
+        if not isinstance(item, dict):
+            return f"files[{j}] is not an object"
+        if not isinstance(item.get("path"), str):
+            return f"files[{j}].path is missing or not a string"
+        if (fmt == "megatron" or "index_path" in item) and not isinstance(
+            item.get("index_path"), str
+        ):
+            return f"files[{j}].index_path is missing or not a string"
+        # Samples are located by these: a row's file is the last with first_row <= row.
+        if not (_count(item.get("rows")) and item.get("first_row") == first):
+            return (
+                f"files[{j}] rows {item.get('rows')!r} from first_row "
+                f"{item.get('first_row')!r} do not follow the previous file (first_row {first})"
+            )
+        first += item["rows"]
+    if first != entry["rows"]:
+        return f"files hold {first} rows, the source {entry['rows']}"
+    return None
+
+
 def _check(data: Any, where: Path) -> None:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise IndexFormatError(f"{where}: not an mds index manifest")
@@ -106,6 +164,9 @@ def _check(data: Any, where: Path) -> None:
             raise IndexFormatError(
                 f"{where}: sources[{i}].table {entry['table']!r} leaves the index directory"
             )
+        problem = _source_problem(entry)
+        if problem is not None:
+            raise IndexFormatError(f"{where}: sources[{i}].{problem}")
     if not isinstance(data.get("fingerprint"), str):
         raise IndexFormatError(f"{where}: manifest has no `fingerprint`")
 
@@ -120,7 +181,7 @@ def read_manifest(directory: str | Path) -> IndexManifest:
         raise IndexFormatError(
             f"{directory}: not an mds index (no {MANIFEST}); run `mds index`"
         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # deep nesting
         raise IndexFormatError(f"{where}: unreadable manifest ({exc})") from None
     _check(data, where)
     return IndexManifest(directory, data)

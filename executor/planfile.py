@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,7 @@ _TRAILER = struct.Struct("<QQ8s8s")
 _DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
 _MAX_FOOTER = 1 << 30
 _COUNT_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_SECTION_DTYPE = re.compile(r"[<>|=]?[biuf][1248]")
 
 
 def checksum(data: bytes | memoryview) -> bytes:
@@ -95,7 +98,11 @@ class PlanWriter:
         self.dp, self.micro = dp_size, micro_batches
         self.id_width = id_width
         self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
-        self._f.write(_HEAD.pack(MAGIC, FORMAT_VERSION, 0))
+        try:
+            self._f.write(_HEAD.pack(MAGIC, FORMAT_VERSION, 0))
+        except BaseException:
+            self.abort()
+            raise
         self._chunks: list[list[Any]] = []
         self._sections: dict[str, dict[str, Any]] = {}
 
@@ -157,9 +164,15 @@ class PlanWriter:
         return data
 
     def abort(self) -> None:
-        if not self._f.closed:
-            self._f.close()
-        self.tmp.unlink(missing_ok=True)
+        """Remove the temporary file, even when closing it fails (a full disk fails the
+        final flush again)."""
+        try:
+            if not self._f.closed:
+                self._f.close()
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 class PlanReader:
@@ -226,13 +239,19 @@ class PlanReader:
                 for a, b, o, c, w in layout["chunks"]
             ]
             self.sections = dict(layout["sections"])
-        except (ValueError, KeyError, TypeError) as exc:
+        # OverflowError: int(Infinity); RecursionError: deeply nested JSON.
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             raise self._fail(f"corrupt plan footer ({exc})") from None
+        # The chunks tile [0, steps) in order: chunk_of() bisects them.
+        starts = [0, *(c[1] for c in self.chunks)][: len(self.chunks)]
         if not (
             self.dp > 0
             and self.micro > 0
             and 1 <= self.id_width <= 8
-            and all(c[4] in _COUNT_DTYPES and c[0] < c[1] for c in self.chunks)
+            and all(
+                c[4] in _COUNT_DTYPES and s == c[0] < c[1]
+                for s, c in zip(starts, self.chunks, strict=True)
+            )
         ):
             raise self._fail("corrupt plan footer (bad layout)")
         self.plan_id = plan_id_of(data)
@@ -304,18 +323,20 @@ class PlanReader:
     def section(self, name: str) -> np.ndarray:
         try:
             meta = self.sections[name]
-            offset, size, dtype = (
-                int(meta["offset"]),
-                int(meta["size"]),
-                np.dtype(str(meta["dtype"])),
-            )
+            offset, size, dtype = int(meta["offset"]), int(meta["size"]), str(meta["dtype"])
             shape = tuple(int(x) for x in meta["shape"])
             digest = bytes.fromhex(meta["checksum"])
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise self._fail(f"corrupt plan footer (section {name!r}: {exc})") from None
         data = self._read(offset, size)
         if checksum(data) != digest:
             raise self._fail(f"section {name!r}: checksum mismatch (corrupt file)")
-        if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize != size:
+        # Sections are plain numbers ("<i8", "<f8", "|u1", ...): no objects, records,
+        # sub-arrays or zero-size types, whatever the footer says.
+        if not _SECTION_DTYPE.fullmatch(dtype):
+            raise self._fail(f"section {name!r}: corrupt shape or dtype ({dtype!r})")
+        dtype = np.dtype(dtype)
+        # math.prod on Python ints: numpy's product of a forged shape can wrap around.
+        if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize != size:
             raise self._fail(f"section {name!r}: corrupt shape")
         return np.frombuffer(data, dtype=dtype).reshape(shape)

@@ -23,12 +23,11 @@ import pyarrow.parquet as pq
 from mds.executor import megatron
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU
+from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.zstd_seek import ZstdSeekFile
 
 __all__ = ["FORMATS", "PAYLOAD_KINDS", "FileReader", "open_reader"]
 
-FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
-PAYLOAD_KINDS = ("token_ids", "text")
 
 Payload = np.ndarray | str
 

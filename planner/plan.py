@@ -8,7 +8,6 @@ and written in order.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections import deque
@@ -325,10 +324,7 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
         footer = _footer(planner, output, states[-1], stats_arr)
         data = writer.commit(footer)
     except BaseException as exc:
-        # abort() closes the file, which flushes again and fails again on a full disk.
-        with contextlib.suppress(OSError):
-            writer.abort()
-        tmp.unlink(missing_ok=True)
+        writer.abort()
         if isinstance(exc, OSError):
             raise _cannot_write(output, exc) from exc
         raise
