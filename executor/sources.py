@@ -168,9 +168,10 @@ class SourceCatalog:
         path = Path(length["tokenizer"])
         path = path if path.is_absolute() else self.root / path
         try:
-            recorded = json.loads(s.entry.get("spec_key", "{}")).get("tokenizer_fingerprint")
+            spec = json.loads(s.entry.get("spec_key", "{}"))
         except ValueError:
-            recorded = None
+            spec = None
+        recorded = spec.get("tokenizer_fingerprint") if isinstance(spec, dict) else None
         if recorded and fingerprint(path, "full") != recorded:
             raise DataChangedError(
                 f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
@@ -197,9 +198,29 @@ class SourceCatalog:
                         "(re-index and re-plan, or restore the file)"
                     )
             if full:
-                table = self.manifest.path / s.entry["table"]
-                if table_checksum(table) != s.entry["table_checksum"]:
+                table = self._table(s)
+                try:
+                    got = table_checksum(table)
+                except OSError as exc:
+                    raise IndexFormatError(
+                        f"{table}: cannot read index table ({exc.strerror or exc})"
+                    ) from None
+                if got != s.entry["table_checksum"]:
                     raise DataChangedError(f"{table}: index table checksum mismatch")
+
+    def _table(self, s: _Source) -> Path:
+        """The source's index table, which must lie inside the index directory (after links)."""
+        path = self.manifest.path / s.entry["table"]
+        try:
+            inside = path.resolve().is_relative_to(self.manifest.path.resolve())
+        except (OSError, RuntimeError, ValueError):
+            inside = False
+        if not inside:
+            raise IndexFormatError(
+                f"{self.manifest.path}: the table of source {s.name!r} "
+                f"({s.entry['table']!r}) leaves the index directory; refused, not read"
+            )
+        return path
 
     # --- fetching -------------------------------------------------------------------------
 
@@ -242,7 +263,7 @@ class SourceCatalog:
             import pyarrow.parquet as pq
 
             names = ["n_tokens", *(("file_row", "offset", "length") if s.fmt in _JSONL else ())]
-            table_path = self.manifest.path / s.entry["table"]
+            table_path = self._table(s)
             try:
                 table = pq.read_table(table_path, columns=names)
             except (OSError, ValueError) as exc:

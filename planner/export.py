@@ -14,6 +14,7 @@ from mds.executor.errors import DataChangedError
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.atomic import atomic_path
 from mds.planner.index.manifest import IndexManifest, read_manifest, source_frame
+from mds.planner.sqlexpr import sql_expr
 
 __all__ = ["block_frame", "export_plan", "locate", "plan_frame", "plan_index", "sample_cost"]
 
@@ -52,7 +53,8 @@ def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) 
         n = pl.min_horizontal(n, pl.lit(capacity))
     if "expr" in cost:
         # with_columns broadcasts a constant expression, as the planner's pools do
-        return frame.with_columns(pl.sql_expr(cost["expr"]).cast(pl.Float64).alias("cost"))["cost"]
+        expr = sql_expr(str(cost["expr"]), "the plan's [cost] expr")
+        return frame.with_columns(expr.cast(pl.Float64).alias("cost"))["cost"]
     L = n.cast(pl.Float64)
     return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
 

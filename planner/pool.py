@@ -15,6 +15,7 @@ import polars as pl
 from mds.executor.errors import ConfigError, PlanError
 from mds.planner.index.manifest import IndexManifest, source_frame
 from mds.planner.plan_config import CostSpec, PlanConfig
+from mds.planner.sqlexpr import sql_expr
 
 __all__ = ["COST_SCALE", "SourcePool", "load_pools"]
 
@@ -43,15 +44,6 @@ class SourcePool:
         return len(self.rows)
 
 
-def _sql(expr: str, where: str) -> pl.Expr:
-    try:
-        return pl.sql_expr(expr)
-    except (pl.exceptions.PolarsError, ValueError) as exc:
-        raise ConfigError(
-            f"{where}: not a valid SQL expression: {expr!r} ({str(exc).splitlines()[0]})"
-        ) from None
-
-
 def _collect(frame: pl.LazyFrame, where: str, expr: str) -> pl.DataFrame:
     try:
         return frame.collect()
@@ -72,7 +64,7 @@ def _costs(frame: pl.DataFrame, lengths: np.ndarray, cost: CostSpec, name: str) 
     where = f"[cost] `expr` (source '{name}')"
     # with_columns, not select: a constant (`expr = "1"`) is broadcast to one value per row.
     values = _collect(
-        frame.lazy().with_columns(_sql(cost.expr, where).alias("cost")).select("cost"),
+        frame.lazy().with_columns(sql_expr(cost.expr, where).alias("cost")).select("cost"),
         where,
         cost.expr,
     )["cost"]
@@ -108,7 +100,7 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         frame = source_frame(manifest, mix.name).with_row_index("row")
         if mix.filter is not None:
             where = f"source '{mix.name}': `filter`"
-            frame = frame.filter(_sql(mix.filter, where))
+            frame = frame.filter(sql_expr(mix.filter, where))
             df = _collect(frame, where, mix.filter)
         else:
             df = frame.collect()
