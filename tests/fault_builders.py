@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from builders import config_file, jsonl_bytes, write_jsonl, write_parquet, write_zst
+from builders import config_file, jsonl_bytes, snapshot, write_jsonl, write_parquet, write_zst
 from cli_helpers import mds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,13 +139,7 @@ def plan_world(root: Path, output: Path | None = None, *args: Any) -> Path:
     return output
 
 
-def tree(directory: Path) -> dict[str, bytes]:
-    """Every file under `directory`, hidden ones included (relative path -> bytes)."""
-    return {
-        p.relative_to(directory).as_posix(): p.read_bytes()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
+tree = snapshot  # every file under a directory, hidden ones included
 
 
 def names(directory: Path) -> set[str]:

@@ -18,16 +18,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import struct
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import write_jsonl, write_megatron, write_parquet
 from executor_builders import batch_digest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import Tally, watchdog
+from fuzzing import fuzz as fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from plan_builders import index_data, plan_config
 
@@ -37,7 +37,6 @@ from mds.executor.manifest import index_fingerprint, read_manifest
 from mds.executor.planfile import MAGIC, checksum
 
 TRAILER = struct.Struct("<QQ8s8s")
-WATCHDOG_SECONDS = 20  # per example; one replay of a rank takes a few milliseconds
 EXAMPLES = {
     "manifest_bytes": 400,
     "manifest_edits": 600,
@@ -47,46 +46,18 @@ EXAMPLES = {
 }
 
 
-def fuzz(test: str) -> settings:
-    return settings(
-        max_examples=EXAMPLES[test],
-        deadline=timedelta(seconds=5),
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+def fuzz(test: str):
+    return fuzz_settings(EXAMPLES[test])
 
 
-class Hang(AssertionError):
-    pass
-
-
-@contextlib.contextmanager
-def watchdog(seconds: int = WATCHDOG_SECONDS):
-    def alarm(_signum, _frame):
-        raise Hang(f"no answer after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-COUNTS: dict[str, list[int]] = {}  # test -> [cases, refused with MdsError]
-
-
-def count(test: str, refused: bool) -> None:
-    tally = COUNTS.setdefault(test, [0, 0])
-    tally[0] += 1
-    tally[1] += refused
+TALLY = Tally("manifest")
+count = TALLY.count
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts():
     yield
-    cases = ", ".join(f"{k} {n} ({e} refused)" for k, (n, e) in sorted(COUNTS.items()))
-    print("\nmanifest fuzz cases run:", cases)
+    TALLY.report()
 
 
 # --- the index and plan under test ---------------------------------------------------------------

@@ -20,18 +20,18 @@ import json
 import math
 import os
 import re
-import signal
 import struct
 import tracemalloc
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from executor_builders import open_executor, sample_plan
-from hypothesis import HealthCheck, given, settings
+from fuzzing import Tally, watchdog
+from fuzzing import fuzz as fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mds.executor.errors import MdsError, PlanError
@@ -39,7 +39,6 @@ from mds.executor.planfile import MAGIC, PlanReader, checksum
 
 TRAILER = struct.Struct("<QQ8s8s")
 DIR_ENTRY = struct.Struct("<QQ8s")
-WATCHDOG_SECONDS = 20  # per example; a read of this plan takes about a millisecond
 MEMORY_LIMIT = 32 << 20  # traced bytes per read; the plan file is ~30 KB
 EXAMPLES = {
     "bytes": 600,
@@ -51,33 +50,8 @@ EXAMPLES = {
 }
 
 
-def fuzz(test: str) -> settings:
-    """Hypothesis settings of one fuzz test: its fixed example count, a deadline."""
-    return settings(
-        max_examples=EXAMPLES[test],
-        deadline=timedelta(seconds=5),
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
-
-
-class Hang(AssertionError):
-    pass
-
-
-@contextlib.contextmanager
-def watchdog(seconds: int = WATCHDOG_SECONDS):
-    """Fail (instead of stalling) if the body runs longer than `seconds`."""
-
-    def alarm(_signum, _frame):
-        raise Hang(f"no answer after {seconds} s: the reader hangs")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+def fuzz(test: str):
+    return fuzz_settings(EXAMPLES[test])
 
 
 @contextlib.contextmanager
@@ -238,20 +212,14 @@ def scratch(tmp_path_factory):
     scratch.close()
 
 
-COUNTS: dict[str, list[int]] = {}  # test -> [cases, refused with MdsError]
-
-
-def count(test: str, refused: bool) -> None:
-    tally = COUNTS.setdefault(test, [0, 0])
-    tally[0] += 1
-    tally[1] += refused
+TALLY = Tally("plan")
+count = TALLY.count
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts():
     yield
-    cases = ", ".join(f"{k} {n} ({e} refused)" for k, (n, e) in sorted(COUNTS.items()))
-    print("\nplan fuzz cases run:", cases)
+    TALLY.report()
 
 
 # --- mutations ----------------------------------------------------------------------------------
