@@ -7,8 +7,10 @@ A plain module (tests/conftest.py puts tests/ on sys.path): `from fuzzing import
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 from datetime import timedelta
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 
@@ -59,3 +61,57 @@ class Tally:
     def report(self) -> None:
         cases = ", ".join(f"{k} {n} ({e} refused)" for k, (n, e) in sorted(self.counts.items()))
         print(f"\n{self.what} fuzz cases run:", cases)
+
+
+# --- structural edits of JSON documents (plan footers, index manifests) ------------------------
+
+DEEP = "__deep_nesting__"  # a value that the test's encoder replaces with very deep nesting
+
+
+def paths_of(node: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path into a JSON tree (dict keys and list indexes), the root excluded."""
+    out = []
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for key, child in items:
+        out.append((*prefix, key))
+        out.extend(paths_of(child, (*prefix, key)))
+    return out
+
+
+def edit(document: dict[str, Any], change: tuple) -> dict[str, Any]:
+    """Apply one structural edit (kind, path, *args) to a deep copy of `document`; an edit
+    that does not fit the node leaves it unchanged."""
+    document = json.loads(json.dumps(document))
+    kind, path, *args = change
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    key = path[-1]
+    node = parent[key]
+    number = isinstance(node, int) and not isinstance(node, bool)
+    if kind == "replace":
+        parent[key] = args[0]
+    elif kind == "shift" and number:
+        parent[key] = node + args[0]
+    elif kind == "scale" and number:
+        parent[key] = node * args[0]
+    elif kind == "delete":
+        del parent[key]
+    elif kind == "duplicate" and isinstance(parent, list):
+        parent.insert(key, node)
+    elif kind == "duplicate" and isinstance(node, list) and node:
+        node.append(node[0])
+    elif kind == "swap" and isinstance(node, list) and len(node) > 1:
+        j = args[0] % len(node)
+        node[0], node[j] = node[j], node[0]
+    elif kind == "reverse" and isinstance(node, list):
+        node.reverse()
+    elif kind == "rekey" and isinstance(parent, dict):
+        parent[args[0]] = parent.pop(key)
+    return document

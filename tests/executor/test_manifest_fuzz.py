@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from builders import write_jsonl, write_megatron, write_parquet
 from executor_builders import batch_digest
-from fuzzing import Tally, watchdog
+from fuzzing import DEEP, Tally, edit, paths_of, watchdog
 from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
@@ -170,24 +170,6 @@ def test_the_world_replays(world):
 # --- mutations ----------------------------------------------------------------------------------
 
 
-def paths_of(node: Any, prefix: tuple = ()) -> list[tuple]:
-    out = []
-    items = (
-        node.items()
-        if isinstance(node, dict)
-        else enumerate(node)
-        if isinstance(node, list)
-        else ()
-    )
-    for key, child in items:
-        out.append((*prefix, key))
-        out.extend(paths_of(child, (*prefix, key)))
-    return out
-
-
-DEEP = "__deep_nesting__"
-
-
 def interesting(world: World) -> st.SearchStrategy[Any]:
     """Values to put anywhere: wrong types, extremes, and paths that leave the root."""
     files = [f["path"] for s in world.manifest["sources"] for f in s["files"]]
@@ -233,32 +215,6 @@ def edit_strategy(world: World) -> st.SearchStrategy[tuple]:
         st.tuples(st.just("reverse"), where),
         st.tuples(st.just("rekey"), where, st.sampled_from(["", "path ", "Path", "name"])),
     )
-
-
-def edit(manifest: dict[str, Any], change: tuple) -> dict[str, Any]:
-    manifest = json.loads(json.dumps(manifest))
-    kind, path, *args = change
-    parent = manifest
-    for key in path[:-1]:
-        parent = parent[key]
-    key = path[-1]
-    node = parent[key]
-    if kind == "replace":
-        parent[key] = args[0]
-    elif kind == "shift" and isinstance(node, int) and not isinstance(node, bool):
-        parent[key] = node + args[0]
-    elif kind == "delete":
-        del parent[key]
-    elif kind == "duplicate" and isinstance(parent, list):
-        parent.insert(key, node)
-    elif kind == "swap" and isinstance(node, list) and len(node) > 1:
-        j = args[0] % len(node)
-        node[0], node[j] = node[j], node[0]
-    elif kind == "reverse" and isinstance(node, list):
-        node.reverse()
-    elif kind == "rekey" and isinstance(parent, dict):
-        parent[args[0]] = parent.pop(key)
-    return manifest
 
 
 def edits(world: World) -> st.SearchStrategy[dict[str, Any]]:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 from executor_builders import open_executor, sample_plan
-from fuzzing import Tally, watchdog
+from fuzzing import DEEP, Tally, edit, paths_of, watchdog
 from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
@@ -273,7 +273,6 @@ def with_footer(data: bytes, offset: int, footer: bytes, *, rechecksum: bool = T
     return data[:offset] + footer + trailer
 
 
-DEEP = "__deep_nesting__"
 INTERESTING = st.one_of(
     st.sampled_from(
         [0, 1, -1, 2, 3, 8, 9, 255, 256, 1 << 31, 1 << 32, 1 << 40, 1 << 53]
@@ -293,22 +292,6 @@ INTERESTING = st.one_of(
 )
 
 
-def paths_of(node: Any, prefix: tuple = ()) -> list[tuple]:
-    """Every path into a JSON tree (dict keys and list indexes), the root excluded."""
-    out = []
-    items = (
-        node.items()
-        if isinstance(node, dict)
-        else enumerate(node)
-        if isinstance(node, list)
-        else ()
-    )
-    for key, child in items:
-        out.append((*prefix, key))
-        out.extend(paths_of(child, (*prefix, key)))
-    return out
-
-
 def footer_edit(original: Original, layout_only: bool = False) -> st.SearchStrategy[tuple]:
     """One structural edit of the footer JSON, mostly inside `layout`."""
     layout = [("layout", *p) for p in paths_of(original.footer["layout"])]
@@ -326,35 +309,6 @@ def footer_edit(original: Original, layout_only: bool = False) -> st.SearchStrat
         st.tuples(st.just("swap"), where, st.integers(0, 8)),
         st.tuples(st.just("reverse"), where),
     )
-
-
-def edit(footer: dict[str, Any], change: tuple) -> dict[str, Any]:
-    """Apply one structural edit to a deep copy of the footer."""
-    footer = json.loads(json.dumps(footer))
-    kind, path, *args = change
-    parent = footer
-    for key in path[:-1]:
-        parent = parent[key]
-    key = path[-1]
-    node = parent[key]
-    if kind == "replace":
-        parent[key] = args[0]
-    elif kind == "shift" and isinstance(node, int) and not isinstance(node, bool):
-        parent[key] = node + args[0]
-    elif kind == "scale" and isinstance(node, int) and not isinstance(node, bool):
-        parent[key] = node * args[0]
-    elif kind == "delete":
-        del parent[key]
-    elif kind == "duplicate" and isinstance(parent, list):
-        parent.insert(key, node)
-    elif kind == "duplicate" and isinstance(node, list) and node:
-        node.append(node[0])
-    elif kind == "swap" and isinstance(node, list) and len(node) > 1:
-        j = args[0] % len(node)
-        node[0], node[j] = node[j], node[0]
-    elif kind == "reverse" and isinstance(node, list):
-        node.reverse()
-    return footer
 
 
 def encode(footer: dict[str, Any]) -> bytes:
