@@ -89,7 +89,10 @@ class PlanExecutor:
             )
         self.dp_rank, self.dp_size = dp_rank, reader.dp
         self.micro_batches, self.steps = reader.micro, reader.steps
+        self.first_step = reader.first_step  # > 0 for a plan re-planned from another at K
         self.plan_id = reader.plan_id
+        lineage = reader.footer.get("lineage")
+        self.lineage = lineage if isinstance(lineage, dict) else None
         footer = reader.footer
         try:
             recorded = footer["index"]
@@ -116,7 +119,7 @@ class PlanExecutor:
         )
         self.source_names = self._catalog.names
         self.mesh: MeshPosition | None = None
-        self._pos = 0
+        self._pos = self.first_step * self.micro_batches
         self._pid = os.getpid()
         self._block: tuple[int, RankChunk, np.ndarray] | None = None
 
@@ -144,7 +147,8 @@ class PlanExecutor:
 
     @property
     def total(self) -> int:
-        """Micro-batches in the plan for this rank: steps x micro_batches."""
+        """The end position, steps x micro_batches (positions of a plan re-planned at step K
+        start at K x micro_batches)."""
         return self.steps * self.micro_batches
 
     @property
@@ -174,21 +178,39 @@ class PlanExecutor:
                 f"executor state version {state.get('version')!r} is not supported "
                 f"(this mds reads {STATE_VERSION})"
             )
+        step, micro = state.get("step"), state.get("micro_batch")
         if state.get("plan_id") != self.plan_id:
+            parent = self.lineage or {}
+            if state.get("plan_id") == parent.get("parent") and (step, micro) == (
+                parent.get("at_step"),
+                0,
+            ):
+                return self.first_step * self.micro_batches  # the hand-over point of a re-plan
+            derived = (
+                f" (it continues plan {parent.get('parent')} from step {parent.get('at_step')}, "
+                "whose state must be at that step)"
+                if parent
+                else ""
+            )
             raise PlanError(
                 f"the executor state is from plan {state.get('plan_id')}, but {self.plan_path} "
-                f"is plan {self.plan_id}; resume with the plan the run started with"
+                f"is plan {self.plan_id}{derived}; resume with the plan the run started with"
             )
-        step, micro = state.get("step"), state.get("micro_batch")
         if not (isinstance(step, int) and isinstance(micro, int)):
             raise PlanError(f"executor state step={step!r} micro_batch={micro!r} must be integers")
         pos = step * self.micro_batches + micro
-        if not (0 <= micro < self.micro_batches and 0 <= pos <= self.total):
+        first = self.first_step * self.micro_batches
+        if not (0 <= micro < self.micro_batches and first <= pos <= self.total):
             raise PlanError(
                 f"executor state (step {step}, micro-batch {micro}) is outside the plan's "
-                f"{self.steps} steps x {self.micro_batches} micro-batches"
+                f"{self._span()} x {self.micro_batches} micro-batches"
             )
         return pos
+
+    def _span(self) -> str:
+        if self.first_step:
+            return f"steps {self.first_step} to {self.steps - 1}"
+        return f"{self.steps} steps"
 
     def seek(self, step: int, micro_batch: int = 0) -> None:
         """Make (step, micro_batch) the next micro-batch: what `load_state_dict` does."""

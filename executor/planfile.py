@@ -242,8 +242,13 @@ class PlanReader:
         # OverflowError: int(Infinity); RecursionError: deeply nested JSON.
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             raise self._fail(f"corrupt plan footer ({exc})") from None
-        # The chunks tile [0, steps) in order: chunk_of() bisects them.
-        starts = [0, *(c[1] for c in self.chunks)][: len(self.chunks)]
+        # The chunks tile [first_step, steps) in order: chunk_of() bisects them. A plan
+        # derived from another at step K (its `lineage`) starts at K.
+        first = self.footer.get("first_step", 0) if isinstance(self.footer, dict) else 0
+        if not (isinstance(first, int) and not isinstance(first, bool) and first >= 0):
+            raise self._fail(f"corrupt plan footer (first_step {first!r})")
+        self.first_step = first
+        starts = [first, *(c[1] for c in self.chunks)][: len(self.chunks)]
         if not (
             self.dp > 0
             and self.micro > 0
@@ -259,7 +264,7 @@ class PlanReader:
 
     @property
     def steps(self) -> int:
-        return self.chunks[-1][1] if self.chunks else 0
+        return self.chunks[-1][1] if self.chunks else self.first_step
 
     def close(self) -> None:
         self._f.close()
@@ -271,8 +276,13 @@ class PlanReader:
         self.close()
 
     def chunk_of(self, step: int) -> int:
-        if not 0 <= step < self.steps:
-            raise PlanError(f"{self.path}: step {step} is outside the plan's {self.steps} steps")
+        if not self.first_step <= step < self.steps:
+            span = (
+                f"{self.steps} steps"
+                if not self.first_step
+                else (f"steps {self.first_step} to {self.steps - 1}")
+            )
+            raise PlanError(f"{self.path}: step {step} is outside the plan's {span}")
         lo, hi = 0, len(self.chunks)
         while hi - lo > 1:
             mid = (lo + hi) // 2
