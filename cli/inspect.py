@@ -261,6 +261,18 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ("cost model", ", ".join(f"{k} = {_value(v)}" for k, v in h["cost"].items())),
         ("index fingerprint", f"{h['index_fingerprint']} ({_esc(h['index_path'])})"),
         ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
+        *_lineage_rows(h),
+    ]
+
+
+def _lineage_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
+    """A re-planned plan: which plan it continues, and from which step."""
+    lineage = h.get("lineage")
+    if not lineage:
+        return []
+    return [
+        ("re-planned from", f"plan {lineage['parent']} at step {lineage['at_step']:,}"),
+        ("steps in this plan", f"{h['first_step']:,} to {h['steps'] - 1:,}"),
     ]
 
 

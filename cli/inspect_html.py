@@ -143,6 +143,11 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
                 ("cost model", ", ".join(f"{k} = {v}" for k, v in h["cost"].items())),
                 ("index fingerprint", f"{h['index_fingerprint']} ({h['index_path']})"),
                 ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
+                *(
+                    [("re-planned from", f"plan {h['lineage']['parent']} at step {h['first_step']:,}")]
+                    if h.get("lineage")
+                    else []
+                ),
                 ("samples / tokens", f"{r['totals']['samples']:,} / {r['totals']['tokens']:,}"),
             ]
         ),

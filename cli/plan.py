@@ -24,6 +24,12 @@ def plan_command(
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, help="Chunks planned in parallel."
     ),
+    parent: Path | None = typer.Option(
+        None, "--from", help="Re-plan: continue this plan from --at-step with the new config."
+    ),
+    at_step: int | None = typer.Option(
+        None, "--at-step", min=0, help="With --from: the first step the new config plans."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
 ) -> None:
     """Plan which samples every DP rank and micro-batch trains on at every step.
@@ -39,14 +45,25 @@ def plan_command(
         mds plan sample_data/mds.toml -o build/plan.mds
         mds plan sample_data/mds.toml -o build/plan-8.mds --dp-size 8 --json
         mds plan sample_data/mds.toml -o plan.mds --index build/other-index
+        mds plan new-mix.toml -o build/plan-b.mds --from build/plan.mds --at-step 20
+
+    With --from and --at-step K the new plan holds steps K.. only: every source continues
+    from its cursor in the old plan at K (nothing consumed is repeated within its epoch,
+    nothing unconsumed is skipped), and the new weights, dp_size, micro-batches or sources
+    apply from K. The executor resumes it from a state the old plan saved at step K.
     """
     from mds.cli.progress import StepProgress
+    from mds.executor.errors import ConfigError
     from mds.planner.plan import build_plan, with_overrides
     from mds.planner.plan_config import load_plan_config
 
+    if (parent is None) != (at_step is None):
+        raise ConfigError("--from and --at-step go together: the old plan and the step K")
     cfg = with_overrides(load_plan_config(config), steps=steps, dp_size=dp_size, index=index)
     with StepProgress("planning", enabled=not json_out) as bar:
-        summary = build_plan(cfg, output, workers=workers, progress=bar)
+        summary = build_plan(
+            cfg, output, workers=workers, progress=bar, parent=parent, at_step=at_step
+        )
     if json_out:
         print_json(summary.to_json())
         return

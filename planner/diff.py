@@ -130,6 +130,10 @@ def header_diff(footer_a: dict[str, Any], footer_b: dict[str, Any]) -> list[Head
     """Differences of the footers' `config` and `index.fingerprint`, leaf by leaf."""
     out: list[HeaderDiff] = []
     _walk(footer_a.get("config", {}), footer_b.get("config", {}), "", out)
+    for key in ("first_step", "lineage"):  # a re-planned plan: what it continues, from where
+        la, lb = footer_a.get(key, _ABSENT), footer_b.get(key, _ABSENT)
+        if la != lb:
+            out.append(HeaderDiff(key, la, lb))
     fa = footer_a.get("index", {}).get("fingerprint")
     fb = footer_b.get("index", {}).get("fingerprint")
     if fa != fb:
@@ -169,12 +173,15 @@ def _show(value: Any) -> str:
 # --- steps ----------------------------------------------------------------------------------
 
 
-def _steps(reader: PlanReader) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-    """Per step: the ranks' sample counts [D, M] and each rank's ids, one chunk in memory."""
+def _steps(reader: PlanReader, start: int = 0) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Per step from `start`: the ranks' sample counts [D, M] and each rank's ids, one chunk
+    in memory."""
     for c, (a, b, *_rest) in enumerate(reader.chunks):
+        if b <= start:
+            continue
         blocks = [reader.rank_chunk(c, r) for r in range(reader.dp)]
         starts = [np.concatenate([[0], np.cumsum(k.counts.sum(axis=1))]) for k in blocks]
-        for t in range(b - a):
+        for t in range(max(start - a, 0), b - a):
             counts = np.stack([k.counts[t] for k in blocks])
             ids = [k.ids[s[t] : s[t + 1]] for k, s in zip(blocks, starts, strict=True)]
             yield counts, ids
@@ -182,10 +189,13 @@ def _steps(reader: PlanReader) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
 
 def _first_difference(ra: PlanReader, rb: PlanReader) -> tuple[StepDiff | None, int | None]:
     """Walk the common steps: the first step where a rank differs, and the first step whose
-    samples (as a multiset) differ. Stops as soon as both are known."""
+    samples (as a multiset) differ. Stops as soon as both are known. A re-planned plan
+    starts at its hand-over step; the walk starts where both plans have steps."""
     same_dp = ra.dp == rb.dp and ra.micro == rb.micro
     first: StepDiff | None = None
-    for step, ((ca, ia), (cb, ib)) in enumerate(zip(_steps(ra), _steps(rb), strict=False)):
+    start = max(ra.first_step, rb.first_step)
+    pairs = zip(_steps(ra, start), _steps(rb, start), strict=False)
+    for step, ((ca, ia), (cb, ib)) in enumerate(pairs, start=start):
         same_set = np.array_equal(np.sort(np.concatenate(ia)), np.sort(np.concatenate(ib)))
         if first is None:
             first = _step_diff(step, ra, rb, same_dp, same_set, (ca, ia), (cb, ib))

@@ -85,22 +85,39 @@ class PlanSummary:
 class Planner:
     """Everything needed to plan any chunk: pools, streams, mixer (see module docstring)."""
 
-    def __init__(self, config: PlanConfig, manifest: IndexManifest | None = None):
+    def __init__(
+        self,
+        config: PlanConfig,
+        manifest: IndexManifest | None = None,
+        start: MixState | None = None,
+        lineage: dict[str, Any] | None = None,
+    ):
+        """`start`: the mixing state to plan from (a plan derived from another at step K
+        starts at K with the parent's cursors; `lineage` records that in the footer)."""
         self.config = config
+        self.start = start
+        self.lineage = lineage
         self.manifest = manifest or read_manifest(config.index)
         self.pools: list[SourcePool] = load_pools(config, self.manifest)
         self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
         self.mixer = Mixer(config, self.pools, self.streams)
         self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
 
+    @property
+    def first_step(self) -> int:
+        return self.start.step if self.start is not None else 0
+
+    def start_state(self) -> MixState:
+        return self.start.copy() if self.start is not None else self.mixer.start()
+
     def boundaries(self) -> list[tuple[int, int]]:
         steps, size = self.config.train.steps, self.config.chunk_steps
-        return [(a, min(a + size, steps)) for a in range(0, steps, size)]
+        return [(a, min(a + size, steps)) for a in range(self.first_step, steps, size)]
 
     def mix_chunks(self) -> Iterator[tuple[MixState, int, np.ndarray, MixState]]:
         """The sequential mixing pass: per chunk (state at its start, end step, counts,
         state at its end)."""
-        state = self.mixer.start()
+        state = self.start_state()
         for _a, b in self.boundaries():
             counts, after = self.mixer.run(state, b)
             yield state, b, counts, after
@@ -108,7 +125,7 @@ class Planner:
 
     def states(self) -> list[MixState]:
         """Mixing state at the start of every chunk, plus the final state."""
-        out = [self.mixer.start()]
+        out = [self.start_state()]
         out += [after for _state, _b, _counts, after in self.mix_chunks()]
         return out
 
@@ -248,8 +265,12 @@ def build_plan(
     *,
     workers: int | None = None,
     progress: Any = None,
+    parent: Path | None = None,
+    at_step: int | None = None,
 ) -> PlanSummary:
-    """Plan every step of `config` into the file `output` (written atomically)."""
+    """Plan every step of `config` into the file `output` (written atomically). With
+    `parent` and `at_step` K, plan steps [K, steps) continuing the parent plan's cursors
+    (see planner/derive.py)."""
     started = time.perf_counter()
     output = Path(output).resolve()
     train = config.train
@@ -265,6 +286,11 @@ def build_plan(
     )
     try:
         planner = Planner(config)
+        if parent is not None:
+            from mds.planner.derive import derive_start
+
+            assert at_step is not None
+            planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
         data, footer, stats_arr = _write(planner, output, pool, workers, progress)
     finally:
         if pool is not None:
@@ -277,7 +303,7 @@ def _chunks(planner: Planner, pool, workers: int, states: list[MixState]):
     """Planned chunks in order. The sequential mixing pass runs here, one chunk ahead of
     the workers, which get each chunk's counts with its start state."""
     pending: deque = deque()
-    states.append(planner.mixer.start())
+    states.append(planner.start_state())
     for state, b, counts, after in planner.mix_chunks():
         states.append(after)
         if pool is None:
@@ -304,7 +330,7 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
         tmp.unlink(missing_ok=True)
         raise _cannot_write(output, exc) from exc
     if progress is not None:
-        progress.start(train.steps)
+        progress.start(train.steps - planner.first_step)
     stats, mixed = [], []
     states: list[MixState] = []
     try:
@@ -379,6 +405,11 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
         "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
         "stats_columns": list(STAT_COLUMNS),
         "steps": config.train.steps,
+        **(
+            {"first_step": planner.first_step, "lineage": planner.lineage}
+            if planner.lineage is not None
+            else {}
+        ),
     }
 
 

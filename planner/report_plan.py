@@ -36,12 +36,13 @@ MIN_PHASE_FRACTION = 0.01
 SERIES_POINTS = 600
 
 
-def target_shares(footer: dict[str, Any], steps: int) -> np.ndarray:
-    """[steps, sources]: each planned source's weight at each step over the step's total."""
-    at = np.arange(steps)
+def target_shares(footer: dict[str, Any], steps: int, first: int = 0) -> np.ndarray:
+    """[steps - first, sources]: each planned source's weight at each step from `first` over
+    the step's total."""
+    at = np.arange(first, steps)
     sources = footer["config"]["sources"]
     if not sources:
-        return np.zeros((steps, 0))
+        return np.zeros((len(at), 0))
     weights = np.stack(
         [
             parse_schedule(s["weight"], f"plan config sources[{i}].weight").at(at)
@@ -106,10 +107,10 @@ def realized_amounts(reader: PlanReader, index: str | Path | None = None) -> tup
     if train["overlong"] == "truncate":
         n = pl.min_horizontal(n, pl.lit(train["max_tokens_per_micro_batch"]))
     sums = frame.group_by("step", "source").agg(n.sum().alias("tokens"))
-    out = np.zeros((reader.steps, len(names)), dtype=np.int64)
+    out = np.zeros((reader.steps - reader.first_step, len(names)), dtype=np.int64)
     col = {name: i for i, name in enumerate(names)}
     for step, source, tokens in sums.iter_rows():
-        out[step, col[source]] = tokens
+        out[step - reader.first_step, col[source]] = tokens
     return "tokens", out
 
 
@@ -117,7 +118,7 @@ def step_stats(reader: PlanReader) -> dict[str, np.ndarray]:
     """The `stats` section as {column name: int64 per-step array}."""
     stats = np.asarray(reader.section("stats"), dtype=np.int64)
     names = list(reader.footer.get("stats_columns", []))
-    if stats.ndim != 2 or stats.shape != (reader.steps, len(names)):
+    if stats.ndim != 2 or stats.shape != (reader.steps - reader.first_step, len(names)):
         raise PlanError(f"{reader.path}: corrupt plan (stats section shape {stats.shape})")
     return {name: stats[:, i] for i, name in enumerate(names)}
 
@@ -155,6 +156,7 @@ def _series(
     col: dict[str, np.ndarray],
     steps: int,
     points: int,
+    first: int = 0,
 ) -> dict[str, Any]:
     size, starts = buckets(steps, points)
     if steps == 0:
@@ -170,7 +172,7 @@ def _series(
     want = mean(target)
     return {
         "bucket": size,
-        "start": starts.tolist(),
+        "start": (starts + first).tolist(),
         "ratio": mean(ratio(col["max_rank_cost"], col["lower_bound"])).tolist(),
         "naive_ratio": mean(ratio(col["naive_max_rank_cost"], col["lower_bound"])).tolist(),
         "sources": [
@@ -193,6 +195,8 @@ def _header(reader: PlanReader) -> dict[str, Any]:
         "plan_id": reader.plan_id,
         "bytes": reader.size,
         "steps": reader.steps,
+        "first_step": reader.first_step,
+        "lineage": footer.get("lineage"),
         "dp_size": reader.dp,
         "micro_batches": reader.micro,
         "samples_per_step": train.get("samples_per_step"),
@@ -234,7 +238,9 @@ def plan_report(
     reader: PlanReader, index: str | Path | None = None, points: int = SERIES_POINTS
 ) -> dict[str, Any]:
     """The `mds inspect PLAN` report (docs/inspect.md, kind "plan")."""
-    footer, steps = reader.footer, reader.steps
+    # Rows are steps first..steps-1: a re-planned plan starts at its hand-over step.
+    footer, first = reader.footer, reader.first_step
+    steps = reader.steps - first
     names = [s["name"] for s in footer["sources"]]
     if [s["name"] for s in footer["config"]["sources"]] != names:
         raise PlanError(f"{reader.path}: corrupt plan footer (sources differ from the config's)")
@@ -242,7 +248,8 @@ def plan_report(
     unit, amounts = realized_amounts(reader, index)
     if amounts.shape != (steps, len(names)):
         raise PlanError(f"{reader.path}: corrupt plan (source_samples shape {amounts.shape})")
-    target = target_shares(footer, steps)
+    target = target_shares(footer, reader.steps, first)
+    cuts = [c - first for c in breakpoints(footer, reader.steps) if c > first]
     capacity = footer["config"]["train"]["max_tokens_per_micro_batch"]
     return {
         "schema": SCHEMA,
@@ -253,13 +260,13 @@ def plan_report(
         "share_unit": unit,
         "sources": _sources(footer, _mix(names, target, amounts, 0, steps)),
         "phases": [
-            {"start": a, "end": b, "sources": _mix(names, target, amounts, a, b)}
-            for a, b in phases(breakpoints(footer, steps), steps)
+            {"start": first + a, "end": first + b, "sources": _mix(names, target, amounts, a, b)}
+            for a, b in phases(cuts, steps)
         ],
         "imbalance": _imbalance(col, reader.dp),
         "capacity_fill": {
             "step": summary(ratio(col["tokens"], reader.dp * reader.micro * capacity)),
             "max_micro_batch": summary(ratio(col["max_micro_tokens"], capacity)),
         },
-        "series": _series(names, target, amounts, col, steps, points),
+        "series": _series(names, target, amounts, col, steps, points, first),
     }

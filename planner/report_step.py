@@ -37,10 +37,10 @@ _SCHEMA = {
 
 
 def _check(reader: PlanReader, step: int, ranks: Sequence[int]) -> None:
-    if not 0 <= step < reader.steps:
-        raise ConfigError(
-            f"--step {step} is outside the plan's {reader.steps} steps (0 to {reader.steps - 1})"
-        )
+    if not reader.first_step <= step < reader.steps:
+        first, last = reader.first_step, reader.steps - 1
+        span = f"steps {first} to {last}" if first else f"{reader.steps} steps (0 to {last})"
+        raise ConfigError(f"--step {step} is outside the plan's {span}")
     for rank in ranks:
         if not 0 <= rank < reader.dp:
             raise ConfigError(
@@ -110,7 +110,9 @@ def step_report(
     footer = reader.footer
     manifest = plan_index(reader.path, footer, index)
     frame = _locate(step_slots(reader, step, ranks), manifest, footer)
-    stats = {name: int(values[step]) for name, values in step_stats(reader).items()}
+    stats = {
+        name: int(values[step - reader.first_step]) for name, values in step_stats(reader).items()
+    }
     return {
         "schema": SCHEMA,
         "kind": "step",

@@ -130,7 +130,7 @@ def _verify_plan_file(result: VerifyResult) -> dict[str, Any] | None:
 
 
 def _layout_problem(reader: PlanReader) -> str | None:
-    expected = 0
+    expected = reader.first_step  # a re-planned plan starts at its hand-over step
     for i, (a, b, *_rest) in enumerate(reader.chunks):
         if a != expected:
             return f"chunk {i} starts at step {a}, expected {expected}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +20,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mds.executor.planfile import PlanReader
 from mds.planner.config import load_config, parse_config
 from mds.planner.index.build import build_index
+from mds.planner.plan import Planner
 from mds.planner.plan_config import PlanConfig, load_plan_config, plan_config_from_dict
 from mds.planner.pool import SourcePool, quantize
 
@@ -301,3 +304,47 @@ __all__ = [
     "train_table",
     "write_source",
 ]
+
+
+# --- re-planned plans ----------------------------------------------------------------------------
+
+
+def step_ids(plan, first: int, last: int) -> dict[int, list[int]]:
+    """step -> every rank's global ids, for steps [first, last)."""
+    out: dict[int, list[int]] = {}
+    with PlanReader(plan) as reader:
+        for step in range(first, last):
+            ids = []
+            for rank in range(reader.dp):
+                block = reader.rank_chunk(reader.chunk_of(step), rank)
+                flat = block.counts.ravel()
+                local = (step - block.step_start) * reader.micro
+                start = int(flat[:local].sum())
+                ids += block.ids[
+                    start : start + int(flat[local : local + reader.micro].sum())
+                ].tolist()
+            out[step] = ids
+    return out
+
+
+def stream_prefix(config, consumed: dict[str, int]) -> Counter:
+    """The global ids of each source's first `consumed` stream positions: what a run that
+    never changed course would have drawn, epoch after epoch, without repeats or skips."""
+    planner = Planner(config)
+    out: Counter = Counter()
+    for pool, stream in zip(planner.pools, planner.streams, strict=True):
+        n = consumed.get(pool.name, 0)
+        out.update((pool.base + pool.rows[stream.positions(0, n)]).tolist())
+    return out
+
+
+def per_source(plan, ids) -> dict[str, int]:
+    """Samples per source name among global ids (the index's id ranges, from the plan)."""
+    with PlanReader(plan) as reader:
+        ranges = [
+            (s["base"], s["base"] + s["rows"], s["name"]) for s in reader.footer["index"]["sources"]
+        ]
+    counts: Counter = Counter()
+    for gid in ids:
+        counts[next(name for lo, hi, name in ranges if lo <= gid < hi)] += 1
+    return dict(counts)

@@ -120,6 +120,8 @@ PLAN_SCHEMA = {
         "index_path": str,
         "chunk_steps": int,
         "chunks": int,
+        "first_step": int,
+        "lineage": (dict, type(None)),
     },
     "totals": {"samples": int, "tokens": int},
     "share_unit": str,
