@@ -16,7 +16,7 @@ from plan_builders import per_source, sample_index, sample_plan_config, step_ids
 
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import PlanReader
-from mds.planner.plan import build_plan, with_overrides
+from mds.planner.plan import Planner, build_plan, with_overrides
 from mds.planner.plan_config import MixSpec
 from mds.planner.schedule import parse_schedule
 
@@ -146,3 +146,32 @@ def test_cli_replans_and_inspect_and_diff_show_the_lineage(parent, tmp_path):
     assert "--from and --at-step go together" in one_error_line(
         mds(*base, "-o", child, "--from", old)
     )
+
+
+def test_tokens_per_step_plans_continue_their_cursors_too(tmp_path):
+    from plan_builders import plan_config, synthetic, train_table
+
+    rng = np.random.default_rng(5)
+    sources = {
+        name: {"lengths": rng.integers(5, 60, 200).tolist(), "weight": w}
+        for name, w in (("a", 0.5), ("b", 0.3), ("c", 0.2))
+    }
+    train = train_table(samples_per_step=None, tokens_per_step=600, weight_by="tokens", steps=24)
+    train["max_tokens_per_micro_batch"] = 2000
+    data = synthetic(tmp_path, sources, train)
+    config = plan_config(tmp_path, data)
+    old, new = tmp_path / "old.mds", tmp_path / "new.mds"
+    build_plan(config, old)
+    build_plan(reweighted(config, {"a": 0.1, "b": 0.1, "c": 0.8}), new, parent=old, at_step=9)
+    drawn = [
+        i
+        for plan, lo, hi in ((old, 0, 9), (new, 9, 24))
+        for ids in step_ids(plan, lo, hi).values()
+        for i in ids
+    ]
+    assert Counter(drawn) == stream_prefix(config, per_source(old, drawn))
+    with PlanReader(new) as b:
+        consumed, tokens = b.section("cursor_consumed")[0], b.section("cursor_tokens")[0]
+    planner = Planner(config)  # the tokens at K are exactly those of the samples drawn by K
+    for s, stream in enumerate(planner.streams):
+        assert tokens[s] == stream.tokens_between(0, int(consumed[s])) > 0
