@@ -43,7 +43,9 @@ def parent_cursors(
     per_step = reader.section("source_samples")
     chunk = len(reader.chunks) if at_step == steps else reader.chunk_of(at_step)
     start = reader.chunks[chunk][0] if chunk < len(reader.chunks) else steps
-    assert consumed.shape[1] == len(names) and start <= at_step
+    rows = (len(reader.chunks) + 1, len(names))
+    if consumed.shape != rows or tokens.shape != rows or per_step.shape[1:] != rows[1:]:
+        raise PlanError(f"{reader.path}: corrupt plan (cursor sections do not match its sources)")
     taken = per_step[start - first : at_step - first].sum(axis=0)
     tokens_mode = footer["config"]["train"].get("tokens_per_step") is not None
     out: dict[str, tuple[int, int | None]] = dict(
