@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from mds.executor.batch import pack
-from mds.executor.errors import ConfigError, DataChangedError, PlanError
-from mds.executor.manifest import read_manifest
+from mds.executor.errors import ConfigError, PlanError
+from mds.executor.manifest import plan_manifest
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.executor.sources import SourceCatalog, Tokenize
@@ -94,21 +94,8 @@ class PlanExecutor:
         lineage = reader.footer.get("lineage")
         self.lineage = lineage if isinstance(lineage, dict) else None
         footer = reader.footer
-        try:
-            recorded = footer["index"]
-            index_dir = (
-                Path(index) if index is not None else self.plan_path.parent / recorded["path"]
-            )
-        except (KeyError, TypeError):
-            raise PlanError(f"{self.plan_path}: the footer does not name its index") from None
-        manifest = read_manifest(index_dir)
-        if manifest.fingerprint != recorded.get("fingerprint"):
-            raise DataChangedError(
-                f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one "
-                f"{self.plan_path} was made from ({recorded.get('fingerprint')}); pass the right "
-                "index= or re-plan"
-            )
-        self.index_path = index_dir
+        manifest = plan_manifest(self.plan_path, footer, index, option="index=")
+        self.index_path = manifest.path
         self._catalog = SourceCatalog(
             manifest,
             footer,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mds.executor.errors import IndexFormatError
+from mds.executor.errors import DataChangedError, IndexFormatError, PlanError
 
 __all__ = [
     "FORMAT",
@@ -22,6 +22,7 @@ __all__ = [
     "VERSION",
     "IndexManifest",
     "index_fingerprint",
+    "plan_manifest",
     "read_manifest",
     "table_checksum",
 ]
@@ -185,3 +186,25 @@ def read_manifest(directory: str | Path) -> IndexManifest:
         raise IndexFormatError(f"{where}: unreadable manifest ({exc})") from None
     _check(data, where)
     return IndexManifest(directory, data)
+
+
+def plan_manifest(
+    plan: str | Path,
+    footer: dict[str, Any],
+    index: str | Path | None = None,
+    option: str = "--index",
+) -> IndexManifest:
+    """The index a plan was made from (`index`, else the path its footer names), checked
+    against the fingerprint the plan recorded; `option` is how the caller names `index`."""
+    try:
+        recorded = footer["index"]
+        index_dir = Path(index) if index else Path(plan).parent / recorded["path"]
+    except (KeyError, TypeError):
+        raise PlanError(f"{plan}: the footer does not name its index") from None
+    manifest = read_manifest(index_dir)
+    if manifest.fingerprint != recorded.get("fingerprint"):
+        raise DataChangedError(
+            f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "
+            f"was made from ({recorded.get('fingerprint')}); pass the right {option} or re-plan"
+        )
+    return manifest

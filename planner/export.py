@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from mds.executor.errors import DataChangedError
+from mds.executor.manifest import plan_manifest
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.atomic import atomic_path
-from mds.planner.index.manifest import IndexManifest, read_manifest, source_frame
+from mds.planner.index.manifest import IndexManifest, source_frame
 from mds.planner.sqlexpr import sql_expr
 
-__all__ = ["block_frame", "export_plan", "locate", "plan_frame", "plan_index", "sample_cost"]
+__all__ = ["block_frame", "export_plan", "locate", "plan_frame", "sample_cost"]
 
 
 _SLOT_SCHEMA = {"step": pl.Int64, "rank": pl.Int64, "micro_batch": pl.Int64, "gid": pl.Int64}
@@ -57,19 +57,6 @@ def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) 
         return frame.with_columns(expr.cast(pl.Float64).alias("cost"))["cost"]
     L = n.cast(pl.Float64)
     return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
-
-
-def plan_index(plan: Path, footer: dict, index: str | Path | None = None) -> IndexManifest:
-    """The index a plan was made from (`index`, else the path its footer names), checked
-    against the fingerprint the plan recorded."""
-    index_dir = Path(index) if index else (Path(plan).parent / footer["index"]["path"])
-    manifest = read_manifest(index_dir)
-    if manifest.fingerprint != footer["index"]["fingerprint"]:
-        raise DataChangedError(
-            f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "
-            f"was made from ({footer['index']['fingerprint']}); pass the right --index or re-plan"
-        )
-    return manifest
 
 
 def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.DataFrame:
@@ -121,7 +108,7 @@ def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFram
     with PlanReader(plan) as reader:
         footer = reader.footer
         slots = _slots(reader).with_row_index("order")
-    manifest = plan_index(plan, footer, index)
+    manifest = plan_manifest(plan, footer, index)
     # File order is (chunk, rank, step, ...); the documented order is (step, rank, micro_batch),
     # with a micro-batch's samples in their order in the plan.
     frame = locate(slots, manifest, footer).sort("step", "rank", "micro_batch", "order")

@@ -13,8 +13,9 @@ from typing import Any
 import polars as pl
 
 from mds.executor.errors import ConfigError
+from mds.executor.manifest import plan_manifest
 from mds.executor.planfile import PlanReader
-from mds.planner.export import block_frame, locate, plan_index
+from mds.planner.export import block_frame, locate
 from mds.planner.index.manifest import IndexManifest
 from mds.planner.report import SCHEMA
 from mds.planner.report_plan import step_stats
@@ -108,7 +109,7 @@ def step_report(
     ranks = sorted(set(ranks)) if ranks else list(range(reader.dp))
     _check(reader, step, ranks)
     footer = reader.footer
-    manifest = plan_index(reader.path, footer, index)
+    manifest = plan_manifest(reader.path, footer, index)
     frame = _locate(step_slots(reader, step, ranks), manifest, footer)
     stats = {
         name: int(values[step - reader.first_step]) for name, values in step_stats(reader).items()
