@@ -23,6 +23,7 @@ from mds.executor.fingerprint import fingerprint
 from mds.executor.lru import LRU
 from mds.executor.manifest import IndexManifest, table_checksum
 from mds.executor.readers import FileReader, open_reader
+from mds.executor.tokenizer import load_tokenizer
 
 __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
 
@@ -177,14 +178,7 @@ class SourceCatalog:
                 f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
                 "pass tokenize= explicitly"
             )
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ConfigError(
-                f"source {s.name!r} was counted with {path}; install the `tokenizers` package "
-                "(pip install 'mds[tokenizers]') or pass tokenize="
-            ) from None
-        tok = Tokenizer.from_file(str(path))
+        tok = load_tokenizer(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
     def check_files(self, full: bool) -> None:

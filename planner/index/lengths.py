@@ -6,13 +6,13 @@ and out-of-range lengths fail the same way whatever the format.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 
-from mds.executor.errors import ConfigError, SourceDataError
+from mds.executor.errors import SourceDataError
+from mds.executor.tokenizer import load_tokenizer
 from mds.planner.config import LengthSpec
 
 __all__ = ["check_column_type", "checked_lengths", "load_tokenizer", "text_lengths"]
@@ -35,23 +35,6 @@ def check_column_type(dtype: pl.DataType, role: str, column: str, where: str) ->
             "text": "a string",
         }[role]
         raise SourceDataError(f"{where}column `{column}` has type {dtype}, expected {wanted}")
-
-
-@functools.lru_cache(maxsize=8)
-def load_tokenizer(path: str):
-    """Load a local Hugging Face tokenizer.json (extra `tokenizers`)."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ConfigError(
-            "`tokenizer` needs the `tokenizers` package: pip install 'mds[tokenizers]'"
-        ) from None
-    if not Path(path).is_file():
-        raise ConfigError(f"`tokenizer` file {path} not found")
-    try:
-        return Tokenizer.from_file(path)
-    except Exception as exc:  # the library raises bare Exception for bad files
-        raise ConfigError(f"`tokenizer` file {path} is not a tokenizer.json ({exc})") from None
 
 
 def _tokenize(texts: pl.Series, path: str) -> pl.Series:
