@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mds.executor.datacheck import entry_paths, file_problem
+from mds.executor.datacheck import entry_paths, file_problem, safe_path
 from mds.executor.errors import ConfigError, DataChangedError, IndexFormatError, SourceDataError
 from mds.executor.fingerprint import fingerprint
 from mds.executor.lru import LRU
@@ -204,17 +204,13 @@ class SourceCatalog:
 
     def _table(self, s: _Source) -> Path:
         """The source's index table, which must lie inside the index directory (after links)."""
-        path = self.manifest.path / s.entry["table"]
         try:
-            inside = path.resolve().is_relative_to(self.manifest.path.resolve())
-        except (OSError, RuntimeError, ValueError):
-            inside = False
-        if not inside:
+            return safe_path(self.manifest.path, s.entry["table"], f"source {s.name!r}")
+        except ValueError:
             raise IndexFormatError(
                 f"{self.manifest.path}: the table of source {s.name!r} "
                 f"({s.entry['table']!r}) leaves the index directory; refused, not read"
-            )
-        return path
+            ) from None
 
     # --- fetching -------------------------------------------------------------------------
 
