@@ -71,13 +71,11 @@ class PlanLoader:
                 num_workers=self.num_workers,
                 **self.dataloader_kwargs,
             )
-            restarted = False
             for batch in loader:
                 pos = batch["step"] * ex.micro_batches + batch["micro_batch"]
                 if pos != ex._pos:  # the loop seeked (load_state_dict) while workers ran ahead
-                    restarted = True
-                    break
+                    break  # start new workers at the new position
                 ex._pos = pos + 1
                 yield batch
-            if not restarted:
+            else:
                 return
