@@ -39,6 +39,26 @@ def mesh_position(
     rank: int, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, order: str = DEFAULT_ORDER
 ) -> MeshPosition:
     """Split a global rank into (tp, cp, dp, pp) coordinates; dp_size is what remains."""
+    dims, sizes = _layout(world_size, tp, cp, pp, order)
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside the world size {world_size}")
+    coords = _coords(rank, dims, sizes)
+    peers = _groups(world_size, dims, sizes)[coords["dp"]]
+    return MeshPosition(coords["dp"], sizes["dp"], coords, peers)
+
+
+def peer_groups(
+    world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, order: str = DEFAULT_ORDER
+) -> list[tuple[int, ...]]:
+    """The global ranks of every DP rank's peers, by DP rank: what each process passes to
+    `torch.distributed.new_group`, in this order, before iterating `shared()`."""
+    return _groups(world_size, *_layout(world_size, tp, cp, pp, order))
+
+
+def _layout(
+    world_size: int, tp: int, cp: int, pp: int, order: str
+) -> tuple[list[str], dict[str, int]]:
+    """The checked dimension order and every dimension's size."""
     dims = order.split("-")
     if sorted(dims) != sorted(_DIMS):
         raise ConfigError(
@@ -53,26 +73,16 @@ def mesh_position(
         raise ConfigError(
             f"world size {world_size} is not a multiple of tp*cp*pp = {tp}*{cp}*{pp} = {model}"
         )
-    if not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} is outside the world size {world_size}")
     sizes["dp"] = world_size // model
-    coords = _coords(rank, dims, sizes)
-    peers = tuple(r for r in range(world_size) if _coords(r, dims, sizes)["dp"] == coords["dp"])
-    return MeshPosition(coords["dp"], sizes["dp"], coords, peers)
+    return dims, sizes
 
 
-def peer_groups(
-    world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, order: str = DEFAULT_ORDER
-) -> list[tuple[int, ...]]:
-    """The global ranks of every DP rank's peers, by DP rank: what each process passes to
-    `torch.distributed.new_group`, in this order, before iterating `shared()`."""
-    first = [
-        mesh_position(r, world_size, tp=tp, cp=cp, pp=pp, order=order) for r in range(world_size)
-    ]
-    groups: dict[int, tuple[int, ...]] = {}
-    for pos in first:
-        groups.setdefault(pos.dp_rank, pos.peers)
-    return [groups[d] for d in sorted(groups)]
+def _groups(world_size: int, dims: list[str], sizes: dict[str, int]) -> list[tuple[int, ...]]:
+    """Global ranks by DP rank, ascending: one pass over the world."""
+    groups: list[list[int]] = [[] for _ in range(sizes["dp"])]
+    for r in range(world_size):
+        groups[_coords(r, dims, sizes)["dp"]].append(r)
+    return [tuple(g) for g in groups]
 
 
 def _coords(rank: int, dims: list[str], sizes: dict[str, int]) -> dict[str, int]:
