@@ -27,10 +27,10 @@ __all__ = ["derive_start", "parent_cursors"]
 
 def parent_cursors(
     reader: PlanReader, at_step: int
-) -> tuple[dict[str, tuple[int, int | None]], dict[str, int], int]:
+) -> tuple[dict[str, tuple[int, int | None]], dict[str, int]]:
     """A plan's cursors at step K: per source (stream position, tokens at the chunk boundary
-    before K, or None in samples mode), including sources its own lineage carries; the
-    samples each planned source took between that boundary and K; the boundary's chunk."""
+    before K, or None in samples mode), including sources its own lineage carries; and the
+    samples each planned source took between that boundary and K."""
     first, steps = reader.first_step, reader.steps
     if not first <= at_step <= steps:
         raise ConfigError(
@@ -56,18 +56,17 @@ def parent_cursors(
             int(consumed[chunk, s] + taken[s]),
             int(tokens[chunk, s]) if tokens_mode else None,
         )
-    return out, {name: int(taken[s]) for s, name in enumerate(names)}, chunk
+    return out, {name: int(taken[s]) for s, name in enumerate(names)}
 
 
 def _index_problem(planner: Planner, footer: dict[str, Any]) -> str | None:
     """The new index must hold every source of the parent's index unchanged (same rows in
     the same global id range), so the parent's sample ids mean the same samples."""
-    now, base = {}, 0
-    for s in planner.manifest.sources:
-        now[s["name"]] = (base, s["rows"], s["table_checksum"])
-        base += s["rows"]
+    from mds.planner.plan import index_sources
+
+    now = {s["name"]: s for s in index_sources(planner.manifest)}
     for s in footer["index"]["sources"]:
-        if now.get(s["name"]) != (s["base"], s["rows"], s["table_checksum"]):
+        if now.get(s["name"]) != s:
             return s["name"]
     return None
 
@@ -96,11 +95,9 @@ def derive_start(planner: Planner, parent: Path, at_step: int) -> tuple[MixState
                 f"source {changed!r} differs between {parent}'s index and this one; re-plan "
                 "from the index the parent plan was made from (sources may only be added)"
             )
-        cursors, taken, chunk = parent_cursors(reader, at_step)
+        cursors, taken = parent_cursors(reader, at_step)
         filters = {s["name"]: s.get("filter") for s in old["sources"]}
         eligible = {s["name"]: s["eligible"] for s in footer["sources"]}
-        tokens_cursor = reader.section("cursor_tokens")
-        names = [s["name"] for s in footer["sources"]]
         parent_id = reader.plan_id
     n = len(planner.pools)
     consumed = np.zeros(n, np.int64)
@@ -123,11 +120,8 @@ def derive_start(planner: Planner, parent: Path, at_step: int) -> tuple[MixState
             )
         consumed[i], tok = cursors[pool.name]
         if tok is not None:
-            if pool.name in names:  # tokens of the steps between the chunk boundary and K
-                s = names.index(pool.name)
-                start = int(consumed[i]) - taken[pool.name]
-                tok = int(tokens_cursor[chunk, s]) + stream.tokens_between(start, taken[pool.name])
-            tokens[i] = tok
+            between = taken.get(pool.name, 0)  # tokens of the steps from the boundary to K
+            tokens[i] = tok + stream.tokens_between(int(consumed[i]) - between, between)
     target = (tokens if new.train.tokens_per_step else consumed).astype(np.float64)
     live = {pool.name for pool in planner.pools}  # their cursors are the new plan's own
     carried = {name: c for name, c in cursors.items() if name not in live}

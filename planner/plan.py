@@ -362,13 +362,11 @@ def _cannot_write(output: Path, exc: OSError) -> PlanError:
     return PlanError(f"{output}: cannot write the plan ({exc.strerror or exc})")
 
 
-def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) -> dict[str, Any]:
-    config, manifest = planner.config, planner.manifest
-    peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
-    base = 0
-    index_sources = []
+def index_sources(manifest: IndexManifest) -> list[dict[str, Any]]:
+    """The footer's record of the index: each source's name, global id base, rows, table."""
+    out, base = [], 0
     for s in manifest.sources:
-        index_sources.append(
+        out.append(
             {
                 "name": s["name"],
                 "base": base,
@@ -377,6 +375,12 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
             }
         )
         base += s["rows"]
+    return out
+
+
+def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) -> dict[str, Any]:
+    config, manifest = planner.config, planner.manifest
+    peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
     sources = []
     for s, pool in enumerate(planner.pools):
         consumed = int(final.consumed[s])
@@ -399,7 +403,7 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
         "index": {
             "fingerprint": manifest.fingerprint,
             "path": os.path.relpath(manifest.path, output.parent),
-            "sources": index_sources,
+            "sources": index_sources(manifest),
         },
         "sources": sources,
         "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
