@@ -320,14 +320,16 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
     """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
     train = planner.config.train
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
-    tmp = temp_sibling(output)
-    try:
+    try:  # a PlanWriter that fails to start removes its temporary itself
         output.parent.mkdir(parents=True, exist_ok=True)
         writer = PlanWriter(
-            output, tmp, dp_size=train.dp_size, micro_batches=train.micro_batches, id_width=id_width
+            output,
+            temp_sibling(output),
+            dp_size=train.dp_size,
+            micro_batches=train.micro_batches,
+            id_width=id_width,
         )
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise _cannot_write(output, exc) from exc
     if progress is not None:
         progress.start(train.steps - planner.first_step)
