@@ -1,5 +1,8 @@
 """The fault matrix: every way input, plan files or the machine can fail, and what mds does.
 
+This file holds the first rows; tests/faults/ holds one file per further class of fault,
+each with its own table in the same form.
+
 Each row asserts the exact outcome: the error class (library) or exit code (CLI: 1 for a user
 error, 130 for an interrupt), one `error:` line naming the culprit, and nothing half-written:
 the previous index or plan byte-identical and no temporary left next to it.
