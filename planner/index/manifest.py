@@ -49,5 +49,5 @@ def read_table(table: Path, checksum: str) -> pl.DataFrame:
     data = read_table_bytes(table, checksum)
     try:
         return pl.read_parquet(io.BytesIO(data))
-    except Exception as exc:  # noqa: BLE001 - a checked table that still fails to parse
+    except (OSError, pl.exceptions.PolarsError) as exc:  # intact bytes, yet not a table
         raise IndexFormatError(f"{table}: cannot read index table ({exc})") from None
