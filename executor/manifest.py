@@ -24,7 +24,9 @@ __all__ = [
     "index_fingerprint",
     "plan_manifest",
     "read_manifest",
+    "read_table_bytes",
     "table_checksum",
+    "table_damage",
 ]
 
 FORMAT = "mds-index"
@@ -65,6 +67,27 @@ def table_checksum(path: Path) -> str:
         while piece := f.read(8 << 20):
             h.update(piece)
     return "blake2b:" + h.hexdigest()
+
+
+def table_damage(path: Path, got: str, expected: str) -> IndexFormatError:
+    """The one-line error for an index table whose bytes differ from its manifest entry."""
+    return IndexFormatError(
+        f"{path}: checksum {got} differs from the manifest's {expected}; the index is damaged: "
+        "re-run `mds index` to rebuild the table from its sources, or delete the index"
+    )
+
+
+def read_table_bytes(path: Path, expected: str) -> bytes:
+    """An index table's bytes, checked against the manifest's `table_checksum` in the same read
+    that loads them (so the check costs one hash pass, not a second read of the file)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read index table ({exc.strerror or exc})") from None
+    got = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+    if got != expected:
+        raise table_damage(path, got, expected)
+    return data
 
 
 def index_fingerprint(sources: list[dict[str, Any]]) -> str:

@@ -21,7 +21,7 @@ from mds.executor.datacheck import entry_paths, file_problem, safe_path
 from mds.executor.errors import ConfigError, DataChangedError, IndexFormatError, SourceDataError
 from mds.executor.fingerprint import fingerprint
 from mds.executor.lru import LRU
-from mds.executor.manifest import IndexManifest, table_checksum
+from mds.executor.manifest import IndexManifest, read_table_bytes, table_checksum, table_damage
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.tokenizer import load_tokenizer
 
@@ -200,7 +200,7 @@ class SourceCatalog:
                         f"{table}: cannot read index table ({exc.strerror or exc})"
                     ) from None
                 if got != s.entry["table_checksum"]:
-                    raise DataChangedError(f"{table}: index table checksum mismatch")
+                    raise table_damage(table, got, s.entry["table_checksum"])
 
     def _table(self, s: _Source) -> Path:
         """The source's index table, which must lie inside the index directory (after links)."""
@@ -250,12 +250,14 @@ class SourceCatalog:
     def _columns(self, s: _Source) -> dict[str, np.ndarray]:
         """The source's location columns, read once from its index table."""
         if not s.columns:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
             names = ["n_tokens", *(("file_row", "offset", "length") if s.fmt in _JSONL else ())]
             table_path = self._table(s)
             try:
-                table = pq.read_table(table_path, columns=names)
+                data = read_table_bytes(table_path, s.entry["table_checksum"])
+                table = pq.read_table(pa.BufferReader(data), columns=names)
             except (OSError, ValueError) as exc:
                 raise IndexFormatError(f"{table_path}: cannot read index table ({exc})") from None
             if table.num_rows != s.rows:

@@ -306,7 +306,7 @@ def load_plan_config(path: str | Path) -> PlanConfig:
     """Read a TOML config and validate everything planning needs."""
     index_config = load_config(path)
     path = Path(path)
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     return parse_plan_config(data, index_config, path=path)
 
 

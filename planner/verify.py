@@ -23,6 +23,7 @@ from mds.planner.index.manifest import (
     index_fingerprint,
     read_manifest,
     table_checksum,
+    table_damage,
 )
 
 __all__ = ["Check", "VerifyResult", "verify_plan"]
@@ -333,7 +334,7 @@ def _table_problem(manifest: IndexManifest, entry: dict[str, Any]) -> str | None
     except OSError as exc:
         return f"{table}: cannot read index table ({exc.strerror or exc})"
     if got != entry["table_checksum"]:
-        return f"{table}: checksum {got} differs from the manifest's {entry['table_checksum']}"
+        return str(table_damage(table, got, entry["table_checksum"]))
     return None
 
 

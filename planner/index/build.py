@@ -34,6 +34,7 @@ from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
     read_manifest,
+    read_table,
     table_checksum,
 )
 from mds.planner.index.megatron import scan_megatron
@@ -139,11 +140,15 @@ def _previous(output: Path) -> IndexManifest | None:
         raise ConfigError(f"{output}: output exists and is not a directory")
     if (output / MANIFEST).exists():
         try:
-            return read_manifest(output)
+            previous = read_manifest(output)
         except IndexFormatError as exc:
             if "newer" in str(exc):
                 raise
             return None  # unreadable old index: rebuild from scratch, still atomically
+        for entry in previous.sources:
+            if not _intact(previous.path / entry["table"], entry["table_checksum"]):
+                entry["files"] = []  # damaged table: none of its rows is reused, all rescanned
+        return previous
     if any(p for p in output.iterdir() if not is_temp(p) and p.name != TABLES):
         raise ConfigError(
             f"{output}: exists, is not empty and is not an mds index; pick another --output"
@@ -236,7 +241,7 @@ class _Writer:
             checksum = table_checksum(tmp)
             rel = f"{TABLES}/{name}-{checksum.removeprefix('blake2b:')[:16]}.parquet"
             final = self.output / rel
-            if not final.exists():
+            if not final.exists() or not _intact(final, checksum):  # a damaged one is replaced
                 fsync_file(tmp)
                 os.replace(tmp, final)
                 if rel not in self.keep:
@@ -269,13 +274,22 @@ def _assemble(
     return pl.concat([p.select(cols) for p in parts], how="vertical")
 
 
+def _intact(table: Path, checksum: str) -> bool:
+    """Whether a previous index table still has the bytes its manifest records."""
+    try:
+        return table_checksum(table) == checksum
+    except OSError:
+        return False
+
+
 def _old_rows(
     previous: IndexManifest | None, old: dict | None, files: list[_File]
 ) -> dict[int, pl.DataFrame]:
     ids = {f.reuse for f in files if f.reuse is not None}
     if not ids or previous is None or old is None:
         return {}
-    table = pl.read_parquet(previous.path / old["table"]).filter(pl.col("file_id").is_in(list(ids)))
+    table = read_table(previous.path / old["table"], old["table_checksum"])
+    table = table.filter(pl.col("file_id").is_in(list(ids)))
     parts = table.partition_by("file_id", as_dict=True, include_key=False)
     return {int(key[0]): frame for key, frame in parts.items()}
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import numpy as np
@@ -247,13 +248,20 @@ def _open(file: DataFile):
     return raw, (ZstdFrames(raw, file.rel) if file.format == "jsonl.zst" else raw)
 
 
-def _raw_lengths(frame: pl.DataFrame, spec, ctx: ScanContext, where: str) -> pl.Series:
-    """Unchecked n_tokens of one parsed chunk (the caller checks them all at the end)."""
+def _raw_lengths(
+    frame: pl.DataFrame, spec, ctx: ScanContext, where: str, line: Callable[[int], str]
+) -> pl.Series:
+    """Unchecked n_tokens of one parsed chunk (the caller checks them all at the end);
+    `line(i)` names row i of the chunk, for a type error."""
     kind, column = spec.length.kind, spec.length.column
     dtype = frame.schema[column]
     if dtype != pl.Null:
         role = "text" if kind in ("tokenizer", "estimate") else kind
-        check_column_type(dtype, role, column, where)
+        try:
+            check_column_type(dtype, role, column, where)
+        except SourceDataError:
+            check_column_type(dtype, role, column, f"{line(_first_offender(frame[column]))}: ")
+            raise
     if kind in ("tokenizer", "estimate"):
         return text_lengths(frame[column].cast(pl.String), spec.length, ctx.tokenizer)
     if kind == "tokens":
@@ -261,6 +269,27 @@ def _raw_lengths(frame: pl.DataFrame, spec, ctx: ScanContext, where: str) -> pl.
             return pl.Series("n_tokens", [None] * frame.height, dtype=pl.Int64)
         return frame[column].list.len().cast(pl.Int64).alias("n_tokens")
     return frame[column].cast(pl.Int64).alias("n_tokens")
+
+
+def _first_offender(values: pl.Series) -> int:
+    """The row that made a column's type wrong: the first with a fractional number, else the
+    first non-empty value (a whole float like 1.0 parses the same as 1)."""
+    rows = values.to_list()
+    for i, v in enumerate(rows):
+        items = v if isinstance(v, list) else [v]
+        if any(isinstance(x, float) and not x.is_integer() for x in items):
+            return i
+    return next((i for i, v in enumerate(rows) if v not in (None, [])), 0)
+
+
+def _cr_only(chunk: bytes, file: DataFile) -> None:
+    """Refuse a file whose lines end in a bare CR (classic Mac OS): read as one line it would
+    fail far from the cause. A chunk holds no LF only when the whole rest of the file has none."""
+    if b"\n" not in chunk and re.search(rb"\r[ \t\r]*[^\s]", chunk):
+        raise SourceDataError(
+            f"{file.rel}: lines end in a bare CR (classic Mac OS line endings), which JSONL "
+            "does not support; convert them to LF (or CRLF)"
+        )
 
 
 def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
@@ -279,6 +308,7 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     raw, stream = _open(file)
     with raw:
         for base, chunk in _chunks(stream, ctx.chunk_bytes):
+            _cr_only(chunk, file)
             starts, lengths = _line_spans(chunk)
             keep_rows = ~_blank(chunk, starts, lengths)
             n_rows = int(keep_rows.sum())
@@ -297,7 +327,15 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
                             "file_row": (idx + line0).astype(np.int64),
                             "offset": starts[idx] + base,
                             "length": lengths[idx],
-                            "n_tokens": _raw_lengths(frame, spec, ctx, f"{file.rel}: field "),
+                            "n_tokens": _raw_lengths(
+                                frame,
+                                spec,
+                                ctx,
+                                f"{file.rel}: field ",
+                                lambda i, idx=idx, at=line0: (
+                                    f"{file.rel} line {int(idx[i]) + at + 1}"
+                                ),
+                            ),
                         }
                     ).hstack(frame.select(list(spec.keep)))
                 )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
 import polars as pl
 
 from mds.executor.errors import IndexFormatError
@@ -12,7 +15,9 @@ from mds.executor.manifest import (
     IndexManifest,
     index_fingerprint,
     read_manifest,
+    read_table_bytes,
     table_checksum,
+    table_damage,
 )
 
 __all__ = [
@@ -22,15 +27,27 @@ __all__ = [
     "IndexManifest",
     "index_fingerprint",
     "read_manifest",
+    "read_table",
     "source_frame",
     "table_checksum",
+    "table_damage",
 ]
 
 
 def source_frame(manifest: IndexManifest, name: str) -> pl.LazyFrame:
-    """Lazy scan of one source's index table."""
+    """One source's index table, checked against the manifest's checksum and parsed from the
+    same bytes (a damaged table is refused before any of its values is used)."""
     entry = manifest.source(name)
     table = manifest.path / entry["table"]
     if not table.is_file():
         raise IndexFormatError(f"{table}: index table of source {name!r} is missing")
-    return pl.scan_parquet(table)
+    return read_table(table, entry["table_checksum"]).lazy()
+
+
+def read_table(table: Path, checksum: str) -> pl.DataFrame:
+    """An index table verified against `checksum`, parsed from the bytes that were checked."""
+    data = read_table_bytes(table, checksum)
+    try:
+        return pl.read_parquet(io.BytesIO(data))
+    except (OSError, pl.exceptions.PolarsError) as exc:  # intact bytes, yet not a table
+        raise IndexFormatError(f"{table}: cannot read index table ({exc})") from None

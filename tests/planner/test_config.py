@@ -298,3 +298,10 @@ def test_detected_megatron_rejects_length_and_columns() -> None:
 def test_config_error_names_the_file_and_the_source(tmp_path: Path) -> None:
     message = _load_error(tmp_path, SOURCE + SOURCE.replace('"web"', '"books"') + "count = 'n'\n")
     assert "[[source]] #2 ('books'): set only one of" in message
+
+
+def test_config_with_a_utf8_byte_order_mark(tmp_path: Path) -> None:
+    # Some editors start UTF-8 files with a BOM; TOML itself rejects it, mds accepts it.
+    path = tmp_path / "mds.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + SOURCE.encode())
+    assert [s.name for s in load_config(path).sources] == ["web"]

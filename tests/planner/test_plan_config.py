@@ -336,3 +336,15 @@ def test_error_names_the_config_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_plan_config(path)
     assert str(err.value).startswith(f"{Path(path)}: [train]: ")
+
+
+def test_load_plan_config_accepts_a_utf8_byte_order_mark(tmp_path):
+    path = tmp_path / "mds.toml"
+    text = (
+        '[[source]]\nname = "a"\npath = "a/*"\ncount = "n"\nweight = 1.0\n\n'
+        "[train]\nsteps = 4\ndp_size = 2\nsamples_per_step = 4\n"
+        "max_tokens_per_micro_batch = 100\n"
+    )
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    cfg = load_plan_config(path)
+    assert [s.name for s in cfg.sources] == ["a"] and cfg.train.steps == 4

@@ -646,3 +646,17 @@ def test_source_frame_missing_table(index: Path) -> None:
     (index / m.source("web")["table"]).unlink()
     with pytest.raises(IndexFormatError, match="index table of source 'web' is missing"):
         source_frame(m, "web")
+
+
+def test_damaged_previous_table_is_rescanned_not_reused(root: Path, scanned: list[str]) -> None:
+    _build(root)
+    before = snapshot(root / "index")
+    table = root / "index" / _manifest(root / "index")["sources"][0]["table"]
+    table.write_bytes(table.read_bytes()[:-20])  # footer cut: the old rows cannot be reused
+    scanned.clear()
+    summary = _build(root)
+    assert sorted(scanned) == sorted(
+        f["path"] for f in _manifest(root / "index")["sources"][0]["files"]
+    )
+    assert [s.files_scanned for s in summary.sources][1:] == [0, 0, 0, 0]
+    assert snapshot(root / "index") == before  # rebuilt byte for byte, damaged file replaced

@@ -348,3 +348,35 @@ def test_offsets_round_trip(tmp_path: Path, items: list, chunk_bytes: int, trail
     assert _lines_at(data, frame) == [rec for _, rec in expected]
     assert frame["n_tokens"].to_list() == [rec["n"] for _, rec in expected]
     assert frame["meta"].to_list() == [rec.get("meta") for _, rec in expected]
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 16])
+def test_float_token_ids_name_the_line(tmp_path: Path, chunk_bytes: int | None) -> None:
+    path = tmp_path / "f.jsonl"
+    write_jsonl(path, [{"ids": [1, 2]}, {"ids": [3]}, {"ids": [4, 5.5]}, {"ids": [6]}])
+    message = _error(path, tokens="ids", count=None, chunk_bytes=chunk_bytes)
+    assert message.startswith("f.jsonl line 3: column `ids` has type List(Float64)"), message
+    assert message.endswith("expected a list of integer token ids")
+
+
+def test_float_count_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "f.jsonl"
+    write_jsonl(path, [{"n": 1}, {"n": 2.5}])
+    assert _error(path).startswith("f.jsonl line 2: column `n` has type Float64")
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 16])
+def test_cr_only_line_endings_are_refused(tmp_path: Path, chunk_bytes: int | None) -> None:
+    path = tmp_path / "mac.jsonl"
+    path.write_bytes(b'{"n": 1}\r{"n": 2}\r{"n": 3}\r')
+    assert _error(path, chunk_bytes=chunk_bytes) == (
+        "mac.jsonl: lines end in a bare CR (classic Mac OS line endings), which JSONL does not "
+        "support; convert them to LF (or CRLF)"
+    )
+
+
+def test_crlf_and_a_single_line_ending_in_cr_are_read(tmp_path: Path) -> None:
+    (tmp_path / "dos.jsonl").write_bytes(b'{"n": 1}\r\n{"n": 2}\r\n')
+    assert _scan(tmp_path / "dos.jsonl")["n_tokens"].to_list() == [1, 2]
+    (tmp_path / "one.jsonl").write_bytes(b'{"n": 4}\r')
+    assert _scan(tmp_path / "one.jsonl")["n_tokens"].to_list() == [4]
