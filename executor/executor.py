@@ -32,9 +32,11 @@ VERIFY_MODES = ("stat", "full", "none")
 class PlanExecutor:
     """Iterate one DP rank's micro-batches of a plan, in plan order, from any position.
 
-    `verify`: "stat" (default) checks size and mtime of every file of the sources the plan
-    uses, "full" their content fingerprints, the index tables and every block of this
-    rank; "none" skips the file checks (plan bytes are always checksum-verified on read).
+    `verify`: "stat" (default) checks size and mtime of each file this rank reads, "full" its
+    content fingerprint (and, at start-up, the index tables and every block of this rank);
+    "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
+    checked when the first plan chunk that reads it is loaded, before any sample is used:
+    the starting chunk's files at construction, later chunks' files as iteration reaches them.
     """
 
     def __init__(
@@ -66,11 +68,13 @@ class PlanExecutor:
         self._reader = PlanReader(self.plan_path)
         try:
             self._setup(dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files)
-            if verify != "none":
-                self._catalog.check_files(full=verify == "full")
+            self._verify = verify
             if verify == "full":
+                self._catalog.check_tables()
                 for chunk in range(len(self._reader.chunks)):
                     self._reader.rank_chunk(chunk, self.dp_rank)
+            if verify != "none" and self._pos < self.total:
+                self.sample_ids(*self.position)  # checks the starting chunk's files
         except BaseException:
             self._reader.close()
             raise
@@ -234,6 +238,8 @@ class PlanExecutor:
         chunk = self._reader.chunk_of(step)
         if self._block is None or self._block[0] != chunk:
             block = self._reader.rank_chunk(chunk, self.dp_rank)
+            if self._verify != "none":
+                self._catalog.check_samples(block.ids, full=self._verify == "full")
             starts = np.zeros(block.counts.size + 1, dtype=np.int64)
             np.cumsum(block.counts.ravel(), out=starts[1:])
             self._block = (chunk, block, starts)
@@ -280,11 +286,14 @@ class PlanExecutor:
         self.close()
 
     def __reduce__(self):
-        # Spawned DataLoader workers rebuild the executor; the parent already verified it.
-        return (_rebuild, (self._args, self._pos))
+        # Spawned DataLoader workers rebuild the executor without the start-up checks the
+        # parent made, and go on checking the files of chunks the parent did not load.
+        return (_rebuild, (self._args, self._pos, self._verify, self._catalog.checked))
 
 
-def _rebuild(args: dict[str, Any], pos: int) -> PlanExecutor:
+def _rebuild(args: dict[str, Any], pos: int, verify: str, checked: set) -> PlanExecutor:
     executor = PlanExecutor(**args, verify="none")
     executor._pos = pos
+    executor._verify = verify
+    executor._catalog.checked = set(checked)
     return executor

@@ -97,6 +97,7 @@ class SourceCatalog:
         self._rows = np.array([s.rows for s in self.sources], dtype=np.int64)
         self.used = [s for s in self.sources if planned.get(s.name, 0) > 0]
         self._bind_tokenizers(tokenize)
+        self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
         self.reset()
 
     @property
@@ -181,26 +182,37 @@ class SourceCatalog:
         tok = load_tokenizer(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
-    def check_files(self, full: bool) -> None:
-        """Stat (or, with `full`, fingerprint) every file of every source the plan uses."""
+    def check_tables(self) -> None:
+        """Compare every used source's index table with its recorded checksum (verify="full")."""
         for s in self.used:
-            for i, item in enumerate(s.entry["files"]):
+            table = self._table(s)
+            try:
+                got = table_checksum(table)
+            except OSError as exc:
+                raise IndexFormatError(
+                    f"{table}: cannot read index table ({exc.strerror or exc})"
+                ) from None
+            if got != s.entry["table_checksum"]:
+                raise table_damage(table, got, s.entry["table_checksum"])
+
+    def check_samples(self, gids: np.ndarray, full: bool) -> None:
+        """Stat (or, with `full`, fingerprint) the files holding `gids` that this process has
+        not checked yet: start-up I/O follows the slice read, not the corpus's files."""
+        sid, rows = self.locate(gids)
+        for s_id in np.unique(sid):
+            s = self.sources[int(s_id)]
+            files = np.unique(np.searchsorted(s.first_rows, rows[sid == s_id], side="right") - 1)
+            for i in files.tolist():
+                if (s.sid, i) in self.checked:
+                    continue
+                item = s.entry["files"][i]
                 problem = file_problem(self.root, item, full, f"{s.name} files[{i}]")
                 if problem is not None:
                     raise DataChangedError(
                         f"source {s.name!r}: {problem}; the data changed since it was indexed "
                         "(re-index and re-plan, or restore the file)"
                     )
-            if full:
-                table = self._table(s)
-                try:
-                    got = table_checksum(table)
-                except OSError as exc:
-                    raise IndexFormatError(
-                        f"{table}: cannot read index table ({exc.strerror or exc})"
-                    ) from None
-                if got != s.entry["table_checksum"]:
-                    raise table_damage(table, got, s.entry["table_checksum"])
+                self.checked.add((s.sid, i))
 
     def _table(self, s: _Source) -> Path:
         """The source's index table, which must lie inside the index directory (after links)."""

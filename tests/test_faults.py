@@ -376,8 +376,10 @@ def test_source_content_changed_with_the_same_size_and_mtime(root: Path) -> None
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with executor(root / "plan.mds"):  # the stat check cannot see it ...
         pass
-    with pytest.raises(DataChangedError) as info:  # ... the content fingerprint does
-        executor(root / "plan.mds", verify="full")
+    with pytest.raises(DataChangedError) as info:  # ... the content fingerprint does,
+        with executor(root / "plan.mds", verify="full") as ex:  # when a chunk reads the file
+            for _ in ex:
+                pass
     assert str(info.value).startswith(
         "source 'forum': forum/forum.jsonl: content changed (sampled fingerprint sampled:"
     )
