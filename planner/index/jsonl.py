@@ -279,6 +279,7 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     raw, stream = _open(file)
     with raw:
         for base, chunk in _chunks(stream, ctx.chunk_bytes):
+            ctx.check_stop()
             starts, lengths = _line_spans(chunk)
             keep_rows = ~_blank(chunk, starts, lengths)
             n_rows = int(keep_rows.sum())
