@@ -21,6 +21,11 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 | **non-regular files** | | |
 | fifo-in-glob | a FIFO `forum/extra.jsonl`, forum `path = "forum/*.jsonl"` | exit 0 at once (skipped), rows unchanged |
 | fifo-explicit | forum `path = "forum/pipe.jsonl"`, a FIFO | exit 1, `forum/pipe.jsonl: a FIFO, not a regular file` |
+| **one writer per output** | | |
+| lock-held-by-live-pid | `.index.lock` / `.plan.mds.lock` naming this test's pid and host | exit 1, `<index> is being written by pid <pid> on host <h> since ...; wait for it or remove <lock> if that process is gone`; outputs byte-identical |
+| lock-of-dead-pid | the lock names a finished process of this host | exit 0, taken over, no lock left |
+| **stale temporaries** | | |
+| plan-temp-of-dead-pid / index-temp-of-dead-pid | `.plan.mds.tmp-PID-HOST-RANDOM` of a dead pid; same in index/ and index/sources/ | removed by the next `mds plan` / `mds index`; a live pid's is kept |
 | dir-named-like-file | forum `path = "forum/a.jsonl"`, an empty directory | exit 1, `is a directory with no data files in it` |
 """
 
@@ -28,12 +33,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from builders import config_file, write_parquet
 from cli_helpers import mds, one_error_line
 from fault_builders import names, tree
+
+from mds.planner.atomic import _host_tag
 
 
 def _set_path(root: Path, source: str, path: str) -> None:
@@ -170,3 +180,61 @@ def test_directory_named_like_a_file(root: Path) -> None:
     (root / "forum/a.jsonl").mkdir()
     _set_path(root, "forum", "forum/a.jsonl")
     one_error_line(mds("index", root / "mds.toml"), "is a directory with no data files in it")
+
+
+# --- one writer per output, stale temporaries ---------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _lock(path: Path, pid: int) -> Path:
+    lock = path.with_name(f".{path.name}.lock")
+    lock.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": "then"}))
+    return lock
+
+
+@pytest.mark.parametrize("what", ["index", "plan"])
+def test_lock_held_by_live_pid(root: Path, what: str) -> None:
+    out = root / ("index" if what == "index" else "plan.mds")
+    lock = _lock(out, os.getpid())
+    before = tree(root)
+    args = (
+        ["index", root / "mds.toml"] if what == "index" else ["plan", root / "mds.toml", "-o", out]
+    )
+    one_error_line(
+        mds(*args),
+        f"{out} is being written by pid {os.getpid()} on host {socket.gethostname()} since then;",
+        f"remove {lock} if that process is gone",
+    )
+    assert tree(root) == before
+
+
+@pytest.mark.parametrize("what", ["index", "plan"])
+def test_lock_of_dead_pid_is_taken_over(root: Path, what: str) -> None:
+    out = root / ("index" if what == "index" else "plan.mds")
+    lock = _lock(out, _dead_pid())
+    args = (
+        ["index", root / "mds.toml"] if what == "index" else ["plan", root / "mds.toml", "-o", out]
+    )
+    assert mds(*args).exit_code == 0
+    assert not lock.exists()
+
+
+def test_stale_temporaries_are_removed(root: Path) -> None:
+    dead, tag = _dead_pid(), _host_tag()
+    stale = [
+        root / f".plan.mds.tmp-{dead}-{tag}-0123abcd",
+        root / "index" / f".manifest.json.tmp-{dead}-{tag}-0123abcd",
+        root / "index" / "sources" / f".web.parquet.tmp-{dead}-{tag}-0123abcd",
+    ]
+    live = root / f".plan.mds.tmp-{os.getpid()}-{tag}-0123abcd"
+    for path in [*stale, live]:
+        path.write_bytes(b"half")
+    assert mds("index", root / "mds.toml").exit_code == 0
+    assert mds("plan", root / "mds.toml", "-o", root / "plan.mds").exit_code == 0
+    assert [p for p in stale if p.exists()] == []
+    assert live.exists()
