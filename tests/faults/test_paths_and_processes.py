@@ -26,6 +26,7 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 | lock-of-dead-pid | the lock names a finished process of this host | exit 0, taken over, no lock left |
 | **stale temporaries** | | |
 | plan-temp-of-dead-pid / index-temp-of-dead-pid | `.plan.mds.tmp-PID-HOST-RANDOM` of a dead pid; same in index/ and index/sources/ | removed by the next `mds plan` / `mds index`; a live pid's is kept |
+| interrupt-large-jsonl (SIGINT, SIGTERM) | real `mds index` of ~80 MB JSONL, signal mid-scan | exit 130 within 5 s, `interrupted: nothing was written`, no index dir, no lock |
 | dir-named-like-file | forum `path = "forum/a.jsonl"`, an empty directory | exit 1, `is a directory with no data files in it` |
 """
 
@@ -33,15 +34,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from builders import config_file, write_parquet
 from cli_helpers import mds, one_error_line
-from fault_builders import names, tree
+from fault_builders import MDS_BIN, names, tree
 
 from mds.planner.atomic import _host_tag
 
@@ -238,3 +241,33 @@ def test_stale_temporaries_are_removed(root: Path) -> None:
     assert mds("plan", root / "mds.toml", "-o", root / "plan.mds").exit_code == 0
     assert [p for p in stale if p.exists()] == []
     assert live.exists()
+
+
+# --- interrupts -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_during_a_large_jsonl_scan(tmp_path: Path, sig: signal.Signals) -> None:
+    """A scan of ~80 MB of JSONL (several seconds) stops within a second or so of the signal,
+    not after the file is read: running scans check for the stop between 16 MB chunks."""
+    line = ('{"ids": [' + ",".join(["123"] * 200) + '], "x": "' + "a" * 200 + '"}\n').encode()
+    (tmp_path / "big.jsonl").write_bytes(line * ((80 << 20) // len(line)))
+    out = tmp_path / "idx"
+    proc = subprocess.Popen(
+        [str(MDS_BIN), "index", "--path", "big.jsonl", "--tokens", "ids", "-o", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not out.exists() and proc.poll() is None:  # the scan starts once the dir exists
+        time.sleep(0.05)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - sent < 5, "took too long to stop"
+    assert "interrupted: nothing was written" in stderr
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
