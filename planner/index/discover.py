@@ -131,6 +131,11 @@ def _hf_files(directory: Path) -> list[Path]:
 def _expand_dir(directory: Path, skip: _Excluded) -> list[Path]:
     if (directory / "state.json").is_file():
         return _hf_files(directory)
+    if (directory / "dataset_info.json").is_file() and any(directory.glob("data-*.arrow")):
+        raise SourceDataError(
+            f"{directory}: a save_to_disk directory without state.json; restore state.json "
+            "(save_to_disk writes it), or set `path` to its data-*.arrow files"
+        )
     return [
         p
         for p in sorted(directory.rglob("*"))

@@ -218,3 +218,11 @@ def test_fifo_skipped_by_glob_refused_by_name(tmp_path: Path) -> None:
     assert [f.rel for f in discover(source(path="*.jsonl", count="n"), tmp_path)] == ["a.jsonl"]
     with pytest.raises(SourceDataError, match="a FIFO, not a regular file"):
         discover(source(path="b.jsonl", count="n"), tmp_path)
+
+
+def test_save_to_disk_without_state_json(tmp_path: Path) -> None:
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki/dataset_info.json").write_text("{}")
+    (tmp_path / "wiki/data-00000-of-00001.arrow").write_bytes(b"")
+    with pytest.raises(SourceDataError, match="save_to_disk directory without state.json"):
+        discover(source(path="wiki", tokens="x"), tmp_path)
