@@ -56,6 +56,11 @@ def inspect_command(
         mds inspect build/plan.mds --step 10 --rank 3
         mds inspect build/plan.mds --html build/plan-report.html
     """
+    if html is not None:
+        from mds.planner.outputs import check_output, index_inputs
+
+        inputs = index_inputs(path if path.is_dir() else index)
+        check_output("--html", html, [("inspected file", path), *inputs])
     report = _report(path, step, rank, index, files)
     if html is not None:
         from mds.cli.inspect_html import write_html

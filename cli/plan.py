@@ -60,6 +60,13 @@ def plan_command(
     if (parent is None) != (at_step is None):
         raise ConfigError("--from and --at-step go together: the old plan and the step K")
     cfg = with_overrides(load_plan_config(config), steps=steps, dp_size=dp_size, index=index)
+    from mds.planner.outputs import check_output, index_inputs
+
+    check_output(
+        "-o",
+        output,
+        [("config file", config), ("plan given to --from", parent), *index_inputs(cfg.index)],
+    )
     with StepProgress("planning", enabled=not json_out) as bar:
         summary = build_plan(
             cfg, output, workers=workers, progress=bar, parent=parent, at_step=at_step

@@ -2,20 +2,75 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import secrets
+import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_bytes", "fsync_file", "is_temp", "temp_sibling"]
+__all__ = [
+    "atomic_path",
+    "atomic_write_bytes",
+    "clean_stale_temps",
+    "fsync_file",
+    "is_temp",
+    "temp_sibling",
+]
 
 _TMP_MARK = ".tmp-"
+# `.NAME.tmp-PID-HOST-RANDOM`: HOST is a short hash of the host name, so a writer can tell
+# the temporaries of dead processes on its own host (safe to remove) from any other.
+_TMP_RE = re.compile(r"\.tmp-(\d+)-([0-9a-f]{6})-[0-9a-f]{8}$")
+
+
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
 
 
 def temp_sibling(path: Path) -> Path:
     """A hidden, unique name next to `path`, so the final rename stays on one filesystem."""
-    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    tag = f"{os.getpid()}-{_host_tag()}-{secrets.token_hex(4)}"
+    return path.with_name(f".{path.name}{_TMP_MARK}{tag}")
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process `pid` exists on this host (or we may not signal it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temps(path: Path, *, every: bool = False) -> list[Path]:
+    """Remove temporaries of `path` (with `every`: of anything in the directory `path`) left
+    by dead processes of this host, e.g. after SIGKILL; a live writer's, or another host's,
+    are left alone."""
+    removed: list[Path] = []
+    prefix, host = ("." if every else f".{path.name}{_TMP_MARK}"), _host_tag()
+    try:
+        entries = list((path if every else path.parent).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TMP_RE.search(entry.name)
+        if not entry.name.startswith(prefix) or match is None:
+            continue
+        pid = int(match.group(1))
+        if match.group(2) != host or pid == os.getpid() or pid_alive(pid):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
 
 
 def is_temp(path: Path) -> bool:

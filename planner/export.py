@@ -124,8 +124,11 @@ def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFram
 
 def export_plan(plan: str | Path, output: str | Path, index: str | Path | None = None) -> int:
     """Write `plan_frame` to Parquet atomically; returns the number of rows."""
-    frame = plan_frame(plan, index)
+    from mds.planner.outputs import check_output, index_inputs
+
     output = Path(output)
+    check_output("-o", output, [("plan file", Path(plan)), *index_inputs(index and Path(index))])
+    frame = plan_frame(plan, index)
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(output) as tmp:
         frame.write_parquet(tmp)

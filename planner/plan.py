@@ -22,9 +22,10 @@ import numpy as np
 
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import PlanWriter, plan_id_of
-from mds.planner.atomic import temp_sibling
+from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
 from mds.planner.index.manifest import IndexManifest, read_manifest
+from mds.planner.lock import output_lock
 from mds.planner.mixing import Mixer, MixState
 from mds.planner.plan_config import PlanConfig
 from mds.planner.pool import COST_SCALE, SourcePool, load_pools
@@ -273,6 +274,12 @@ def build_plan(
     (see planner/derive.py)."""
     started = time.perf_counter()
     output = Path(output).resolve()
+    with output_lock(output):
+        return _build_locked(config, output, workers, parent, at_step, progress, started)
+
+
+def _build_locked(config, output, workers, parent, at_step, progress, started) -> PlanSummary:
+    """The part of build_plan that writes, under the output's lock."""
     train = config.train
     chunks = -(-train.steps // config.chunk_steps)
     workers = max(1, min(workers or config.workers or 1, chunks, os.cpu_count() or 1))
@@ -322,6 +329,7 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
     try:  # a PlanWriter that fails to start removes its temporary itself
         output.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(output)
         writer = PlanWriter(
             output,
             temp_sibling(output),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -22,7 +23,13 @@ import polars as pl
 
 from mds.executor.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.executor.fingerprint import fingerprint, stat_signature
-from mds.planner.atomic import atomic_write_bytes, fsync_file, is_temp, temp_sibling
+from mds.planner.atomic import (
+    atomic_write_bytes,
+    clean_stale_temps,
+    fsync_file,
+    is_temp,
+    temp_sibling,
+)
 from mds.planner.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.arrow import scan_arrow
 from mds.planner.index.discover import DataFile, discover
@@ -40,6 +47,8 @@ from mds.planner.index.manifest import (
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.parquet import scan_parquet
 from mds.planner.index.scan import ScanContext
+from mds.planner.lock import output_lock
+from mds.planner.outputs import check_output
 
 __all__ = ["IndexSummary", "Progress", "SourceSummary", "build_index"]
 
@@ -307,15 +316,35 @@ def build_index(
     output = (output or config.output or (config.root / "index")).resolve()
     workers = workers or config.workers or max(1, min(8, os.cpu_count() or 1))
     progress = progress or Progress()
-    previous = _previous(output)
-    created_dir = not output.exists()
 
+    check_output(
+        "-o", output, [("config file", config.path), ("data root", config.root)], directory=True
+    )
     # Discover everything first: a bad glob fails before any work is done.
     discovered = []
     for spec in config.sources:
-        files = discover(spec, config.root)
+        files = discover(spec, config.root, exclude=(output,))
         discovered.append((resolve_format(spec, files[0].format), files))
     tokenizers = {spec.name: _resolve_tokenizer(spec, config.root) for spec, _ in discovered}
+    check_output(
+        "-o",
+        output,
+        [
+            *(("tokenizer", t) for t in tokenizers.values()),
+            *(("source file", f.path) for _, files in discovered for f in files),
+        ],
+        directory=True,
+    )
+    with output_lock(output):
+        return _build_locked(
+            config, output, discovered, tokenizers, workers, progress, clock, started
+        )
+
+
+def _build_locked(config, output, discovered, tokenizers, workers, progress, clock, started):
+    """The part of build_index that writes, under the output's lock."""
+    previous = _previous(output)
+    created_dir = not output.exists()
     old_by_name = {s["name"]: s for s in previous.sources} if previous else {}
 
     writer = _Writer(output, {s["table"] for s in old_by_name.values()})
@@ -323,6 +352,8 @@ def build_index(
     summary = IndexSummary(path=str(output), fingerprint="")
     try:
         output.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(output, every=True)
+        clean_stale_temps(output / TABLES, every=True)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             all_files = [f for _, files in discovered for f in files]
             fps = list(pool.map(lambda f: _fingerprint(f, config.fingerprint), all_files))
@@ -345,20 +376,26 @@ def build_index(
             progress.start(sum(f.nbytes for _, _, f in todo), len(todo))
             frames: dict[tuple[int, int], pl.DataFrame] = {}
             futures: dict[Future, tuple[int, int, _File]] = {}
-            for si, fi, f in todo:
-                ctx = ScanContext(plans[si][0], tokenizers[plans[si][0].name])
-                futures[pool.submit(SCANNERS[f.data.format], f.data, ctx)] = (si, fi, f)
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for fut in done:
-                    if fut.exception() is not None:
-                        for other in pending:
-                            other.cancel()
-                        raise fut.exception()  # type: ignore[misc]
-                    si, fi, f = futures[fut]
-                    frames[(si, fi)] = fut.result()
-                    progress.advance(f.nbytes)
+            stop = threading.Event()
+            try:
+                for si, fi, f in todo:
+                    ctx = ScanContext(plans[si][0], tokenizers[plans[si][0].name], stop=stop)
+                    futures[pool.submit(SCANNERS[f.data.format], f.data, ctx)] = (si, fi, f)
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for fut in done:
+                        if fut.exception() is not None:
+                            raise fut.exception()  # type: ignore[misc]
+                        si, fi, f = futures[fut]
+                        frames[(si, fi)] = fut.result()
+                        progress.advance(f.nbytes)
+            except BaseException:
+                # Ctrl-C, SIGTERM or a failed file: queued scans never start and running
+                # ones stop at their next chunk, so the pool's exit does not wait for them.
+                stop.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
 
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)

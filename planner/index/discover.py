@@ -2,19 +2,28 @@
 
 A pattern is a file, a glob (`**` allowed), a directory (every data file under it), a
 Hugging Face `save_to_disk` directory, or a Megatron prefix (`name` for `name.bin`/`name.idx`).
+
+Only regular files are data. Globs and directories skip FIFOs, sockets, devices, hidden files
+(temporaries, lock files) and everything inside an mds index (the output directory of this
+run, or any directory holding an mds manifest.json), so an index never ingests itself; an
+explicit path to any of these is an error naming it.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mds.executor.errors import ConfigError, SourceDataError
+from mds.executor.manifest import FORMAT as INDEX_FORMAT
+from mds.executor.manifest import MANIFEST
 from mds.planner.config import SourceSpec
 
-__all__ = ["DataFile", "detect_format", "discover"]
+__all__ = ["DataFile", "detect_format", "discover", "is_index_dir"]
 
 _EXTENSIONS = (
     (".jsonl.zst", "jsonl.zst"),
@@ -51,6 +60,65 @@ def detect_format(path: Path) -> str | None:
     return None
 
 
+def is_index_dir(directory: Path) -> bool:
+    """True if `directory` holds an mds manifest.json (its `format` is "mds-index")."""
+    try:
+        with open(directory / MANIFEST, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError:
+        return False
+    if INDEX_FORMAT.encode() not in head:
+        return False
+    try:
+        return json.loads(head).get("format") == INDEX_FORMAT
+    except (ValueError, AttributeError):
+        return True  # a manifest too long to parse from its head, but it names the format
+
+
+def _kind(path: Path) -> str | None:
+    """None for a regular file (after symlinks), else what it is, for an error message."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "missing or unreadable"
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+class _Excluded:
+    """The directories that are never a source: `exclude` plus every mds index, found by
+    walking a path's parents up to the data root (each directory checked once)."""
+
+    def __init__(self, root: Path, exclude: Iterable[Path]):
+        self.root = root
+        self.exclude = {Path(p).resolve() for p in exclude if not Path(p).is_file()}
+        self._seen: dict[Path, bool] = {}
+
+    def index_of(self, path: Path) -> Path | None:
+        """The index directory `path` is in (or is), else None."""
+        path = Path(path).absolute()
+        for directory in (path, *path.parents):
+            if directory not in self._seen:
+                self._seen[directory] = directory.resolve() in self.exclude or is_index_dir(
+                    directory
+                )
+            if self._seen[directory]:
+                return directory
+            if directory == self.root:
+                break
+        return None
+
+
 def _hf_files(directory: Path) -> list[Path]:
     state = directory / "state.json"
     try:
@@ -60,21 +128,48 @@ def _hf_files(directory: Path) -> list[Path]:
         raise SourceDataError(f"{state}: not a readable save_to_disk state file ({exc})") from None
 
 
-def _expand_dir(directory: Path) -> list[Path]:
+def _expand_dir(directory: Path, skip: _Excluded) -> list[Path]:
     if (directory / "state.json").is_file():
         return _hf_files(directory)
+    if (directory / "dataset_info.json").is_file() and any(directory.glob("data-*.arrow")):
+        raise SourceDataError(
+            f"{directory}: a save_to_disk directory without state.json; restore state.json "
+            "(save_to_disk writes it), or set `path` to its data-*.arrow files"
+        )
     return [
         p
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and not p.name.startswith(".") and detect_format(p) is not None
+        if p.is_file()
+        and not p.name.startswith(".")
+        and detect_format(p) is not None
+        and skip.index_of(p.parent) is None
     ]
 
 
-def _expand(pattern: str, root: Path) -> list[Path]:
+def _check_explicit(full: Path, pattern: str, where: str, skip: _Excluded) -> None:
+    """An explicit (glob-free) path must be data: not in an index, not a FIFO or device."""
+    inside = skip.index_of(full)
+    if inside is not None:
+        raise ConfigError(
+            f"{where}`path` {pattern!r} is inside the mds index {inside}; an index (and a "
+            "plan or export output) is never a source: point `path` at the data files"
+        )
+    kind = _kind(full)
+    if kind not in (None, "a directory"):
+        raise SourceDataError(f"{where}{full}: {kind}, not a regular file; mds reads only files")
+
+
+def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = None) -> list[Path]:
+    skip = skip or _Excluded(root, ())
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
     if glob.has_magic(pattern):
-        matches = [Path(m) for m in sorted(glob.glob(str(full), recursive=True))]
+        matches = [
+            m
+            for m in (Path(g) for g in sorted(glob.glob(str(full), recursive=True)))
+            if (m.is_file() or m.is_dir()) and skip.index_of(m) is None
+        ]
     elif full.exists():
+        _check_explicit(full, pattern, where, skip)
         matches = [full]
     else:
         # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
@@ -83,7 +178,12 @@ def _expand(pattern: str, root: Path) -> list[Path]:
         matches = [h for h in halves if h.is_file()][:1]
     out: list[Path] = []
     for match in matches:
-        out.extend(_expand_dir(match) if match.is_dir() else [match])
+        out.extend(_expand_dir(match, skip) if match.is_dir() else [match])
+    if not out and not glob.has_magic(pattern) and full.is_dir():
+        raise ConfigError(
+            f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
+            "save_to_disk state.json); point `path` at the files, or set it to a glob"
+        )
     return out
 
 
@@ -100,13 +200,15 @@ def _megatron_pair(path: Path, where: str) -> tuple[Path, Path]:
     return bin_path, idx_path
 
 
-def discover(spec: SourceSpec, root: Path) -> list[DataFile]:
-    """Resolve the source's patterns under `root` into DataFiles, sorted and de-duplicated."""
+def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list[DataFile]:
+    """Resolve the source's patterns under `root` into DataFiles, sorted and de-duplicated;
+    nothing under `exclude` (this run's index output) or any other mds index is a source."""
     where = f"source '{spec.name}': "
     root = root.resolve()
+    skip = _Excluded(root, exclude)
     found: dict[Path, DataFile] = {}
     for pattern in spec.paths:
-        matches = _expand(pattern, root)
+        matches = _expand(pattern, root, where, skip)
         if not matches:
             raise ConfigError(f"{where}`path` {pattern!r} matches no files under {root}")
         for match in matches:

@@ -308,6 +308,7 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     raw, stream = _open(file)
     with raw:
         for base, chunk in _chunks(stream, ctx.chunk_bytes):
+            ctx.check_stop()
             _cr_only(chunk, file)
             starts, lengths = _line_spans(chunk)
             keep_rows = ~_blank(chunk, starts, lengths)

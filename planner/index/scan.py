@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from mds.executor.errors import MdsError, SourceDataError
 from mds.planner.config import SourceSpec
 from mds.planner.index.discover import DataFile
 
-__all__ = ["ScanContext", "first_line", "missing_column", "reading"]
+__all__ = ["ScanContext", "Stopped", "first_line", "missing_column", "reading"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,16 @@ class ScanContext:
     spec: SourceSpec
     tokenizer: Path | None = None
     chunk_bytes: int = 16 << 20
+    # Set when the run is interrupted: a scanner checks it between chunks and stops.
+    stop: threading.Event | None = None
+
+    def check_stop(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped()
+
+
+class Stopped(Exception):
+    """A scan ended early because the run was interrupted (never shown to the user)."""
 
 
 def first_line(exc: BaseException) -> str:

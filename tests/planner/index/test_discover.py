@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,31 @@ def test_sorted_and_deduplicated(tmp_path: Path) -> None:
 )
 def test_detect_format(name: str, fmt: str | None) -> None:
     assert detect_format(Path(name)) == fmt
+
+
+def test_an_mds_index_is_never_a_source(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/a.jsonl").write_text('{"n": 1}\n')
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old/manifest.json").write_text('{"format": "mds-index", "version": 1}')
+    (tmp_path / "old/t.jsonl").write_text('{"n": 1}\n')
+    files = discover(source(path="**/*.jsonl", count="n"), tmp_path)
+    assert [f.rel for f in files] == ["data/a.jsonl"]
+    with pytest.raises(ConfigError, match="is inside the mds index"):
+        discover(source(path="old/t.jsonl", count="n"), tmp_path)
+
+
+def test_fifo_skipped_by_glob_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"n": 1}\n')
+    os.mkfifo(tmp_path / "b.jsonl")
+    assert [f.rel for f in discover(source(path="*.jsonl", count="n"), tmp_path)] == ["a.jsonl"]
+    with pytest.raises(SourceDataError, match="a FIFO, not a regular file"):
+        discover(source(path="b.jsonl", count="n"), tmp_path)
+
+
+def test_save_to_disk_without_state_json(tmp_path: Path) -> None:
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki/dataset_info.json").write_text("{}")
+    (tmp_path / "wiki/data-00000-of-00001.arrow").write_bytes(b"")
+    with pytest.raises(SourceDataError, match="save_to_disk directory without state.json"):
+        discover(source(path="wiki", tokens="x"), tmp_path)
