@@ -191,11 +191,40 @@ def peer_venv(out: Path) -> tuple[str | None, str]:
             subprocess.run([*pip, "-c", str(pins), "mosaicml-streaming"], check=True)
         except (subprocess.CalledProcessError, OSError) as exc:
             return None, f"peer venv could not be created ({exc})"
+    if subprocess.run([str(python), "-c", "import streaming"], capture_output=True).returncode:
+        _stub_torchvision(python)
+    check = subprocess.run(
+        [str(python), "-c", "import streaming, torch"], capture_output=True, text=True
+    )
+    if check.returncode:
+        return None, f"mosaicml-streaming does not import ({check.stderr.strip().splitlines()[-1]})"
     version = subprocess.run(
         [str(python), "-c", "import streaming; print(streaming.__version__)"],
         capture_output=True, text=True,
     ).stdout.strip()
     return str(python), f"mosaicml-streaming {version}"
+
+
+def _stub_torchvision(python: Path) -> None:
+    """`import streaming` imports its vision datasets, hence torchvision, whose PyPI build
+    does not load against the CPU torch wheel. Token data needs none of it: replace it by
+    the three names the import touches."""
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision"], check=False)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    stub = Path(site) / "torchvision"
+    (stub / "datasets").mkdir(parents=True, exist_ok=True)
+    (stub / "transforms").mkdir(exist_ok=True)
+    (stub / "__init__.py").write_text('"""Stub: the vision part of streaming is not used."""\n')
+    (stub / "datasets" / "__init__.py").write_text(
+        "class VisionDataset:\n    pass\n\n\nclass CIFAR10(VisionDataset):\n    pass\n"
+    )
+    (stub / "transforms" / "__init__.py").write_text("")
+    (stub / "transforms" / "functional.py").write_text(
+        "def to_tensor(x):\n    raise NotImplementedError\n"
+    )
 
 
 def run_child(python: str, args: list[str]) -> dict:
