@@ -58,7 +58,7 @@ def open_reader(
     if fmt == "megatron":
         if companion is None or payload_kind != "token_ids":
             raise ValueError("a Megatron reader needs the .idx companion and token_ids payloads")
-        return MegatronReader(path, companion, display)
+        return MegatronReader(path, companion, display, blocks)
     if not column:
         raise ValueError(f"a {fmt} reader needs the payload column")
     if fmt == "parquet":
@@ -79,6 +79,17 @@ def _cannot_open(display: str, exc: OSError) -> SourceDataError:
     # pyarrow's OSError carries its own long text as strerror; errno says it plainly.
     reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or _first_line(exc))
     return SourceDataError(f"{display}: cannot open ({reason})")
+
+
+def _meta_key(kind: str, path: Path, fd: int | None = None) -> tuple | None:
+    """The `blocks` cache key of a file's parsed metadata: the file's identity and version,
+    so a changed file is parsed afresh; None if the file cannot be stat'ed (the open that
+    follows then reports why)."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return None
+    return (path, kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -228,8 +239,12 @@ class ParquetReader(_ColumnReader):
     def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
         self.path, self.kind, self.column, self.display = path, kind, column, display
         self._blocks = blocks
+        # The footer is kept in `blocks` apart from the handle: reopening a file after its
+        # handle was evicted costs an open(), not another footer parse.
+        key = _meta_key("footer", path)
+        meta = blocks.get(key) if key is not None else None
         try:
-            self._file = pq.ParquetFile(path)
+            self._file = pq.ParquetFile(path, metadata=meta)
         except OSError as exc:
             if exc.errno is not None:
                 raise _cannot_open(display, exc) from None
@@ -245,7 +260,10 @@ class ParquetReader(_ColumnReader):
         except BaseException:
             self.close()
             raise
-        meta = self._file.metadata
+        if meta is None:
+            meta = self._file.metadata
+            if key is not None:
+                blocks.put(key, meta, meta.serialized_size)
         self.starts = _row_starts([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
 
     def _check_schema(self) -> None:
@@ -492,16 +510,24 @@ def _relabel(exc: SourceDataError, path: Path, display: str) -> SourceDataError:
 class MegatronReader:
     """Sequences of a Megatron `.bin`, located through its `.idx`; both memory-mapped."""
 
-    def __init__(self, path: Path, companion: Path, display: str):
+    def __init__(self, path: Path, companion: Path, display: str, blocks: LRU | None = None):
         self.display = display
         idx_display = str(PurePosixPath(display).with_name(companion.name))
         for p, shown in ((companion, idx_display), (path, display)):
             if not p.exists():
                 raise SourceDataError(f"{shown}: cannot open (No such file or directory)")
-        try:
-            self._index = megatron.read_index(companion)
-        except SourceDataError as exc:
-            raise _relabel(exc, companion, idx_display) from None
+        # The checked .idx map is kept in `blocks` (counted at its file size) apart from the
+        # handle, so reopening the file does not check every pointer again.
+        key = _meta_key("idx", companion) if blocks is not None else None
+        index = blocks.get(key) if key is not None else None
+        if index is None:
+            try:
+                index = megatron.read_index(companion)
+            except SourceDataError as exc:
+                raise _relabel(exc, companion, idx_display) from None
+            if key is not None:
+                blocks.put(key, index, key[4])
+        self._index = index
         try:
             self._data = megatron.open_bin(self._index, path)
         except SourceDataError as exc:

@@ -48,6 +48,12 @@ class FrameTable:
         return len(self.offsets)
 
     @property
+    def nbytes(self) -> int:
+        """Memory held by the table's arrays."""
+        arrays = (self.offsets, self.sizes, self.starts, self.has_content_size)
+        return sum(a.nbytes for a in arrays)
+
+    @property
     def total(self) -> int:
         """Bytes of the decompressed stream (all frames concatenated)."""
         return int(self.starts[-1])
@@ -205,11 +211,19 @@ class ZstdSeekFile:
         self.path, self.display, self._blocks = path, display, blocks
         self._dctx = zstandard.ZstdDecompressor()
         self._fd = _open(path, display)
-        try:
-            self.table = _walk(self._fd, os.fstat(self._fd).st_size, display, self._dctx)
-        except BaseException:
-            self.close()
-            raise
+        st = os.fstat(self._fd)
+        # The frame table is kept in `blocks` apart from the handle, keyed by the file's
+        # identity and version: reopening the file does not walk its headers again.
+        key = (path, "frames", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        table = blocks.get(key)
+        if table is None:
+            try:
+                table = _walk(self._fd, st.st_size, display, self._dctx)
+            except BaseException:
+                self.close()
+                raise
+            blocks.put(key, table, table.nbytes)
+        self.table = table
 
     @property
     def size(self) -> int:

@@ -572,3 +572,107 @@ def test_megatron_float_data_is_not_token_ids(tmp_path):
         SourceDataError, match=r"^f\.bin: Megatron dtype is float32, not integer token ids$"
     ):
         reader_for("megatron", bin_path, "token_ids", "", companion=idx_path, display="f.bin")
+
+
+# --- file metadata kept apart from open handles -----------------------------------------------
+
+
+def _count_calls(monkeypatch, owner, name: str, counted=lambda *a, **kw: True) -> list:
+    calls: list = []
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        if counted(*args, **kwargs):
+            calls.append(args)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
+def _reopen_fetch(open_one, fetch_args, times: int = 3) -> list:
+    """Open, fetch and close the same file `times` times, as an evicted handle would be."""
+    out = []
+    for _ in range(times):
+        reader = open_one()
+        out.append(reader.fetch(*fetch_args))
+        reader.close()
+    return out
+
+
+def test_parquet_footer_is_parsed_once_across_reopens(tmp_path, monkeypatch):
+    import mds.executor.readers as readers
+
+    table, rows = _token_table(50)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    parses = _count_calls(
+        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
+    )
+    blocks = LRU(max_bytes=1 << 20)
+    got = _reopen_fetch(
+        lambda: reader_for("parquet", path, "token_ids", "tokens", blocks),
+        (np.array([49, 3]), None, None),
+    )
+    assert len(parses) == 1
+    for payloads in got:
+        assert_payloads_equal(payloads, [rows[49], rows[3]])
+    # A rewritten file is a new version: its footer is parsed afresh.
+    pq.write_table(table.slice(0, 20), path, row_group_size=5)
+    reader = reader_for("parquet", path, "token_ids", "tokens", blocks)
+    assert len(parses) == 2 and int(reader.starts[-1]) == 20
+    reader.close()
+
+
+def test_zstd_frame_table_is_walked_once_across_reopens(tmp_path, monkeypatch):
+    import mds.executor.zstd_seek as zstd_seek
+
+    data = b"".join(b'{"text": "line %d"}\n' % i for i in range(100))
+    path = tmp_path / "x.jsonl.zst"
+    compressor = zstandard.ZstdCompressor()
+    path.write_bytes(compressor.compress(data[:700]) + compressor.compress(data[700:]))
+    rows, offsets, lengths = line_spans(data)
+    walks = _count_calls(monkeypatch, zstd_seek, "_walk")
+    blocks = LRU(max_bytes=1 << 20)
+    got = _reopen_fetch(
+        lambda: reader_for("jsonl.zst", path, blocks=blocks), (rows, offsets, lengths)
+    )
+    assert len(walks) == 1
+    assert got[-1] == [f"line {i}" for i in range(100)]
+
+
+def test_megatron_index_is_checked_once_across_reopens(tmp_path, monkeypatch):
+    import mds.executor.readers as readers
+
+    sequences = [np.arange(i + 1, dtype=np.int64) for i in range(20)]
+    bin_path, idx_path = write_dataset(tmp_path / "m", sequences, dtype=np.int32)
+    reads = _count_calls(monkeypatch, readers.megatron, "read_index")
+    blocks = LRU(max_bytes=1 << 20)
+    got = _reopen_fetch(
+        lambda: reader_for("megatron", bin_path, "token_ids", "", blocks, companion=idx_path),
+        (np.array([19, 0]), None, None),
+    )
+    assert len(reads) == 1
+    assert_payloads_equal(got[-1], [sequences[19], sequences[0]])
+
+
+def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch):
+    import mds.executor.readers as readers
+
+    table, rows = _token_table(40)
+    paths = []
+    for i in range(6):
+        paths.append(tmp_path / f"t{i}.parquet")
+        pq.write_table(table, paths[-1], row_group_size=10)
+    footer = pq.ParquetFile(paths[0]).metadata.serialized_size
+    parses = _count_calls(
+        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
+    )
+    blocks = LRU(max_bytes=2 * footer)  # room for two footers, no row group
+    for _ in range(2):
+        for path in paths:
+            reader = reader_for("parquet", path, "token_ids", "tokens", blocks)
+            assert_payloads_equal(reader.fetch(np.array([7]), None, None), [rows[7]])
+            reader.close()
+            assert blocks.nbytes <= blocks.max_bytes
+    assert len(parses) == 12  # six files cycling through room for two: every open parses

@@ -1,0 +1,324 @@
+"""Per-step fetch time against the number of sources: mds against Mosaic streaming on the
+same samples in the same order.
+
+N Parquet sources of 400 token-list rows each (N = 64, 256, 1024), one plan of 64 samples per
+step (dp_size 1, one micro-batch). mds replays it in-process and with
+`ex.dataloader(num_workers=2)`. Mosaic streaming (`mosaicml-streaming`) reads the very same
+rows from MDS shards it wrote (one stream per source), by global sample index in the plan's
+order, in-process and through a torch DataLoader of 2 workers whose batch sampler yields the
+plan's steps. Mosaic runs in its own virtual environment (build/bench/peer-venv) that this
+script creates; if that fails, mds is reported alone with the reason.
+
+Each measurement runs in a fresh child process: median ms per step (after one warm-up step)
+and peak RSS above the imports; the table shows the median of `--repeat` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import write_report  # noqa: E402
+
+ROWS = 400
+SAMPLES = 64
+TORCH = "torch==2.13.0"  # the local CPU wheel; any other spec may pull a CUDA build
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) // 1024
+    return -1
+
+
+# --- data and plan ----------------------------------------------------------------------
+
+
+def make_data(root: Path, n: int, steps: int, python: str) -> None:
+    """N Parquet sources, the config and index and plan for them (kept between runs)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if (root / "plan.mds").exists():
+        return
+    (root / "src").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for s in range(n):
+        rng = np.random.default_rng([7, s])
+        lengths = rng.integers(64, 512, ROWS)
+        values = rng.integers(0, 50_000, int(lengths.sum()), dtype=np.int32)
+        offsets = np.zeros(ROWS + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        pq.write_table(pa.table({"tokens": tokens}), root / "src" / f"s{s:04d}.parquet")
+        lines.append(
+            f'[[source]]\nname = "s{s:04d}"\npath = "src/s{s:04d}.parquet"\n'
+            'tokens = "tokens"\nweight = 1.0\n'
+        )
+    (root / "mds.toml").write_text(
+        '[index]\noutput = "index"\n\n' + "\n".join(lines)
+        + f"\n[train]\nsteps = {steps}\ndp_size = 1\nmicro_batches = 1\n"
+        f"samples_per_step = {SAMPLES}\nmax_tokens_per_micro_batch = 65536\nseed = 3\n"
+        'overlong = "error"\n\n'
+        "[cost]\nmodel = { layers = 12, hidden = 768, vocab = 50000 }\n"
+    )
+    mds = str(Path(python).with_name("mds"))
+    for argv in (["index", "mds.toml", "-o", "index"],
+                 ["plan", "mds.toml", "--index", "index", "-o", "plan.mds"]):
+        subprocess.run([mds, *argv], cwd=root, check=True, capture_output=True)
+
+
+def plan_order(root: Path) -> list[list[tuple[int, int]]]:
+    """(source, row) of every sample, step by step, as the executor hands them out."""
+    out = root / "order.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    from mds.executor import PlanExecutor
+
+    steps = [
+        list(zip(b["source"].tolist(), b["row"].tolist(), strict=True))
+        for b in PlanExecutor(root / "plan.mds", 0, verify="none")
+    ]
+    out.write_text(json.dumps(steps))
+    return steps
+
+
+# --- children ---------------------------------------------------------------------------
+
+
+def child_mds(root: Path, workers: int, steps: int, max_open_files: int) -> dict:
+    import torch  # noqa: F401
+
+    from mds.executor import PlanExecutor
+
+    base = _status("VmRSS")
+    ex = PlanExecutor(root / "plan.mds", 0, verify="none", max_open_files=max_open_files)
+    it = iter(ex.dataloader(num_workers=workers) if workers else ex)
+    next(it)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        if next(it, None) is None:
+            break
+        times.append(time.perf_counter() - t)
+    return {"step_ms": 1000 * statistics.median(times), "rss_mb": _status("VmHWM") - base}
+
+
+def child_mosaic(root: Path, workers: int, steps: int) -> dict:
+    import torch
+    from streaming import Stream, StreamingDataset
+
+    order = json.loads((root / "order.json").read_text())
+    n = len(list((root / "mosaic").iterdir()))
+    starts = np.arange(n + 1) * ROWS  # every source has ROWS samples, streams in source order
+    batches = [[int(starts[s] + r) for s, r in step] for step in order]
+
+    def dataset():
+        streams = [Stream(local=str(root / "mosaic" / f"s{s:04d}")) for s in range(n)]
+        return StreamingDataset(streams=streams, shuffle=False, batch_size=SAMPLES)
+
+    class ByIndex(torch.utils.data.Dataset):
+        """Map-style access to the StreamingDataset (forked into the workers)."""
+
+        def __init__(self, ds):
+            self.ds = ds
+
+        def __len__(self):
+            return int(starts[-1])
+
+        def __getitem__(self, i):
+            return self.ds[i]["tokens"]
+
+    base = _status("VmRSS")
+    ds = ByIndex(dataset())
+    if workers:
+        loader = torch.utils.data.DataLoader(
+            ds, batch_sampler=batches, num_workers=workers, collate_fn=list
+        )
+        it = iter(loader)
+    else:
+        it = ([ds[i] for i in b] for b in batches)
+    next(it)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        if next(it, None) is None:
+            break
+        times.append(time.perf_counter() - t)
+    return {"step_ms": 1000 * statistics.median(times), "rss_mb": _status("VmHWM") - base}
+
+
+def child_write_mosaic(root: Path) -> dict:
+    import pyarrow.parquet as pq
+    from streaming import MDSWriter
+
+    for path in sorted((root / "src").glob("*.parquet")):
+        tokens = pq.read_table(path).column("tokens").to_pylist()
+        with MDSWriter(out=str(root / "mosaic" / path.stem), columns={"tokens": "ndarray:int32"},
+                       compression=None) as w:
+            for t in tokens:
+                w.write({"tokens": np.asarray(t, dtype=np.int32)})
+    return {}
+
+
+# --- driver -----------------------------------------------------------------------------
+
+
+def peer_venv(out: Path) -> tuple[str | None, str]:
+    """The Python of the Mosaic venv (created on first use), or None and why not."""
+    venv = out / "peer-venv"
+    python = venv / "bin" / "python"
+    ok = python.exists() and subprocess.run(
+        [str(python), "-c", "import streaming, torch"], capture_output=True
+    ).returncode == 0
+    if not ok:
+        try:
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(python), "-m", "pip", "install", "-q"]
+            subprocess.run([*pip, TORCH], check=True)
+            pins = out / "peer-constraints.txt"
+            pins.write_text(TORCH + "\n")
+            subprocess.run([*pip, "-c", str(pins), "mosaicml-streaming"], check=True)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            return None, f"peer venv could not be created ({exc})"
+    if subprocess.run([str(python), "-c", "import streaming"], capture_output=True).returncode:
+        _stub_torchvision(python)
+    check = subprocess.run(
+        [str(python), "-c", "import streaming, torch"], capture_output=True, text=True
+    )
+    if check.returncode:
+        return None, f"mosaicml-streaming does not import ({check.stderr.strip().splitlines()[-1]})"
+    version = subprocess.run(
+        [str(python), "-c", "import streaming; print(streaming.__version__)"],
+        capture_output=True, text=True,
+    ).stdout.strip()
+    return str(python), f"mosaicml-streaming {version}"
+
+
+def _stub_torchvision(python: Path) -> None:
+    """`import streaming` imports its vision datasets, hence torchvision, whose PyPI build
+    does not load against the CPU torch wheel. Token data needs none of it: replace it by
+    the three names the import touches."""
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision"], check=False)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    stub = Path(site) / "torchvision"
+    (stub / "datasets").mkdir(parents=True, exist_ok=True)
+    (stub / "transforms").mkdir(exist_ok=True)
+    (stub / "__init__.py").write_text('"""Stub: the vision part of streaming is not used."""\n')
+    (stub / "datasets" / "__init__.py").write_text(
+        "class VisionDataset:\n    pass\n\n\nclass CIFAR10(VisionDataset):\n    pass\n"
+    )
+    (stub / "transforms" / "__init__.py").write_text("")
+    (stub / "transforms" / "functional.py").write_text(
+        "def to_tensor(x):\n    raise NotImplementedError\n"
+    )
+
+
+def run_child(python: str, args: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    out = subprocess.run([python, __file__, *args], capture_output=True, text=True, env=env)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
+def median_of(python: str, args: list[str], repeat: int) -> dict:
+    runs = [run_child(python, args) for _ in range(repeat)]
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[0]
+    return {k: statistics.median(r[k] for r in good) for k in ("step_ms", "rss_mb")}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("--child-"):
+        what, root = sys.argv[1], Path(sys.argv[2])
+        if what == "--child-write-mosaic":
+            result = child_write_mosaic(root)
+        elif what == "--child-mds":
+            result = child_mds(root, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        else:
+            result = child_mosaic(root, int(sys.argv[3]), int(sys.argv[4]))
+        print(json.dumps(result))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("build/bench"))
+    ap.add_argument("--data", type=Path, default=Path("build/bench-data/peers"))
+    ap.add_argument("--sources", type=int, nargs="*", default=[64, 256, 1024])
+    ap.add_argument("--steps", type=int, default=20, help="steps timed per run")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--max-open-files", type=int, default=64)
+    ap.add_argument("--no-peer", action="store_true", help="measure mds alone")
+    ap.add_argument("--quick", action="store_true", help="64 and 256 sources, 10 steps, 1 run")
+    a = ap.parse_args()
+    if a.quick:
+        a.sources, a.steps, a.repeat = [64, 256], 10, 1
+    peer, peer_note = (None, "not asked for") if a.no_peer else peer_venv(a.out)
+    rows = []
+    for n in a.sources:
+        root = (a.data / f"n{n}").resolve()
+        make_data(root, n, a.steps + 2, sys.executable)
+        plan_order(root)
+        row = {"sources": n}
+        for label, workers in (("mds", 0), ("mds_dl2", 2)):
+            row[label] = median_of(
+                sys.executable,
+                ["--child-mds", str(root), str(workers), str(a.steps), str(a.max_open_files)],
+                a.repeat,
+            )
+        if peer:
+            if not (root / "mosaic").exists():
+                run_child(peer, ["--child-write-mosaic", str(root)])
+            for label, workers in (("mosaic", 0), ("mosaic_dl2", 2)):
+                row[label] = median_of(
+                    peer, ["--child-mosaic", str(root), str(workers), str(a.steps)], a.repeat
+                )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    write_report(a.out, "peers", table(rows, peer_note, a), {"rows": rows, "peer": peer_note})
+
+
+def table(rows: list[dict], peer_note: str, a) -> str:
+    def cell(r: dict, key: str, field: str, spec: str) -> str:
+        v = r.get(key, {})
+        return v.get("error", "-")[:60] if field not in v else format(v[field], spec)
+
+    def ratio(r: dict, ours: str, theirs: str) -> str:
+        x, y = r.get(ours, {}).get("step_ms"), r.get(theirs, {}).get("step_ms")
+        return f"{x / y:.2f}" if x and y else "-"
+
+    head = (
+        f"# Per-step fetch: mds against Mosaic streaming ({peer_note})\n\n"
+        f"{SAMPLES} samples per step, {ROWS} rows per source, median of {a.repeat} runs "
+        f"of {a.steps} steps, max_open_files={a.max_open_files}. ms per step; RSS MB above "
+        "the imports. Ratio < 1: mds is faster.\n\n"
+        "| sources | mds ms | mds RSS | Mosaic ms | Mosaic RSS | mds/Mosaic "
+        "| mds 2 workers ms | Mosaic 2 workers ms | mds/Mosaic (2 workers) |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = [
+        f"| {r['sources']} | {cell(r, 'mds', 'step_ms', '.1f')} | {cell(r, 'mds', 'rss_mb', '.0f')} "
+        f"| {cell(r, 'mosaic', 'step_ms', '.1f')} | {cell(r, 'mosaic', 'rss_mb', '.0f')} "
+        f"| {ratio(r, 'mds', 'mosaic')} | {cell(r, 'mds_dl2', 'step_ms', '.1f')} "
+        f"| {cell(r, 'mosaic_dl2', 'step_ms', '.1f')} | {ratio(r, 'mds_dl2', 'mosaic_dl2')} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
