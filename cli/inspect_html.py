@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mds.cli.svg import PALETTE, bar_chart, line_chart
-from mds.planner.atomic import atomic_path
+from mds.planner.atomic import atomic_path, cannot_write
 
 __all__ = ["render_html", "write_html"]
 
@@ -293,5 +293,9 @@ def write_html(report: dict[str, Any], path: str | Path) -> None:
     """Render and write atomically (the old file, if any, stays until the new one is whole)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_text(render_html(report), encoding="utf-8")
+    page = render_html(report)
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise cannot_write(path, "the report", exc) from exc

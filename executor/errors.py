@@ -12,6 +12,7 @@ __all__ = [
     "IndexFormatError",
     "MdsError",
     "PlanError",
+    "OutputError",
     "SourceDataError",
 ]
 
@@ -34,6 +35,10 @@ class IndexFormatError(MdsError):
 
 class PlanError(MdsError):
     """A plan cannot be built, or a plan file is corrupt or from an unsupported version."""
+
+
+class OutputError(MdsError):
+    """An output file could not be written (disk full, read-only, permissions)."""
 
 
 class DataChangedError(MdsError):

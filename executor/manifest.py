@@ -224,6 +224,12 @@ def plan_manifest(
         index_dir = Path(index) if index else Path(plan).parent / recorded["path"]
     except (KeyError, TypeError):
         raise PlanError(f"{plan}: the footer does not name its index") from None
+    if not index and not (index_dir / MANIFEST).is_file():
+        raise IndexFormatError(
+            f"{plan}: its index was expected at {index_dir} (recorded relative to the plan's "
+            f"directory as {recorded['path']!r}); if the plan or the index moved, pass {option} "
+            "with the index directory"
+        )
     manifest = read_manifest(index_dir)
     if manifest.fingerprint != recorded.get("fingerprint"):
         raise DataChangedError(

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mds.executor.errors import MdsError, OutputError
+
 __all__ = [
     "atomic_path",
     "atomic_write_bytes",
@@ -111,3 +113,12 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def cannot_write(
+    path: Path, what: str, exc: Exception, error: type[MdsError] = OutputError
+) -> MdsError:
+    """A failed write (disk full, read-only, permissions) as one line naming the output.
+    Polars reports I/O failures as ComputeError "...underlying IO error: <reason>"."""
+    reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    return error(f"{path}: cannot write {what} ({reason.rpartition('IO error: ')[2]})")

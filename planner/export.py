@@ -12,7 +12,7 @@ import polars as pl
 
 from mds.executor.manifest import plan_manifest
 from mds.executor.planfile import PlanReader, RankChunk
-from mds.planner.atomic import atomic_path
+from mds.planner.atomic import atomic_path, cannot_write
 from mds.planner.index.manifest import IndexManifest, source_frame
 from mds.planner.sqlexpr import sql_expr
 
@@ -130,6 +130,9 @@ def export_plan(plan: str | Path, output: str | Path, index: str | Path | None =
     check_output("-o", output, [("plan file", Path(plan)), *index_inputs(index and Path(index))])
     frame = plan_frame(plan, index)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(output) as tmp:
-        frame.write_parquet(tmp)
+    try:
+        with atomic_path(output) as tmp:
+            frame.write_parquet(tmp)
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        raise cannot_write(output, "the export", exc) from exc
     return frame.height

@@ -21,10 +21,11 @@ from typing import Any
 
 import polars as pl
 
-from mds.executor.errors import ConfigError, IndexFormatError, SourceDataError
+from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
 from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.planner.atomic import (
     atomic_write_bytes,
+    cannot_write,
     clean_stale_temps,
     fsync_file,
     is_temp,
@@ -226,12 +227,8 @@ def _length_stats(n: pl.Series) -> dict[str, Any]:
     return stats
 
 
-def _cannot_write(output: Path, what: str, exc: Exception) -> IndexFormatError:
-    """A failed write (disk full, read-only, permissions) as one line naming the index.
-    Polars reports I/O failures as ComputeError "...underlying IO error: <reason>"."""
-    reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-    reason = reason.rpartition("IO error: ")[2]
-    return IndexFormatError(f"{output}: cannot write {what} ({reason})")
+def _cannot_write(output: Path, what: str, exc: Exception) -> MdsError:
+    return cannot_write(output, what, exc, IndexFormatError)
 
 
 class _Writer:
