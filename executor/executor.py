@@ -29,6 +29,14 @@ STATE_VERSION = 1
 VERIFY_MODES = ("stat", "full", "none")
 
 
+def _integer(value: Any, name: str, error: type[Exception] = ConfigError) -> int:
+    """`value` as an int if it is a Python or NumPy integer; a bool, float or string is an
+    error naming `name` (True would otherwise pass as rank 1)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise error(f"{name}={value!r} must be an integer, not {type(value).__name__}")
+    return int(value)
+
+
 class PlanExecutor:
     """Iterate one DP rank's micro-batches of a plan, in plan order, from any position.
 
@@ -81,12 +89,15 @@ class PlanExecutor:
 
     def _setup(self, dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files):
         reader = self._reader
+        dp_rank = _integer(dp_rank, "dp_rank")
+        if dp_size is not None:
+            dp_size = _integer(dp_size, "dp_size")
         if dp_size is not None and dp_size != reader.dp:
             raise ConfigError(
                 f"this job has dp_size {dp_size}, but {self.plan_path} was planned for dp_size "
                 f"{reader.dp}; re-plan with dp_size = {dp_size}"
             )
-        if not isinstance(dp_rank, int) or not 0 <= dp_rank < reader.dp:
+        if not 0 <= dp_rank < reader.dp:
             raise ConfigError(
                 f"dp_rank {dp_rank!r} is outside {self.plan_path}'s dp_size {reader.dp} "
                 f"(valid: 0..{reader.dp - 1})"
@@ -129,6 +140,7 @@ class PlanExecutor:
         """An executor for this process's DP rank, from torchrun's RANK and WORLD_SIZE and the
         sizes of the other parallel dimensions (their peers get the same micro-batches)."""
         rank, world = torchrun_rank(environ)
+        tp, cp, pp = (_integer(v, k) for k, v in (("tp", tp), ("cp", cp), ("pp", pp)))
         where = mesh_position(rank, world, tp=tp, cp=cp, pp=pp, order=order)
         executor = cls(plan, where.dp_rank, dp_size=where.dp_size, **kwargs)
         executor.mesh = where
@@ -169,7 +181,8 @@ class PlanExecutor:
                 f"executor state version {state.get('version')!r} is not supported "
                 f"(this mds reads {STATE_VERSION})"
             )
-        step, micro = state.get("step"), state.get("micro_batch")
+        step = _integer(state.get("step"), "step", PlanError)
+        micro = _integer(state.get("micro_batch"), "micro_batch", PlanError)
         if state.get("plan_id") != self.plan_id:
             parent = self.lineage or {}
             if state.get("plan_id") == parent.get("parent") and (step, micro) == (
@@ -187,8 +200,6 @@ class PlanExecutor:
                 f"the executor state is from plan {state.get('plan_id')}, but {self.plan_path} "
                 f"is plan {self.plan_id}{derived}; resume with the plan the run started with"
             )
-        if not (isinstance(step, int) and isinstance(micro, int)):
-            raise PlanError(f"executor state step={step!r} micro_batch={micro!r} must be integers")
         pos = step * self.micro_batches + micro
         first = self.first_step * self.micro_batches
         if not (0 <= micro < self.micro_batches and first <= pos <= self.total):

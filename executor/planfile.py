@@ -208,9 +208,11 @@ class PlanReader:
         self.size = os.fstat(self._f.fileno()).st_size
         if self.size < _HEAD.size + _TRAILER.size:
             raise self._fail("not an mds plan (file too short; truncated?)")
-        magic, version, _flags = _HEAD.unpack(self._read(0, _HEAD.size))
+        magic, version, flags = _HEAD.unpack(self._read(0, _HEAD.size))
         if magic != MAGIC:
             raise self._fail("not an mds plan (bad magic)")
+        if flags:
+            raise self._fail(f"unknown plan header flags {flags:#x} (this mds knows none); upgrade mds")
         if version > FORMAT_VERSION:
             raise self._fail(
                 f"plan format version {version} is newer than this mds supports ({FORMAT_VERSION}); upgrade mds"
@@ -350,3 +352,9 @@ class PlanReader:
         if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize != size:
             raise self._fail(f"section {name!r}: corrupt shape")
         return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+    def verify_sections(self) -> None:
+        """Checksum-verify every section (they are small): for commands that rewrite or
+        re-derive a plan and so vouch for all of it. PlanError names the first bad one."""
+        for name in sorted(self.sections):
+            self.section(name)

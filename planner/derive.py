@@ -38,6 +38,7 @@ def parent_cursors(
         )
     footer = reader.footer
     names = [s["name"] for s in footer["sources"]]
+    reader.verify_sections()
     consumed = reader.section("cursor_consumed")
     tokens = reader.section("cursor_tokens")
     per_step = reader.section("source_samples")

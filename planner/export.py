@@ -14,7 +14,7 @@ from mds.executor.manifest import plan_manifest
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.atomic import atomic_path, cannot_write
 from mds.planner.index.manifest import IndexManifest, source_frame
-from mds.planner.sqlexpr import sql_expr
+from mds.planner.sqlexpr import signed_ints, sql_expr
 
 __all__ = ["block_frame", "export_plan", "locate", "plan_frame", "sample_cost"]
 
@@ -54,7 +54,7 @@ def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) 
     if "expr" in cost:
         # with_columns broadcasts a constant expression, as the planner's pools do
         expr = sql_expr(str(cost["expr"]), "the plan's [cost] expr")
-        return frame.with_columns(expr.cast(pl.Float64).alias("cost"))["cost"]
+        return signed_ints(frame).with_columns(expr.cast(pl.Float64).alias("cost"))["cost"]
     L = n.cast(pl.Float64)
     return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
 
@@ -106,6 +106,7 @@ def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFram
     """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch) order."""
     plan = Path(plan)
     with PlanReader(plan) as reader:
+        reader.verify_sections()
         footer = reader.footer
         slots = _slots(reader).with_row_index("order")
     manifest = plan_manifest(plan, footer, index)
@@ -119,7 +120,8 @@ def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFram
         for c in frame.columns
         if c not in (*first, *loc, "n_tokens", "cost", "cost_units", "order", "gid", "source_id")
     ]
-    return frame.select(*first, *loc, "n_tokens", "cost", "cost_units", *rest)
+    # Int64 throughout, so that sums over a large plan (n_tokens) do not wrap at 2^32.
+    return signed_ints(frame.select(*first, *loc, "n_tokens", "cost", "cost_units", *rest))
 
 
 def export_plan(plan: str | Path, output: str | Path, index: str | Path | None = None) -> int:

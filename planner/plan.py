@@ -27,7 +27,7 @@ from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.lock import output_lock
 from mds.planner.mixing import Mixer, MixState
-from mds.planner.plan_config import PlanConfig
+from mds.planner.plan_config import PlanConfig, check_chunk_size, check_sizes
 from mds.planner.pool import COST_SCALE, SourcePool, load_pools
 from mds.planner.stream import SourceStream
 
@@ -252,6 +252,8 @@ def with_overrides(
                 f"--dp-size {dp_size}: tokens_per_step ({train.tokens_per_step}) exceeds the "
                 f"step's capacity dp_size x micro_batches x max_tokens_per_micro_batch = {room}"
             )
+    check_sizes(train, "--steps/--dp-size: ")
+    check_chunk_size(train, config.chunk_steps, "--steps/--dp-size: ")
     return replace(config, train=train)
 
 

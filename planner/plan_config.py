@@ -42,6 +42,11 @@ PLAN_KEYS = ("index", "chunk_steps", "workers")
 OVERLONG = ("error", "drop", "truncate")
 WEIGHT_BY = ("samples", "tokens")
 DEFAULT_CHUNK_STEPS = 256
+# Bounds on the sizes that drive the planner's allocations (docs/config.md, "Size limits").
+MAX_STEPS = 2**27  # per-step arrays (stats, mix schedule) are held in memory whole
+MAX_BINS = 2**20  # dp_size x micro_batches: micro-batches of one step
+MAX_PLAN_SAMPLES = 2**40  # steps x samples_per_step: sample ids planned in all
+MAX_CHUNK_ITEMS = 2**24  # chunk_steps x samples_per_step (or x bins): one chunk's arrays
 # Without [cost]: the a:b ratio of a causal model with hidden size 4096 (see docs/config.md).
 DEFAULT_A, DEFAULT_B = 1.0, 1.0 / (6 * 4096)
 
@@ -204,12 +209,44 @@ def parse_train(table: Any, where: str) -> TrainSpec:
         raise ConfigError(
             f"{where}`samples_per_step` ({sps}) must be at least `dp_size` ({spec.dp_size})"
         )
+    check_sizes(spec, where)
     if tps is not None and tps > spec.bins * spec.max_tokens_per_micro_batch:
         raise ConfigError(
             f"{where}`tokens_per_step` ({tps}) exceeds the step's capacity dp_size x micro_batches x "
             f"max_tokens_per_micro_batch = {spec.bins * spec.max_tokens_per_micro_batch}"
         )
     return spec
+
+
+def _check_limit(where: str, what: str, value: int, limit: int, unit: str) -> None:
+    if value > limit:
+        raise ConfigError(
+            f"{where}{what} = {value:.3g} {unit}; the limit is {limit} "
+            f"(2^{limit.bit_length() - 1}, docs/config.md)"
+        )
+
+
+def check_sizes(train: TrainSpec, where: str) -> None:
+    """Refuse step counts and step geometries whose plan could not be held (MAX_* above)."""
+    _check_limit(where, "steps", train.steps, MAX_STEPS, "steps to plan")
+    bins = f"dp_size = {train.dp_size} x micro_batches = {train.micro_batches}"
+    _check_limit(where, bins, train.bins, MAX_BINS, "micro-batches per step")
+    if train.samples_per_step is not None:
+        what = f"steps = {train.steps} x samples_per_step = {train.samples_per_step}"
+        total = train.steps * train.samples_per_step
+        _check_limit(where, what, total, MAX_PLAN_SAMPLES, "samples to plan")
+
+
+def check_chunk_size(train: TrainSpec, chunk_steps: int, where: str) -> None:
+    """One chunk's arrays (its samples, its micro-batches) must stay within MAX_CHUNK_ITEMS."""
+    steps = min(chunk_steps, train.steps)
+    sps = train.samples_per_step or 0
+    if sps >= train.bins:
+        what, per_step = f"samples_per_step = {sps}", sps
+    else:
+        what, per_step = f"dp_size x micro_batches = {train.bins}", train.bins
+    what = f"chunk_steps = {steps} x {what}"
+    _check_limit(where, what, steps * per_step, MAX_CHUNK_ITEMS, "items in a chunk's arrays")
 
 
 def parse_cost(table: Any, where: str) -> CostSpec:
@@ -291,12 +328,14 @@ def parse_plan_config(
                 f"{where}[[source]] #{i + 1}: `weight_by = {wb!r}` differs from the run's "
                 f"{train.weight_by!r} (set by {train.weight_by}_per_step); every source must use the same unit"
             )
+    chunk_steps = _int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS)
+    check_chunk_size(train, chunk_steps, f"{where}[plan]: ")
     return PlanConfig(
         train=train,
         cost=cost,
         sources=tuple(sources),
         index=Path(index_dir).resolve(),
-        chunk_steps=_int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS),
+        chunk_steps=chunk_steps,
         workers=_int(plan, "workers", f"{where}[plan]: "),
         path=path,
     )

@@ -15,7 +15,7 @@ import polars as pl
 from mds.executor.errors import ConfigError, PlanError
 from mds.planner.index.manifest import IndexManifest, source_frame
 from mds.planner.plan_config import CostSpec, PlanConfig
-from mds.planner.sqlexpr import sql_expr
+from mds.planner.sqlexpr import signed_ints, sql_expr
 
 __all__ = ["COST_SCALE", "SourcePool", "load_pools"]
 
@@ -70,6 +70,9 @@ def _costs(frame: pl.DataFrame, lengths: np.ndarray, cost: CostSpec, name: str) 
     )["cost"]
     if not values.dtype.is_numeric():
         raise ConfigError(f"{where}: must be numeric, got {values.dtype}")
+    if values.null_count():
+        row = frame["row"][int(values.is_null().arg_true()[0])]
+        raise ConfigError(f"{where}: gives null for index row {row}; costs must be finite and >= 0")
     out = values.cast(pl.Float64).to_numpy()
     bad = np.flatnonzero(~np.isfinite(out) | (out < 0))
     if bad.size:
@@ -77,6 +80,20 @@ def _costs(frame: pl.DataFrame, lengths: np.ndarray, cost: CostSpec, name: str) 
             f"{where}: gives {out[bad[0]]} for index row {frame['row'][int(bad[0])]}; costs must be finite and >= 0"
         )
     return out
+
+
+def _check_fits_step(pool: SourcePool, df: pl.DataFrame, tokens_per_step: int | None) -> None:
+    """A sample longer than tokens_per_step can never be planned into a step; refuse the config
+    rather than plan steps that overshoot their token budget or never reach it."""
+    if tokens_per_step is None or not pool.n:
+        return
+    j = int(np.argmax(pool.lengths))
+    if pool.lengths[j] > tokens_per_step:
+        raise ConfigError(
+            f"[train] `tokens_per_step` ({tokens_per_step}) is smaller than source '{pool.name}' "
+            f"row {int(df['row'][j])} ({int(pool.lengths[j])} tokens, after filter and overlong); "
+            "raise tokens_per_step to at least the longest eligible sample, or filter such samples out"
+        )
 
 
 def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
@@ -97,9 +114,10 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 f"(it has {', '.join(known)}); re-run `mds index`"
             )
         entry = manifest.source(mix.name)
-        frame = source_frame(manifest, mix.name).with_row_index("row")
+        frame = signed_ints(source_frame(manifest, mix.name).with_row_index("row"))
         if mix.filter is not None:
             where = f"source '{mix.name}': `filter`"
+            # A row whose filter is null is not selected, as in SQL's WHERE.
             frame = frame.filter(sql_expr(mix.filter, where))
             df = _collect(frame, where, mix.filter)
         else:
@@ -138,6 +156,7 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 truncated=truncated,
             )
         )
+        _check_fits_step(pools[-1], df, train.tokens_per_step)
     quantize(pools)
     return pools
 

@@ -14,10 +14,18 @@ import polars as pl
 
 from mds.executor.errors import ConfigError
 
-__all__ = ["sql_expr"]
+__all__ = ["signed_ints", "sql_expr"]
 
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
 _QUERY = re.compile(r"\b(select|from|with|join|union|values|table)\b|\b(read|scan)_\w+", re.I)
+
+
+def signed_ints(frame: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame | pl.DataFrame:
+    """`frame` with every integer column as Int64, so that expressions over it (`n_tokens - 100`,
+    `a * b`) compute with signed 64-bit integers instead of wrapping in UInt32 arithmetic."""
+    schema = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
+    narrow = [n for n, t in schema.items() if t.is_integer() and t != pl.Int64]
+    return frame.with_columns(pl.col(narrow).cast(pl.Int64)) if narrow else frame
 
 
 def sql_expr(expr: str, where: str) -> pl.Expr:

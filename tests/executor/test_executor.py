@@ -157,7 +157,7 @@ def test_state_dicts_agree_across_ranks_and_resume_any_rank(sample, full_run):
         ({"step": 64, "micro_batch": 1}, "outside the plan's 64 steps x 2 micro-batches"),
         ({"step": -1}, "outside the plan's"),
         ({"micro_batch": 2}, "outside the plan's"),
-        ({"step": "3"}, "must be integers"),
+        ({"step": "3"}, "step=.3. must be an integer, not str"),
     ],
 )
 def test_bad_states_are_refused(sample, state, message):

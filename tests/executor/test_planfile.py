@@ -386,3 +386,25 @@ def test_crafted_footers(plan, change, message):
     path = plan[0]
     rewrite_footer(path, change)
     assert message in error_of(path)
+
+
+
+def test_nonzero_header_flags_refused(plan) -> None:
+    path = plan[0]
+    data = bytearray(path.read_bytes())
+    data[12:16] = (0x80).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(PlanError, match="unknown plan header flags 0x80"):
+        PlanReader(path)
+
+
+def test_verify_sections_names_the_corrupt_one(plan) -> None:
+    path, _chunks, sections, _footer = plan
+    with PlanReader(path) as reader:
+        reader.verify_sections()
+        offset = int(reader.sections["target"]["offset"])
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+    with PlanReader(path) as reader, pytest.raises(PlanError, match="section 'target': checksum"):
+        reader.verify_sections()

@@ -299,8 +299,9 @@ def test_sample_summary(sample):
     assert data["bytes_per_sample"] == round(s.bytes / s.samples, 3)
 
 
-def test_empty_steps_in_tokens_mode(tmp_path):
-    """A source of long samples and a small step: most steps are empty, and that is fine."""
+def test_samples_longer_than_tokens_per_step_refused(tmp_path):
+    """A source of samples longer than a step's token budget would plan mostly empty steps,
+    each non-empty one 10x over budget: the config is refused instead."""
     train = {
         "steps": 12,
         "dp_size": 2,
@@ -311,10 +312,9 @@ def test_empty_steps_in_tokens_mode(tmp_path):
     data = synthetic(
         tmp_path, {"a": {"lengths": [1000] * 4, "weight": 1.0}}, train, plan={"chunk_steps": 4}
     )
-    s = build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
-    assert s.samples == 2  # steps 0 and 10
-    assert s.ratio_mean == 1.0 and s.ratio_max == 1.0  # empty steps count as balanced
-    assert plan_frame(tmp_path / "p.mds")["step"].to_list() == [0, 10]
+    with pytest.raises(ConfigError, match=r"`tokens_per_step` \(100\) is smaller than source 'a' row 0"):
+        build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
+    assert not (tmp_path / "p.mds").exists()
 
 
 # --- purity -----------------------------------------------------------------------------------------

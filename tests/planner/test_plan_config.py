@@ -348,3 +348,25 @@ def test_load_plan_config_accepts_a_utf8_byte_order_mark(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     cfg = load_plan_config(path)
     assert [s.name for s in cfg.sources] == ["a"] and cfg.train.steps == 4
+
+
+@pytest.mark.parametrize(
+    ("train", "needle"),
+    [
+        ({"steps": 10**15}, "steps = 1e+15 steps to plan; the limit is 134217728 (2^27"),
+        (
+            {"steps": 10**8, "samples_per_step": 2**20},
+            "steps = 100000000 x samples_per_step = 1048576 = 1.05e+14 samples to plan",
+        ),
+        ({"dp_size": 2**20, "samples_per_step": 2**21}, "micro-batches per step; the limit is 1048576"),
+        ({"samples_per_step": 10**7}, "chunk_steps = 8 x samples_per_step = 10000000 = 8e+07 items"),
+        ({"dp_size": 1e8}, "`dp_size` must be an integer >= 1, got 100000000.0"),
+        ({"micro_batches": 2.0}, "`micro_batches` must be an integer >= 1, got 2.0"),
+    ],
+)
+def test_absurd_sizes_refused(tmp_path, train, needle):
+    assert needle in error(tmp_path, train=train_table(**train))
+
+
+def test_sizes_at_the_limits_accepted(tmp_path):
+    assert parse(tmp_path, train=train_table(steps=2**27, samples_per_step=8)).train.steps == 2**27
