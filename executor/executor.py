@@ -181,11 +181,9 @@ class PlanExecutor:
                 f"executor state version {state.get('version')!r} is not supported "
                 f"(this mds reads {STATE_VERSION})"
             )
-        step = _integer(state.get("step"), "step", PlanError)
-        micro = _integer(state.get("micro_batch"), "micro_batch", PlanError)
         if state.get("plan_id") != self.plan_id:
             parent = self.lineage or {}
-            if state.get("plan_id") == parent.get("parent") and (step, micro) == (
+            if state.get("plan_id") == parent.get("parent") and self._integers(state) == (
                 parent.get("at_step"),
                 0,
             ):
@@ -200,6 +198,7 @@ class PlanExecutor:
                 f"the executor state is from plan {state.get('plan_id')}, but {self.plan_path} "
                 f"is plan {self.plan_id}{derived}; resume with the plan the run started with"
             )
+        step, micro = self._integers(state)
         pos = step * self.micro_batches + micro
         first = self.first_step * self.micro_batches
         if not (0 <= micro < self.micro_batches and first <= pos <= self.total):
@@ -208,6 +207,14 @@ class PlanExecutor:
                 f"{self._span()} x {self.micro_batches} micro-batches"
             )
         return pos
+
+    @staticmethod
+    def _integers(state: Mapping[str, Any]) -> tuple[int, int]:
+        """The state's (step, micro_batch), refused unless both are integers (not bools)."""
+        return (
+            _integer(state.get("step"), "step", PlanError),
+            _integer(state.get("micro_batch"), "micro_batch", PlanError),
+        )
 
     def _span(self) -> str:
         if self.first_step:

@@ -281,7 +281,7 @@ def test_step_with_index_option(built, tmp_path):
     index, plan = built
     moved = tmp_path / "plan.mds"
     shutil.copy(plan, moved)  # the footer's relative index path no longer resolves
-    one_error_line(mds("inspect", moved, "--step", 0), "not an mds index")
+    one_error_line(mds("inspect", moved, "--step", 0), "its index was expected at", "pass --index")
     report = as_json("inspect", moved, "--step", 0, "--index", index)
     assert report["index"] == str(index)
 
