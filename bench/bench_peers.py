@@ -21,24 +21,16 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import write_report  # noqa: E402
+from report import median_step_ms, proc_status_mb, write_report  # noqa: E402
 
 ROWS = 400
 SAMPLES = 64
 TORCH = "torch==2.13.0"  # the local CPU wheel; any other spec may pull a CUDA build
-
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) // 1024
-    return -1
 
 
 # --- data and plan ----------------------------------------------------------------------
@@ -101,17 +93,11 @@ def child_mds(root: Path, workers: int, steps: int, max_open_files: int) -> dict
 
     from mds.executor import PlanExecutor
 
-    base = _status("VmRSS")
+    base = proc_status_mb("VmRSS")
     ex = PlanExecutor(root / "plan.mds", 0, verify="none", max_open_files=max_open_files)
     it = iter(ex.dataloader(num_workers=workers) if workers else ex)
     next(it)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        if next(it, None) is None:
-            break
-        times.append(time.perf_counter() - t)
-    return {"step_ms": 1000 * statistics.median(times), "rss_mb": _status("VmHWM") - base}
+    return {"step_ms": median_step_ms(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
 
 
 def child_mosaic(root: Path, workers: int, steps: int) -> dict:
@@ -139,7 +125,7 @@ def child_mosaic(root: Path, workers: int, steps: int) -> dict:
         def __getitem__(self, i):
             return self.ds[i]["tokens"]
 
-    base = _status("VmRSS")
+    base = proc_status_mb("VmRSS")
     ds = ByIndex(dataset())
     if workers:
         loader = torch.utils.data.DataLoader(
@@ -149,13 +135,7 @@ def child_mosaic(root: Path, workers: int, steps: int) -> dict:
     else:
         it = ([ds[i] for i in b] for b in batches)
     next(it)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        if next(it, None) is None:
-            break
-        times.append(time.perf_counter() - t)
-    return {"step_ms": 1000 * statistics.median(times), "rss_mb": _status("VmHWM") - base}
+    return {"step_ms": median_step_ms(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
 
 
 def child_write_mosaic(root: Path) -> dict:
@@ -179,7 +159,7 @@ def peer_venv(out: Path) -> tuple[str | None, str]:
     venv = out / "peer-venv"
     python = venv / "bin" / "python"
     ok = python.exists() and subprocess.run(
-        [str(python), "-c", "import streaming, torch"], capture_output=True
+        [str(python), "-c", "import streaming, torch, pyarrow"], capture_output=True
     ).returncode == 0
     if not ok:
         try:
@@ -188,7 +168,7 @@ def peer_venv(out: Path) -> tuple[str | None, str]:
             subprocess.run([*pip, TORCH], check=True)
             pins = out / "peer-constraints.txt"
             pins.write_text(TORCH + "\n")
-            subprocess.run([*pip, "-c", str(pins), "mosaicml-streaming"], check=True)
+            subprocess.run([*pip, "-c", str(pins), "mosaicml-streaming", "pyarrow"], check=True)
         except (subprocess.CalledProcessError, OSError) as exc:
             return None, f"peer venv could not be created ({exc})"
     if subprocess.run([str(python), "-c", "import streaming"], capture_output=True).returncode:

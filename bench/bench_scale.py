@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import struct
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import write_report  # noqa: E402
+from report import median_step_ms, proc_status_mb, write_report  # noqa: E402
 
 TOKENS_PER_ROW = 256
 LINES_PER_FILE = 4
@@ -39,14 +38,6 @@ STEPS, SAMPLES, DP = 50, 64, 8
 RSS_BUDGET_MB = 6000
 # Measured on this code: the executor holds ~30 bytes per corpus row; the planner ~25.
 BYTES_PER_ROW_ESTIMATE = 32
-
-
-def _status(field: str) -> int:
-    """A /proc/self/status field in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) // 1024
-    return -1
 
 
 # --- synthetic data ---------------------------------------------------------------------
@@ -116,7 +107,7 @@ def child_cli(argv: list[str]) -> dict:
         run()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return {"seconds": time.perf_counter() - t, "peak_mb": _status("VmHWM"), "exit": code}
+    return {"seconds": time.perf_counter() - t, "peak_mb": proc_status_mb("VmHWM"), "exit": code}
 
 
 def child_exec(plan: str, steps: int) -> dict:
@@ -125,22 +116,16 @@ def child_exec(plan: str, steps: int) -> dict:
 
     from mds.executor import PlanExecutor
 
-    base = _status("VmRSS")
+    base = proc_status_mb("VmRSS")
     t = time.perf_counter()
     ex = PlanExecutor(plan, 0, verify="none")
     it = iter(ex)
     next(it)
     first = time.perf_counter() - t
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        if next(it, None) is None:
-            break
-        times.append(time.perf_counter() - t)
     return {
         "first_s": first,
-        "step_ms": 1000 * statistics.median(times) if times else float("nan"),
-        "rss_above_imports_mb": _status("VmHWM") - base,
+        "step_ms": median_step_ms(it, steps),
+        "rss_above_imports_mb": proc_status_mb("VmHWM") - base,
     }
 
 
