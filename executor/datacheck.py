@@ -18,13 +18,20 @@ __all__ = ["MODES", "entry_paths", "file_problem", "safe_path"]
 MODES = ("sampled", "full")
 
 
+def escapes(rel: str) -> bool:
+    """Whether a relative path names something outside the directory it is relative to, by
+    its text alone (absolute, or with a `..` part)."""
+    pure = PurePosixPath(rel)
+    return pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute()
+
+
 def safe_path(root: Path, rel: Any, where: str) -> Path:
     """`root / rel`; a ValueError for anything but a relative path inside the root."""
     if not isinstance(rel, str) or not rel:
         raise ValueError(f"{where}: path {rel!r} is not a relative file path")
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute():
+    if escapes(rel):
         raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
+    pure = PurePosixPath(rel)
     path = root.joinpath(*pure.parts)
     # A symlink inside the root may still point outside it: follow links, then compare.
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mds.executor.datacheck import escapes
 from mds.executor.errors import DataChangedError, IndexFormatError, PlanError
 
 __all__ = [
@@ -191,6 +192,14 @@ def _check(data: Any, where: Path) -> None:
         problem = _source_problem(entry)
         if problem is not None:
             raise IndexFormatError(f"{where}: sources[{i}].{problem}")
+        for j, item in enumerate(entry["files"]):
+            for key in ("path", "index_path"):
+                if isinstance(item.get(key), str) and escapes(item[key]):
+                    # Every command refuses it, not only the ones that open files.
+                    raise IndexFormatError(
+                        f"{where}: {entry['name']} files[{j}]: path {item[key]!r} escapes the "
+                        "index root; refused, not read"
+                    )
     if not isinstance(data.get("fingerprint"), str):
         raise IndexFormatError(f"{where}: manifest has no `fingerprint`")
 

@@ -10,6 +10,8 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 | disk-full-inspect-html (fresh / over an old report) | ENOSPC after 100 bytes of the HTML | exit 1, `<out>: cannot write the report (No space left on device)` |
 | **a plan moved away from its index** | | |
 | moved-plan (export, inspect --step, executor) | plan.mds copied to another directory | exit 1 / IndexFormatError: `<plan>: its index was expected at <dir> (recorded relative to the plan's directory as 'index'); if the plan or the index moved, pass --index` (`index=` for the executor); with `--index` / `index=` it works |
+| **an index whose file path leaves the data root** | | |
+| manifest-path-escapes (`../`, absolute, inner `..`; plan, export, verify, inspect --step) | web files[1].path forged, fingerprint recomputed | exit 1, `<index>/manifest.json: web files[1]: path '../secret.parquet' escapes the index root; refused, not read` |
 | **racing writers** | | |
 | concurrent-index (3 rounds) | two real `mds index` processes on one fresh output at once | each exits 0, or 1 with `is being written by pid`; at least one exits 0; the index is whole: `mds verify --full` of a plan made from it exits 0 |
 | concurrent-plan (3 rounds) | two real `mds plan` processes on one output at once | the same; the plan is whole and byte-identical to a plan made alone |
@@ -18,6 +20,7 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,6 +38,7 @@ from fault_builders import (
 )
 
 from mds.executor import IndexFormatError, PlanExecutor
+from mds.executor.manifest import index_fingerprint
 from mds.planner.atomic import is_temp
 
 
@@ -102,6 +106,27 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
     assert mds("export", moved, "-o", tmp_path / "x.parquet", "--index", root / "index").exit_code == 0
     with PlanExecutor(moved, 0, index=root / "index", tokenize=word_ids) as ex:
         assert next(iter(ex))["step"] == 0
+
+
+# --- an index whose file path leaves the data root ----------------------------------------------
+
+
+@pytest.mark.parametrize("rel", ["../secret.parquet", "/etc/hostname", "web/../../secret.parquet"])
+def test_a_manifest_path_leaving_the_root_is_refused_by_every_command(root: Path, rel: str) -> None:
+    manifest_path = root / "index" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    web = next(s for s in manifest["sources"] if s["name"] == "web")
+    web["files"][1]["path"] = rel
+    manifest["fingerprint"] = index_fingerprint(manifest["sources"])
+    manifest_path.write_text(json.dumps(manifest))
+    bad = f"{manifest_path}: web files[1]: path {rel!r} escapes the index root; refused, not read"
+    plan, top = root / "plan.mds", names(root)
+    before = plan.read_bytes()
+    one_error_line(mds("plan", root / "mds.toml", "-o", plan), bad)
+    one_error_line(mds("export", plan, "-o", root / "x.parquet"), bad)
+    one_error_line(mds("verify", plan), bad)
+    one_error_line(mds("inspect", plan, "--step", "0"), bad)
+    assert plan.read_bytes() == before and names(root) == top
 
 
 # --- racing writers ----------------------------------------------------------------------------
