@@ -1,7 +1,7 @@
 """The fault matrix: every way input, plan files or the machine can fail, and what mds does.
 
 This file holds the first rows; tests/faults/ holds one file per further class of fault,
-each with its own table in the same form.
+each with its own table in the same form. The `root` fixture is in tests/conftest.py.
 
 Each row asserts the exact outcome: the error class (library) or exit code (CLI: 1 for a user
 error, 130 for an interrupt), one `error:` line naming the culprit, and nothing half-written:
@@ -81,7 +81,6 @@ from fault_builders import (
     full_disk_open,
     full_disk_write_bytes,
     full_disk_write_parquet,
-    index_world,
     interrupt_mds,
     names,
     plan_world,
@@ -92,22 +91,11 @@ from fault_builders import (
     word_ids,
     words,
     world_toml,
-    write_world,
 )
 
 from mds.executor import DataChangedError, IndexFormatError, PlanError
 from mds.executor import planfile as planfile_mod
 from mds.planner.atomic import is_temp
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """A data root with its index (root/index) and plan (root/plan.mds) already built."""
-    root = tmp_path / "data"
-    write_world(root)
-    index_world(root)
-    plan_world(root)
-    return root
 
 
 def no_temporaries(directory: Path) -> None:
