@@ -274,13 +274,9 @@ def test_a_path_escaping_the_root_is_refused_and_never_read(
     assert name == "index manifest"
     assert f"web files[1]: path {rel!r} escapes the index root" in detail
     assert "refused, not read" in detail
-    assert "escapes the index root" in check(result, "source web: files").detail
+    # The manifest itself is refused, as by every other command: no source file is read.
     assert not any("secret" in str(p) for p in touched)
-    assert len(touched) >= 8  # the other files were checked, and pass
-    others = [
-        c for c in result.checks if c.name.startswith("source ") and c.name != "source web: files"
-    ]
-    assert all(c.ok for c in others)
+    assert not [c for c in result.checks if c.name.startswith("source ")]
 
 
 def test_escaping_megatron_index_path_is_refused(pristine, tmp_path):
