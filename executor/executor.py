@@ -78,7 +78,7 @@ class PlanExecutor:
             self._setup(dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files)
             self._verify = verify
             if verify == "full":
-                self._catalog.check_tables()
+                self._catalog.preload()  # reads every used table, checksum-checked
                 for chunk in range(len(self._reader.chunks)):
                     self._reader.rank_chunk(chunk, self.dp_rank)
             if verify != "none" and self._pos < self.total:

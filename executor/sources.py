@@ -21,7 +21,7 @@ from mds.executor.datacheck import entry_paths, file_problem, safe_path
 from mds.executor.errors import ConfigError, DataChangedError, IndexFormatError, SourceDataError
 from mds.executor.fingerprint import fingerprint
 from mds.executor.lru import LRU
-from mds.executor.manifest import IndexManifest, read_table_bytes, table_checksum, table_damage
+from mds.executor.manifest import IndexManifest, read_table_bytes
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.tokenizer import load_tokenizer
 
@@ -181,19 +181,6 @@ class SourceCatalog:
             )
         tok = load_tokenizer(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
-
-    def check_tables(self) -> None:
-        """Compare every used source's index table with its recorded checksum (verify="full")."""
-        for s in self.used:
-            table = self._table(s)
-            try:
-                got = table_checksum(table)
-            except OSError as exc:
-                raise IndexFormatError(
-                    f"{table}: cannot read index table ({exc.strerror or exc})"
-                ) from None
-            if got != s.entry["table_checksum"]:
-                raise table_damage(table, got, s.entry["table_checksum"])
 
     def check_samples(self, gids: np.ndarray, full: bool) -> None:
         """Stat (or, with `full`, fingerprint) the files holding `gids` that this process has
