@@ -6,11 +6,18 @@ blocks such as Parquet row groups and zstd frames (by bytes). Not thread-safe.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["LRU"]
+__all__ = ["LRU", "version_key"]
+
+
+def version_key(kind: str, path: Any, st: os.stat_result) -> tuple:
+    """The cache key of what was parsed (`kind`) from one version of a file: its identity
+    and version, so a changed file is parsed afresh."""
+    return (path, kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class LRU:

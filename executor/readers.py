@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from mds.executor import megatron
 from mds.executor.errors import SourceDataError
-from mds.executor.lru import LRU
+from mds.executor.lru import LRU, version_key
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.zstd_seek import ZstdSeekFile
 
@@ -89,7 +89,7 @@ def _meta_key(kind: str, path: Path, fd: int | None = None) -> tuple | None:
         st = os.fstat(fd) if fd is not None else os.stat(path)
     except OSError:
         return None
-    return (path, kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return version_key(kind, path, st)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 import zstandard
 
 from mds.executor.errors import SourceDataError
-from mds.executor.lru import LRU
+from mds.executor.lru import LRU, version_key
 
 __all__ = ["FrameTable", "ZstdSeekFile", "read_frame_table"]
 
@@ -214,7 +214,7 @@ class ZstdSeekFile:
         st = os.fstat(self._fd)
         # The frame table is kept in `blocks` apart from the handle, keyed by the file's
         # identity and version: reopening the file does not walk its headers again.
-        key = (path, "frames", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = version_key("frames", path, st)
         table = blocks.get(key)
         if table is None:
             try:
