@@ -43,11 +43,13 @@ def check_output(
     output = Path(output)
     out_id = _ident(output)
     pairs = [(role, Path(path)) for role, path in inputs if path is not None]
-    for role, path in pairs:  # the same file first: it is the most precise message
-        if (out_id is not None and out_id == _ident(path)) or output.resolve() == path.resolve():
+    # An output that does not exist yet is no input and holds none: the inputs (every source
+    # file of an index) need no stat then.
+    for role, path in pairs if out_id is not None else ():  # the same file: most precise
+        if out_id == _ident(path) or output.resolve() == path.resolve():
             raise ConfigError(f"{flag} {output} is the {role} {path}; choose another output")
     for role, path in pairs:
-        if directory and _inside(path, output):
+        if directory and out_id is not None and _inside(path, output):
             raise ConfigError(f"{flag} {output} holds the {role} {path}; choose another output")
         if role.startswith("index") and path.is_dir() and _inside(output, path):
             raise ConfigError(f"{flag} {output} is inside the {role} {path}; choose another output")
