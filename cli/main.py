@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import sys
 
-import click
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -25,7 +24,7 @@ EXIT_INTERRUPTED = 130
 class MdsGroup(TyperGroup):
     """The one place where MdsError becomes a one-line message and a non-zero exit."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except MdsError as exc:
