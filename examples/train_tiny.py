@@ -303,9 +303,7 @@ def train_step(model, optimizer, mbs, step, args) -> tuple[float, int, int]:
 def build_executor(args: argparse.Namespace) -> PlanExecutor:
     """This rank's executor. Text sources are tokenized with --tokenizer; estimated lengths
     (the sample's `code` source) are cut to what the plan packed."""
-    kwargs: dict[str, Any] = dict(
-        index=args.index, tokenize=TextTokenizer(args.tokenizer), estimated="fit"
-    )
+    kwargs: dict[str, Any] = dict(tokenize=TextTokenizer(args.tokenizer), estimated="fit")
     return PlanExecutor.from_env(args.plan, **kwargs)  # without torchrun: rank 0 of 1
 
 
@@ -467,7 +465,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     data = p.add_argument_group("data")
     data.add_argument("--plan", required=True, metavar="FILE", help="plan for dp_size = world")
-    data.add_argument("--index", metavar="DIR", help="index (default: the one the plan names)")
     data.add_argument(
         "--tokenizer",
         metavar="FILE",

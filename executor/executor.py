@@ -2,8 +2,8 @@
 
 The only state is the plan's identity and the position of the next micro-batch, so
 resuming is a seek: find the chunk, read this rank's block, index into it. Every byte
-read from the plan is checksum-verified, and the source files are checked against the
-index before the first batch.
+read from the plan is checksum-verified, and the source files it reads are checked against
+the records the plan copied from the index before any of their samples is used.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import numpy as np
 
 from mds.executor.batch import pack
 from mds.executor.errors import ConfigError, PlanError
-from mds.executor.manifest import plan_manifest
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.executor.sources import SourceCatalog, Tokenize
@@ -41,7 +40,7 @@ class PlanExecutor:
     """Iterate one DP rank's micro-batches of a plan, in plan order, from any position.
 
     `verify`: "stat" (default) checks size and mtime of each file this rank reads, "full" its
-    content fingerprint (and, at start-up, the index tables and every block of this rank);
+    content fingerprint (and, at start-up, every block of this rank);
     "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
     checked when the first plan chunk that reads it is loaded, before any sample is used:
     the starting chunk's files at construction, later chunks' files as iteration reaches them.
@@ -53,7 +52,6 @@ class PlanExecutor:
         dp_rank: int,
         *,
         dp_size: int | None = None,
-        index: str | os.PathLike | None = None,
         tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
         verify: str = "stat",
         estimated: str = "error",
@@ -66,7 +64,6 @@ class PlanExecutor:
             plan=plan,
             dp_rank=dp_rank,
             dp_size=dp_size,
-            index=index,
             tokenize=tokenize,
             estimated=estimated,
             cache_bytes=cache_bytes,
@@ -75,10 +72,9 @@ class PlanExecutor:
         self.plan_path = Path(plan)
         self._reader = PlanReader(self.plan_path)
         try:
-            self._setup(dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files)
+            self._setup(dp_rank, dp_size, tokenize, estimated, cache_bytes, max_open_files)
             self._verify = verify
             if verify == "full":
-                self._catalog.preload()  # reads every used table, checksum-checked
                 for chunk in range(len(self._reader.chunks)):
                     self._reader.rank_chunk(chunk, self.dp_rank)
             if verify != "none" and self._pos < self.total:
@@ -87,7 +83,7 @@ class PlanExecutor:
             self._reader.close()
             raise
 
-    def _setup(self, dp_rank, dp_size, index, tokenize, estimated, cache_bytes, max_open_files):
+    def _setup(self, dp_rank, dp_size, tokenize, estimated, cache_bytes, max_open_files):
         reader = self._reader
         dp_rank = _integer(dp_rank, "dp_rank")
         if dp_size is not None:
@@ -108,12 +104,9 @@ class PlanExecutor:
         self.plan_id = reader.plan_id
         lineage = reader.footer.get("lineage")
         self.lineage = lineage if isinstance(lineage, dict) else None
-        footer = reader.footer
-        manifest = plan_manifest(self.plan_path, footer, index, option="index=")
-        self.index_path = manifest.path
         self._catalog = SourceCatalog(
-            manifest,
-            footer,
+            reader.footer,
+            self.plan_path,
             tokenize=tokenize,
             estimated=estimated,
             cache_bytes=cache_bytes,
@@ -242,28 +235,31 @@ class PlanExecutor:
         assert 0 <= pos < self.total, pos
         self._ensure_process()
         step, micro = divmod(pos, self.micro_batches)
-        ids = self.sample_ids(step, micro)
+        block, lo, hi = self._slice(step, micro)
+        ids = block.ids[lo:hi]
         sid, rows = self._catalog.locate(ids)
-        tokens: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(ids)
-        for s in np.unique(sid):
-            pick = np.flatnonzero(sid == s)
-            for j, t in zip(pick, self._catalog.fetch(int(s), rows[pick]), strict=True):
-                tokens[j] = t
+        tokens = self._catalog.fetch(block, lo, hi)
         return pack(tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro)
 
     def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
         """Global sample ids of one of this rank's micro-batches, from the plan alone."""
+        block, lo, hi = self._slice(step, micro_batch)
+        return block.ids[lo:hi]
+
+    def _slice(self, step: int, micro_batch: int) -> tuple[RankChunk, int, int]:
+        """This rank's block holding (step, micro_batch) and the micro-batch's sample range
+        in it. Loading a block checks the files it reads (verify="stat" or "full")."""
         chunk = self._reader.chunk_of(step)
         if self._block is None or self._block[0] != chunk:
             block = self._reader.rank_chunk(chunk, self.dp_rank)
             if self._verify != "none":
-                self._catalog.check_samples(block.ids, full=self._verify == "full")
+                self._catalog.check_files(block, full=self._verify == "full")
             starts = np.zeros(block.counts.size + 1, dtype=np.int64)
             np.cumsum(block.counts.ravel(), out=starts[1:])
             self._block = (chunk, block, starts)
         _, block, starts = self._block
         local = (step - block.step_start) * self.micro_batches + micro_batch
-        return block.ids[starts[local] : starts[local + 1]]
+        return block, int(starts[local]), int(starts[local + 1])
 
     def _ensure_process(self) -> None:
         """After a fork (DataLoader workers), drop inherited open files and caches."""

@@ -63,7 +63,6 @@ class PlanLoader:
         if self.num_workers == 0:
             yield from ex
             return
-        ex._catalog.preload()
         while ex._pos < ex.total:
             loader = DataLoader(
                 _Positions(ex, ex._pos, ex.total),

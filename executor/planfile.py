@@ -5,8 +5,9 @@ Layout (all integers little-endian; docs/plan-format.md is the spec):
     header   b"MDSPLAN\\0" | u32 format version | u32 flags (0)
     chunks   per chunk: a directory of D entries (u64 offset, u64 size, 8-byte BLAKE2b),
              then one block per DP rank: micro-batch sample counts [steps, M] (u8, u16
-             or u32, the chunk's `count_width`), then the samples' global ids,
-             `id_width` bytes each
+             or u32, the chunk's `count_width`), the samples' global ids (`id_width`
+             bytes each), and what fetching them takes: per sample a file, row, planned
+             token count and byte range, and the block's file records (JSON)
     sections binary arrays named in the footer (per-step stats, per-chunk source cursors)
     footer   UTF-8 JSON: config, sources, geometry, chunk list with directory checksums,
              section offsets and checksums
@@ -14,6 +15,7 @@ Layout (all integers little-endian; docs/plan-format.md is the spec):
 
 Every byte a reader uses is covered by a checksum chained from the footer, so a corrupt
 plan raises PlanError instead of returning wrong samples. No pickle: JSON and raw arrays.
+A rank's block is self-contained: replaying it needs no index table and no manifest.
 """
 
 from __future__ import annotations
@@ -37,14 +39,20 @@ __all__ = [
     "MAGIC",
     "PlanReader",
     "PlanWriter",
+    "FETCH_COLUMNS",
+    "Fetch",
     "RankChunk",
     "checksum",
     "plan_id_of",
 ]
 
 MAGIC = b"MDSPLAN\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _HEAD = struct.Struct("<8sII")
+# A block's fetch part: the byte width of each per-sample column (0: all zero, not stored),
+# then the size of the block's file-record JSON.
+FETCH_COLUMNS = ("file", "row", "tokens", "offset", "length")
+_FETCH_HEAD = struct.Struct("<5BxxxQ")
 _TRAILER = struct.Struct("<QQ8s8s")
 _DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
 _MAX_FOOTER = 1 << 30
@@ -62,12 +70,37 @@ def plan_id_of(footer: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class Fetch:
+    """Where a block's samples live: per sample, an index into `files`, the row inside that
+    file (JSONL: line number), the index's token count, and for JSONL the line's byte offset
+    and length (0 otherwise). `files` holds (source index, file index in the source's
+    manifest list, the manifest's file entry: path, size, mtime_ns, fingerprint, ...)."""
+
+    file: np.ndarray
+    row: np.ndarray
+    tokens: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    files: list[tuple[int, int, dict[str, Any]]]
+
+    def columns(self) -> list[np.ndarray]:
+        return [getattr(self, name) for name in FETCH_COLUMNS]
+
+
+@dataclass(frozen=True)
 class RankChunk:
     """One DP rank's samples for the steps of one chunk."""
 
     step_start: int
     counts: np.ndarray  # [steps, micro_batches] samples per micro-batch
     ids: np.ndarray  # uint64 global sample ids, in (step, micro-batch, sample) order
+    fetch: Fetch
+
+
+def width_of(values: np.ndarray) -> int:
+    """Bytes needed for the largest of non-negative `values` (0 when all are zero)."""
+    peak = int(values.max(initial=0)) if len(values) else 0
+    return (peak.bit_length() + 7) // 8
 
 
 def encode_ids(ids: np.ndarray, width: int) -> bytes:
@@ -75,11 +108,56 @@ def encode_ids(ids: np.ndarray, width: int) -> bytes:
     return raw[:, :width].tobytes()
 
 
-def decode_ids(data: bytes | memoryview, width: int) -> np.ndarray:
+def decode_ids(data: bytes | memoryview, width: int, n: int | None = None) -> np.ndarray:
+    """Unsigned integers of `width` bytes (0: `n` zeros)."""
+    if width == 0:
+        return np.zeros(n or 0, dtype="<u8")
     raw = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
     out = np.zeros((raw.shape[0], 8), dtype=np.uint8)
     out[:, :width] = raw
     return out.view("<u8").ravel()
+
+
+def encode_fetch(fetch: Fetch, n: int) -> bytes:
+    """The fetch part of a block: widths, the columns at those widths, the file records."""
+    columns = fetch.columns()
+    assert all(len(c) == n for c in columns), "one fetch record per sample"
+    assert all(int(c.min(initial=0)) >= 0 for c in columns if len(c))
+    widths = [width_of(c) for c in columns]
+    files = json.dumps(
+        [[int(s), int(f), entry] for s, f, entry in fetch.files],
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    parts = [_FETCH_HEAD.pack(*widths, len(files))]
+    parts += [encode_ids(c, w) for c, w in zip(columns, widths, strict=True)]
+    return b"".join(parts) + files
+
+
+def _file_record(item: Any) -> tuple[int, int, dict[str, Any]]:
+    s, f, entry = item
+    if not (isinstance(s, int) and isinstance(f, int) and isinstance(entry, dict)):
+        raise ValueError("file record is not [source, file, entry]")
+    return s, f, entry
+
+
+def decode_fetch(data: memoryview, n: int) -> Fetch:
+    """Inverse of encode_fetch; ValueError for anything malformed."""
+    if len(data) < _FETCH_HEAD.size:
+        raise ValueError("no fetch records")
+    *widths, files_size = _FETCH_HEAD.unpack(data[: _FETCH_HEAD.size])
+    if any(w > 8 for w in widths):
+        raise ValueError("bad column width")
+    pos, columns = _FETCH_HEAD.size, []
+    for w in widths:
+        columns.append(decode_ids(data[pos : pos + n * w], w, n))
+        pos += n * w
+    if pos + files_size != len(data):
+        raise ValueError("fetch records do not fill the block")
+    files = [_file_record(item) for item in json.loads(bytes(data[pos:]))]
+    if n and int(columns[0].max()) >= len(files):
+        raise ValueError("a sample names a file the block does not list")
+    return Fetch(*columns, files=files)
 
 
 class PlanWriter:
@@ -107,18 +185,20 @@ class PlanWriter:
         self._sections: dict[str, dict[str, Any]] = {}
 
     def add_chunk(
-        self, step_start: int, step_end: int, blocks: list[tuple[np.ndarray, np.ndarray]]
+        self, step_start: int, step_end: int, blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]
     ) -> None:
-        """Append one chunk: for each rank, (counts [steps, M], global ids)."""
+        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records)."""
         assert len(blocks) == self.dp
-        peak = max((int(c.max(initial=0)) for c, _ in blocks), default=0)
+        peak = max((int(c.max(initial=0)) for c, _, _ in blocks), default=0)
         width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
         payloads = []
-        for counts, ids in blocks:
+        for counts, ids, fetch in blocks:
             assert counts.shape == (step_end - step_start, self.micro)
             assert int(counts.sum()) == len(ids)
             payloads.append(
-                counts.astype(_COUNT_DTYPES[width]).tobytes() + encode_ids(ids, self.id_width)
+                counts.astype(_COUNT_DTYPES[width]).tobytes()
+                + encode_ids(ids, self.id_width)
+                + encode_fetch(fetch, len(ids))
             )
         dir_offset = self._f.tell()
         directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
@@ -219,6 +299,11 @@ class PlanReader:
             )
         if version < 1:
             raise self._fail(f"invalid plan format version {version}")
+        if version < FORMAT_VERSION:
+            raise self._fail(
+                f"plan format version {version} is from an older mds, which this one no longer "
+                "reads; re-plan with `mds plan` (same config and index: same samples)"
+            )
         offset, size, digest, tail = _TRAILER.unpack(
             self._read(self.size - _TRAILER.size, _TRAILER.size)
         )
@@ -320,17 +405,24 @@ class PlanReader:
         if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
             raise self._fail(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
         head = (b - a) * self.micro * width
-        if head > len(data) or (len(data) - head) % self.id_width:
+        if head > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
         counts = (
             np.frombuffer(data[:head], dtype=_COUNT_DTYPES[width])
             .reshape(b - a, self.micro)
             .astype(np.int64)
         )
-        ids = decode_ids(memoryview(data)[head:], self.id_width)
-        if int(counts.sum()) != len(ids):
+        n = int(counts.sum())
+        end = head + n * self.id_width
+        if end > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (counts do not match ids)")
-        return RankChunk(a, counts, ids)
+        view = memoryview(data)
+        ids = decode_ids(view[head:end], self.id_width)
+        try:
+            fetch = decode_fetch(view[end:], n)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise self._fail(f"chunk {chunk} rank {rank}: corrupt block ({exc})") from None
+        return RankChunk(a, counts, ids, fetch)
 
     def section(self, name: str) -> np.ndarray:
         try:

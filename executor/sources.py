@@ -1,27 +1,28 @@
-"""The sources a plan draws from, as the executor sees them: where each sample lives, how to
-turn its payload into token ids, and the checks that the data is still what was planned.
+"""The sources a plan draws from, as the executor sees them: how to read each sample the plan
+names, how to turn its payload into token ids, and the checks that the data is still what
+was planned.
 
-A sample is (source, row). Rows of one file are contiguous in the index table, so a
-Parquet, Arrow or Megatron row's place in its file is `row - first_row`; JSONL rows carry
-a byte offset and length. Only the columns needed are loaded, once per source and process,
-and only for sources the plan uses.
+Everything comes from the plan: the footer says how each planned source is read and
+tokenized (`fetch`), and each rank's block names, per sample, its file (a record copied from
+the index), the row or byte range in it and the planned token count. No index table or
+manifest is read, so a rank's memory and start-up follow its slice, not the corpus.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mds.executor.datacheck import entry_paths, file_problem, safe_path
-from mds.executor.errors import ConfigError, DataChangedError, IndexFormatError, SourceDataError
+from mds.executor.datacheck import entry_paths, file_problem
+from mds.executor.errors import ConfigError, DataChangedError, PlanError, SourceDataError
 from mds.executor.fingerprint import fingerprint
 from mds.executor.lru import LRU
-from mds.executor.manifest import IndexManifest, read_table_bytes
+from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
+from mds.executor.planfile import RankChunk
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.tokenizer import load_tokenizer
 
@@ -30,34 +31,50 @@ __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
 Tokenize = Callable[[str], Sequence[int]]
 ESTIMATED = ("error", "fit")
 _JSONL = ("jsonl", "jsonl.zst")
-_WIDTHS = {"n_tokens": np.uint32, "file_row": np.int64, "offset": np.int64, "length": np.uint32}
 
 
 @dataclass
 class _Source:
-    """One index source: manifest facts plus the location columns, loaded on first use."""
+    """One index source: its place in global ids and, if planned, how to read it."""
 
     sid: int
     name: str
-    entry: dict[str, Any]
     base: int
     rows: int
-    paths: list[tuple[Path, Path | None]]
-    first_rows: np.ndarray
+    facts: dict[str, Any]
     tokenize: Tokenize | None = None
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def fmt(self) -> str:
-        return str(self.entry["format"])
+        return str(self.facts.get("format"))
 
     @property
     def payload(self) -> dict[str, Any]:
-        return self.entry.get("payload") or {}
+        return self.facts.get("payload") or {}
+
+    @property
+    def length(self) -> dict[str, Any]:
+        return self.facts.get("length") or {}
 
     @property
     def exact(self) -> bool:
-        return bool((self.entry.get("length") or {}).get("exact", False))
+        return bool(self.length.get("exact", False))
+
+
+def _facts_problem(facts: Any) -> str | None:
+    """Why a footer `fetch.sources` entry cannot be read with, or None."""
+    if not isinstance(facts, dict):
+        return "no reading facts"
+    if facts.get("format") not in FORMATS:
+        return f"unknown format {facts.get('format')!r}"
+    payload, length = facts.get("payload"), facts.get("length")
+    if payload is not None and not (
+        isinstance(payload, dict) and isinstance(payload.get("column", ""), str)
+    ):
+        return "bad payload"
+    if not isinstance(length, dict):
+        return "bad length rule"
+    return None
 
 
 class SourceCatalog:
@@ -65,8 +82,8 @@ class SourceCatalog:
 
     def __init__(
         self,
-        manifest: IndexManifest,
         footer: dict[str, Any],
+        plan_path: Path,
         *,
         tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
         estimated: str = "error",
@@ -79,23 +96,34 @@ class SourceCatalog:
             raise ConfigError(f"cache_bytes={cache_bytes!r} must be an integer >= 0")
         if estimated not in ESTIMATED:
             raise ConfigError(f"estimated={estimated!r} must be one of {', '.join(ESTIMATED)}")
-        self.manifest, self.estimated = manifest, estimated
+        self.plan_path, self.estimated = plan_path, estimated
         self.cache_bytes, self.max_open_files = cache_bytes, max_open_files
-        root = manifest.data.get("root")
+        try:
+            fetch = footer["fetch"]
+            root, facts = fetch["root"], fetch["sources"]
+            train = footer["config"]["train"]
+            planned = {s["name"]: int(s.get("samples", 0)) for s in footer.get("sources", [])}
+            self.sources = [
+                _Source(i, str(s["name"]), int(s["base"]), int(s["rows"]), facts.get(s["name"], {}))
+                for i, s in enumerate(footer["index"]["sources"])
+            ]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PlanError(f"{plan_path}: corrupt plan footer (fetch facts: {exc})") from None
         if not (isinstance(root, str) and Path(root).is_absolute()):
-            raise IndexFormatError(f"{manifest.path}: manifest `root` is not an absolute path")
+            raise PlanError(f"{plan_path}: corrupt plan footer (data root {root!r})")
         self.root = Path(root)
-        train = footer["config"]["train"]
         self.truncate_to = (
             int(train["max_tokens_per_micro_batch"])
             if train.get("overlong") == "truncate"
             else None
         )
-        planned = {s["name"]: int(s.get("samples", 0)) for s in footer.get("sources", [])}
-        self.sources = [self._source(i, s) for i, s in enumerate(footer["index"]["sources"])]
         self.bases = np.array([s.base for s in self.sources], dtype=np.int64)
         self._rows = np.array([s.rows for s in self.sources], dtype=np.int64)
         self.used = [s for s in self.sources if planned.get(s.name, 0) > 0]
+        for s in self.used:
+            problem = _facts_problem(s.facts)
+            if problem is not None:
+                raise PlanError(f"{plan_path}: corrupt plan footer (source {s.name!r}: {problem})")
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
         self.reset()
@@ -115,18 +143,6 @@ class SourceCatalog:
 
     # --- set-up ---------------------------------------------------------------------------
 
-    def _source(self, sid: int, planned: dict[str, Any]) -> _Source:
-        name = planned["name"]
-        entry = self.manifest.source(name)  # same tables: the caller compared fingerprints
-        paths = []
-        for i, item in enumerate(entry["files"]):
-            try:
-                paths.append(entry_paths(self.root, item, f"{name} files[{i}]"))
-            except ValueError as exc:
-                raise IndexFormatError(f"{self.manifest.path}: {exc}") from None
-        first = np.array([int(f["first_row"]) for f in entry["files"]], dtype=np.int64)
-        return _Source(sid, name, entry, int(planned["base"]), int(planned["rows"]), paths, first)
-
     def _bind_tokenizers(self, tokenize: Tokenize | Mapping[str, Tokenize] | None) -> None:
         """Give every used text source a tokenize function, or say which one lacks it."""
         text = [s for s in self.used if s.payload.get("kind") == "text"]
@@ -139,20 +155,20 @@ class SourceCatalog:
                 )
         for s in self.used:
             kind = s.payload.get("kind")
-            if kind not in ("text", "token_ids"):
+            if kind not in PAYLOAD_KINDS:
                 raise ConfigError(
                     f"source {s.name!r} has no payload column in the index (it was indexed "
                     "for lengths only); re-index it with `tokens` or `text`"
                 )
             if not s.exact and self.estimated == "error":
-                rule = (s.entry.get("length") or {}).get("rule", "an estimate")
+                rule = s.length.get("rule", "an estimate")
                 raise ConfigError(
                     f"source {s.name!r}: the plan used estimated lengths ({rule}), so its packing "
                     "cannot be replayed exactly; re-index it with a tokenizer or a count column, "
                     'or pass estimated="fit" to cut each sample to its planned length'
                 )
             if kind == "text":
-                recorded = (s.entry.get("length") or {}).get("kind") == "tokenizer"
+                recorded = s.length.get("kind") == "tokenizer"
                 if isinstance(tokenize, Mapping):
                     fn = tokenize.get(s.name)
                 else:  # one function: for the sources the index did not count with a tokenizer
@@ -161,19 +177,15 @@ class SourceCatalog:
 
     def _index_tokenizer(self, s: _Source) -> Tokenize:
         """The tokenizer.json the index counted with, checked to be the same file."""
-        length = s.entry.get("length") or {}
+        length = s.length
         if length.get("kind") != "tokenizer":
             raise ConfigError(
                 f"source {s.name!r} stores text ({s.payload.get('column')!r}); pass tokenize= "
                 f"(a function str -> token ids, or a dict {{{s.name!r}: fn}})"
             )
-        path = Path(length["tokenizer"])
+        path = Path(str(length.get("tokenizer")))
         path = path if path.is_absolute() else self.root / path
-        try:
-            spec = json.loads(s.entry.get("spec_key", "{}"))
-        except ValueError:
-            spec = None
-        recorded = spec.get("tokenizer_fingerprint") if isinstance(spec, dict) else None
+        recorded = s.facts.get("tokenizer_fingerprint")
         if recorded and fingerprint(path, "full") != recorded:
             raise DataChangedError(
                 f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
@@ -182,34 +194,26 @@ class SourceCatalog:
         tok = load_tokenizer(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
-    def check_samples(self, gids: np.ndarray, full: bool) -> None:
-        """Stat (or, with `full`, fingerprint) the files holding `gids` that this process has
-        not checked yet: start-up I/O follows the slice read, not the corpus's files."""
-        sid, rows = self.locate(gids)
-        for s_id in np.unique(sid):
-            s = self.sources[int(s_id)]
-            files = np.unique(np.searchsorted(s.first_rows, rows[sid == s_id], side="right") - 1)
-            for i in files.tolist():
-                if (s.sid, i) in self.checked:
-                    continue
-                item = s.entry["files"][i]
-                problem = file_problem(self.root, item, full, f"{s.name} files[{i}]")
-                if problem is not None:
-                    raise DataChangedError(
-                        f"source {s.name!r}: {problem}; the data changed since it was indexed "
-                        "(re-index and re-plan, or restore the file)"
-                    )
-                self.checked.add((s.sid, i))
+    def check_files(self, block: RankChunk, full: bool) -> None:
+        """Stat (or, with `full`, fingerprint) the files of `block` that this process has not
+        checked yet, against the records the plan copied from the index: start-up I/O
+        follows the slice read, not the corpus's files."""
+        for sid, fid, entry in block.fetch.files:
+            if (sid, fid) in self.checked:
+                continue
+            s = self._source_of(sid)
+            problem = file_problem(self.root, entry, full, f"{s.name} files[{fid}]")
+            if problem is not None:
+                raise DataChangedError(
+                    f"source {s.name!r}: {problem}; the data changed since it was indexed "
+                    "(re-index and re-plan, or restore the file)"
+                )
+            self.checked.add((sid, fid))
 
-    def _table(self, s: _Source) -> Path:
-        """The source's index table, which must lie inside the index directory (after links)."""
-        try:
-            return safe_path(self.manifest.path, s.entry["table"], f"source {s.name!r}")
-        except ValueError:
-            raise IndexFormatError(
-                f"{self.manifest.path}: the table of source {s.name!r} "
-                f"({s.entry['table']!r}) leaves the index directory; refused, not read"
-            ) from None
+    def _source_of(self, sid: int) -> _Source:
+        if not 0 <= sid < len(self.sources) or self.sources[sid] not in self.used:
+            raise PlanError(f"{self.plan_path}: corrupt plan (a block names source {sid})")
+        return self.sources[sid]
 
     # --- fetching -------------------------------------------------------------------------
 
@@ -218,60 +222,43 @@ class SourceCatalog:
         sid = np.searchsorted(self.bases, gids, side="right") - 1
         rows = gids.astype(np.int64) - self.bases[sid]
         if len(gids) and (sid.min() < 0 or np.any(rows >= self._rows[sid])):
-            raise DataChangedError("the plan names a sample beyond its index's rows")
+            raise PlanError(f"{self.plan_path}: corrupt plan (a sample beyond its index's rows)")
         return sid, rows
 
-    def preload(self) -> None:
-        """Load every used source's location columns now, e.g. before forking workers so
-        they share the pages instead of each reading the tables."""
-        for s in self.used:
-            self._columns(s)
-
-    def fetch(self, sid: int, rows: np.ndarray) -> list[np.ndarray]:
-        """Token ids (int64) of `rows` of source `sid`, in order, checked and truncated."""
-        s = self.sources[sid]
-        cols = self._columns(s)
-        file_ids = np.searchsorted(s.first_rows, rows, side="right") - 1
-        out: list[np.ndarray | None] = [None] * len(rows)
-        for f in np.unique(file_ids):
-            pick = np.flatnonzero(file_ids == f)
-            picked = rows[pick]
+    def fetch(self, block: RankChunk, lo: int, hi: int) -> list[np.ndarray]:
+        """Token ids (int64) of samples [lo, hi) of `block`, in order, checked and truncated.
+        One reader call per file: its rows are read together."""
+        rec = block.fetch
+        files = rec.file[lo:hi]
+        gids = block.ids[lo:hi].astype(np.int64)
+        out: list[np.ndarray | None] = [None] * (hi - lo)
+        for f in np.unique(files).tolist():
+            pick = np.flatnonzero(files == f)
+            sid, fid, entry = rec.files[f]
+            s = self._source_of(sid)
+            at = pick + lo
+            if np.any((gids[pick] < s.base) | (gids[pick] >= s.base + s.rows)):
+                raise PlanError(f"{self.plan_path}: corrupt plan (a sample's file is of another source)")
+            file_rows = rec.row[at].astype(np.int64)
             if s.fmt in _JSONL:
-                file_rows = cols["file_row"][picked]
-                offsets, lengths = cols["offset"][picked], cols["length"][picked]
+                offsets, lengths = rec.offset[at].astype(np.int64), rec.length[at].astype(np.int64)
             else:
-                file_rows, offsets, lengths = picked - s.first_rows[f], None, None
-            payloads = self._reader(s, int(f)).fetch(file_rows, offsets, lengths)
-            for k, (j, payload) in enumerate(zip(pick, payloads, strict=True)):
-                out[j] = self._tokens(s, int(f), int(rows[j]), int(file_rows[k]), payload)
+                offsets = lengths = None
+            payloads = self._reader(s, fid, entry).fetch(file_rows, offsets, lengths)
+            for k, (j, payload) in enumerate(zip(pick.tolist(), payloads, strict=True)):
+                out[j] = self._tokens(
+                    s, entry, int(gids[j]) - s.base, int(file_rows[k]), int(rec.tokens[lo + j]), payload
+                )
         return out  # type: ignore[return-value]
 
-    def _columns(self, s: _Source) -> dict[str, np.ndarray]:
-        """The source's location columns, read once from its index table."""
-        if not s.columns:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            names = ["n_tokens", *(("file_row", "offset", "length") if s.fmt in _JSONL else ())]
-            table_path = self._table(s)
-            try:
-                data = read_table_bytes(table_path, s.entry["table_checksum"])
-                table = pq.read_table(pa.BufferReader(data), columns=names)
-            except (OSError, ValueError) as exc:
-                raise IndexFormatError(f"{table_path}: cannot read index table ({exc})") from None
-            if table.num_rows != s.rows:
-                raise DataChangedError(
-                    f"{table_path}: {table.num_rows} rows, the plan was made from {s.rows}"
-                )
-            # The narrowest types that hold them: this is the executor's per-row memory.
-            s.columns = {n: table[n].to_numpy().astype(_WIDTHS[n], copy=False) for n in names}
-        return s.columns
-
-    def _reader(self, s: _Source, file_id: int) -> FileReader:
+    def _reader(self, s: _Source, file_id: int, entry: dict[str, Any]) -> FileReader:
         key = (s.sid, file_id)
         reader = self._files.get(key)
         if reader is None:
-            path, companion = s.paths[file_id]
+            try:
+                path, companion = entry_paths(self.root, entry, f"{s.name} files[{file_id}]")
+            except ValueError as exc:
+                raise PlanError(f"{self.plan_path}: {exc}") from None
             reader = open_reader(
                 s.fmt,
                 path,
@@ -279,26 +266,27 @@ class SourceCatalog:
                 column=str(s.payload.get("column") or ""),
                 companion=companion,
                 blocks=self._blocks,
-                display=s.entry["files"][file_id]["path"],
+                display=str(entry["path"]),
             )
             self._files.put(key, reader)
         return reader
 
-    def _tokens(self, s: _Source, file_id: int, row: int, file_row: int, payload) -> np.ndarray:
+    def _tokens(
+        self, s: _Source, entry: dict[str, Any], row: int, file_row: int, planned: int, payload
+    ) -> np.ndarray:
         """Token ids of one sample; its length must be the one the plan was made with."""
         if isinstance(payload, str):
             assert s.tokenize is not None
             ids = np.asarray(s.tokenize(payload), dtype=np.int64)
         else:
             ids = np.asarray(payload).astype(np.int64, copy=False)
-        planned = int(s.columns["n_tokens"][row])
         if len(ids) != planned:
             if s.exact:
                 what = "tokenize returned" if isinstance(payload, str) else "the file holds"
                 # JSONL lines are 1-based in messages, as the indexer reports them
                 where = f"line {file_row + 1}" if s.fmt in _JSONL else f"row {file_row}"
                 raise SourceDataError(
-                    f"source {s.name!r} row {row} ({s.entry['files'][file_id]['path']} {where}): "
+                    f"source {s.name!r} row {row} ({entry['path']} {where}): "
                     f"{what} {len(ids)} tokens, the index says {planned}; the plan "
                     "was made with other lengths (different tokenizer, or changed data)"
                 )

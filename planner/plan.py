@@ -8,6 +8,7 @@ and written in order.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from mds.executor.errors import ConfigError, PlanError
-from mds.executor.planfile import PlanWriter, plan_id_of
+from mds.executor.planfile import Fetch, PlanWriter, plan_id_of
 from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
+from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.lock import output_lock
 from mds.planner.mixing import Mixer, MixState
@@ -49,11 +51,11 @@ STAT_COLUMNS = (
 
 @dataclass
 class ChunkResult:
-    """One planned chunk: per-rank (counts, ids) blocks and per-step stats rows."""
+    """One planned chunk: per-rank (counts, ids, fetch records) blocks and per-step stats."""
 
     start: int
     end: int
-    blocks: list[tuple[np.ndarray, np.ndarray]]
+    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]
     stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
     source_samples: np.ndarray  # [steps, sources] int64
 
@@ -102,6 +104,7 @@ class Planner:
         self.pools: list[SourcePool] = load_pools(config, self.manifest)
         self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
         self.mixer = Mixer(config, self.pools, self.streams)
+        self.fetch = FetchTable(self.manifest, self.pools)
         self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
 
     @property
@@ -159,10 +162,11 @@ class Planner:
             cost[step_of, slot] = pool.costs[pos]
         steps = np.arange(a, end)
         assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
+        blocks = [(c, ids, self.fetch.records(ids)) for c, ids in _blocks(assign, gid, valid, T, D, M)]
         return ChunkResult(
             a,
             end,
-            _blocks(assign, gid, valid, T, D, M),
+            blocks,
             _stats(assign, cost, length, valid, steps, D, M),
             counts,
         )
@@ -418,6 +422,7 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
             "sources": index_sources(manifest),
         },
         "sources": sources,
+        "fetch": _fetch_facts(planner),
         "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
         "stats_columns": list(STAT_COLUMNS),
         "steps": config.train.steps,
@@ -427,6 +432,24 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
             else {}
         ),
     }
+
+
+def _fetch_facts(planner: Planner) -> dict[str, Any]:
+    """What the executor needs besides the blocks' records: the data root, and for each
+    planned source how to read and tokenize it, so it never opens the index."""
+    manifest = planner.manifest
+    sources = {}
+    for pool in planner.pools:
+        entry = manifest.source(pool.name)
+        facts = source_facts(entry)
+        try:
+            spec = json.loads(entry.get("spec_key") or "{}")
+        except ValueError:
+            spec = None
+        if isinstance(spec, dict) and spec.get("tokenizer_fingerprint"):
+            facts["tokenizer_fingerprint"] = spec["tokenizer_fingerprint"]
+        sources[pool.name] = facts
+    return {"root": manifest.data["root"], "sources": sources}
 
 
 def _summary(

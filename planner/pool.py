@@ -38,6 +38,16 @@ class SourcePool:
     max_epochs: int | None = None
     dropped: int = 0  # overlong samples removed with overlong = "drop"
     truncated: int = 0
+    raw_tokens: np.ndarray | None = None  # the index's n_tokens where truncation changed it
+    # JSONL only, per eligible position: line number, byte offset and length of the line.
+    file_row: np.ndarray | None = None
+    offset: np.ndarray | None = None
+    length: np.ndarray | None = None
+
+    @property
+    def index_tokens(self) -> np.ndarray:
+        """The index's token count per eligible position (what the executor checks)."""
+        return self.lengths if self.raw_tokens is None else self.raw_tokens
 
     @property
     def n(self) -> int:
@@ -126,6 +136,7 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         df = df.filter(pl.col("n_tokens") > 0)
         lengths = df["n_tokens"].cast(pl.Int64).to_numpy()
         dropped = truncated = 0
+        raw_tokens = None
         over = lengths > capacity
         if over.any():
             if train.overlong == "error":
@@ -141,7 +152,9 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 lengths = lengths[~over]
             else:
                 truncated = int(over.sum())
+                raw_tokens = lengths
                 lengths = np.minimum(lengths, capacity)
+        jsonl = entry["format"] in ("jsonl", "jsonl.zst")
         pools.append(
             SourcePool(
                 name=mix.name,
@@ -154,6 +167,8 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 max_epochs=mix.max_epochs,
                 dropped=dropped,
                 truncated=truncated,
+                raw_tokens=raw_tokens,
+                **({c: df[c].to_numpy() for c in ("file_row", "offset", "length")} if jsonl else {}),
             )
         )
         _check_fits_step(pools[-1], df, train.tokens_per_step)

@@ -14,13 +14,17 @@ from hypothesis import strategies as st
 
 from mds.executor.errors import PlanError
 from mds.executor.planfile import (
+    FETCH_COLUMNS,
     FORMAT_VERSION,
     MAGIC,
+    Fetch,
     PlanReader,
     PlanWriter,
     checksum,
     decode_ids,
+    encode_fetch,
     encode_ids,
+    width_of,
 )
 
 DP, MICRO = 3, 2
@@ -63,6 +67,24 @@ def random_chunks(rng, bounds, dp=DP, micro=MICRO, top=2**20):
     return chunks
 
 
+def fetch_of(ids: np.ndarray) -> Fetch:
+    """Fetch records derived from the ids: three files, JSONL-like byte ranges."""
+    ids = ids.astype(np.uint64) % np.uint64(2**40)
+    files = [(1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}) for f in range(3)] if len(ids) else []
+    return Fetch(ids % 3, ids // 3, ids % 1000 + 1, ids * 10, ids % 77, files)
+
+
+def with_fetch(block):
+    """A (counts, ids) block completed with fetch records derived from the ids."""
+    return block if len(block) == 3 else (*block, fetch_of(block[1]))
+
+
+def block_bytes(counts, ids, id_width, count_dtype="u1") -> bytes:
+    return counts.astype(count_dtype).tobytes() + encode_ids(ids, id_width) + encode_fetch(
+        fetch_of(ids), len(ids)
+    )
+
+
 def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None):
     writer = PlanWriter(
         path,
@@ -72,7 +94,7 @@ def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None):
         id_width=id_width,
     )
     for a, b, blocks in chunks:
-        writer.add_chunk(a, b, blocks)
+        writer.add_chunk(a, b, [with_fetch(block) for block in blocks])
     for name, array in (sections or {}).items():
         writer.add_section(name, array)
     return writer.commit(footer or {"format": "mds-plan", "note": "test"})
@@ -110,6 +132,10 @@ def test_round_trip(plan):
                 assert np.array_equal(block.counts, counts)
                 assert block.counts.dtype == np.int64
                 assert np.array_equal(block.ids, ids)
+                expected = fetch_of(ids)
+                for name in FETCH_COLUMNS:
+                    assert getattr(block.fetch, name).tolist() == getattr(expected, name).tolist()
+                assert block.fetch.files == expected.files
         for name, array in sections.items():
             got = r.section(name)
             assert got.dtype == array.dtype.newbyteorder("<") and np.array_equal(got, array)
@@ -134,8 +160,15 @@ def test_file_layout_follows_the_spec(plan):
     assert checksum(directory).hex() == dir_sum
     off, n, block_sum = struct.unpack_from("<QQ8s", directory, 0)
     counts, ids = chunks[0][2][0]
-    expected = counts.astype("u1").tobytes() + encode_ids(ids, 3)
+    expected = block_bytes(counts, ids, 3)
     assert data[off : off + n] == expected and checksum(expected) == block_sum
+    # the fetch part: five column widths, the file-record JSON's size, the columns, the JSON
+    fetch = data[off + counts.size + 3 * len(ids) : off + n]
+    widths = struct.unpack_from("<5B", fetch)
+    assert widths == tuple(width_of(c) for c in fetch_of(ids).columns())
+    (json_size,) = struct.unpack_from("<Q", fetch, 8)
+    assert json.loads(fetch[-json_size:]) == [[1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}] for f in range(3)]
+    assert len(fetch) == 16 + sum(widths) * len(ids) + json_size
 
 
 @pytest.mark.parametrize(("peak", "width"), [(255, 1), (256, 2), (65535, 2), (65536, 4)])
@@ -172,7 +205,7 @@ def test_checksums_ending_in_nul_bytes(tmp_path):
     for seed in range(5000):
         counts = np.array([[1]])
         ids = np.array([seed], dtype=np.uint64)
-        data = counts.astype("u1").tobytes() + encode_ids(ids, 2)
+        data = block_bytes(counts, ids, 2)
         if checksum(data)[-1] == 0:
             found.append((counts, ids))
             if len(found) == 2:
@@ -196,7 +229,7 @@ def test_checksums_ending_in_nul_bytes(tmp_path):
 def test_abort_removes_the_temporary_file(tmp_path):
     path = tmp_path / "p.mds"
     writer = PlanWriter(path, tmp_path / "p.tmp", dp_size=1, micro_batches=1, id_width=1)
-    writer.add_chunk(0, 1, [(np.array([[1]]), np.array([7], np.uint64))])
+    writer.add_chunk(0, 1, [with_fetch((np.array([[1]]), np.array([7], np.uint64)))])
     assert (tmp_path / "p.tmp").exists()
     writer.abort()
     assert not (tmp_path / "p.tmp").exists() and not path.exists()
@@ -288,7 +321,17 @@ def test_newer_version(plan):
     struct.pack_into("<I", data, 8, 99)
     path.write_bytes(bytes(data))
     msg = error_of(path)
-    assert "plan format version 99 is newer than this mds supports (1)" in msg and "upgrade" in msg
+    assert "plan format version 99 is newer than this mds supports (2)" in msg and "upgrade" in msg
+
+
+def test_version_one_says_to_re_plan(plan):
+    """Format 1 blocks held only sample ids; this mds needs the fetch records of format 2."""
+    path = plan[0]
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 8, 1)
+    path.write_bytes(bytes(data))
+    msg = error_of(path)
+    assert "plan format version 1 is from an older mds" in msg and "re-plan with `mds plan`" in msg
 
 
 def test_version_zero(plan):

@@ -1,0 +1,91 @@
+"""What the executor needs to fetch each planned sample, written into every rank's plan block:
+the file (a record copied from the index manifest), the row or byte range inside it, and the
+index's token count. With these a rank replays its slice without reading the index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mds.executor.planfile import Fetch
+from mds.planner.index.manifest import IndexManifest
+from mds.planner.pool import SourcePool
+
+__all__ = ["FILE_KEYS", "JSONL_FORMATS", "FetchTable", "source_facts"]
+
+# The manifest keys of a file entry the executor uses: where the file is, how to check it.
+FILE_KEYS = ("path", "index_path", "size", "mtime_ns", "fingerprint")
+JSONL_FORMATS = ("jsonl", "jsonl.zst")
+# The manifest keys of a source the executor uses to read and tokenize its samples.
+SOURCE_KEYS = ("format", "payload", "length")
+
+
+def source_facts(entry: dict[str, Any]) -> dict[str, Any]:
+    """A source's reading facts for the plan footer (format, payload, length rule)."""
+    return {key: entry.get(key) for key in SOURCE_KEYS}
+
+
+@dataclass
+class _Files:
+    """One planned source's file list, as the manifest gives it."""
+
+    sid: int  # the source's position in the index
+    pool: SourcePool
+    first_rows: np.ndarray  # int64, per file
+    entries: list[dict[str, Any]]
+    jsonl: bool
+
+
+class FetchTable:
+    """Maps global sample ids of planned sources to fetch records."""
+
+    def __init__(self, manifest: IndexManifest, pools: list[SourcePool]):
+        position = {s["name"]: i for i, s in enumerate(manifest.sources)}
+        found = []
+        for pool in pools:
+            entry = manifest.source(pool.name)
+            files = entry["files"]
+            first = np.array([int(f["first_row"]) for f in files], dtype=np.int64)
+            entries = [{k: f[k] for k in FILE_KEYS if k in f} for f in files]
+            jsonl = entry["format"] in JSONL_FORMATS
+            found.append(_Files(position[pool.name], pool, first, entries, jsonl))
+        found.sort(key=lambda f: f.pool.base)
+        self._sources = found
+        self._bases = np.array([f.pool.base for f in found], dtype=np.int64)
+
+    def records(self, ids: np.ndarray) -> Fetch:
+        """Fetch records of `ids` (global ids of planned samples), in their order; the file
+        list holds each file once, sorted by (source, file)."""
+        n = len(ids)
+        ids = ids.astype(np.int64, copy=False)
+        keys = np.zeros(n, dtype=np.int64)
+        row_in = np.zeros(n, dtype=np.int64)
+        tokens = np.zeros(n, dtype=np.int64)
+        offset = np.zeros(n, dtype=np.int64)
+        length = np.zeros(n, dtype=np.int64)
+        which = np.searchsorted(self._bases, ids, side="right") - 1
+        for k in np.unique(which).tolist():
+            src = self._sources[k]
+            pick = np.flatnonzero(which == k)
+            rows = ids[pick] - src.pool.base
+            pos = np.searchsorted(src.pool.rows, rows)
+            assert np.array_equal(src.pool.rows[pos], rows), "a planned sample is not eligible"
+            fid = np.searchsorted(src.first_rows, rows, side="right") - 1
+            keys[pick] = (src.sid << 32) | fid
+            tokens[pick] = src.pool.index_tokens[pos]
+            if src.jsonl:
+                row_in[pick] = src.pool.file_row[pos]
+                offset[pick] = src.pool.offset[pos]
+                length[pick] = src.pool.length[pos]
+            else:
+                row_in[pick] = rows - src.first_rows[fid]
+        unique, local = np.unique(keys, return_inverse=True)
+        by_sid = {f.sid: f for f in self._sources}
+        files = [
+            (sid, fid, by_sid[sid].entries[fid])
+            for sid, fid in ((int(u) >> 32, int(u) & 0xFFFFFFFF) for u in unique)
+        ]
+        return Fetch(local.astype(np.int64), row_in, tokens, offset, length, files)
