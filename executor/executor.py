@@ -52,6 +52,7 @@ class PlanExecutor:
         dp_rank: int,
         *,
         dp_size: int | None = None,
+        data_root: str | os.PathLike | None = None,
         tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
         verify: str = "stat",
         estimated: str = "error",
@@ -64,6 +65,7 @@ class PlanExecutor:
             plan=plan,
             dp_rank=dp_rank,
             dp_size=dp_size,
+            data_root=data_root,
             tokenize=tokenize,
             estimated=estimated,
             cache_bytes=cache_bytes,
@@ -72,7 +74,9 @@ class PlanExecutor:
         self.plan_path = Path(plan)
         self._reader = PlanReader(self.plan_path)
         try:
-            self._setup(dp_rank, dp_size, tokenize, estimated, cache_bytes, max_open_files)
+            self._setup(
+                dp_rank, dp_size, data_root, tokenize, estimated, cache_bytes, max_open_files
+            )
             self._verify = verify
             if verify == "full":
                 for chunk in range(len(self._reader.chunks)):
@@ -83,7 +87,7 @@ class PlanExecutor:
             self._reader.close()
             raise
 
-    def _setup(self, dp_rank, dp_size, tokenize, estimated, cache_bytes, max_open_files):
+    def _setup(self, dp_rank, dp_size, data_root, tokenize, estimated, cache_bytes, max_open_files):
         reader = self._reader
         dp_rank = _integer(dp_rank, "dp_rank")
         if dp_size is not None:
@@ -107,6 +111,7 @@ class PlanExecutor:
         self._catalog = SourceCatalog(
             reader.footer,
             self.plan_path,
+            data_root=data_root,
             tokenize=tokenize,
             estimated=estimated,
             cache_bytes=cache_bytes,

@@ -292,7 +292,9 @@ class PlanReader:
         if magic != MAGIC:
             raise self._fail("not an mds plan (bad magic)")
         if flags:
-            raise self._fail(f"unknown plan header flags {flags:#x} (this mds knows none); upgrade mds")
+            raise self._fail(
+                f"unknown plan header flags {flags:#x} (this mds knows none); upgrade mds"
+            )
         if version > FORMAT_VERSION:
             raise self._fail(
                 f"plan format version {version} is newer than this mds supports ({FORMAT_VERSION}); upgrade mds"

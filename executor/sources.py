@@ -10,6 +10,7 @@ manifest is read, so a rank's memory and start-up follow its slice, not the corp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,24 @@ def _facts_problem(facts: Any) -> str | None:
     return None
 
 
+def _data_root(plan_path: Path, recorded: str, given: str | os.PathLike | None) -> Path:
+    """`given`, else the root the plan records relative to its own directory; either must
+    be a directory."""
+    if given is not None:
+        root = Path(given)
+        if not root.is_dir():
+            raise ConfigError(f"data_root={str(given)!r} is not a directory")
+        return root.absolute()
+    root = Path(os.path.normpath(plan_path.absolute().parent / recorded))
+    if not root.is_dir():
+        raise ConfigError(
+            f"{plan_path}: its data root was expected at {root} (recorded relative to the "
+            f"plan's directory as {recorded!r}); if the plan or the data moved, pass "
+            "data_root= with the directory the index was built over"
+        )
+    return root
+
+
 class SourceCatalog:
     """Fetches samples as token-id arrays, checked against the lengths the plan used."""
 
@@ -85,6 +104,7 @@ class SourceCatalog:
         footer: dict[str, Any],
         plan_path: Path,
         *,
+        data_root: str | os.PathLike | None = None,
         tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
         estimated: str = "error",
         cache_bytes: int = 256 << 20,
@@ -109,9 +129,10 @@ class SourceCatalog:
             ]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"{plan_path}: corrupt plan footer (fetch facts: {exc})") from None
-        if not (isinstance(root, str) and Path(root).is_absolute()):
+        if not isinstance(root, str) or not root:
             raise PlanError(f"{plan_path}: corrupt plan footer (data root {root!r})")
-        self.root = Path(root)
+        self.root = _data_root(plan_path, root, data_root)
+        self._recorded_root = root if data_root is None else None
         self.truncate_to = (
             int(train["max_tokens_per_micro_batch"])
             if train.get("overlong") == "truncate"
@@ -203,12 +224,29 @@ class SourceCatalog:
                 continue
             s = self._source_of(sid)
             problem = file_problem(self.root, entry, full, f"{s.name} files[{fid}]")
+            if problem is not None and problem.endswith(": missing") and self._moved(block):
+                raise DataChangedError(
+                    f"source {s.name!r}: {problem} under the data root {self.root} (recorded "
+                    f"relative to the plan's directory as {self._recorded_root!r}); if the plan or "
+                    "the data moved, pass data_root= with the directory the index was built over"
+                )
             if problem is not None:
                 raise DataChangedError(
                     f"source {s.name!r}: {problem}; the data changed since it was indexed "
                     "(re-index and re-plan, or restore the file)"
                 )
             self.checked.add((sid, fid))
+
+    def _moved(self, block: RankChunk) -> bool:
+        """Whether none of (the first 16 of) the block's files exists under a root taken
+        from the plan: the plan or the data moved, rather than one file disappearing."""
+        if self._recorded_root is None:
+            return False
+        entries = [entry for _s, _f, entry in block.fetch.files[:16]]
+        return not any(
+            isinstance(e.get("path"), str) and os.path.lexists(self.root / e["path"])
+            for e in entries
+        )
 
     def _source_of(self, sid: int) -> _Source:
         if not 0 <= sid < len(self.sources) or self.sources[sid] not in self.used:
@@ -238,7 +276,9 @@ class SourceCatalog:
             s = self._source_of(sid)
             at = pick + lo
             if np.any((gids[pick] < s.base) | (gids[pick] >= s.base + s.rows)):
-                raise PlanError(f"{self.plan_path}: corrupt plan (a sample's file is of another source)")
+                raise PlanError(
+                    f"{self.plan_path}: corrupt plan (a sample's file is of another source)"
+                )
             file_rows = rec.row[at].astype(np.int64)
             if s.fmt in _JSONL:
                 offsets, lengths = rec.offset[at].astype(np.int64), rec.length[at].astype(np.int64)
@@ -247,7 +287,12 @@ class SourceCatalog:
             payloads = self._reader(s, fid, entry).fetch(file_rows, offsets, lengths)
             for k, (j, payload) in enumerate(zip(pick.tolist(), payloads, strict=True)):
                 out[j] = self._tokens(
-                    s, entry, int(gids[j]) - s.base, int(file_rows[k]), int(rec.tokens[lo + j]), payload
+                    s,
+                    entry,
+                    int(gids[j]) - s.base,
+                    int(file_rows[k]),
+                    int(rec.tokens[lo + j]),
+                    payload,
                 )
         return out  # type: ignore[return-value]
 

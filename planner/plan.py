@@ -162,7 +162,9 @@ class Planner:
             cost[step_of, slot] = pool.costs[pos]
         steps = np.arange(a, end)
         assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
-        blocks = [(c, ids, self.fetch.records(ids)) for c, ids in _blocks(assign, gid, valid, T, D, M)]
+        blocks = [
+            (c, ids, self.fetch.records(ids)) for c, ids in _blocks(assign, gid, valid, T, D, M)
+        ]
         return ChunkResult(
             a,
             end,
@@ -422,7 +424,7 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
             "sources": index_sources(manifest),
         },
         "sources": sources,
-        "fetch": _fetch_facts(planner),
+        "fetch": _fetch_facts(planner, output),
         "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
         "stats_columns": list(STAT_COLUMNS),
         "steps": config.train.steps,
@@ -434,9 +436,10 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
     }
 
 
-def _fetch_facts(planner: Planner) -> dict[str, Any]:
-    """What the executor needs besides the blocks' records: the data root, and for each
-    planned source how to read and tokenize it, so it never opens the index."""
+def _fetch_facts(planner: Planner, output: Path) -> dict[str, Any]:
+    """What the executor needs besides the blocks' records: the data root (relative to the
+    plan's directory, as the index's path is, so the bytes do not depend on where the
+    tree lies), and for each planned source how to read and tokenize it."""
     manifest = planner.manifest
     sources = {}
     for pool in planner.pools:
@@ -449,7 +452,7 @@ def _fetch_facts(planner: Planner) -> dict[str, Any]:
         if isinstance(spec, dict) and spec.get("tokenizer_fingerprint"):
             facts["tokenizer_fingerprint"] = spec["tokenizer_fingerprint"]
         sources[pool.name] = facts
-    return {"root": manifest.data["root"], "sources": sources}
+    return {"root": os.path.relpath(manifest.data["root"], output.parent), "sources": sources}
 
 
 def _summary(

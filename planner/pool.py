@@ -168,7 +168,9 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 dropped=dropped,
                 truncated=truncated,
                 raw_tokens=raw_tokens,
-                **({c: df[c].to_numpy() for c in ("file_row", "offset", "length")} if jsonl else {}),
+                **(
+                    {c: df[c].to_numpy() for c in ("file_row", "offset", "length")} if jsonl else {}
+                ),
             )
         )
         _check_fits_step(pools[-1], df, train.tokens_per_step)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import struct
 from collections import Counter
 from collections.abc import Sequence
@@ -140,17 +142,26 @@ def sample_plan_config(index: Path, **overrides: Any) -> PlanConfig:
     return replace(config, **overrides) if overrides else config
 
 
+GOLDEN_MTIME_NS = 1_767_225_600 * 10**9  # 2026-01-01: any fixed time
+
+
 def golden_summary(workdir: Path) -> dict[str, Any]:
-    """What tests/golden/sample_plan.json holds: index sample_data into workdir/index, plan
-    into workdir/plan.mds (fixed relative layout: the footer stores the index's relative
-    path), and return the `mds plan --json` summary minus path and seconds, plus sha256."""
+    """What tests/golden/sample_plan.json holds: copy sample_data to workdir/data with fixed
+    mtimes (the plan records each file's size and mtime), index it into workdir/index, plan
+    into workdir/plan.mds (fixed relative layout: the footer stores the index's and the
+    data's paths relative to the plan), and return the `mds plan --json` summary minus path
+    and seconds, plus sha256."""
     from mds.planner.plan import build_plan, with_overrides
 
     workdir = Path(workdir)
+    data = workdir / "data"
+    shutil.copytree(SAMPLE_CONFIG.parent, data)
+    for path in sorted(data.rglob("*")):
+        os.utime(path, ns=(GOLDEN_MTIME_NS, GOLDEN_MTIME_NS), follow_symlinks=False)
     index = workdir / "index"
-    build_index(load_config(SAMPLE_CONFIG), index, workers=1)
+    build_index(load_config(data / SAMPLE_CONFIG.name), index, workers=1)
     plan = workdir / "plan.mds"
-    config = with_overrides(load_plan_config(SAMPLE_CONFIG), index=index)
+    config = with_overrides(load_plan_config(data / SAMPLE_CONFIG.name), index=index)
     summary = build_plan(config, plan, workers=1).to_json()
     out = json.loads(json.dumps(summary))  # exactly what `--json` prints, parsed back
     del out["path"], out["seconds"]

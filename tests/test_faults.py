@@ -93,7 +93,7 @@ from fault_builders import (
     world_toml,
 )
 
-from mds.executor import DataChangedError, IndexFormatError, PlanError
+from mds.executor import DataChangedError, PlanError
 from mds.executor import planfile as planfile_mod
 from mds.planner.atomic import is_temp
 
@@ -266,9 +266,8 @@ def test_index_newer_version(root: Path) -> None:
     want = f"{manifest}: index format version 2 is newer than this mds supports (1); upgrade mds"
     one_error_line(mds("index", root / "mds.toml"), want)
     one_error_line(mds("plan", root / "mds.toml", "-o", root / "plan.mds"), want)
-    with pytest.raises(IndexFormatError) as info:
-        executor(root / "plan.mds")
-    assert str(info.value) == want
+    with executor(root / "plan.mds") as ex:  # the executor reads the plan, not the index
+        next(iter(ex))
     assert tree(root / "index") == before
     assert (root / "plan.mds").read_bytes() == plan
     no_temporaries(root)
@@ -435,8 +434,8 @@ def test_truncated_plan(root: Path, keep: float, why: str) -> None:
 
 def test_plan_from_a_newer_format_version(root: Path) -> None:
     plan = root / "plan.mds"
-    set_plan_version(plan, 2)
-    why = "plan format version 2 is newer than this mds supports (1); upgrade mds"
+    set_plan_version(plan, 3)
+    why = "plan format version 3 is newer than this mds supports (2); upgrade mds"
     one_error_line(mds("inspect", plan), f"{plan}: {why}")
     one_error_line(mds("verify", plan), f"{plan}: plan file: {why}")
     with pytest.raises(PlanError) as info:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 from many_sources import token_plan, token_sources
 
@@ -51,14 +50,12 @@ def test_files_checked_at_start_do_not_grow_with_the_corpus(roots, monkeypatch):
 
 def files_of(ex: PlanExecutor, step_range: range) -> set[str]:
     """The file paths (relative to the root) rank `ex` reads in `step_range`."""
-    catalog, out = ex._catalog, set()
+    out = set()
     for step in step_range:
         for micro in range(ex.micro_batches):
-            sid, rows = catalog.locate(ex.sample_ids(step, micro))
-            for s, r in zip(sid.tolist(), rows.tolist(), strict=True):
-                source = catalog.sources[s]
-                f = int(np.searchsorted(source.first_rows, r, side="right") - 1)
-                out.add(source.entry["files"][f]["path"])
+            block, lo, hi = ex._slice(step, micro)
+            for f in block.fetch.file[lo:hi].tolist():
+                out.add(block.fetch.files[f][2]["path"])
     return out
 
 

@@ -9,7 +9,8 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 | disk-full-export (fresh / over an old export) | ENOSPC (polars' error) after 100 bytes of the Parquet | exit 1, `<out>: cannot write the export (No space left on device (os error 28))` |
 | disk-full-inspect-html (fresh / over an old report) | ENOSPC after 100 bytes of the HTML | exit 1, `<out>: cannot write the report (No space left on device)` |
 | **a plan moved away from its index** | | |
-| moved-plan (export, inspect --step, executor) | plan.mds copied to another directory | exit 1 / IndexFormatError: `<plan>: its index was expected at <dir> (recorded relative to the plan's directory as 'index'); if the plan or the index moved, pass --index` (`index=` for the executor); with `--index` / `index=` it works |
+| moved-plan (export, inspect --step) | plan.mds copied to another directory | exit 1: `<plan>: its index was expected at <dir> (recorded relative to the plan's directory as 'index'); if the plan or the index moved, pass --index`; with `--index` it works |
+| moved-plan (executor) | the same copy | DataChangedError: `source 'web': web/part-0.parquet: missing under the data root <dir> (recorded relative to the plan's directory as '.'); if the plan or the data moved, pass data_root= ...`; with `data_root=` it works, and needs no index |
 | **an index whose file path leaves the data root** | | |
 | manifest-path-escapes (`../`, absolute, inner `..`; plan, export, verify, inspect --step) | web files[1].path forged, fingerprint recomputed | exit 1, `<index>/manifest.json: web files[1]: path '../secret.parquet' escapes the index root; refused, not read` |
 | **racing writers** | | |
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,7 +39,7 @@ from fault_builders import (
     word_ids,
 )
 
-from mds.executor import IndexFormatError, PlanExecutor
+from mds.executor import DataChangedError, PlanExecutor
 from mds.executor.manifest import index_fingerprint
 from mds.planner.atomic import is_temp
 
@@ -100,11 +102,17 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
         line = one_error_line(mds(*args), expected, "pass --index")
         assert "run `mds index`" not in line
     assert not (tmp_path / "x.parquet").exists()
-    with pytest.raises(IndexFormatError, match="pass index= with the index directory"):
+    with pytest.raises(DataChangedError) as info:
         PlanExecutor(moved, 0, tokenize=word_ids)
-    # The fix the message names works.
+    assert re.fullmatch(
+        rf"source '\w+': [\w/.-]+: missing under the data root {re.escape(str(moved.parent))} "
+        r"\(recorded relative to the plan's directory as '\.'\); if the plan or the data moved, "
+        "pass data_root= with the directory the index was built over",
+        str(info.value),
+    ), str(info.value)
+    # The fixes the messages name work.
     assert mds("export", moved, "-o", tmp_path / "x.parquet", "--index", root / "index").exit_code == 0
-    with PlanExecutor(moved, 0, index=root / "index", tokenize=word_ids) as ex:
+    with PlanExecutor(moved, 0, data_root=root, tokenize=word_ids) as ex:
         assert next(iter(ex))["step"] == 0
 
 
