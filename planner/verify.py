@@ -95,7 +95,27 @@ def verify_plan(
         result.index = result.plan.parent / str(_plan_index(footer).get("path", ""))
     if result.index is not None:
         _verify_index(result, footer, full)
+        if footer is not None and _passed(result, "index fingerprint"):
+            _verify_fetch(result)
     return result
+
+
+def _passed(result: VerifyResult, name: str) -> bool:
+    return any(c.name == name and c.ok for c in result.checks)
+
+
+def _verify_fetch(result: VerifyResult) -> None:
+    """The fetch records every rank replays from agree with the index, sample by sample."""
+    from mds.planner.verify_fetch import fetch_problem
+
+    assert result.index is not None
+    try:
+        with PlanReader(result.plan) as reader:
+            problem, samples = fetch_problem(reader, read_manifest(result.index))
+    except MdsError as exc:
+        problem, samples = str(exc), 0
+    detail = f"{samples:,} samples: files, rows, token counts and byte ranges match the index"
+    result.add("fetch records", "plan", problem, detail)
 
 
 def _plan_index(footer: dict[str, Any]) -> dict[str, Any]:
