@@ -9,12 +9,14 @@ the records the plan copied from the index before any of their samples is used.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mds.executor.ahead import ReadAhead
 from mds.executor.batch import pack
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
@@ -44,6 +46,11 @@ class PlanExecutor:
     "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
     checked when the first plan chunk that reads it is loaded, before any sample is used:
     the starting chunk's files at construction, later chunks' files as iteration reaches them.
+
+    `data_root`: the directory the index was built over, when the plan or the data moved
+    (default: where the plan records it, relative to its own directory). `read_ahead`: steps
+    built in a background thread ahead of the one iterated (0: none); each step's samples
+    are read together, one reader call per file.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class PlanExecutor:
         estimated: str = "error",
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
+        read_ahead: int = 1,
     ):
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
@@ -70,7 +78,10 @@ class PlanExecutor:
             estimated=estimated,
             cache_bytes=cache_bytes,
             max_open_files=max_open_files,
+            read_ahead=read_ahead,
         )
+        if _integer(read_ahead, "read_ahead") < 0:
+            raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
         self.plan_path = Path(plan)
         self._reader = PlanReader(self.plan_path)
         try:
@@ -122,6 +133,9 @@ class PlanExecutor:
         self._pos = self.first_step * self.micro_batches
         self._pid = os.getpid()
         self._block: tuple[int, RankChunk, np.ndarray] | None = None
+        self._lock = threading.Lock()  # the catalog and the current block: one thread at a time
+        depth = self._args["read_ahead"]
+        self._ahead = ReadAhead(self._step_batches, depth, self.steps) if depth else None
 
     @classmethod
     def from_env(
@@ -231,7 +245,11 @@ class PlanExecutor:
         resumes with the next."""
         while self._pos < self.total:
             pos = self._pos
-            batch = self.micro_batch_at(pos)
+            self._ensure_process()
+            if self._ahead is None:
+                batch = self.micro_batch_at(pos)
+            else:
+                batch = self._ahead.get(*divmod(pos, self.micro_batches))
             self._pos = pos + 1
             yield batch
 
@@ -240,15 +258,32 @@ class PlanExecutor:
         assert 0 <= pos < self.total, pos
         self._ensure_process()
         step, micro = divmod(pos, self.micro_batches)
-        block, lo, hi = self._slice(step, micro)
+        with self._lock:
+            block, lo, hi = self._slice(step, micro)
+            tokens = self._catalog.fetch(block, lo, hi)
+        return self._pack(block, lo, hi, tokens, step, micro)
+
+    def _step_batches(self, step: int) -> list[dict[str, Any]]:
+        """All of this rank's micro-batches of `step`, their samples read together (one
+        reader call per file for the whole step)."""
+        with self._lock:
+            bounds = [self._slice(step, m) for m in range(self.micro_batches)]
+            block, first = bounds[0][0], bounds[0][1]
+            tokens = self._catalog.fetch(block, first, bounds[-1][2])
+        return [
+            self._pack(block, lo, hi, tokens[lo - first : hi - first], step, m)
+            for m, (_b, lo, hi) in enumerate(bounds)
+        ]
+
+    def _pack(self, block: RankChunk, lo: int, hi: int, tokens, step: int, micro: int):
         ids = block.ids[lo:hi]
         sid, rows = self._catalog.locate(ids)
-        tokens = self._catalog.fetch(block, lo, hi)
         return pack(tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro)
 
     def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
         """Global sample ids of one of this rank's micro-batches, from the plan alone."""
-        block, lo, hi = self._slice(step, micro_batch)
+        with self._lock:
+            block, lo, hi = self._slice(step, micro_batch)
         return block.ids[lo:hi]
 
     def _slice(self, step: int, micro_batch: int) -> tuple[RankChunk, int, int]:
@@ -270,8 +305,16 @@ class PlanExecutor:
         """After a fork (DataLoader workers), drop inherited open files and caches."""
         if os.getpid() != self._pid:
             self._pid = os.getpid()
+            self._lock = threading.Lock()
+            if self._ahead is not None:
+                self._ahead.forget()
             self._catalog.reset()
             self._block = None
+
+    def _stop_ahead(self) -> None:
+        """Let the read-ahead thread finish (before workers fork, so none holds the lock)."""
+        if self._ahead is not None and os.getpid() == self._pid:
+            self._ahead.stop()
 
     def shared(self, group: Any = None, src: int | None = None) -> Iterator[dict[str, Any]]:
         """Iterate with one read per DP rank: global rank `src` (default: the first of this
@@ -295,6 +338,7 @@ class PlanExecutor:
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
+        self._stop_ahead()
         self._catalog.close()
         self._reader.close()
 

@@ -63,6 +63,7 @@ class PlanLoader:
         if self.num_workers == 0:
             yield from ex
             return
+        ex._stop_ahead()
         while ex._pos < ex.total:
             loader = DataLoader(
                 _Positions(ex, ex._pos, ex.total),
