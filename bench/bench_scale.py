@@ -1,40 +1,49 @@
 """How the cost of one rank follows the corpus size: `mds index`, `mds plan` and
 `PlanExecutor(plan, 0)` on synthetic corpora of growing rows and files.
 
-Two kinds of source, each at several sizes, none costing real disk:
+Two kinds of source, each at several sizes (tests/scale_corpus.py writes them):
 
-- `megatron`: one Megatron dataset whose `.idx` is written with numpy (256 tokens per
+- `megatron`: one Megatron dataset whose `.idx` is written with numpy (64..448 tokens per
   sequence, one document) and whose `.bin` is a sparse file made with `os.truncate` (token
-  ids read from its holes are zeros);
-- `files`: many tiny JSONL files (4 lines each, token-id lists: exact lengths).
+  ids read from its holes are zeros); 1M, 10M and 100M rows;
+- `files`: many tiny JSONL files (4 lines each, token-id lists: exact lengths); 1k and 100k
+  files. `--million-files` adds 1M: writing them takes ~1.5 min here (50k: 4.5 s), but
+  `mds index` takes ~2.3 ms per file on 2 shared cores and ~12 KB of peak memory per file
+  (50k files: 116 s, 804 MB), so ~40 min and ~12 GB for 1M.
 
 For each corpus: `mds index`, then `mds plan` of 50 steps x 64 samples, dp_size 8 (time and
 peak RSS of each command, run in its own child process through the CLI entry point), then in
-a fresh child for rank 0: peak RSS above the import baseline, time to the first micro-batch
-of `PlanExecutor(plan, 0)`, and the median time of the following micro-batches (one per
-step). Only the public API is used. The last rows give the ratio largest/smallest corpus.
+a fresh child for rank 0, after importing torch, pyarrow and mds.executor: peak RSS above
+that baseline, bytes read through read syscalls (/proc/self/io rchar) and time from
+`PlanExecutor(plan, 0)` to its first micro-batch, and the median time of the following
+micro-batches (one per step). Only the public API is used. The last rows give the ratio
+largest/smallest corpus. tests/executor/test_slice_cost.py checks the same slope in CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
 from report import median_step_ms, proc_status_mb, write_report  # noqa: E402
+from scale_corpus import (  # noqa: E402
+    LINES_PER_FILE,
+    MEGATRON_PATH,
+    write_scale_config,
+    write_small_files,
+    write_sparse_megatron,
+)
 
-TOKENS_PER_ROW = 256
-LINES_PER_FILE = 4
 STEPS, SAMPLES, DP = 50, 64, 8
+DATA_VERSION = 2  # of the synthetic data: a cached corpus of another version is rewritten
 RSS_BUDGET_MB = 6000
 # Measured on this code: the executor holds ~30 bytes per corpus row; the planner ~25.
 BYTES_PER_ROW_ESTIMATE = 32
@@ -43,54 +52,14 @@ BYTES_PER_ROW_ESTIMATE = 32
 # --- synthetic data ---------------------------------------------------------------------
 
 
-def make_megatron(root: Path, rows: int) -> float:
-    """A sparse Megatron dataset of `rows` sequences; returns the seconds it took."""
+def make(kind: str, root: Path, size: int) -> float:
+    """Write the corpus under root/data; returns the seconds it took."""
     t = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
-    idx, bin_ = root / "data.idx", root / "data.bin"
-    header = struct.pack("<9sQBQQ", b"MMIDIDX\x00\x00", 1, 4, rows, 2)  # int32 tokens
-    with open(idx, "wb") as f:
-        f.write(header)
-        chunk = 1 << 22
-        for a in range(0, rows, chunk):
-            f.write(np.full(min(chunk, rows - a), TOKENS_PER_ROW, dtype="<i4").tobytes())
-        for a in range(0, rows, chunk):
-            n = np.arange(a, min(a + chunk, rows), dtype="<i8")
-            f.write((n * (TOKENS_PER_ROW * 4)).tobytes())
-        f.write(np.array([0, rows], dtype="<i8").tobytes())
-    with open(bin_, "wb") as f:
-        os.truncate(f.fileno(), rows * TOKENS_PER_ROW * 4)
+    if kind == "megatron":
+        write_sparse_megatron(root / MEGATRON_PATH, size)
+    else:
+        write_small_files(root / "data", size)
     return time.perf_counter() - t
-
-
-def make_files(root: Path, files: int) -> float:
-    """`files` tiny JSONL files, 1000 per directory; returns the seconds it took."""
-    t = time.perf_counter()
-    body = "".join(
-        json.dumps({"tokens": list(range(200 + 10 * i))}) + "\n" for i in range(LINES_PER_FILE)
-    ).encode()
-    for i in range(files):
-        d = root / f"d{i // 1000:05d}"
-        if i % 1000 == 0:
-            d.mkdir(parents=True, exist_ok=True)
-        (d / f"f{i:07d}.jsonl").write_bytes(body)
-    return time.perf_counter() - t
-
-
-def write_config(root: Path, kind: str) -> Path:
-    source = (
-        'name = "mega"\npath = "data/data"\n'
-        if kind == "megatron"
-        else 'name = "small"\npath = "data/*/*.jsonl"\ntokens = "tokens"\n'
-    )
-    config = root / "mds.toml"
-    config.write_text(
-        f'[index]\noutput = "index"\n\n[[source]]\n{source}weight = 1.0\n\n'
-        f"[train]\nsteps = {STEPS}\ndp_size = {DP}\nmicro_batches = 1\n"
-        f"samples_per_step = {SAMPLES}\nmax_tokens_per_micro_batch = 65536\nseed = 1\n"
-        'overlong = "error"\n\n[cost]\nmodel = { layers = 12, hidden = 768, vocab = 50000 }\n'
-    )
-    return config
 
 
 # --- children ---------------------------------------------------------------------------
@@ -110,20 +79,29 @@ def child_cli(argv: list[str]) -> dict:
     return {"seconds": time.perf_counter() - t, "peak_mb": proc_status_mb("VmHWM"), "exit": code}
 
 
-def child_exec(plan: str, steps: int) -> dict:
-    """Rank 0's executor: RSS above the imports, time to the first micro-batch, step times."""
-    import torch  # noqa: F401  (part of the import baseline, as in training)
+def _rchar() -> int:
+    with open("/proc/self/io", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
+
+def child_exec(plan: str, steps: int) -> dict:
+    """Rank 0's executor: RSS above the imports, bytes read and time to the first micro-batch,
+    step times."""
+    from slice_probe import preload
+
+    preload()  # torch, pyarrow, mds.executor...: the import baseline, as in training
     from mds.executor import PlanExecutor
 
-    base = proc_status_mb("VmRSS")
+    base, read = proc_status_mb("VmRSS"), _rchar()
     t = time.perf_counter()
     ex = PlanExecutor(plan, 0, verify="none")
     it = iter(ex)
     next(it)
     first = time.perf_counter() - t
+    read = _rchar() - read
     return {
         "first_s": first,
+        "read_mb": read / 1e6,
         "step_ms": median_step_ms(it, steps),
         "rss_above_imports_mb": proc_status_mb("VmHWM") - base,
     }
@@ -154,13 +132,13 @@ def measure(kind: str, size: int, data: Path, steps: int) -> dict:
         row["note"] = f"skipped: ~{estimate:.0f} MB per process exceeds {RSS_BUDGET_MB} MB"
         return row
     marker = root / "made.json"
-    if not marker.exists():
+    made = json.loads(marker.read_text()) if marker.exists() else {}
+    if made.get("version") != DATA_VERSION:
         shutil.rmtree(root, ignore_errors=True)
-        make = make_megatron if kind == "megatron" else make_files
-        seconds = make(root / "data", size)
-        marker.write_text(json.dumps({"seconds": seconds}))
-    row["create_s"] = json.loads(marker.read_text())["seconds"]
-    config = write_config(root, kind)
+        made = {"version": DATA_VERSION, "seconds": make(kind, root, size)}
+        marker.write_text(json.dumps(made))
+    row["create_s"] = made["seconds"]
+    config = write_scale_config(root, kind, steps=STEPS, samples_per_step=SAMPLES, dp_size=DP)
     shutil.rmtree(root / "index", ignore_errors=True)
     row["index"] = run_child(["--child-cli", "index", str(config), "-o", str(root / "index")])
     row["plan"] = run_child(
@@ -179,8 +157,8 @@ def _fmt(x, spec=".2f") -> str:
 def table(rows: list[dict]) -> str:
     head = (
         "| source | size | create s | index s | index peak MB | plan s | plan peak MB "
-        "| exec RSS MB | first batch s | step ms | note |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+        "| exec RSS MB | exec read MB | first batch s | step ms | note |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     lines = []
     for r in rows:
@@ -191,7 +169,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['kind']} | {r['size']:,} {unit} | {_fmt(r.get('create_s'))} "
             f"| {_fmt(i.get('seconds'))} | {_fmt(i.get('peak_mb'), 'd')} "
             f"| {_fmt(p.get('seconds'))} | {_fmt(p.get('peak_mb'), 'd')} "
-            f"| {_fmt(e.get('rss_above_imports_mb'), 'd')} | {_fmt(e.get('first_s'))} "
+            f"| {_fmt(e.get('rss_above_imports_mb'), 'd')} | {_fmt(e.get('read_mb'))} "
+            f"| {_fmt(e.get('first_s'))} "
             f"| {_fmt(e.get('step_ms'))} | {note} |"
         )
     ratios = []
@@ -211,6 +190,7 @@ def table(rows: list[dict]) -> str:
             f"{q(lambda r: r['index']['seconds'])} | {q(lambda r: r['index']['peak_mb'])} "
             f"| {q(lambda r: r['plan']['seconds'])} | {q(lambda r: r['plan']['peak_mb'])} "
             f"| {q(lambda r: max(r['exec']['rss_above_imports_mb'], 1))} "
+            f"| {q(lambda r: max(r['exec']['read_mb'], 0.01))} "
             f"| {q(lambda r: r['exec']['first_s'])} | {q(lambda r: r['exec']['step_ms'])} | |"
         )
     note = (
@@ -234,12 +214,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="*", help="Megatron sizes (rows)")
     ap.add_argument(
         "--files", type=int, nargs="*",
-        help="small-file sizes (files); 1M files takes over an hour to index on 2 cores",
+        help="small-file sizes (files); 1M files takes ~40 min and ~12 GB to index on 2 cores",
+    )
+    ap.add_argument(
+        "--million-files", action="store_true", help="also a source of 1M small files"
     )
     ap.add_argument("--steps", type=int, default=10, help="micro-batches timed after the first")
     a = ap.parse_args()
     rows = a.rows or ([1_000_000, 3_000_000] if a.quick else [1_000_000, 10_000_000, 100_000_000])
     files = a.files or ([1_000, 10_000] if a.quick else [1_000, 100_000])
+    if a.million_files:
+        files = sorted({*files, 1_000_000})
     results = []
     for kind, sizes in (("megatron", rows), ("files", files)):
         for size in sizes:
