@@ -170,6 +170,81 @@ def read_index(idx_path: str | os.PathLike[str]) -> MegatronIndex:
     return MegatronIndex(path, dtype, sizes, pointers, docs)
 
 
+class SequenceFile:
+    """Random access to the sequences of a `.bin`/`.idx` pair through `pread`, for training.
+
+    Opening checks the header, the .idx length and the .bin size (constant cost); each read
+    looks up its sequence's size and pointer (12 bytes of the .idx) and checks them against
+    the .bin. Nothing is memory-mapped, so a process's memory follows the sequences it reads,
+    not the size of the files (a map's page faults bring in whole page-cache folios, up to
+    2 MiB each, which count as the process's resident memory).
+    """
+
+    def __init__(self, idx_path: Path, bin_path: Path):
+        self.idx_path, self.bin_path = Path(idx_path), Path(bin_path)
+        self.dtype, self.count, n_doc, file_size = _read_header(self.idx_path)
+        _check_length(self.idx_path, self.count, n_doc, file_size)
+        self._pointers_at = HEADER_SIZE + 4 * self.count
+        self._idx = self._bin = -1
+        try:
+            self._idx = os.open(self.idx_path, os.O_RDONLY)
+            try:
+                self._bin = os.open(self.bin_path, os.O_RDONLY)
+            except OSError as exc:
+                raise SourceDataError(
+                    f"{self.bin_path}: cannot read Megatron data file ({exc.strerror})"
+                ) from None
+            self.bin_items = os.fstat(self._bin).st_size // self.dtype.itemsize
+            if self.count:
+                last = self.count - 1
+                expected = self._pointer(last) + self._size(last) * self.dtype.itemsize
+                actual = os.fstat(self._bin).st_size
+                if actual != expected:
+                    raise SourceDataError(
+                        f"{self.bin_path}: Megatron .bin is {actual} bytes but "
+                        f"{self.idx_path.name} implies {expected}"
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    def _pread(self, fd: int, size: int, offset: int, path: Path) -> bytes:
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise SourceDataError(
+                f"{path}: truncated (read {len(data)} of {size} bytes at {offset})"
+            )
+        return data
+
+    def _size(self, i: int) -> int:
+        return int.from_bytes(
+            self._pread(self._idx, 4, HEADER_SIZE + 4 * i, self.idx_path), "little", signed=True
+        )
+
+    def _pointer(self, i: int) -> int:
+        raw = self._pread(self._idx, 8, self._pointers_at + 8 * i, self.idx_path)
+        return int.from_bytes(raw, "little", signed=True)
+
+    def read(self, i: int) -> np.ndarray:
+        """Sequence `i` (0 <= i < count), as a fresh array of `dtype`."""
+        size, pointer = self._size(i), self._pointer(i)
+        itemsize = self.dtype.itemsize
+        if size < 0:
+            raise SourceDataError(f"{self.idx_path}: sequence {i} has negative size {size}")
+        if pointer < 0 or pointer % itemsize or pointer // itemsize + size > self.bin_items:
+            raise SourceDataError(
+                f"{self.idx_path}: sequence {i}: pointer {pointer} and size {size} leave the .bin"
+            )
+        data = self._pread(self._bin, size * itemsize, pointer, self.bin_path)
+        return np.frombuffer(data, dtype=self.dtype.newbyteorder("<")).astype(self.dtype)
+
+    def close(self) -> None:
+        for fd in (self._idx, self._bin):
+            if fd >= 0:
+                os.close(fd)
+        self._idx = self._bin = -1
+
+
 def check_bin(index: MegatronIndex, bin_path: str | os.PathLike[str]) -> None:
     """Raise SourceDataError unless the .bin has exactly the size the index implies."""
     path = Path(bin_path)

@@ -641,19 +641,48 @@ def test_zstd_frame_table_is_walked_once_across_reopens(tmp_path, monkeypatch):
     assert got[-1] == [f"line {i}" for i in range(100)]
 
 
-def test_megatron_index_is_checked_once_across_reopens(tmp_path, monkeypatch):
-    import mds.executor.readers as readers
+def test_megatron_open_reads_a_constant_part_of_the_index(tmp_path, monkeypatch):
+    """Opening reads the header and two entries; a fetch 12 .idx bytes per sequence: the
+    cost follows what is read, not the number of sequences."""
+    import os as os_module
 
+    reads: list[tuple[int, int]] = []
+    real = os_module.pread
+
+    def counting(fd, size, offset):
+        reads.append((size, offset))
+        return real(fd, size, offset)
+
+    for count in (10, 5000):
+        sequences = [np.full(1 + i % 7, i, dtype=np.int64) for i in range(count)]
+        bin_path, idx_path = write_dataset(tmp_path / f"m{count}", sequences, dtype=np.int32)
+        monkeypatch.setattr(os_module, "pread", counting)
+        reads.clear()
+        reader = reader_for("megatron", bin_path, "token_ids", "", companion=idx_path)
+        opened = list(reads)
+        got = reader.fetch(np.array([count - 1, 0, 3]), None, None)
+        reader.close()
+        monkeypatch.undo()
+        assert_payloads_equal(got, [sequences[count - 1], sequences[0], sequences[3]])
+        assert len(opened) == 2 and sum(size for size, _ in opened) == 12
+        assert len(reads) == 2 + 3 * 3  # per sequence: size, pointer, data
+
+
+def test_megatron_bad_entry_of_a_read_sequence(tmp_path):
+    """An index damaged after indexing: the sequence read names the .idx and the problem."""
     sequences = [np.arange(i + 1, dtype=np.int64) for i in range(20)]
     bin_path, idx_path = write_dataset(tmp_path / "m", sequences, dtype=np.int32)
-    reads = _count_calls(monkeypatch, readers.megatron, "read_index")
-    blocks = LRU(max_bytes=1 << 20)
-    got = _reopen_fetch(
-        lambda: reader_for("megatron", bin_path, "token_ids", "", blocks, companion=idx_path),
-        (np.array([19, 0]), None, None),
-    )
-    assert len(reads) == 1
-    assert_payloads_equal(got[-1], [sequences[19], sequences[0]])
+    raw = bytearray(idx_path.read_bytes())
+    raw[34 + 4 * 5 : 34 + 4 * 6] = (-3).to_bytes(4, "little", signed=True)  # size of 5
+    raw[34 + 4 * 20 + 8 * 7 : 34 + 4 * 20 + 8 * 8] = (10**9).to_bytes(8, "little")  # pointer of 7
+    idx_path.write_bytes(bytes(raw))
+    reader = reader_for("megatron", bin_path, "token_ids", "", companion=idx_path)
+    assert_payloads_equal(reader.fetch(np.array([4]), None, None), [sequences[4]])
+    with pytest.raises(SourceDataError, match=r"^m\.idx: sequence 5 has negative size -3$"):
+        reader.fetch(np.array([5]), None, None)
+    with pytest.raises(SourceDataError, match=r"^m\.idx: sequence 7: pointer 1000000000 .* leave"):
+        reader.fetch(np.array([7]), None, None)
+    reader.close()
 
 
 def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch):
