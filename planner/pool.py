@@ -3,17 +3,24 @@ with their effective lengths and integer costs.
 
 Costs are quantized to integers once, here, so every later sum and comparison is exact and
 the plan comes out byte-identical on any machine.
+
+Loading is one pass over a source's `n_tokens` (and the columns its `filter` or cost `expr`
+names; no other column is decoded), in narrow dtypes: lengths int32 (int64 only when the
+micro-batch capacity exceeds 2^31), rows uint32 (int64 only when global ids pass 2^32), and
+costs computed block by block, so no whole-column temporary is made (docs/plan-format.md,
+"Cost of planning").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import polars as pl
 
 from mds.executor.errors import ConfigError, PlanError
-from mds.planner.index.manifest import IndexManifest, source_frame
+from mds.planner.index.manifest import IndexManifest, source_table
 from mds.planner.plan_config import CostSpec, PlanConfig
 from mds.planner.sqlexpr import signed_ints, sql_expr
 
@@ -21,6 +28,8 @@ __all__ = ["COST_SCALE", "SourcePool", "load_pools"]
 
 # The largest per-sample cost maps to this integer; 2^40 leaves room for 2^23 samples per rank-step.
 COST_SCALE = float(1 << 40)
+# Rows per block of the cost and quantize passes: their temporaries stay a few MB.
+_BLOCK = 1 << 20
 
 
 @dataclass
@@ -31,8 +40,8 @@ class SourcePool:
     index: int  # position in the plan's source list
     base: int  # global id of the source's index row 0
     index_rows: int  # all rows of the source in the index
-    rows: np.ndarray  # int64: index row of each eligible position
-    lengths: np.ndarray  # int64: effective n_tokens (after truncation)
+    rows: np.ndarray  # uint32 (int64 if base + index_rows > 2^32): index row of each position
+    lengths: np.ndarray  # int32 (int64 if the capacity needs it): n_tokens after truncation
     raw_costs: np.ndarray  # float64, before quantization
     costs: np.ndarray | None = None  # int64, set by quantize()
     max_epochs: int | None = None
@@ -57,32 +66,60 @@ def _collect(frame: pl.LazyFrame, where: str, expr: str) -> pl.DataFrame:
         ) from None
 
 
-def _costs(frame: pl.DataFrame, lengths: np.ndarray, cost: CostSpec, name: str) -> np.ndarray:
+def _costs(
+    table: pl.DataFrame, rows: np.ndarray | None, lengths: np.ndarray, cost: CostSpec, name: str
+) -> np.ndarray:
+    """Per eligible row, float64. `rows`: the eligible rows of `table` (None: all of them)."""
     if cost.expr is None:
-        L = lengths.astype(np.float64)
-        return cost.a * L + cost.b * L * L
+        out = np.empty(len(lengths), dtype=np.float64)
+        for a in range(0, len(lengths), _BLOCK):
+            L = lengths[a : a + _BLOCK].astype(np.float64)
+            out[a : a + _BLOCK] = cost.a * L + cost.b * L * L
+        return out
     where = f"[cost] `expr` (source '{name}')"
+    frame = table.lazy().with_row_index("row")
+    if rows is not None:
+        frame = frame.select(pl.all().gather(rows))
     # with_columns, not select: a constant (`expr = "1"`) is broadcast to one value per row.
     values = _collect(
-        frame.lazy().with_columns(sql_expr(cost.expr, where).alias("cost")).select("cost"),
+        signed_ints(frame).with_columns(sql_expr(cost.expr, where).alias("cost")).select("cost"),
         where,
         cost.expr,
     )["cost"]
     if not values.dtype.is_numeric():
         raise ConfigError(f"{where}: must be numeric, got {values.dtype}")
     if values.null_count():
-        row = frame["row"][int(values.is_null().arg_true()[0])]
+        row = _index_row(rows, int(values.is_null().arg_true()[0]))
         raise ConfigError(f"{where}: gives null for index row {row}; costs must be finite and >= 0")
     out = values.cast(pl.Float64).to_numpy()
     bad = np.flatnonzero(~np.isfinite(out) | (out < 0))
     if bad.size:
         raise ConfigError(
-            f"{where}: gives {out[bad[0]]} for index row {frame['row'][int(bad[0])]}; costs must be finite and >= 0"
+            f"{where}: gives {out[bad[0]]} for index row {_index_row(rows, int(bad[0]))}; costs must be finite and >= 0"
         )
     return out
 
 
-def _check_fits_step(pool: SourcePool, df: pl.DataFrame, tokens_per_step: int | None) -> None:
+def _index_row(rows: np.ndarray | None, position: int) -> int:
+    return position if rows is None else int(rows[position])
+
+
+def _columns(schema: pl.Schema, exprs: list[str]) -> list[str] | None:
+    """The index columns a source's pool needs: `n_tokens` and those the expressions name, in
+    table order; None (every column) where a name is unknown, so the error lists them all."""
+    names = {"n_tokens"}
+    for expr in exprs:
+        try:
+            names.update(sql_expr(expr, "").meta.root_names())
+        except (ConfigError, pl.exceptions.PolarsError):
+            return None  # refused later, with its message, where it is evaluated
+    names.discard("row")  # the row index, added where an expression is evaluated
+    if not names <= set(schema):
+        return None
+    return [c for c in schema if c in names]
+
+
+def _check_fits_step(pool: SourcePool, tokens_per_step: int | None) -> None:
     """A sample longer than tokens_per_step can never be planned into a step; refuse the config
     rather than plan steps that overshoot their token budget or never reach it."""
     if tokens_per_step is None or not pool.n:
@@ -91,7 +128,7 @@ def _check_fits_step(pool: SourcePool, df: pl.DataFrame, tokens_per_step: int | 
     if pool.lengths[j] > tokens_per_step:
         raise ConfigError(
             f"[train] `tokens_per_step` ({tokens_per_step}) is smaller than source '{pool.name}' "
-            f"row {int(df['row'][j])} ({int(pool.lengths[j])} tokens, after filter and overlong); "
+            f"row {int(pool.rows[j])} ({int(pool.lengths[j])} tokens, after filter and overlong); "
             "raise tokens_per_step to at least the longest eligible sample, or filter such samples out"
         )
 
@@ -114,49 +151,64 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 f"(it has {', '.join(known)}); re-run `mds index`"
             )
         entry = manifest.source(mix.name)
-        frame = signed_ints(source_frame(manifest, mix.name).with_row_index("row"))
+        exprs = [e for e in (mix.filter, config.cost.expr) if e is not None]
+        table = source_table(manifest, mix.name, partial(_columns, exprs=exprs))
+        rows = None  # the eligible rows of `table`, ascending; None while that is all of them
         if mix.filter is not None:
             where = f"source '{mix.name}': `filter`"
             # A row whose filter is null is not selected, as in SQL's WHERE.
-            frame = frame.filter(sql_expr(mix.filter, where))
-            df = _collect(frame, where, mix.filter)
-        else:
-            df = frame.collect()
+            frame = signed_ints(table.lazy().with_row_index("row"))
+            frame = frame.filter(sql_expr(mix.filter, where)).select("row")
+            rows = _collect(frame, where, mix.filter)["row"].to_numpy()
+        tokens = table["n_tokens"]
+        lengths = tokens.fill_null(0).to_numpy() if tokens.null_count() else tokens.to_numpy()
+        if rows is not None:
+            lengths = lengths[rows]
         # Empty samples train nothing and would never advance a token-budget step.
-        df = df.filter(pl.col("n_tokens") > 0)
-        lengths = df["n_tokens"].cast(pl.Int64).to_numpy()
+        if not (lengths > 0).all():
+            kept = np.flatnonzero(lengths > 0)
+            rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
         dropped = truncated = 0
-        over = lengths > capacity
-        if over.any():
+        if lengths.size and lengths.max() > capacity:
+            over = lengths > capacity
             if train.overlong == "error":
                 j = int(np.flatnonzero(over)[0])
                 raise PlanError(
-                    f"source '{mix.name}' row {int(df['row'][j])}: {lengths[j]} tokens exceed "
+                    f"source '{mix.name}' row {_index_row(rows, j)}: {lengths[j]} tokens exceed "
                     f"max_tokens_per_micro_batch = {capacity} ({int(over.sum())} such samples); "
                     'set [train] overlong = "drop" or "truncate", or filter them out'
                 )
             if train.overlong == "drop":
                 dropped = int(over.sum())
-                df = df.filter(pl.Series(~over))
-                lengths = lengths[~over]
+                kept = np.flatnonzero(~over)
+                rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
             else:
                 truncated = int(over.sum())
                 lengths = np.minimum(lengths, capacity)
+        # Every length is now <= capacity: int32 holds it unless the capacity passes 2^31.
+        lengths = lengths.astype(np.int32 if capacity < 2**31 else np.int64)
+        base = bases[mix.name]
+        # uint32 rows as long as base + row (a global id, made in plan_chunk) stays below 2^32.
+        row_type = np.uint32 if base + entry["rows"] <= 2**32 else np.int64
+        eligible = (
+            np.arange(len(lengths), dtype=row_type) if rows is None else rows.astype(row_type)
+        )
         pools.append(
             SourcePool(
                 name=mix.name,
                 index=i,
-                base=bases[mix.name],
+                base=base,
                 index_rows=entry["rows"],
-                rows=df["row"].cast(pl.Int64).to_numpy(),
+                rows=eligible,
                 lengths=lengths,
-                raw_costs=_costs(df, lengths, config.cost, mix.name),
+                raw_costs=_costs(table, rows, lengths, config.cost, mix.name),
                 max_epochs=mix.max_epochs,
                 dropped=dropped,
                 truncated=truncated,
             )
         )
-        _check_fits_step(pools[-1], df, train.tokens_per_step)
+        del table, tokens, rows, eligible  # the next source's table need not share memory
+        _check_fits_step(pools[-1], train.tokens_per_step)
     quantize(pools)
     return pools
 
@@ -166,5 +218,7 @@ def quantize(pools: list[SourcePool]) -> None:
     peak = max((float(p.raw_costs.max()) for p in pools if p.n), default=0.0)
     scale = COST_SCALE / peak if peak > 0 else 0.0
     for p in pools:
-        q = np.rint(p.raw_costs * scale).astype(np.int64)
-        p.costs = np.where((q == 0) & (p.lengths > 0), 1, q)
+        p.costs = np.empty(p.n, dtype=np.int64)
+        for a in range(0, p.n, _BLOCK):
+            q = np.rint(p.raw_costs[a : a + _BLOCK] * scale).astype(np.int64)
+            p.costs[a : a + _BLOCK] = np.where((q == 0) & (p.lengths[a : a + _BLOCK] > 0), 1, q)
