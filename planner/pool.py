@@ -1,14 +1,15 @@
 """The samples each source can contribute: index rows after filter and overlong handling,
 with their effective lengths and integer costs.
 
-Costs are quantized to integers once, here, so every later sum and comparison is exact and
-the plan comes out byte-identical on any machine.
+Costs are quantized to integers, here, so every later sum and comparison is exact and the
+plan comes out byte-identical on any machine.
 
 Loading is one pass over a source's `n_tokens` (and the columns its `filter` or cost `expr`
-names; no other column is decoded), in narrow dtypes: lengths int32 (int64 only when the
-micro-batch capacity exceeds 2^31), rows uint32 (int64 only when global ids pass 2^32), and
-costs computed block by block, so no whole-column temporary is made (docs/plan-format.md,
-"Cost of planning").
+names; no other column is decoded). What stays per eligible row is the lengths, int32 (int64
+only when the micro-batch capacity passes 2^31; a read-only view of the decoded column when
+no row is left out), plus uint32 rows where some are left out and float64 costs where a cost
+`expr` gives them; other rows and costs are computed at the positions read
+(planner/columns.py, and docs/plan-format.md, "Cost of planning").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from mds.executor.errors import ConfigError, PlanError
+from mds.planner.columns import AllRows, LengthCosts, QuantizedCosts
 from mds.planner.index.manifest import IndexManifest, source_table
 from mds.planner.plan_config import CostSpec, PlanConfig
 from mds.planner.sqlexpr import signed_ints, sql_expr
@@ -28,8 +30,6 @@ __all__ = ["COST_SCALE", "SourcePool", "load_pools"]
 
 # The largest per-sample cost maps to this integer; 2^40 leaves room for 2^23 samples per rank-step.
 COST_SCALE = float(1 << 40)
-# Rows per block of the cost and quantize passes: their temporaries stay a few MB.
-_BLOCK = 1 << 20
 
 
 @dataclass
@@ -40,10 +40,12 @@ class SourcePool:
     index: int  # position in the plan's source list
     base: int  # global id of the source's index row 0
     index_rows: int  # all rows of the source in the index
-    rows: np.ndarray  # uint32 (int64 if base + index_rows > 2^32): index row of each position
-    lengths: np.ndarray  # int32 (int64 if the capacity needs it): n_tokens after truncation
-    raw_costs: np.ndarray  # float64, before quantization
-    costs: np.ndarray | None = None  # int64, set by quantize()
+    # Index row of each position: uint32 (int64 if base + index_rows > 2^32).
+    rows: np.ndarray | AllRows
+    # n_tokens after truncation: int32 (int64 if the capacity needs it), read-only.
+    lengths: np.ndarray
+    raw_costs: np.ndarray | LengthCosts  # float64, before quantization
+    costs: np.ndarray | QuantizedCosts | None = None  # int64, set by quantize()
     max_epochs: int | None = None
     dropped: int = 0  # overlong samples removed with overlong = "drop"
     truncated: int = 0
@@ -68,14 +70,10 @@ def _collect(frame: pl.LazyFrame, where: str, expr: str) -> pl.DataFrame:
 
 def _costs(
     table: pl.DataFrame, rows: np.ndarray | None, lengths: np.ndarray, cost: CostSpec, name: str
-) -> np.ndarray:
+) -> np.ndarray | LengthCosts:
     """Per eligible row, float64. `rows`: the eligible rows of `table` (None: all of them)."""
     if cost.expr is None:
-        out = np.empty(len(lengths), dtype=np.float64)
-        for a in range(0, len(lengths), _BLOCK):
-            L = lengths[a : a + _BLOCK].astype(np.float64)
-            out[a : a + _BLOCK] = cost.a * L + cost.b * L * L
-        return out
+        return LengthCosts(lengths, cost.a, cost.b)
     where = f"[cost] `expr` (source '{name}')"
     frame = table.lazy().with_row_index("row")
     if rows is not None:
@@ -95,7 +93,8 @@ def _costs(
     bad = np.flatnonzero(~np.isfinite(out) | (out < 0))
     if bad.size:
         raise ConfigError(
-            f"{where}: gives {out[bad[0]]} for index row {_index_row(rows, int(bad[0]))}; costs must be finite and >= 0"
+            f"{where}: gives {out[bad[0]]} for index row {_index_row(rows, int(bad[0]))}; "
+            "costs must be finite and >= 0"
         )
     return out
 
@@ -117,6 +116,16 @@ def _columns(schema: pl.Schema, exprs: list[str]) -> list[str] | None:
     if not names <= set(schema):
         return None
     return [c for c in schema if c in names]
+
+
+def _narrow_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Lengths, each now in [1, capacity], as int32 (int64 if the capacity passes 2^31); a
+    32-bit integer column is viewed as int32, not copied (its values are below 2^31)."""
+    if capacity >= 2**31:
+        return lengths.astype(np.int64)
+    if lengths.dtype.kind in "iu" and lengths.dtype.itemsize == 4:
+        return lengths.view(np.int32)
+    return lengths.astype(np.int32)
 
 
 def _check_fits_step(pool: SourcePool, tokens_per_step: int | None) -> None:
@@ -161,11 +170,14 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
             frame = frame.filter(sql_expr(mix.filter, where)).select("row")
             rows = _collect(frame, where, mix.filter)["row"].to_numpy()
         tokens = table["n_tokens"]
-        lengths = tokens.fill_null(0).to_numpy() if tokens.null_count() else tokens.to_numpy()
+        # One contiguous copy in Polars' memory (none when the column is one chunk already),
+        # which numpy then views: no corpus-sized numpy allocation.
+        tokens = (tokens.fill_null(0) if tokens.null_count() else tokens).rechunk()
+        lengths = tokens.to_numpy()
         if rows is not None:
             lengths = lengths[rows]
         # Empty samples train nothing and would never advance a token-budget step.
-        if not (lengths > 0).all():
+        if lengths.size and lengths.min() <= 0:
             kept = np.flatnonzero(lengths > 0)
             rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
         dropped = truncated = 0
@@ -185,14 +197,11 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
             else:
                 truncated = int(over.sum())
                 lengths = np.minimum(lengths, capacity)
-        # Every length is now <= capacity: int32 holds it unless the capacity passes 2^31.
-        lengths = lengths.astype(np.int32 if capacity < 2**31 else np.int64)
+        lengths = _narrow_lengths(lengths, capacity)
         base = bases[mix.name]
         # uint32 rows as long as base + row (a global id, made in plan_chunk) stays below 2^32.
         row_type = np.uint32 if base + entry["rows"] <= 2**32 else np.int64
-        eligible = (
-            np.arange(len(lengths), dtype=row_type) if rows is None else rows.astype(row_type)
-        )
+        eligible = AllRows(len(lengths), row_type) if rows is None else rows.astype(row_type)
         pools.append(
             SourcePool(
                 name=mix.name,
@@ -218,7 +227,4 @@ def quantize(pools: list[SourcePool]) -> None:
     peak = max((float(p.raw_costs.max()) for p in pools if p.n), default=0.0)
     scale = COST_SCALE / peak if peak > 0 else 0.0
     for p in pools:
-        p.costs = np.empty(p.n, dtype=np.int64)
-        for a in range(0, p.n, _BLOCK):
-            q = np.rint(p.raw_costs[a : a + _BLOCK] * scale).astype(np.int64)
-            p.costs[a : a + _BLOCK] = np.where((q == 0) & (p.lengths[a : a + _BLOCK] > 0), 1, q)
+        p.costs = QuantizedCosts(p.raw_costs, p.lengths, scale)
