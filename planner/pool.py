@@ -75,14 +75,17 @@ def _costs(
     if cost.expr is None:
         return LengthCosts(lengths, cost.a, cost.b)
     where = f"[cost] `expr` (source '{name}')"
-    frame = table.lazy().with_row_index("row")
+    expr = sql_expr(cost.expr, where)
+    frame = table.lazy()
+    # The row index costs 8 bytes a row once cast: add it only where the expression may
+    # need it (it names `row`, or a column not read, whose error then lists every column).
+    if not set(expr.meta.root_names()) <= set(table.columns) - {"row"}:
+        frame = frame.with_row_index("row")
     if rows is not None:
         frame = frame.select(pl.all().gather(rows))
     # with_columns, not select: a constant (`expr = "1"`) is broadcast to one value per row.
     values = _collect(
-        signed_ints(frame).with_columns(sql_expr(cost.expr, where).alias("cost")).select("cost"),
-        where,
-        cost.expr,
+        signed_ints(frame).with_columns(expr.alias("cost")).select("cost"), where, cost.expr
     )["cost"]
     if not values.dtype.is_numeric():
         raise ConfigError(f"{where}: must be numeric, got {values.dtype}")
@@ -90,8 +93,11 @@ def _costs(
         row = _index_row(rows, int(values.is_null().arg_true()[0]))
         raise ConfigError(f"{where}: gives null for index row {row}; costs must be finite and >= 0")
     out = values.cast(pl.Float64).to_numpy()
-    bad = np.flatnonzero(~np.isfinite(out) | (out < 0))
-    if bad.size:
+    del values
+    # min >= 0 fails for a NaN or a negative, max < inf for an inf: no per-row mask is made
+    # unless one of them is there.
+    if out.size and not (out.min() >= 0 and out.max() < np.inf):
+        bad = np.flatnonzero(~np.isfinite(out) | (out < 0))
         raise ConfigError(
             f"{where}: gives {out[bad[0]]} for index row {_index_row(rows, int(bad[0]))}; "
             "costs must be finite and >= 0"
