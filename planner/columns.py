@@ -88,7 +88,8 @@ class LengthCosts(_Column):
         if not self._n:
             raise ValueError("max of an empty pool's costs")
         if self.a >= 0 and self.b >= 0:
-            return float(self[int(np.argmax(self.lengths))])
+            L = np.float64(self.lengths.max())  # the same float64 operations as __getitem__
+            return float(self.a * L + self.b * L * L)
         return max(float(self[a : a + _BLOCK].max()) for a in range(0, self._n, _BLOCK))
 
 

@@ -139,8 +139,8 @@ def _check_fits_step(pool: SourcePool, tokens_per_step: int | None) -> None:
     rather than plan steps that overshoot their token budget or never reach it."""
     if tokens_per_step is None or not pool.n:
         return
-    j = int(np.argmax(pool.lengths))
-    if pool.lengths[j] > tokens_per_step:
+    if pool.lengths.max() > tokens_per_step:
+        j = int(np.argmax(pool.lengths))
         raise ConfigError(
             f"[train] `tokens_per_step` ({tokens_per_step}) is smaller than source '{pool.name}' "
             f"row {int(pool.rows[j])} ({int(pool.lengths[j])} tokens, after filter and overlong); "
