@@ -171,10 +171,16 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         rows = None  # the eligible rows of `table`, ascending; None while that is all of them
         if mix.filter is not None:
             where = f"source '{mix.name}': `filter`"
+            expr = sql_expr(mix.filter, where)
+            # The row index as the filter sees it is Int64, like every integer column; where
+            # the filter does not name it, it stays Polars' UInt32: 4 bytes a row, no cast.
+            if "row" in expr.meta.root_names():
+                frame = signed_ints(table.lazy().with_row_index("row"))
+            else:
+                frame = signed_ints(table.lazy()).with_row_index("row")
             # A row whose filter is null is not selected, as in SQL's WHERE.
-            frame = signed_ints(table.lazy().with_row_index("row"))
-            frame = frame.filter(sql_expr(mix.filter, where)).select("row")
-            rows = _collect(frame, where, mix.filter)["row"].to_numpy()
+            frame = frame.filter(expr).select("row")
+            rows = _collect(frame, where, mix.filter)["row"].rechunk().to_numpy()
         tokens = table["n_tokens"]
         # One contiguous copy in Polars' memory (none when the column is one chunk already),
         # which numpy then views: no corpus-sized numpy allocation.
@@ -207,7 +213,9 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         base = bases[mix.name]
         # uint32 rows as long as base + row (a global id, made in plan_chunk) stays below 2^32.
         row_type = np.uint32 if base + entry["rows"] <= 2**32 else np.int64
-        eligible = AllRows(len(lengths), row_type) if rows is None else rows.astype(row_type)
+        eligible = (
+            AllRows(len(lengths), row_type) if rows is None else rows.astype(row_type, copy=False)
+        )
         pools.append(
             SourcePool(
                 name=mix.name,
