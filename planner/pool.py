@@ -181,6 +181,8 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
             # A row whose filter is null is not selected, as in SQL's WHERE.
             frame = frame.filter(expr).select("row")
             rows = _collect(frame, where, mix.filter)["row"].rechunk().to_numpy()
+            if len(rows) == table.height:  # ascending and distinct: every row, in order
+                rows = None
         tokens = table["n_tokens"]
         # One contiguous copy in Polars' memory (none when the column is one chunk already),
         # which numpy then views: no corpus-sized numpy allocation.

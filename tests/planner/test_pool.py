@@ -8,6 +8,7 @@ import pytest
 from plan_builders import make_pool, plan_config, synthetic
 
 from mds.executor.errors import ConfigError, PlanError
+from mds.planner.columns import AllRows
 from mds.planner.index.manifest import read_manifest
 from mds.planner.pool import COST_SCALE, _columns, load_pools, quantize
 
@@ -88,6 +89,11 @@ def test_filter_and_cost_expression_may_use_the_row_index(root):
     assert p["a"].rows.tolist() == [0, 2, 4]
     (a,) = pools(root, overlong="drop", cost={"expr": "row * 10 + 1"}, only=["a"])
     assert a.raw_costs.tolist() == [1.0, 21.0, 41.0, 51.0]
+
+
+def test_filter_keeping_every_row_holds_no_row_array(root):
+    p = by_name(pools(root, overlong="drop", sources={"b": {"filter": "n_tokens >= 0"}}))
+    assert isinstance(p["b"].rows, AllRows) and p["b"].rows.tolist() == [0, 1, 2]
 
 
 def test_narrow_dtypes(root):
