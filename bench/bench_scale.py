@@ -12,7 +12,8 @@ Two kinds of source, each at several sizes (tests/scale_corpus.py writes them):
   (50k files: 116 s, 804 MB), so ~40 min and ~12 GB for 1M.
 
 For each corpus: `mds index`, then `mds plan` of 50 steps x 64 samples, dp_size 8 (time and
-peak RSS of each command, run in its own child process through the CLI entry point), then in
+peak RSS of each command, run in its own child process through the CLI entry point; for the
+plan also its peak bytes per corpus row, and below the table the growth per row), then in
 a fresh child for rank 0, after importing torch, pyarrow and mds.executor: peak RSS above
 that baseline, bytes read through read syscalls (/proc/self/io rchar) and time from
 `PlanExecutor(plan, 0)` to its first micro-batch, and the median time of the following
@@ -45,7 +46,8 @@ from scale_corpus import (  # noqa: E402
 STEPS, SAMPLES, DP = 50, 64, 8
 DATA_VERSION = 2  # of the synthetic data: a cached corpus of another version is rewritten
 RSS_BUDGET_MB = 6000
-# Measured on this code: the executor holds ~30 bytes per corpus row; the planner ~25.
+# Measured on this code: the executor holds ~30 bytes per corpus row; the planner ~9 at its
+# peak with the default cost (docs/plan-format.md, "Cost of planning").
 BYTES_PER_ROW_ESTIMATE = 32
 
 
@@ -154,11 +156,35 @@ def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def corpus_rows(r: dict) -> int:
+    return r["size"] if r["kind"] == "megatron" else r["size"] * LINES_PER_FILE
+
+
+def plan_bytes_per_row(r: dict) -> float | None:
+    """The plan command's peak RSS over the corpus rows (imports included)."""
+    peak = r.get("plan", {}).get("peak_mb")
+    return None if peak is None else peak * 2**20 / corpus_rows(r)
+
+
+def marginal_plan_bytes(rows: list[dict], kind: str) -> str | None:
+    """Planner peak RSS growth per corpus row between the smallest and largest corpus."""
+    done = [r for r in rows if r["kind"] == kind and "peak_mb" in r.get("plan", {})]
+    if len(done) < 2:
+        return None
+    a, b = done[0], done[-1]
+    grown = (b["plan"]["peak_mb"] - a["plan"]["peak_mb"]) * 2**20
+    per_row = grown / (corpus_rows(b) - corpus_rows(a))
+    return (
+        f"{kind}: `mds plan` peak RSS grows by {per_row:.1f} bytes per corpus row "
+        f"({corpus_rows(a):,} -> {corpus_rows(b):,} rows)"
+    )
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| source | size | create s | index s | index peak MB | plan s | plan peak MB "
-        "| exec RSS MB | exec read MB | first batch s | step ms | note |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+        "| plan B/row | exec RSS MB | exec read MB | first batch s | step ms | note |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     lines = []
     for r in rows:
@@ -169,6 +195,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['kind']} | {r['size']:,} {unit} | {_fmt(r.get('create_s'))} "
             f"| {_fmt(i.get('seconds'))} | {_fmt(i.get('peak_mb'), 'd')} "
             f"| {_fmt(p.get('seconds'))} | {_fmt(p.get('peak_mb'), 'd')} "
+            f"| {_fmt(plan_bytes_per_row(r), '.1f')} "
             f"| {_fmt(e.get('rss_above_imports_mb'), 'd')} | {_fmt(e.get('read_mb'))} "
             f"| {_fmt(e.get('first_s'))} "
             f"| {_fmt(e.get('step_ms'))} | {note} |"
@@ -188,7 +215,7 @@ def table(rows: list[dict]) -> str:
         ratios.append(
             f"| {kind} ratio {b['size']:,}/{a['size']:,} (x{ratio:.0f}) | | | "
             f"{q(lambda r: r['index']['seconds'])} | {q(lambda r: r['index']['peak_mb'])} "
-            f"| {q(lambda r: r['plan']['seconds'])} | {q(lambda r: r['plan']['peak_mb'])} "
+            f"| {q(lambda r: r['plan']['seconds'])} | {q(lambda r: r['plan']['peak_mb'])} | | "
             f"| {q(lambda r: max(r['exec']['rss_above_imports_mb'], 1))} "
             f"| {q(lambda r: max(r['exec']['read_mb'], 0.01))} "
             f"| {q(lambda r: r['exec']['first_s'])} | {q(lambda r: r['exec']['step_ms'])} | |"
@@ -197,6 +224,9 @@ def table(rows: list[dict]) -> str:
         "\nRatios: largest corpus over smallest; a rank whose cost depends only on its own "
         "slice of the plan shows ~1 in the exec columns.\n"
     )
+    marginal = [m for kind in ("megatron", "files") if (m := marginal_plan_bytes(rows, kind))]
+    if marginal:
+        note += "\n" + "\n".join(f"- {m}" for m in marginal) + "\n"
     return head + "\n".join(lines + ratios) + "\n" + note
 
 

@@ -12,13 +12,12 @@ import numpy as np
 
 from mds.executor.planfile import Fetch
 from mds.planner.index.manifest import IndexManifest
-from mds.planner.pool import SourcePool
+from mds.planner.pool import JSONL_FORMATS, SourcePool
 
 __all__ = ["FILE_KEYS", "JSONL_FORMATS", "FetchTable", "source_facts"]
 
 # The manifest keys of a file entry the executor uses: where the file is, how to check it.
 FILE_KEYS = ("path", "index_path", "size", "mtime_ns", "fingerprint")
-JSONL_FORMATS = ("jsonl", "jsonl.zst")
 # The manifest keys of a source the executor uses to read and tokenize its samples.
 SOURCE_KEYS = ("format", "payload", "length")
 
@@ -71,15 +70,14 @@ class FetchTable:
             src = self._sources[k]
             pick = np.flatnonzero(which == k)
             rows = ids[pick] - src.pool.base
-            pos = np.searchsorted(src.pool.rows, rows)
-            assert np.array_equal(src.pool.rows[pos], rows), "a planned sample is not eligible"
+            by_row = src.pool.by_row
             fid = np.searchsorted(src.first_rows, rows, side="right") - 1
             keys[pick] = (src.sid << 32) | fid
-            tokens[pick] = src.pool.index_tokens[pos]
+            tokens[pick] = by_row["n_tokens"][rows]
             if src.jsonl:
-                row_in[pick] = src.pool.file_row[pos]
-                offset[pick] = src.pool.offset[pos]
-                length[pick] = src.pool.length[pos]
+                row_in[pick] = by_row["file_row"][rows]
+                offset[pick] = by_row["offset"][rows]
+                length[pick] = by_row["length"][rows]
             else:
                 row_in[pick] = rows - src.first_rows[fid]
         unique, local = np.unique(keys, return_inverse=True)

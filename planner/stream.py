@@ -23,6 +23,7 @@ class SourceStream:
         self.pool = pool
         self.seed = seed
         self._keys: dict[int, tuple[int, ...]] = {}
+        self._mean: float | None = None  # mean length, computed once (a pass over the pool)
 
     def _key(self, epoch: int) -> tuple[int, ...]:
         key = self._keys.get(epoch)
@@ -58,7 +59,9 @@ class SourceStream:
         cum = np.zeros(1, dtype=np.int64)
         # First block sized from the mean length (doubling after): a fixed 2^16 start made
         # small sources walk thousands of epochs per call. Same result, only fewer samples read.
-        mean = max(float(self.pool.lengths.mean()), 1.0) if self.pool.n else 1.0
+        if self._mean is None:
+            self._mean = max(float(self.pool.lengths.mean()), 1.0) if self.pool.n else 1.0
+        mean = self._mean
         block = int(min(_BLOCK, max(16.0, 1.25 * need / mean + 16)))
         while cum[-1] < need:
             lengths = self.pool.lengths[self.positions(start + len(cum) - 1, block)]

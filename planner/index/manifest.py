@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -29,6 +30,7 @@ __all__ = [
     "read_manifest",
     "read_table",
     "source_frame",
+    "source_table",
     "table_checksum",
     "table_damage",
 ]
@@ -37,17 +39,33 @@ __all__ = [
 def source_frame(manifest: IndexManifest, name: str) -> pl.LazyFrame:
     """One source's index table, checked against the manifest's checksum and parsed from the
     same bytes (a damaged table is refused before any of its values is used)."""
+    return source_table(manifest, name).lazy()
+
+
+def source_table(
+    manifest: IndexManifest,
+    name: str,
+    columns: Callable[[pl.Schema], list[str] | None] | None = None,
+) -> pl.DataFrame:
+    """As `source_frame`, eager; `columns` picks from the table's schema the columns to
+    decode (None: all), so a caller that needs two columns does not pay for the rest."""
     entry = manifest.source(name)
     table = manifest.path / entry["table"]
     if not table.is_file():
         raise IndexFormatError(f"{table}: index table of source {name!r} is missing")
-    return read_table(table, entry["table_checksum"]).lazy()
+    return read_table(table, entry["table_checksum"], columns)
 
 
-def read_table(table: Path, checksum: str) -> pl.DataFrame:
-    """An index table verified against `checksum`, parsed from the bytes that were checked."""
+def read_table(
+    table: Path,
+    checksum: str,
+    columns: Callable[[pl.Schema], list[str] | None] | None = None,
+) -> pl.DataFrame:
+    """An index table verified against `checksum`, parsed from the bytes that were checked;
+    `columns` as in `source_table`."""
     data = read_table_bytes(table, checksum)
     try:
-        return pl.read_parquet(io.BytesIO(data))
+        names = None if columns is None else columns(pl.read_parquet_schema(io.BytesIO(data)))
+        return pl.read_parquet(io.BytesIO(data), columns=names)
     except (OSError, pl.exceptions.PolarsError) as exc:  # intact bytes, yet not a table
         raise IndexFormatError(f"{table}: cannot read index table ({exc})") from None

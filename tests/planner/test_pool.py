@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 from plan_builders import make_pool, plan_config, synthetic
 
 from mds.executor.errors import ConfigError, PlanError
+from mds.planner.columns import AllRows
 from mds.planner.index.manifest import read_manifest
-from mds.planner.pool import COST_SCALE, load_pools, quantize
+from mds.planner.pool import COST_SCALE, _columns, load_pools, quantize
 
 A_LENGTHS = [5, 0, 12, 3000, 7, 40]
 SOURCES = {
@@ -80,6 +82,40 @@ def test_filter(root):
     assert p["a"].rows.tolist() == [0, 2, 4, 5] and p["a"].dropped == 0  # filtered, not dropped
     p = by_name(pools(root, overlong="drop", sources={"b": {"filter": "lang = 'xx'"}}))
     assert p["b"].n == 0
+
+
+def test_filter_and_cost_expression_may_use_the_row_index(root):
+    p = by_name(pools(root, overlong="drop", sources={"a": {"filter": "row % 2 = 0"}}))
+    assert p["a"].rows.tolist() == [0, 2, 4]
+    (a,) = pools(root, overlong="drop", cost={"expr": "row * 10 + 1"}, only=["a"])
+    assert a.raw_costs.tolist() == [1.0, 21.0, 41.0, 51.0]
+
+
+def test_filter_keeping_every_row_holds_no_row_array(root):
+    p = by_name(pools(root, overlong="drop", sources={"b": {"filter": "n_tokens >= 0"}}))
+    assert isinstance(p["b"].rows, AllRows) and p["b"].rows.tolist() == [0, 1, 2]
+
+
+def test_narrow_dtypes(root):
+    # lengths fit int32 under any capacity below 2^31; rows uint32 while global ids fit
+    for pool in pools(root, overlong="drop"):
+        assert pool.lengths.dtype == np.int32 and pool.rows.dtype == np.uint32
+        assert pool.raw_costs.dtype == np.float64 and pool.costs.dtype == np.int64
+
+
+def test_columns_read_are_n_tokens_and_those_the_expressions_name():
+    schema = pl.Schema(
+        {"file_id": pl.UInt32, "n_tokens": pl.UInt32, "lang": pl.String, "q": pl.Float64}
+    )
+    assert _columns(schema, []) == ["n_tokens"]
+    assert _columns(schema, ["q > 1 AND lang = 'en'", "row + n_tokens"]) == [
+        "n_tokens",
+        "lang",
+        "q",
+    ]
+    # unknown or unparsable: every column, so the error raised later lists them all
+    assert _columns(schema, ["nope > 1"]) is None
+    assert _columns(schema, ["n_tokens >>> 1"]) is None
 
 
 def test_default_cost_is_a_l_plus_b_l2(root):
