@@ -100,7 +100,11 @@ def test_a_clean_plan_verifies(pristine, full):
     assert result.first_failure is None
     names = [c.name for c in result.checks]
     per_source = [f"source {s}: {what}" for s in SOURCES for what in ("table", "files")]
-    assert names == PLAN_CHECKS + ["index manifest", "index fingerprint"] + per_source
+    index_checks = ["index manifest", "index fingerprint"]
+    assert names == PLAN_CHECKS + index_checks + per_source + ["fetch records"]
+    assert check(result, "fetch records").detail == (
+        "2,048 samples: files, rows, token counts and byte ranges match the index"
+    )
     assert result.index == pristine / "index"
     files = check(result, "source web: files").detail
     assert files == (
