@@ -211,16 +211,20 @@ def test_parquet_decodes_only_a_prefix_once_the_cache_is_full(tmp_path):
     reader.close()
 
 
-def test_parquet_prefix_reads_return_every_row(tmp_path):
+@pytest.mark.parametrize("kind", ["token_ids", "text"])
+def test_parquet_prefix_reads_return_every_row(tmp_path, kind):
     table, rows = _token_table(300)
+    texts = [f"row {i} " * (i % 5) for i in range(300)]
+    table = table.append_column("text", pa.array(texts))
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=64, data_page_size=256)
+    column, expected = ("tokens", rows) if kind == "token_ids" else ("text", texts)
     blocks = LRU(max_bytes=1 << 20)
-    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
+    reader = reader_for("parquet", tmp_path / "t.parquet", kind, column, blocks)
     reader._room = lambda i: False
     for order in (np.arange(300), shuffled_with_repeats(300, seed=3), np.arange(300)[::-1]):
         blocks.clear()
         got = [reader.fetch(np.array([r]), None, None)[0] for r in order.tolist()]
-        assert_payloads_equal(got, [rows[r] for r in order.tolist()])
+        assert_payloads_equal(got, [expected[r] for r in order.tolist()])
     reader.close()
 
 
@@ -700,6 +704,24 @@ def small_metacache():
     yield metacache
     metacache.configure(before)
     metacache.clear()
+
+
+def test_a_rewritten_megatron_index_is_checked_afresh(tmp_path, monkeypatch):
+    import mds.executor.readers as readers
+
+    sequences = [np.arange(i + 1, dtype=np.int64) for i in range(20)]
+    bin_path, idx_path = write_dataset(tmp_path / "m", sequences, dtype=np.int32)
+    reads = _count_calls(monkeypatch, readers.megatron, "read_index")
+    blocks = LRU(max_bytes=1 << 20)
+    reader_for("megatron", bin_path, "token_ids", "", blocks, companion=idx_path).close()
+    shorter = [s + 1 for s in sequences[:5]]
+    write_dataset(tmp_path / "m", shorter, dtype=np.int32)
+    reader = reader_for("megatron", bin_path, "token_ids", "", blocks, companion=idx_path)
+    assert len(reads) == 2
+    assert_payloads_equal(reader.fetch(np.array([4]), None, None), [shorter[4]])
+    with pytest.raises(SourceDataError, match="sequence 5 is beyond"):
+        reader.fetch(np.array([5]), None, None)
+    reader.close()
 
 
 def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch, small_metacache):
