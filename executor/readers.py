@@ -258,8 +258,26 @@ class _ParquetMeta:
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.starts = _row_starts(counts)
         self.checked: set[tuple[str, str]] = set()
+        self._sizes: dict[str, np.ndarray] = {}
         self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
         self.nbytes += self.starts.nbytes
+
+    def column_sizes(self, column: str) -> np.ndarray:
+        """Uncompressed bytes of top-level `column` in each row group, from the footer."""
+        sizes = self._sizes.get(column)
+        if sizes is None:
+            meta = self.metadata
+            paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
+            leaves = [j for j, p in enumerate(paths) if p == column or p.startswith(column + ".")]
+            sizes = np.array(
+                [
+                    sum(meta.row_group(i).column(j).total_uncompressed_size for j in leaves)
+                    for i in range(meta.num_row_groups)
+                ],
+                dtype=np.int64,
+            )
+            self._sizes[column] = sizes
+        return sizes
 
 
 class ParquetReader(_ColumnReader):
@@ -343,11 +361,11 @@ class ParquetReader(_ColumnReader):
 
     def _room(self, i: int) -> bool:
         """Whether the block cache can take row group `i` whole without evicting (estimated
-        from the footer's uncompressed size of the group)."""
+        from the footer's uncompressed size of the payload column in the group)."""
         cache = self._blocks
         if cache.max_bytes is None:
             return True
-        size = self._meta.metadata.row_group(i).total_byte_size
+        size = int(self._meta.column_sizes(self.column)[i])
         return cache.nbytes + size <= cache.max_bytes
 
     def _read(self, i: int, need: int, whole: int, row: int) -> _TokenBlock | _TextBlock:

@@ -809,3 +809,18 @@ def test_parquet_block_holds_only_its_own_numpy_arrays(tmp_path):
     assert block.values.nbytes == 4 * sum(len(r) for r in rows[25:])
     assert block.nbytes == block.values.nbytes + block.offsets.nbytes == blocks.nbytes
     reader.close()
+
+
+def test_parquet_room_is_judged_by_the_payload_column_alone(tmp_path):
+    table, rows = _token_table(100)
+    table = table.append_column("wide", pa.array(["x" * 2000] * 100))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=50, compression="none")
+    group = pq.read_metadata(tmp_path / "t.parquet").row_group(0)
+    tokens = group.column(0).total_uncompressed_size
+    assert group.total_byte_size > 10 * tokens
+    blocks = LRU(max_bytes=4 * tokens)
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
+    assert reader._room(0)  # the wide text column does not count
+    assert_payloads_equal(reader.fetch(np.array([3]), None, None), [rows[3]])
+    assert blocks.get((reader.path, "rg", 0, "tokens", "token_ids")).rows == 50
+    reader.close()
