@@ -142,9 +142,11 @@ class _TokenBlock:
 
     def __init__(self, array: pa.Array, own: bool):
         offsets = array.offsets.to_numpy()
-        lo, hi = int(offsets[0]), int(offsets[-1]) if len(offsets) else 0
-        self.offsets = offsets - lo  # a fresh array, relative to the values kept
-        values = array.values.slice(lo, hi - lo)  # only what the rows use
+        values = array.values  # the whole child; the offsets index into it
+        if own:  # keep only the values the rows use, offsets relative to them
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            offsets, values = offsets - lo, values.slice(lo, hi - lo)
+        self.offsets = offsets
         self.bad_values = None
         if values.null_count:
             self.bad_values = values.is_null().to_numpy(zero_copy_only=False)
