@@ -1,7 +1,8 @@
 """A small least-recently-used cache bounded by entry count and/or total bytes.
 
-The executor keeps two: open file readers (by count; evicting one closes it) and decoded
-blocks such as Parquet row groups and zstd frames (by bytes). Not thread-safe.
+The executor keeps three: open file readers (by count; evicting one closes it), decoded
+blocks such as Parquet row groups and zstd frames (by bytes), and parsed file metadata
+(by bytes, `metacache`). Not thread-safe.
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ class LRU:
             return
         self._entries[key] = (value, nbytes)
         self._nbytes += nbytes
+        while self._entries and self._over():
+            victim, (dropped, size) = self._entries.popitem(last=False)
+            self._nbytes -= size
+            self._evicted(victim, dropped)
+
+    def resize(self, max_bytes: int | None) -> None:
+        """Change the byte bound, evicting least recently used entries to fit the new one."""
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
+        self.max_bytes = max_bytes
         while self._entries and self._over():
             victim, (dropped, size) = self._entries.popitem(last=False)
             self._nbytes -= size

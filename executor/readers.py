@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.executor import megatron
+from mds.executor import megatron, metacache
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -81,15 +81,13 @@ def _cannot_open(display: str, exc: OSError) -> SourceDataError:
     return SourceDataError(f"{display}: cannot open ({reason})")
 
 
-def _meta_key(kind: str, path: Path, fd: int | None = None) -> tuple | None:
-    """The `blocks` cache key of a file's parsed metadata: the file's identity and version,
-    so a changed file is parsed afresh; None if the file cannot be stat'ed (the open that
-    follows then reports why)."""
+def _version(kind: str, path: Path, display: str) -> tuple:
+    """The `lru.version_key` of what is parsed (`kind`) from the file's current version;
+    SourceDataError if the file cannot be stat'ed."""
     try:
-        st = os.fstat(fd) if fd is not None else os.stat(path)
-    except OSError:
-        return None
-    return version_key(kind, path, st)
+        return version_key(kind, path, os.stat(path))
+    except OSError as exc:
+        raise _cannot_open(display, exc) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -135,29 +133,42 @@ def _missing_column(display: str, column: str, names: list[str]) -> SourceDataEr
 
 
 class _TokenBlock:
-    """A list<int> column of one block as numpy offsets and values, so a row is a slice."""
+    """A list<int> column of one block as numpy offsets and values, so a row is a slice.
 
-    def __init__(self, array: pa.Array, copy: bool):
-        self.offsets = array.offsets.to_numpy()
+    `own`: copy the values out of Arrow's memory (a decoded Parquet row group: the Arrow
+    buffers are freed at once and `nbytes` is exactly what stays); otherwise keep views
+    (a memory-mapped Arrow file: nothing is copied).
+    """
+
+    def __init__(self, array: pa.Array, own: bool):
+        offsets = array.offsets.to_numpy()
         values = array.values  # the whole child; the offsets index into it
+        if own:  # keep only the values the rows use, offsets relative to them
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            offsets, values = offsets - lo, values.slice(lo, hi - lo)
+        self.offsets = offsets
         self.bad_values = None
         if values.null_count:
             self.bad_values = values.is_null().to_numpy(zero_copy_only=False)
             values = values.fill_null(0)
-        self.values = values.to_numpy()
+        self.values = np.array(values.to_numpy(), copy=True) if own else values.to_numpy()
         self.nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
-        self.copy = copy
+        self.rows = len(array)
+        self.copy = own
         self.nbytes = self.offsets.nbytes + self.values.nbytes
+        for mask in (self.bad_values, self.nulls):
+            self.nbytes += mask.nbytes if mask is not None else 0
 
     def take(self, local: np.ndarray, rows: np.ndarray, where: Callable[[int], str]) -> list:
         out = []
+        offsets, values = self.offsets, self.values
         for i, r in zip(local.tolist(), rows.tolist(), strict=True):
             if self.nulls is not None and self.nulls[i]:
                 raise SourceDataError(f"{where(r)} is null")
-            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            a, b = int(offsets[i]), int(offsets[i + 1])
             if self.bad_values is not None and self.bad_values[a:b].any():
                 raise SourceDataError(f"{where(r)} holds a null token id")
-            out.append(self.values[a:b].copy() if self.copy else self.values[a:b])
+            out.append(values[a:b].copy() if self.copy else values[a:b])
         return out
 
 
@@ -168,6 +179,7 @@ class _TextBlock:
         if pa.types.is_dictionary(array.type):
             array = array.dictionary_decode()
         self.array = array
+        self.rows = len(array)
         self.nbytes = array.nbytes
 
     def take(self, local: np.ndarray, rows: np.ndarray, where: Callable[[int], str]) -> list:
@@ -178,30 +190,30 @@ class _TextBlock:
         return values
 
 
-def _block(array: pa.Array | pa.ChunkedArray, kind: str, copy: bool) -> _TokenBlock | _TextBlock:
+def _block(array: pa.Array | pa.ChunkedArray, kind: str, own: bool) -> _TokenBlock | _TextBlock:
     if isinstance(array, pa.ChunkedArray):
         array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
-    return _TokenBlock(array, copy) if kind == "token_ids" else _TextBlock(array)
+    return _TokenBlock(array, own) if kind == "token_ids" else _TextBlock(array)
 
 
 def _gather(
     rows: np.ndarray,
     starts: np.ndarray,
-    load: Callable[[int, int], _TokenBlock | _TextBlock],
+    load: Callable[[int, int, int], _TokenBlock | _TextBlock],
     where: Callable[[int], str],
 ) -> list[Payload]:
     """Group rows by block (`starts` = first row of each block, then the total), load each
-    needed block once and return the rows' payloads in request order."""
+    needed block once, at least up to the last row asked of it, and return the rows'
+    payloads in request order."""
     out: list = [None] * len(rows)
     blocks = np.searchsorted(starts, rows, side="right") - 1
     order = np.argsort(blocks, kind="stable")
     cuts = np.flatnonzero(np.diff(blocks[order])) + 1
     for group in np.split(order, cuts) if len(order) else []:
         b = int(blocks[group[0]])
-        block = load(b, int(rows[group[0]]))
-        for i, value in zip(
-            group.tolist(), block.take(rows[group] - starts[b], rows[group], where), strict=True
-        ):
+        local = rows[group] - starts[b]
+        block = load(b, int(local.max()) + 1, int(rows[group[0]]))
+        for i, value in zip(group.tolist(), block.take(local, rows[group], where), strict=True):
             out[i] = value
     return out
 
@@ -229,65 +241,161 @@ class _ColumnReader:
     def _where(self, row: int) -> str:
         return f"{self.display} row {row}: column '{self.column}'"
 
-    def _unit(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+        """Unit `i`, holding at least its first `need` rows (`row`: one asked, for errors)."""
         raise NotImplementedError
 
 
+# Parsed footers take about 4-9 times their serialized size in memory (measured with
+# pyarrow 26 on 0.5-47 KB footers); they are counted at 9 times plus a fixed 4 KiB.
+_FOOTER_FACTOR, _FOOTER_FIXED = 9, 4096
+
+
+class _ParquetMeta:
+    """What reopening a Parquet file needs: its parsed footer, where its row groups start,
+    and the (column, payload kind) pairs already checked against its schema."""
+
+    def __init__(self, metadata: pq.FileMetaData):
+        self.metadata = metadata
+        counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        self.starts = _row_starts(counts)
+        self.checked: set[tuple[str, str]] = set()
+        self._sizes: dict[str, np.ndarray] = {}
+        self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
+        self.nbytes += self.starts.nbytes
+
+    def column_sizes(self, column: str) -> np.ndarray:
+        """Uncompressed bytes of top-level `column` in each row group, from the footer."""
+        sizes = self._sizes.get(column)
+        if sizes is None:
+            meta = self.metadata
+            paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
+            leaves = [j for j, p in enumerate(paths) if p == column or p.startswith(column + ".")]
+            sizes = np.array(
+                [
+                    sum(meta.row_group(i).column(j).total_uncompressed_size for j in leaves)
+                    for i in range(meta.num_row_groups)
+                ],
+                dtype=np.int64,
+            )
+            self._sizes[column] = sizes
+        return sizes
+
+
 class ParquetReader(_ColumnReader):
-    """Rows of one column, read a row group at a time; decoded row groups are cached."""
+    """Rows of one column, read a row group at a time; decoded row groups are cached.
+
+    The parsed footer is kept in `metacache`, apart from the handle and the decoded blocks:
+    reopening a file after its handle was evicted costs an open, not another footer parse
+    or schema check. The reader holds the file descriptor only; each decode wraps it in a
+    `pq.ParquetFile` that is closed straight after (an open `ParquetFile` keeps its last
+    column chunk's bytes, ~0.4 MB a file here). A decoded row group keeps only the payload
+    column, as numpy arrays.
+    """
 
     def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
         self.path, self.kind, self.column, self.display = path, kind, column, display
         self._blocks = blocks
-        # The footer is kept in `blocks` apart from the handle: reopening a file after its
-        # handle was evicted costs an open(), not another footer parse.
-        key = _meta_key("footer", path)
-        meta = blocks.get(key) if key is not None else None
+        key = _version("parquet-footer", path, display)
+        meta = metacache.get(key)
         try:
-            self._file = pq.ParquetFile(path, metadata=meta)
+            self._source = pa.OSFile(str(path))
         except OSError as exc:
-            if exc.errno is not None:
-                raise _cannot_open(display, exc) from None
-            raise SourceDataError(
-                f"{display}: not a readable Parquet file ({_first_line(exc)})"
-            ) from None
-        except pa.ArrowException as exc:
-            raise SourceDataError(
-                f"{display}: not a readable Parquet file ({_first_line(exc)})"
-            ) from None
+            raise _cannot_open(display, exc) from None
         try:
-            self._check_schema()
+            # The file may have changed between the stat and the open: its footer is then
+            # parsed afresh from the file held open, and not kept.
+            if _version("parquet-footer", path, display) != key:
+                meta, key = None, None
+            if meta is None:
+                file = self._parquet(None)
+                try:
+                    meta = _ParquetMeta(file.metadata)
+                finally:
+                    file.close()
+                if key is not None:
+                    metacache.put(key, meta, meta.nbytes)
+            if (column, kind) not in meta.checked:
+                self._check_schema(meta.metadata.schema.to_arrow_schema())
+                meta.checked.add((column, kind))
         except BaseException:
             self.close()
             raise
-        if meta is None:
-            meta = self._file.metadata
-            if key is not None:
-                blocks.put(key, meta, meta.serialized_size)
-        self.starts = _row_starts([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+        self._meta = meta
+        self.starts = meta.starts
 
-    def _check_schema(self) -> None:
-        schema = self._file.schema_arrow
+    def _parquet(self, metadata: pq.FileMetaData | None) -> pq.ParquetFile:
+        """A ParquetFile over the descriptor held (closing it leaves the descriptor open)."""
+        try:
+            return pq.ParquetFile(self._source, metadata=metadata, pre_buffer=True)
+        except OSError as exc:
+            if exc.errno is not None:
+                raise _cannot_open(self.display, exc) from None
+            raise SourceDataError(
+                f"{self.display}: not a readable Parquet file ({_first_line(exc)})"
+            ) from None
+        except pa.ArrowException as exc:
+            raise SourceDataError(
+                f"{self.display}: not a readable Parquet file ({_first_line(exc)})"
+            ) from None
+
+    def _check_schema(self, schema: pa.Schema) -> None:
         if self.column not in schema.names:
             raise _missing_column(self.display, self.column, schema.names)
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
 
-    def _unit(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
         key = (self.path, "rg", i, self.column, self.kind)
         block = self._blocks.get(key)
-        if block is None:
-            try:
-                table = self._file.read_row_group(i, columns=[self.column], use_threads=False)
-            except (OSError, pa.ArrowException) as exc:
-                raise SourceDataError(
-                    f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
-                ) from None
-            block = _block(table.column(0), self.kind, copy=True)
+        if block is None or block.rows < need:
+            # While the cache has room, the whole row group is decoded: it stays to serve
+            # later rows. Once the cache is full, a first read decodes only up to the last
+            # row asked (decoding costs about in proportion to the rows decoded), since the
+            # group may well be evicted before another of its rows is asked; a row beyond a
+            # cached prefix then decodes the whole group, so no group is decoded more than
+            # twice while it stays cached.
+            whole = int(self.starts[i + 1] - self.starts[i])
+            if block is not None or self._room(i):
+                need = whole
+            block = self._read(i, need, whole, row)
             self._blocks.put(key, block, block.nbytes)
         return block
 
+    def _room(self, i: int) -> bool:
+        """Whether the block cache can take row group `i` whole without evicting (estimated
+        from the footer's uncompressed size of the payload column in the group)."""
+        cache = self._blocks
+        if cache.max_bytes is None:
+            return True
+        size = int(self._meta.column_sizes(self.column)[i])
+        return cache.nbytes + size <= cache.max_bytes
+
+    def _read(self, i: int, need: int, whole: int, row: int) -> _TokenBlock | _TextBlock:
+        """The first `need` (or more) rows of row group `i`, copied out of Arrow."""
+        column = None
+        file = self._parquet(self._meta.metadata)
+        try:
+            if need < whole:
+                batches = file.iter_batches(
+                    batch_size=need, row_groups=[i], columns=[self.column], use_threads=False
+                )
+                try:
+                    column = next(batches).column(0)
+                finally:
+                    batches.close()
+            if column is None or len(column) < need:
+                column = file.read_row_group(i, columns=[self.column], use_threads=False)
+                column = column.column(0)
+            return _block(column, self.kind, own=True)
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceDataError(
+                f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
+            ) from None
+        finally:
+            file.close()
+
     def close(self) -> None:
-        self._file.close()
+        self._source.close()
 
 
 # --- Arrow IPC --------------------------------------------------------------------------
@@ -334,9 +442,9 @@ class ArrowReader(_ColumnReader):
         self._index = schema.get_field_index(self.column)
         self.starts = _row_starts(counts)
 
-    def _unit(self, i: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
         try:
-            return _block(self._get(i).column(self._index), self.kind, copy=False)
+            return _block(self._get(i).column(self._index), self.kind, own=False)
         except (OSError, pa.ArrowException) as exc:
             raise SourceDataError(
                 f"{self.display} row {row} (record batch {i}): cannot read ({_first_line(exc)})"

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from mds.executor import metacache
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 
@@ -212,17 +213,18 @@ class ZstdSeekFile:
         self._dctx = zstandard.ZstdDecompressor()
         self._fd = _open(path, display)
         st = os.fstat(self._fd)
-        # The frame table is kept in `blocks` apart from the handle, keyed by the file's
-        # identity and version: reopening the file does not walk its headers again.
-        key = version_key("frames", path, st)
-        table = blocks.get(key)
+        # The frame table is kept in `metacache` (in `blocks` if larger than that cache)
+        # apart from the handle, keyed by the file's identity and version: reopening the
+        # file does not walk its headers again.
+        key = version_key("zstd-frames", path, st)
+        table = metacache.lookup(key, blocks)
         if table is None:
             try:
                 table = _walk(self._fd, st.st_size, display, self._dctx)
             except BaseException:
                 self.close()
                 raise
-            blocks.put(key, table, table.nbytes)
+            metacache.keep(key, table, table.nbytes, blocks)
         self.table = table
 
     @property

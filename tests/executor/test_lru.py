@@ -125,3 +125,16 @@ def test_open_file_use_closes_evicted_files(tmp_path):
 def test_negative_bounds_are_refused(bounds):
     with pytest.raises(ValueError):
         LRU(**bounds)
+
+
+def test_resize_evicts_to_the_new_bound():
+    cache, evicted = _recording(max_bytes=100)
+    for key in "abc":
+        cache.put(key, key.upper(), nbytes=30)
+    cache.resize(50)
+    assert evicted == [("a", "A"), ("b", "B")] and cache.nbytes == 30 and cache.max_bytes == 50
+    cache.resize(None)
+    cache.put("d", "D", nbytes=1000)
+    assert "d" in cache
+    with pytest.raises(ValueError):
+        cache.resize(-1)

@@ -70,7 +70,9 @@ def random_chunks(rng, bounds, dp=DP, micro=MICRO, top=2**20):
 def fetch_of(ids: np.ndarray) -> Fetch:
     """Fetch records derived from the ids: three files, JSONL-like byte ranges."""
     ids = ids.astype(np.uint64) % np.uint64(2**40)
-    files = [(1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}) for f in range(3)] if len(ids) else []
+    files = (
+        [(1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}) for f in range(3)] if len(ids) else []
+    )
     return Fetch(ids % 3, ids // 3, ids % 1000 + 1, ids * 10, ids % 77, files)
 
 
@@ -80,8 +82,10 @@ def with_fetch(block):
 
 
 def block_bytes(counts, ids, id_width, count_dtype="u1") -> bytes:
-    return counts.astype(count_dtype).tobytes() + encode_ids(ids, id_width) + encode_fetch(
-        fetch_of(ids), len(ids)
+    return (
+        counts.astype(count_dtype).tobytes()
+        + encode_ids(ids, id_width)
+        + encode_fetch(fetch_of(ids), len(ids))
     )
 
 
@@ -167,7 +171,9 @@ def test_file_layout_follows_the_spec(plan):
     widths = struct.unpack_from("<5B", fetch)
     assert widths == tuple(width_of(c) for c in fetch_of(ids).columns())
     (json_size,) = struct.unpack_from("<Q", fetch, 8)
-    assert json.loads(fetch[-json_size:]) == [[1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}] for f in range(3)]
+    assert json.loads(fetch[-json_size:]) == [
+        [1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}] for f in range(3)
+    ]
     assert len(fetch) == 16 + sum(widths) * len(ids) + json_size
 
 
@@ -429,7 +435,6 @@ def test_crafted_footers(plan, change, message):
     path = plan[0]
     rewrite_footer(path, change)
     assert message in error_of(path)
-
 
 
 def test_nonzero_header_flags_refused(plan) -> None:

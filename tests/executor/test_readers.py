@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from mds.executor import metacache
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU
 from mds.executor.megatron import write_dataset
@@ -175,16 +176,55 @@ def test_parquet_reads_each_row_group_once_per_call_and_caches(tmp_path):
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=10)
     blocks = LRU(max_bytes=1 << 20)
     reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
-    reads: list[int] = []
-    inner = reader._file.read_row_group
-    reader._file.read_row_group = lambda i, **kw: reads.append(i) or inner(i, **kw)
+    reads: list[tuple[int, int]] = []
+    inner = reader._read
+    reader._read = lambda i, need, whole, row: reads.append((i, need)) or inner(i, need, whole, row)
     order = np.array([95, 3, 91, 5, 95, 0, 42])
     assert_payloads_equal(reader.fetch(order, None, None), [rows[i] for i in order])
-    assert sorted(reads) == [0, 4, 9]
+    assert sorted(reads) == [(0, 10), (4, 10), (9, 10)]  # the cache has room: whole groups
+    reader.fetch(np.array([1, 99, 49]), None, None)
+    assert len(reads) == 3  # from the cache
+    reader.close()
+
+
+def test_parquet_decodes_only_a_prefix_once_the_cache_is_full(tmp_path):
+    table, rows = _token_table(100)
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=10)
+    blocks = LRU(max_bytes=1 << 20)
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
+    reader._room = lambda i: False
+    reads: list[tuple[int, int]] = []
+    inner = reader._read
+    reader._read = lambda i, need, whole, row: reads.append((i, need)) or inner(i, need, whole, row)
+    order = np.array([95, 3, 91, 5, 95, 0, 42])
+    assert_payloads_equal(reader.fetch(order, None, None), [rows[i] for i in order])
+    # one decode per row group, up to the last row asked of it
+    assert sorted(reads) == [(0, 6), (4, 3), (9, 6)]
     cached = {i for i in range(10) if (reader.path, "rg", i, "tokens", "token_ids") in blocks}
     assert cached == {0, 4, 9}
-    reader.fetch(np.array([1, 99]), None, None)
-    assert sorted(reads) == [0, 4, 9]  # from the cache
+    reader.fetch(np.array([1, 94, 40]), None, None)
+    assert len(reads) == 3  # within the cached prefixes
+    assert_payloads_equal(reader.fetch(np.array([99, 2]), None, None), [rows[99], rows[2]])
+    assert reads[3:] == [(9, 10)]  # beyond the prefix: the whole group, once
+    reader.fetch(np.array([97, 98]), None, None)
+    assert len(reads) == 4
+    reader.close()
+
+
+@pytest.mark.parametrize("kind", ["token_ids", "text"])
+def test_parquet_prefix_reads_return_every_row(tmp_path, kind):
+    table, rows = _token_table(300)
+    texts = [f"row {i} " * (i % 5) for i in range(300)]
+    table = table.append_column("text", pa.array(texts))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=64, data_page_size=256)
+    column, expected = ("tokens", rows) if kind == "token_ids" else ("text", texts)
+    blocks = LRU(max_bytes=1 << 20)
+    reader = reader_for("parquet", tmp_path / "t.parquet", kind, column, blocks)
+    reader._room = lambda i: False
+    for order in (np.arange(300), shuffled_with_repeats(300, seed=3), np.arange(300)[::-1]):
+        blocks.clear()
+        got = [reader.fetch(np.array([r]), None, None)[0] for r in order.tolist()]
+        assert_payloads_equal(got, [expected[r] for r in order.tolist()])
     reader.close()
 
 
@@ -685,7 +725,32 @@ def test_megatron_bad_entry_of_a_read_sequence(tmp_path):
     reader.close()
 
 
-def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch):
+@pytest.fixture
+def small_metacache():
+    """Let a test set the metadata cache's bound; restores the bound and empties it after."""
+    before = metacache.max_bytes()
+    metacache.clear()
+    yield metacache
+    metacache.configure(before)
+    metacache.clear()
+
+
+def test_a_rewritten_megatron_index_is_read_afresh(tmp_path):
+    """Nothing of a Megatron file is cached across opens: a rewrite is seen at once."""
+    sequences = [np.arange(i + 1, dtype=np.int64) for i in range(20)]
+    bin_path, idx_path = write_dataset(tmp_path / "m", sequences, dtype=np.int32)
+    blocks = LRU(max_bytes=1 << 20)
+    reader_for("megatron", bin_path, "token_ids", "", blocks, companion=idx_path).close()
+    shorter = [s + 1 for s in sequences[:5]]
+    write_dataset(tmp_path / "m", shorter, dtype=np.int32)
+    reader = reader_for("megatron", bin_path, "token_ids", "", blocks, companion=idx_path)
+    assert_payloads_equal(reader.fetch(np.array([4]), None, None), [shorter[4]])
+    with pytest.raises(SourceDataError, match="sequence 5 is beyond"):
+        reader.fetch(np.array([5]), None, None)
+    reader.close()
+
+
+def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch, small_metacache):
     import mds.executor.readers as readers
 
     table, rows = _token_table(40)
@@ -693,15 +758,95 @@ def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch):
     for i in range(6):
         paths.append(tmp_path / f"t{i}.parquet")
         pq.write_table(table, paths[-1], row_group_size=10)
-    footer = pq.ParquetFile(paths[0]).metadata.serialized_size
     parses = _count_calls(
         monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
     )
-    blocks = LRU(max_bytes=2 * footer)  # room for two footers, no row group
+    reader = reader_for("parquet", paths[0], "token_ids", "tokens")
+    reader.close()
+    footer = metacache.nbytes()
+    small_metacache.configure(2 * footer)  # room for two footers
+    blocks = LRU(max_bytes=1 << 20)
     for _ in range(2):
         for path in paths:
             reader = reader_for("parquet", path, "token_ids", "tokens", blocks)
             assert_payloads_equal(reader.fetch(np.array([7]), None, None), [rows[7]])
             reader.close()
-            assert blocks.nbytes <= blocks.max_bytes
-    assert len(parses) == 12  # six files cycling through room for two: every open parses
+            assert metacache.nbytes() <= metacache.max_bytes()
+    # six files cycling through room for two: every open parses but the first, of t0
+    assert len(parses) == 12
+    assert not any(k[1] == "parquet-footer" for k in blocks._entries)  # never in the blocks
+
+
+def test_metadata_survives_block_churn(tmp_path, monkeypatch, small_metacache):
+    """Decoded row groups pushing each other out of a small block cache leave the footers."""
+    import mds.executor.readers as readers
+
+    table, rows = _token_table(40)
+    paths = [tmp_path / f"t{i}.parquet" for i in range(4)]
+    for path in paths:
+        pq.write_table(table, path, row_group_size=40)
+    parses = _count_calls(
+        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
+    )
+    blocks = LRU(max_bytes=1)  # no row group fits
+    for _ in range(3):
+        for path in paths:
+            reader = reader_for("parquet", path, "token_ids", "tokens", blocks)
+            assert_payloads_equal(reader.fetch(np.array([39, 0]), None, None), [rows[39], rows[0]])
+            reader.close()
+    assert len(parses) == 4
+
+
+def test_a_file_changing_while_opened_is_parsed_afresh_and_not_cached(tmp_path, monkeypatch):
+    import mds.executor.readers as readers
+
+    table, rows = _token_table(30)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    reader_for("parquet", path, "token_ids", "tokens").close()  # footer cached
+    parses = _count_calls(
+        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
+    )
+    real = readers._version
+    calls = []
+
+    def moving(kind, p, display):  # the second stat of each open sees another version
+        calls.append(kind)
+        key = real(kind, p, display)
+        return key if len(calls) % 2 else (*key[:-1], key[-1] + 1)
+
+    monkeypatch.setattr(readers, "_version", moving)
+    for _ in range(2):
+        reader = reader_for("parquet", path, "token_ids", "tokens")
+        assert_payloads_equal(reader.fetch(np.array([29]), None, None), [rows[29]])
+        reader.close()
+    assert len(parses) == 2  # the cached footer was not trusted, the fresh one not kept
+
+
+def test_parquet_block_holds_only_its_own_numpy_arrays(tmp_path):
+    table, rows = _token_table(50, pa.int32())
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=25)
+    blocks = LRU(max_bytes=1 << 20)
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
+    reader._room = lambda i: False
+    assert_payloads_equal(reader.fetch(np.array([49]), None, None), [rows[49]])
+    block = blocks.get((reader.path, "rg", 1, "tokens", "token_ids"))
+    assert block.values.flags.owndata and block.offsets.flags.owndata
+    assert block.values.nbytes == 4 * sum(len(r) for r in rows[25:])
+    assert block.nbytes == block.values.nbytes + block.offsets.nbytes == blocks.nbytes
+    reader.close()
+
+
+def test_parquet_room_is_judged_by_the_payload_column_alone(tmp_path):
+    table, rows = _token_table(100)
+    table = table.append_column("wide", pa.array(["x" * 2000] * 100))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=50, compression="none")
+    group = pq.read_metadata(tmp_path / "t.parquet").row_group(0)
+    tokens = group.column(0).total_uncompressed_size
+    assert group.total_byte_size > 10 * tokens
+    blocks = LRU(max_bytes=4 * tokens)
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", blocks)
+    assert reader._room(0)  # the wide text column does not count
+    assert_payloads_equal(reader.fetch(np.array([3]), None, None), [rows[3]])
+    assert blocks.get((reader.path, "rg", 0, "tokens", "token_ids")).rows == 50
+    reader.close()

@@ -14,8 +14,9 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mds.executor import metacache
 from mds.executor.errors import SourceDataError
-from mds.executor.lru import LRU
+from mds.executor.lru import LRU, version_key
 from mds.executor.zstd_seek import ZstdSeekFile, read_frame_table
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
@@ -194,7 +195,8 @@ def test_frames_are_cached_and_reused(tmp_path):
     f = ZstdSeekFile(path, "x.zst", blocks)
     read(f, [(150, 10), (120, 1), (250, 50)])
     assert sorted(k[2] for k in [(path, "frame", 1), (path, "frame", 2)] if k in blocks) == [1, 2]
-    assert (path, "frame", 0) not in blocks and blocks.nbytes == 200 + f.table.nbytes
+    assert (path, "frame", 0) not in blocks and blocks.nbytes == 200  # the frame table is
+    assert metacache.get(version_key("zstd-frames", path, path.stat())) is f.table  # kept apart
     calls = []
     f._dctx = _Counting(f._dctx, calls)
     assert read(f, [(199, 2)]) == [b"bc"]
