@@ -206,13 +206,13 @@ class SourceCatalog:
             )
         path = Path(str(length.get("tokenizer")))
         path = path if path.is_absolute() else self.root / path
+        tok = load_tokenizer(str(path))  # first: it refuses anything but a regular file
         recorded = s.facts.get("tokenizer_fingerprint")
         if recorded and fingerprint(path, "full") != recorded:
             raise DataChangedError(
                 f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
                 "pass tokenize= explicitly"
             )
-        tok = load_tokenizer(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
     def check_files(self, block: RankChunk, full: bool) -> None:
@@ -300,19 +300,23 @@ class SourceCatalog:
         key = (s.sid, file_id)
         reader = self._files.get(key)
         if reader is None:
+            where = f"{s.name} files[{file_id}]"
             try:
-                path, companion = entry_paths(self.root, entry, f"{s.name} files[{file_id}]")
+                path, companion = entry_paths(self.root, entry, where)
             except ValueError as exc:
                 raise PlanError(f"{self.plan_path}: {exc}") from None
-            reader = open_reader(
-                s.fmt,
-                path,
-                payload_kind=s.payload["kind"],
-                column=str(s.payload.get("column") or ""),
-                companion=companion,
-                blocks=self._blocks,
-                display=str(entry["path"]),
-            )
+            try:
+                reader = open_reader(
+                    s.fmt,
+                    path,
+                    payload_kind=s.payload["kind"],
+                    column=str(s.payload.get("column") or ""),
+                    companion=companion,
+                    blocks=self._blocks,
+                    display=str(entry["path"]),
+                )
+            except ValueError as exc:  # facts no reader takes (a forged plan)
+                raise PlanError(f"{self.plan_path}: corrupt plan ({where}: {exc})") from None
             self._files.put(key, reader)
         return reader
 
