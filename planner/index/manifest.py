@@ -39,6 +39,16 @@ def source_frame(manifest: IndexManifest, name: str) -> pl.LazyFrame:
     same bytes (a damaged table is refused before any of its values is used)."""
     entry = manifest.source(name)
     table = manifest.path / entry["table"]
+    # read_manifest refused `..` and absolute names; a symlink may still lead out.
+    try:
+        inside = table.resolve().is_relative_to(manifest.path.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise IndexFormatError(
+            f"{manifest.path}: the table of source {name!r} ({entry['table']!r}) leaves the "
+            "index directory; refused, not read"
+        )
     if not table.is_file():
         raise IndexFormatError(f"{table}: index table of source {name!r} is missing")
     return read_table(table, entry["table_checksum"]).lazy()
