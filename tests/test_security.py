@@ -23,13 +23,13 @@ import io
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_helpers import mds, one_error_line
 from executor_builders import open_executor, rewrite_plan, sample_plan
+from fuzzing import Tripwire
 from plan_builders import REPO, plan_config, synthetic, train_table
 
 from mds.executor.errors import ConfigError, DataChangedError, PlanError
@@ -191,37 +191,6 @@ def test_no_code_execution_or_unsafe_deserialization_in_the_product():
 
 
 # --- 2. source paths stay inside the data root -------------------------------------------------
-
-
-_OS_OPEN = os.open  # the tripwire's own opens, not the spied one
-
-
-class Tripwire:
-    """A FIFO: the first open of it for reading, by anyone (Python, pyarrow, polars), is
-    recorded by a thread blocked opening its write end. It never blocks the reader."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        if not path.exists():
-            os.mkfifo(path)
-        self.opened = threading.Event()
-        self._closing = False
-        self._thread = threading.Thread(target=self._wait, daemon=True)
-        self._thread.start()
-
-    def _wait(self) -> None:
-        fd = _OS_OPEN(self.path, os.O_WRONLY)  # returns once a reader opened the FIFO
-        if not self._closing:
-            self.opened.set()
-        os.close(fd)  # the reader sees end of file
-
-    def close(self) -> bool:
-        """Stop waiting; True if the FIFO was opened."""
-        self._closing = True
-        fd = _OS_OPEN(self.path, os.O_RDONLY | os.O_NONBLOCK)  # releases the writer
-        self._thread.join(10)
-        os.close(fd)
-        return self.opened.is_set()
 
 
 def spy_on_opens(monkeypatch, secret: Path) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from executor_builders import batch_digest, rewrite_plan, tiny_data
-from fuzzing import Tally, edit, paths_of, watchdog
+from fuzzing import Tally, Tripwire, edit, paths_of, watchdog
 from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
@@ -42,7 +42,7 @@ from mds.executor.errors import (
 )
 from mds.executor.planfile import FETCH_COLUMNS, Fetch, PlanReader, RankChunk
 
-EXAMPLES = {"blocks": 400, "footer": 250}
+EXAMPLES = {"blocks": 300, "footer": 150}
 VERIFY = ("stat", "full", "none")
 FILE_KEYS = ("path", "index_path", "size", "mtime_ns", "fingerprint")
 # Edits the executor cannot tell from another plan: they may replay other batches.
@@ -91,6 +91,10 @@ class World:
         self.outside = base / "plan.mds"  # a real file outside the data root
         self.fifo = self.root / "fifo"  # opening it for reading blocks until a writer comes
         os.mkfifo(self.fifo)
+        # Outside the root, a FIFO that records any open (a link in the root leads to it).
+        self.secret = base / "secret"
+        os.mkfifo(self.secret)
+        (self.root / "secret.parquet").symlink_to(self.secret)
 
     def __repr__(self) -> str:  # hypothesis prints fixtures of a failing example
         return f"World({self.root})"
@@ -132,6 +136,7 @@ def interesting(world: World) -> st.SearchStrategy[Any]:
     """Values to put anywhere: wrong types, extremes, and paths that leave the root."""
     paths = sorted({e["path"] for e in world.records()} | {"math/doc.idx"})
     outside = os.path.relpath(world.outside, world.root)
+    secret = [os.path.relpath(world.secret, world.root), str(world.secret), "secret.parquet"]
     return st.one_of(
         st.sampled_from(
             [0, 1, -1, 2, 13, 14, 15, 1 << 31, 1 << 63, 1 << 64, -(1 << 63), 10**30, True]
@@ -139,6 +144,7 @@ def interesting(world: World) -> st.SearchStrategy[Any]:
         st.sampled_from([0.5, -0.0, 1e308, float("nan"), float("inf"), float("-inf")]),
         st.sampled_from([None, False, [], {}, [0], {"a": 1}, [None]]),
         st.sampled_from(paths + [outside, str(world.outside), str(world.root / paths[0])]),
+        st.sampled_from(secret + ["web/../secret.parquet", "./secret.parquet"]),
         st.sampled_from(
             ["", ".", "..", "/", "../" * 5 + "etc/passwd", "/etc/passwd", "web/../" + paths[0]]
             + ["./" + paths[0], paths[0] + "\x00", "index", "index/manifest.json", "web/.."]
@@ -284,14 +290,20 @@ def apply_footer_edits(footer: dict[str, Any], edits: list[tuple]) -> None:
 
 
 def check_replay(world: World, test: str, rank: int, verify: str, strict: bool) -> None:
-    """The forged plan replays (the original batches, if `strict`), or raises MdsError."""
-    with watchdog():
-        try:
-            got = replay(world.scratch, rank, verify)
-        except MdsError:
-            count(test, True)
-            return
-    count(test, False)
+    """The forged plan replays (the original batches, if `strict`), or raises MdsError; the
+    file outside the root is never opened."""
+    tripwire = Tripwire(world.secret)
+    try:
+        with watchdog():
+            try:
+                got = replay(world.scratch, rank, verify)
+            except MdsError:
+                got = None
+    finally:
+        assert not tripwire.close(), "a file outside the data root was opened"
+    count(test, got is None)
+    if got is None:
+        return
     if strict:
         assert got == world.digests[rank], "forged fetch records replayed other batches"
     else:
