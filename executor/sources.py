@@ -147,6 +147,7 @@ class SourceCatalog:
                 raise PlanError(f"{plan_path}: corrupt plan footer (source {s.name!r}: {problem})")
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
+        self._records: dict[tuple[int, int], Any] = {}  # (source id, file) -> its record
         self.reset()
 
     @property
@@ -220,9 +221,10 @@ class SourceCatalog:
         checked yet, against the records the plan copied from the index: start-up I/O
         follows the slice read, not the corpus's files."""
         for sid, fid, entry in block.fetch.files:
+            s = self._source_of(sid)
+            self._same_record(s, fid, entry)
             if (sid, fid) in self.checked:
                 continue
-            s = self._source_of(sid)
             problem = file_problem(self.root, entry, full, f"{s.name} files[{fid}]")
             if problem is not None and problem.endswith(": missing") and self._moved(block):
                 raise DataChangedError(
@@ -247,6 +249,15 @@ class SourceCatalog:
             isinstance(e.get("path"), str) and os.path.lexists(self.root / e["path"])
             for e in entries
         )
+
+    def _same_record(self, s: _Source, fid: int, entry: Any) -> None:
+        """Every block must give a file the same record: checks and open files are keyed by
+        (source, file), so a record that differs would be read unchecked, or not at all."""
+        seen = self._records.setdefault((s.sid, fid), entry)
+        if seen is not entry and seen != entry:
+            raise PlanError(
+                f"{self.plan_path}: corrupt plan (blocks disagree on {s.name} files[{fid}])"
+            )
 
     def _source_of(self, sid: int) -> _Source:
         if not 0 <= sid < len(self.sources) or self.sources[sid] not in self.used:
@@ -274,6 +285,7 @@ class SourceCatalog:
             pick = np.flatnonzero(files == f)
             sid, fid, entry = rec.files[f]
             s = self._source_of(sid)
+            self._same_record(s, fid, entry)
             at = pick + lo
             if np.any((gids[pick] < s.base) | (gids[pick] >= s.base + s.rows)):
                 raise PlanError(

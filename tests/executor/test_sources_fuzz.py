@@ -523,3 +523,20 @@ def test_a_directory_as_a_record_path_is_refused_before_opening(world):
     forge(world, ("entry", record_of(world, "web"), "path", "web"))
     with pytest.raises(PlanError, match="web files\\[0\\]: path 'web' is not a regular file"):
         replay(world.scratch, 0, "none")
+
+
+@pytest.mark.parametrize("verify", VERIFY)
+def test_a_record_that_differs_between_blocks_is_refused(world, verify):
+    """Found by the fuzzing: chunk 1's record of a file chunk 0 also reads, its `path`
+    removed. The file was checked and opened through chunk 0's record, so chunk 1's went
+    unchecked, and the token-count error message then raised KeyError: 'path'."""
+    sources = [s["name"] for s in world.footer["index"]["sources"]]
+    first = {(s, f) for s, f, _ in world.blocks[(0, 0)].fetch.files}
+    later = world.blocks[(1, 0)].fetch.files
+    i = next(i for i, (s, f, _) in enumerate(later) if (s, f) in first)
+    name, fid = sources[later[i][0]], later[i][1]
+    k = int(np.flatnonzero(world.blocks[(1, 0)].fetch.file == i)[0])
+    forge(world, ("unset", i, "path"), ("column", "tokens", k, 0), chunk=1)
+    with watchdog(), pytest.raises(PlanError) as err:
+        replay(world.scratch, 0, verify)
+    assert f"corrupt plan (blocks disagree on {name} files[{fid}])" in str(err.value)
