@@ -631,5 +631,5 @@ def test_a_forged_id_beyond_the_index_is_a_corrupt_plan(original, tmp_path):
         return dataclasses.replace(got, ids=ids)
 
     forged = rewrite_plan(original.path, tmp_path / "forged.mds", block=block)
-    with pytest.raises(PlanError, match=r"corrupt plan \(a sample beyond its index's rows\)"):
+    with pytest.raises(PlanError, match=r"corrupt plan \(a sample"):
         executor_ids(forged, 0)
