@@ -7,6 +7,7 @@ Shared by `mds verify` and the executor's start-up check; stdlib only.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -44,6 +45,14 @@ def safe_path(root: Path, rel: Any, where: str) -> Path:
         raise ValueError(
             f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
         )
+    # Opening a FIFO or a device can block or never end: only regular files are read (a
+    # missing file is left to the checks and readers, which name it).
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ValueError(f"{where}: path {rel!r} is not a regular file; refused, not read")
     return path
 
 

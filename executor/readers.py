@@ -541,13 +541,16 @@ class _LineReader:
         def where(i: int) -> str:
             return f"line {int(rows[i]) + 1} (byte {int(offsets[i])})"
 
-        ends = offsets + lengths
-        bad = np.flatnonzero((offsets < 0) | (lengths < 0) | (ends > self.size))
+        # Compared without adding first: a forged offset + length can wrap around int64.
+        bad = np.flatnonzero(
+            (offsets < 0) | (lengths < 0) | (offsets > self.size) | (lengths > self.size - offsets)
+        )
         if len(bad):
             raise SourceDataError(
                 f"{self.display} {where(int(bad[0]))} is beyond the end of the {self.what} "
                 f"({self.size} bytes; file changed since indexing?)"
             )
+        ends = offsets + lengths
         lo = np.maximum(offsets - 1, 0)
         hi = np.minimum(ends + 1, self.size)
         raws = self._read(lo, hi - lo, where)

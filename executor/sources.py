@@ -147,6 +147,7 @@ class SourceCatalog:
                 raise PlanError(f"{plan_path}: corrupt plan footer (source {s.name!r}: {problem})")
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
+        self._records: dict[tuple[int, int], Any] = {}  # (source id, file) -> its record
         self.reset()
 
     @property
@@ -206,13 +207,13 @@ class SourceCatalog:
             )
         path = Path(str(length.get("tokenizer")))
         path = path if path.is_absolute() else self.root / path
+        tok = load_tokenizer(str(path))  # first: it refuses anything but a regular file
         recorded = s.facts.get("tokenizer_fingerprint")
         if recorded and fingerprint(path, "full") != recorded:
             raise DataChangedError(
                 f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
                 "pass tokenize= explicitly"
             )
-        tok = load_tokenizer(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
     def check_files(self, block: RankChunk, full: bool) -> None:
@@ -220,9 +221,10 @@ class SourceCatalog:
         checked yet, against the records the plan copied from the index: start-up I/O
         follows the slice read, not the corpus's files."""
         for sid, fid, entry in block.fetch.files:
+            s = self._source_of(sid)
+            self._same_record(s, fid, entry)
             if (sid, fid) in self.checked:
                 continue
-            s = self._source_of(sid)
             problem = file_problem(self.root, entry, full, f"{s.name} files[{fid}]")
             if problem is not None and problem.endswith(": missing") and self._moved(block):
                 raise DataChangedError(
@@ -247,6 +249,15 @@ class SourceCatalog:
             isinstance(e.get("path"), str) and os.path.lexists(self.root / e["path"])
             for e in entries
         )
+
+    def _same_record(self, s: _Source, fid: int, entry: Any) -> None:
+        """Every block must give a file the same record: checks and open files are keyed by
+        (source, file), so a record that differs would be read unchecked, or not at all."""
+        seen = self._records.setdefault((s.sid, fid), entry)
+        if seen is not entry and seen != entry:
+            raise PlanError(
+                f"{self.plan_path}: corrupt plan (blocks disagree on {s.name} files[{fid}])"
+            )
 
     def _source_of(self, sid: int) -> _Source:
         if not 0 <= sid < len(self.sources) or self.sources[sid] not in self.used:
@@ -274,6 +285,7 @@ class SourceCatalog:
             pick = np.flatnonzero(files == f)
             sid, fid, entry = rec.files[f]
             s = self._source_of(sid)
+            self._same_record(s, fid, entry)
             at = pick + lo
             if np.any((gids[pick] < s.base) | (gids[pick] >= s.base + s.rows)):
                 raise PlanError(
@@ -300,19 +312,23 @@ class SourceCatalog:
         key = (s.sid, file_id)
         reader = self._files.get(key)
         if reader is None:
+            where = f"{s.name} files[{file_id}]"
             try:
-                path, companion = entry_paths(self.root, entry, f"{s.name} files[{file_id}]")
+                path, companion = entry_paths(self.root, entry, where)
             except ValueError as exc:
                 raise PlanError(f"{self.plan_path}: {exc}") from None
-            reader = open_reader(
-                s.fmt,
-                path,
-                payload_kind=s.payload["kind"],
-                column=str(s.payload.get("column") or ""),
-                companion=companion,
-                blocks=self._blocks,
-                display=str(entry["path"]),
-            )
+            try:
+                reader = open_reader(
+                    s.fmt,
+                    path,
+                    payload_kind=s.payload["kind"],
+                    column=str(s.payload.get("column") or ""),
+                    companion=companion,
+                    blocks=self._blocks,
+                    display=str(entry["path"]),
+                )
+            except ValueError as exc:  # facts no reader takes (a forged plan)
+                raise PlanError(f"{self.plan_path}: corrupt plan ({where}: {exc})") from None
             self._files.put(key, reader)
         return reader
 

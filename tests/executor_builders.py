@@ -1,5 +1,7 @@
-"""Builders for the executor tests: the sample plan, and an oracle that reads every planned
-sample's tokens with plain whole-file reads (no executor code), to compare batches against.
+"""Builders for the executor tests: the sample plan, a tiny three-format world for the fuzz
+tests, a plan rewriter that forges blocks and footers with valid checksums, and an oracle that
+reads every planned sample's tokens with plain whole-file reads (no executor code), to compare
+batches against.
 
 A plain module (tests/conftest.py puts tests/ on sys.path): `from executor_builders import ...`.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from builders import write_jsonl, write_megatron, write_parquet
 from plan_builders import REPO, sample_index, sample_plan_config
 
 from mds.executor.megatron import open_bin, read_index
+from mds.executor.planfile import PlanReader, PlanWriter, RankChunk
 
 TOKENIZER = REPO / "sample_data" / "tokenizer.json"
 _PLANS: dict[str, tuple[Path, Path]] = {}
@@ -37,6 +42,84 @@ def sample_plan(
         build_plan(config, out)
         _PLANS[key] = (index, out)
     return _PLANS[key]
+
+
+def tiny_data(root: Path) -> dict[str, Any]:
+    """Three sources of token ids in three formats under `root` (Parquet in two files of
+    several row groups, JSONL, Megatron), a symlink loop `loop` and a symlink `out.parquet`
+    to root/../plan.mds (outside the root); returns the config (as a dict). A whole rank
+    of its plan replays in milliseconds."""
+    for part in range(2):
+        tokens = [list(range(part * 50 + r, part * 50 + r + 1 + (r * 7) % 13)) for r in range(14)]
+        write_parquet(root / f"web/part-{part}.parquet", {"tokens": tokens}, row_group_size=5)
+    write_jsonl(
+        root / "chat/chat.jsonl", [{"ids": list(range(1 + (r * 5) % 17))} for r in range(12)]
+    )
+    write_megatron(root / "math/doc", [[7] * (1 + (r * 3) % 11) for r in range(10)])
+    (root / "loop").symlink_to("loop")  # a symlink loop, and a link out of the root
+    (root / "out.parquet").symlink_to(root.parent / "plan.mds")
+    return {
+        "index": {"output": "index"},
+        "source": [
+            {"name": "web", "path": "web/*.parquet", "tokens": "tokens", "weight": 2},
+            {"name": "chat", "path": "chat/chat.jsonl", "tokens": "ids", "weight": 1},
+            {"name": "math", "path": "math/doc", "weight": 1},
+        ],
+        "train": {
+            "steps": 8,
+            "dp_size": 2,
+            "micro_batches": 2,
+            "samples_per_step": 8,
+            "max_tokens_per_micro_batch": 64,
+            "seed": 5,
+        },
+        "plan": {"chunk_steps": 3},
+    }
+
+
+BlockEdit = Callable[[int, int, RankChunk], RankChunk | None]
+
+
+def rewrite_plan(
+    src: Path,
+    dst: Path,
+    *,
+    block: BlockEdit | None = None,
+    footer: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """A copy of plan `src` at `dst`, forged with valid checksums: every block read with
+    PlanReader and written back with PlanWriter, `block(chunk, rank, rank_chunk)` returning a
+    replacement (or None: unchanged), and `footer` editing the footer (without `layout`,
+    which PlanWriter writes) in place."""
+    dst = Path(dst)
+    with PlanReader(src) as reader:
+        writer = PlanWriter(
+            dst,
+            dst.with_name(dst.name + ".tmp"),
+            dp_size=reader.dp,
+            micro_batches=reader.micro,
+            id_width=reader.id_width,
+        )
+        try:
+            for c, (a, b, *_) in enumerate(reader.chunks):
+                blocks = []
+                for rank in range(reader.dp):
+                    got = reader.rank_chunk(c, rank)
+                    changed = block(c, rank, got) if block is not None else None
+                    got = changed if changed is not None else got
+                    blocks.append((got.counts, got.ids, got.fetch))
+                writer.add_chunk(a, b, blocks)
+            for name in sorted(reader.sections):
+                writer.add_section(name, reader.section(name))
+            data = json.loads(json.dumps(reader.footer))
+            del data["layout"]
+            if footer is not None:
+                footer(data)
+            writer.commit(data)
+        except BaseException:
+            writer.abort()
+            raise
+    return dst
 
 
 def tokenizer():

@@ -1,5 +1,6 @@
-"""Shared scaffolding of the fuzz tests: fixed-size hypothesis settings, a watchdog that
-turns a hang into a failure, and a tally of the cases run and refused.
+"""Shared scaffolding of the fuzz and security tests: fixed-size hypothesis settings, a
+watchdog that turns a hang into a failure, a tally of the cases run and refused, and a FIFO
+tripwire that records any open of a file that must not be read.
 
 A plain module (tests/conftest.py puts tests/ on sys.path): `from fuzzing import ...`.
 """
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -61,6 +65,37 @@ class Tally:
     def report(self) -> None:
         cases = ", ".join(f"{k} {n} ({e} refused)" for k, (n, e) in sorted(self.counts.items()))
         print(f"\n{self.what} fuzz cases run:", cases)
+
+
+_OS_OPEN = os.open  # the tripwire's own opens, not the spied one
+
+
+class Tripwire:
+    """A FIFO: the first open of it for reading, by anyone (Python, pyarrow, polars), is
+    recorded by a thread blocked opening its write end. It never blocks the reader."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if not path.exists():
+            os.mkfifo(path)
+        self.opened = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._wait, daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        fd = _OS_OPEN(self.path, os.O_WRONLY)  # returns once a reader opened the FIFO
+        if not self._closing:
+            self.opened.set()
+        os.close(fd)  # the reader sees end of file
+
+    def close(self) -> bool:
+        """Stop waiting; True if the FIFO was opened."""
+        self._closing = True
+        fd = _OS_OPEN(self.path, os.O_RDONLY | os.O_NONBLOCK)  # releases the writer
+        self._thread.join(10)
+        os.close(fd)
+        return self.opened.is_set()
 
 
 # --- structural edits of JSON documents (plan footers, index manifests) ------------------------

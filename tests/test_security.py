@@ -2,12 +2,14 @@
 
 1. Static: the product source (cli/, planner/, executor/) never deserializes with pickle-like
    modules, never evaluates strings as code and never starts a shell (checked on the AST).
-2. Paths: every source path of an index manifest resolves inside the data root. `mds verify`
-   refuses `../`, absolute and symlinked-out paths without reading them
-   (tests/planner/test_verify.py: test_a_path_escaping_the_root_is_refused_and_never_read,
+2. Paths: every source path resolves inside the data root. `mds verify` refuses `../`,
+   absolute and symlinked-out paths without reading them (tests/planner/test_verify.py:
+   test_a_path_escaping_the_root_is_refused_and_never_read,
    test_escaping_megatron_index_path_is_refused, test_symlink_out_of_the_root_is_refused);
-   here the executor's start-up does the same, for a manifest forged to pass the fingerprint
-   check. The outside file is a FIFO tripwire: any open of it, from Python or native code
+   `mds plan` refuses a manifest naming such a path, or a table symlinked out of the index,
+   before writing anything; and the executor, which reads only the plan, refuses a file
+   record forged into the plan (checksums recomputed) that leaves the root, in every verify
+   mode. The outside file is a FIFO tripwire: any open of it, from Python or native code
    (pyarrow), is recorded.
 3. Config expressions (`filter`, `[cost] expr`) go through Polars' SQL parser, never Python.
 """
@@ -16,22 +18,22 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import io
 import json
 import os
 import shutil
-import struct
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from executor_builders import open_executor, sample_plan
+from cli_helpers import mds, one_error_line
+from executor_builders import open_executor, rewrite_plan, sample_plan
+from fuzzing import Tripwire
 from plan_builders import REPO, plan_config, synthetic, train_table
 
-from mds.executor.errors import ConfigError, IndexFormatError
-from mds.executor.manifest import index_fingerprint
-from mds.executor.planfile import MAGIC, checksum
+from mds.executor.errors import ConfigError, DataChangedError, PlanError
+from mds.executor.planfile import PlanReader, RankChunk
 
 # --- 1. static checks of the product source ----------------------------------------------------
 
@@ -191,37 +193,6 @@ def test_no_code_execution_or_unsafe_deserialization_in_the_product():
 # --- 2. source paths stay inside the data root -------------------------------------------------
 
 
-_OS_OPEN = os.open  # the tripwire's own opens, not the spied one
-
-
-class Tripwire:
-    """A FIFO: the first open of it for reading, by anyone (Python, pyarrow, polars), is
-    recorded by a thread blocked opening its write end. It never blocks the reader."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        if not path.exists():
-            os.mkfifo(path)
-        self.opened = threading.Event()
-        self._closing = False
-        self._thread = threading.Thread(target=self._wait, daemon=True)
-        self._thread.start()
-
-    def _wait(self) -> None:
-        fd = _OS_OPEN(self.path, os.O_WRONLY)  # returns once a reader opened the FIFO
-        if not self._closing:
-            self.opened.set()
-        os.close(fd)  # the reader sees end of file
-
-    def close(self) -> bool:
-        """Stop waiting; True if the FIFO was opened."""
-        self._closing = True
-        fd = _OS_OPEN(self.path, os.O_RDONLY | os.O_NONBLOCK)  # releases the writer
-        self._thread.join(10)
-        os.close(fd)
-        return self.opened.is_set()
-
-
 def spy_on_opens(monkeypatch, secret: Path) -> list[str]:
     """Record Python-level opens of `secret` (native opens are the tripwire's)."""
     seen: list[str] = []
@@ -250,11 +221,11 @@ def spy_on_opens(monkeypatch, secret: Path) -> list[str]:
 
 
 class Escape:
-    """A copy of the sample data (mtimes kept) with symlinks out of it, the sample index
-    pointed at the copy, and a FIFO `secret` outside the copy for the symlinks to reach."""
+    """A copy of the sample data (mtimes kept) with symlinks out of it, a FIFO `secret`
+    outside the copy for the symlinks to reach, and the sample plan and index to forge."""
 
     def __init__(self, base: Path, index: Path, plan: Path):
-        self.base, self.plan = base, plan
+        self.base, self.plan, self.index = base, plan, index
         self.root = base / "data"
         shutil.copytree(REPO / "sample_data", self.root, copy_function=shutil.copy2)
         self.secret = base / "secret.parquet"
@@ -264,29 +235,35 @@ class Escape:
         (self.root / "math" / "evil.idx").symlink_to(self.secret)
         (self.root / "out").symlink_to(base / "outside", target_is_directory=True)
         (base / "outside" / "web.parquet").symlink_to(self.secret)
-        self.index = base / "index"
-        shutil.copytree(index, self.index)
-        self.manifest = json.loads((self.index / "manifest.json").read_text())
-        self.manifest["root"] = str(self.root)
+        with open_executor(plan, 0) as ex:
+            self.sources = ex.source_names
+        self.manifest = json.loads((index / "manifest.json").read_text())
 
     def forge(self, change) -> Path:
-        """The manifest after `change`, its fingerprint recomputed, and a copy of the plan
-        that records that fingerprint (footer checksum recomputed): the fingerprint check
-        passes, so what refuses the path is the executor's own check."""
+        """A copy of the plan whose blocks' file records went through `change(sources, files)`
+        and whose footer's data root is the copy, checksums recomputed: what refuses a path
+        is the executor's own check of the plan's records."""
+
+        def block(_c: int, _r: int, got: RankChunk) -> RankChunk:
+            files = [(s, f, dict(entry)) for s, f, entry in got.fetch.files]
+            change(self.sources, files)
+            return dataclasses.replace(got, fetch=dataclasses.replace(got.fetch, files=files))
+
+        def footer(data: dict[str, Any]) -> None:
+            data["fetch"]["root"] = str(self.root)
+
+        return rewrite_plan(self.plan, self.base / "forged.mds", block=block, footer=footer)
+
+    def index_copy(self, directory: Path, change=None) -> Path:
+        """A copy of the sample index in `directory`, its manifest through `change`."""
+        index = directory / "index"
+        shutil.copytree(self.index, index)
         manifest = json.loads(json.dumps(self.manifest))
-        change(manifest)
-        manifest["fingerprint"] = index_fingerprint(manifest["sources"])
-        (self.index / "manifest.json").write_text(json.dumps(manifest))
-        data = self.plan.read_bytes()
-        offset, size, _, _ = struct.unpack("<QQ8s8s", data[-32:])
-        footer = json.loads(data[offset : offset + size])
-        footer["index"]["fingerprint"] = manifest["fingerprint"]
-        raw = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode()
-        forged = self.base / "forged.mds"
-        forged.write_bytes(
-            data[:offset] + raw + struct.pack("<QQ8s8s", offset, len(raw), checksum(raw), MAGIC)
-        )
-        return forged
+        manifest["root"] = str(self.root)
+        if change is not None:
+            change(manifest)
+        (index / "manifest.json").write_text(json.dumps(manifest))
+        return index
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +272,20 @@ def escape(tmp_path_factory) -> Escape:
     return Escape(tmp_path_factory.mktemp("escape"), index, plan)
 
 
+def file_record(name: str, i: int, key: str, value: str):
+    """A change of the file records: source `name`'s file `i` gets `key` = `value`."""
+
+    def change(sources: list[str], files: list[tuple[int, int, dict[str, Any]]]) -> None:
+        for s, f, entry in files:
+            if sources[s] == name and f == i:
+                entry[key] = value
+
+    return change
+
+
 def file_entry(name: str, i: int, key: str, value: str):
+    """The same change of a manifest's file entry."""
+
     def change(manifest: dict[str, Any]) -> None:
         entry = next(s for s in manifest["sources"] if s["name"] == name)
         entry["files"][i][key] = value
@@ -330,62 +320,111 @@ CASES = [
 ]
 
 
+def replay_all(plan: Path, verify: str = "stat") -> int:
+    """Every micro-batch of rank 0 (file records are checked, or read, chunk by chunk)."""
+    with open_executor(plan, 0, verify=verify) as ex:
+        return sum(1 for _ in ex)
+
+
+def test_the_forged_records_are_read_by_rank_0(escape):
+    """Each case's file is read by rank 0 somewhere in the plan, so forging it is seen."""
+    seen: set[tuple[str, int]] = set()
+
+    def record(sources, files):
+        seen.update((sources[s], f) for s, f, _ in files)
+
+    with PlanReader(escape.plan) as reader:
+        for c in range(len(reader.chunks)):
+            record(escape.sources, reader.rank_chunk(c, 0).fetch.files)
+    for name, i, *_ in escaping_paths(escape).values():
+        assert (name, i) in seen, (name, i)
+
+
 @pytest.mark.parametrize("verify", ["stat", "full", "none"])
 @pytest.mark.parametrize("case", CASES)
 def test_the_executor_refuses_a_path_leaving_the_root_and_never_opens_it(
     escape, monkeypatch, case, verify
 ):
     name, i, key, rel, says = escaping_paths(escape)[case]
-    forged = escape.forge(file_entry(name, i, key, rel))
+    forged = escape.forge(file_record(name, i, key, rel))
     seen = spy_on_opens(monkeypatch, escape.secret)
     tripwire = Tripwire(escape.secret)
     try:
-        with pytest.raises(IndexFormatError) as err:
-            open_executor(forged, 0, index=escape.index, verify=verify)
+        # Checked as the chunk that reads the file is loaded; with "none", as it is read.
+        error = PlanError if verify == "none" else DataChangedError
+        with pytest.raises(error) as err:
+            replay_all(forged, verify)
     finally:
         opened = tripwire.close()
     message = str(err.value)
     assert f"{name} files[{i}]: path {rel!r}" in message and says in message, message
-    assert "refused, not read" in message
+    assert "refused, not read" in message and "\n" not in message
     assert not opened and seen == [], "the outside file was opened"
 
 
-def test_the_forged_index_is_otherwise_valid(escape):
-    """The control: the same forging with a path inside the root starts and replays."""
-    forged = escape.forge(file_entry("web", 1, "path", "web/part-00001.parquet"))
-    with open_executor(forged, 0, index=escape.index) as ex:
+def test_the_forged_plan_is_otherwise_valid(escape):
+    """The control: the same forging with a path inside the root replays."""
+    forged = escape.forge(file_record("web", 1, "path", "web/part-00001.parquet"))
+    with open_executor(forged, 0) as ex:
         batch = next(iter(ex))
         assert batch["step"] == 0 and len(batch["sample_id"]) > 0
+    assert replay_all(forged, "full") > 0
 
 
 def test_a_symlink_loop_in_the_root_is_refused(escape):
-    """A path through a symlink loop: an IndexFormatError naming it, not a RuntimeError."""
+    """A path through a symlink loop: an MdsError naming it, not a RuntimeError."""
     loop = escape.root / "loop"
     if not loop.is_symlink():
         loop.symlink_to("loop")
-    forged = escape.forge(file_entry("web", 0, "path", "loop/part.parquet"))
-    with pytest.raises(IndexFormatError, match="'loop/part.parquet' cannot be resolved"):
-        open_executor(forged, 0, index=escape.index)
+    forged = escape.forge(file_record("web", 0, "path", "loop/part.parquet"))
+    for verify, error in (("stat", DataChangedError), ("none", PlanError)):
+        with pytest.raises(error, match="'loop/part.parquet' cannot be resolved"):
+            replay_all(forged, verify)
 
 
-def test_a_table_symlinked_out_of_the_index_is_refused(escape):
-    """The same table, moved outside the index directory and linked back in, is refused."""
+@pytest.mark.parametrize("case", ["absolute", "dotdot", "inner dotdot", "jsonl dotdot"])
+def test_mds_plan_refuses_a_manifest_with_a_path_leaving_the_root(escape, tmp_path, case):
+    """`mds plan` reads the manifest first: it refuses the path before writing anything."""
+    name, i, key, rel, _ = escaping_paths(escape)[case]
+    index = escape.index_copy(tmp_path, file_entry(name, i, key, rel))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = mds(
+        "plan", REPO / "sample_data" / "mds.toml", "-o", out / "plan.mds", "--index", index
+    )
+    one_error_line(result, f"{name} files[{i}]: path {rel!r} escapes the index root", "refused")
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", ["copy", "fifo"])
+def test_mds_plan_refuses_a_table_symlinked_out_of_the_index(escape, tmp_path, monkeypatch, target):
+    """The web table, moved out of the index (an intact copy, or the FIFO) and linked back
+    in under a name inside it: `mds plan` refuses it before opening it."""
     web = next(s for s in escape.manifest["sources"] if s["name"] == "web")
-    outside = escape.base / "outside" / "web-table.parquet"
-    if not outside.exists():
+    outside = tmp_path / "web-table.parquet"
+    if target == "copy":
         shutil.copy2(escape.index / web["table"], outside)
-    evil = escape.index / "sources" / "web-evil.parquet"
-    if not evil.is_symlink():
-        evil.symlink_to(outside)
+    else:
+        os.mkfifo(outside)
 
     def change(manifest):
-        next(s for s in manifest["sources"] if s["name"] == "web")["table"] = "sources/" + evil.name
+        next(s for s in manifest["sources"] if s["name"] == "web")["table"] = "sources/evil.parquet"
 
-    forged = escape.forge(change)
-    with pytest.raises(IndexFormatError, match="leaves the index directory"):
-        with open_executor(forged, 0, index=escape.index) as ex:
-            for _ in ex:  # tables load on first use
-                pass
+    index = escape.index_copy(tmp_path, change)
+    (index / "sources" / "evil.parquet").symlink_to(outside)
+    out = tmp_path / "out"
+    out.mkdir()
+    seen = spy_on_opens(monkeypatch, outside)
+    tripwire = Tripwire(outside) if target == "fifo" else None
+    try:
+        result = mds(
+            "plan", REPO / "sample_data" / "mds.toml", "-o", out / "plan.mds", "--index", index
+        )
+    finally:
+        opened = tripwire.close() if tripwire is not None else False
+    one_error_line(result, "the table of source 'web'", "leaves the index directory", "refused")
+    assert not opened and seen == [], "the outside table was opened"
+    assert list(out.iterdir()) == []
 
 
 # --- 3. config expressions are SQL, parsed by Polars -------------------------------------------

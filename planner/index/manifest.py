@@ -51,6 +51,16 @@ def source_table(
     decode (None: all), so a caller that needs two columns does not pay for the rest."""
     entry = manifest.source(name)
     table = manifest.path / entry["table"]
+    # read_manifest refused `..` and absolute names; a symlink may still lead out.
+    try:
+        inside = table.resolve().is_relative_to(manifest.path.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise IndexFormatError(
+            f"{manifest.path}: the table of source {name!r} ({entry['table']!r}) leaves the "
+            "index directory; refused, not read"
+        )
     if not table.is_file():
         raise IndexFormatError(f"{table}: index table of source {name!r} is missing")
     return read_table(table, entry["table_checksum"], columns)

@@ -16,6 +16,7 @@ a SIGALRM watchdog, so a hang fails instead of stalling CI.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -28,14 +29,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from executor_builders import open_executor, sample_plan
+from executor_builders import open_executor, rewrite_plan, sample_plan
 from fuzzing import DEEP, Tally, edit, paths_of, watchdog
 from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mds.executor.errors import MdsError, PlanError
-from mds.executor.planfile import MAGIC, PlanReader, checksum
+from mds.executor.planfile import MAGIC, PlanReader, RankChunk, checksum
 
 TRAILER = struct.Struct("<QQ8s8s")
 DIR_ENTRY = struct.Struct("<QQ8s")
@@ -75,7 +76,8 @@ class Contents:
 
     shape: tuple[int, int, int]  # dp_size, micro_batches, id_width
     chunks: tuple[tuple[int, int], ...]
-    blocks: tuple[tuple[int, int, tuple[int, ...], bytes, bytes], ...]  # c, r, shape, counts, ids
+    # chunk, rank, counts shape, counts, ids, fetch records (columns and file records)
+    blocks: tuple[tuple[int, int, tuple[int, ...], bytes, bytes, bytes], ...]
     sections: tuple[tuple[str, str, tuple[int, ...], bytes], ...]
 
 
@@ -98,8 +100,20 @@ def read_all(path: Path) -> Contents:
                 assert int(block.counts.sum()) == len(block.ids)
                 if r.id_width < 8:
                     assert int(block.ids.max(initial=0)) < 1 << (8 * r.id_width)
+                fetch = block.fetch
+                assert all(len(col) == len(block.ids) for col in fetch.columns())
+                assert all(fetch.file < len(fetch.files)) and isinstance(fetch.files, list)
+                records = b"".join(col.astype("<u8").tobytes() for col in fetch.columns())
+                records += json.dumps(fetch.files, sort_keys=True).encode()
                 blocks.append(
-                    (c, rank, block.counts.shape, block.counts.tobytes(), block.ids.tobytes())
+                    (
+                        c,
+                        rank,
+                        block.counts.shape,
+                        block.counts.tobytes(),
+                        block.ids.tobytes(),
+                        records,
+                    )
                 )
         sections = []
         for name in sorted(r.sections):
@@ -132,8 +146,8 @@ class Original:
     """The intact plan: its bytes, footer, contents and the byte range of each structure
     (a plain class: hypothesis prints its short repr, not the bytes, for a failing example)."""
 
-    def __init__(self, path: Path, index: Path):
-        self.path, self.index = path, index
+    def __init__(self, path: Path):
+        self.path = path
         self.data = data = path.read_bytes()
         self.footer_offset, self.footer_size, _, _ = TRAILER.unpack(data[-TRAILER.size :])
         self.footer: dict[str, Any] = json.loads(data[self.footer_offset : -TRAILER.size])
@@ -171,8 +185,8 @@ def regions_of(data: bytes) -> tuple[tuple[str, int, int], ...]:
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory) -> Original:
-    index, plan = sample_plan(tmp_path_factory)
-    original = Original(plan, index)
+    _, plan = sample_plan(tmp_path_factory)
+    original = Original(plan)
     shape, chunks, sections = (
         original.contents.shape,
         original.contents.chunks,
@@ -507,7 +521,7 @@ def test_executor_on_mutated_plans(original, scratch, planned_ids, data):
     rank = data.draw(st.integers(0, original.contents.shape[0] - 1))
     with watchdog():
         try:
-            got = executor_ids(scratch, rank, original.index)
+            got = executor_ids(scratch, rank)
         except MdsError:
             count("executor", True)
             return
@@ -516,10 +530,11 @@ def test_executor_on_mutated_plans(original, scratch, planned_ids, data):
         assert got == planned_ids[rank]
 
 
-def executor_ids(plan: os.PathLike, rank: int, index: Path) -> list[bytes]:
+def executor_ids(plan: os.PathLike, rank: int) -> list[bytes]:
     """Every (step, micro-batch)'s sample ids of `rank`, and the first micro-batch built
-    (which looks the ids up in the index: a forged id beyond it is a DataChangedError)."""
-    with open_executor(plan, rank, index=index, verify="none") as ex:
+    (which places the ids in the plan's sources: a forged id beyond them is a PlanError,
+    "corrupt plan")."""
+    with open_executor(plan, rank, verify="none") as ex:
         got = [
             ex.sample_ids(s, m).tobytes()
             for s in range(min(ex.steps, 10_000))
@@ -581,7 +596,7 @@ def test_forged_footers_that_crashed_the_reader(original, scratch, case):
     assert isinstance(result, PlanError) and message in str(result), result
     if case not in SECTIONS_ONLY:
         with pytest.raises(PlanError, match=re.escape(message)):
-            executor_ids(scratch, 0, original.index)
+            executor_ids(scratch, 0)
 
 
 @pytest.mark.parametrize(
@@ -599,3 +614,22 @@ def test_huge_claims_allocate_nothing(original, scratch, change):
     """A footer claiming 2^40 bytes of something is refused before anything is allocated."""
     forged_footer(original, scratch, change)
     assert isinstance(outcome(scratch, "found", memory=True), PlanError)
+
+
+def test_a_forged_id_beyond_the_index_is_a_corrupt_plan(original, tmp_path):
+    """A block naming a sample id past every source's rows, checksums valid: the executor
+    places ids with the plan's own source table, so this is a corrupt plan."""
+    rows = sum(int(s["rows"]) for s in original.footer["index"]["sources"])
+    beyond = (1 << (8 * original.contents.shape[2])) - 1
+    assert beyond >= rows
+
+    def block(c: int, r: int, got: RankChunk) -> RankChunk | None:
+        if (c, r) != (0, 0):
+            return None
+        ids = got.ids.copy()
+        ids[0] = beyond
+        return dataclasses.replace(got, ids=ids)
+
+    forged = rewrite_plan(original.path, tmp_path / "forged.mds", block=block)
+    with pytest.raises(PlanError, match=r"corrupt plan \(a sample"):
+        executor_ids(forged, 0)
