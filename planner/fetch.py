@@ -34,8 +34,14 @@ class _Files:
     sid: int  # the source's position in the index
     pool: SourcePool
     first_rows: np.ndarray  # int64, per file
-    entries: list[dict[str, Any]]
+    files: list[dict[str, Any]]  # the manifest's file entries
     jsonl: bool
+
+    def entry(self, fid: int) -> dict[str, Any]:
+        """What a file record copies of the manifest's entry (made when a block names it, so
+        a source of a million files costs no copy of its list)."""
+        item = self.files[fid]
+        return {k: item[k] for k in FILE_KEYS if k in item}
 
 
 class FetchTable:
@@ -48,9 +54,8 @@ class FetchTable:
             entry = manifest.source(pool.name)
             files = entry["files"]
             first = np.array([int(f["first_row"]) for f in files], dtype=np.int64)
-            entries = [{k: f[k] for k in FILE_KEYS if k in f} for f in files]
             jsonl = entry["format"] in JSONL_FORMATS
-            found.append(_Files(position[pool.name], pool, first, entries, jsonl))
+            found.append(_Files(position[pool.name], pool, first, files, jsonl))
         found.sort(key=lambda f: f.pool.base)
         self._sources = found
         self._bases = np.array([f.pool.base for f in found], dtype=np.int64)
@@ -83,7 +88,7 @@ class FetchTable:
         unique, local = np.unique(keys, return_inverse=True)
         by_sid = {f.sid: f for f in self._sources}
         files = [
-            (sid, fid, by_sid[sid].entries[fid])
+            (sid, fid, by_sid[sid].entry(fid))
             for sid, fid in ((int(u) >> 32, int(u) & 0xFFFFFFFF) for u in unique)
         ]
         return Fetch(local.astype(np.int64), row_in, tokens, offset, length, files)

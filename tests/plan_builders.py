@@ -142,6 +142,17 @@ def sample_plan_config(index: Path, **overrides: Any) -> PlanConfig:
     return replace(config, **overrides) if overrides else config
 
 
+def sample_workdir(root: Path) -> Path:
+    """root/data (a copy of sample_data), root/index and root/plan.mds; returns root."""
+    from mds.planner.plan import build_plan, with_overrides
+
+    shutil.copytree(REPO / "sample_data", root / "data")
+    config = root / "data" / "mds.toml"
+    build_index(load_config(config), root / "index", workers=1)
+    build_plan(with_overrides(load_plan_config(config), index=root / "index"), root / "plan.mds")
+    return root
+
+
 GOLDEN_MTIME_NS = 1_767_225_600 * 10**9  # 2026-01-01: any fixed time
 
 

@@ -312,7 +312,9 @@ def test_samples_longer_than_tokens_per_step_refused(tmp_path):
     data = synthetic(
         tmp_path, {"a": {"lengths": [1000] * 4, "weight": 1.0}}, train, plan={"chunk_steps": 4}
     )
-    with pytest.raises(ConfigError, match=r"`tokens_per_step` \(100\) is smaller than source 'a' row 0"):
+    with pytest.raises(
+        ConfigError, match=r"`tokens_per_step` \(100\) is smaller than source 'a' row 0"
+    ):
         build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
     assert not (tmp_path / "p.mds").exists()
 

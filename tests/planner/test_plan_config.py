@@ -358,8 +358,14 @@ def test_load_plan_config_accepts_a_utf8_byte_order_mark(tmp_path):
             {"steps": 10**8, "samples_per_step": 2**20},
             "steps = 100000000 x samples_per_step = 1048576 = 1.05e+14 samples to plan",
         ),
-        ({"dp_size": 2**20, "samples_per_step": 2**21}, "micro-batches per step; the limit is 1048576"),
-        ({"samples_per_step": 10**7}, "chunk_steps = 8 x samples_per_step = 10000000 = 8e+07 items"),
+        (
+            {"dp_size": 2**20, "samples_per_step": 2**21},
+            "micro-batches per step; the limit is 1048576",
+        ),
+        (
+            {"samples_per_step": 10**7},
+            "chunk_steps = 8 x samples_per_step = 10000000 = 8e+07 items",
+        ),
         ({"dp_size": 1e8}, "`dp_size` must be an integer >= 1, got 100000000.0"),
         ({"micro_batches": 2.0}, "`micro_batches` must be an integer >= 1, got 2.0"),
     ],

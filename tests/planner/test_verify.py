@@ -10,39 +10,28 @@ import struct
 from pathlib import Path
 
 import pytest
-from plan_builders import REPO
+from plan_builders import sample_workdir
 
 import mds.executor.datacheck as datacheck
 import mds.planner.verify as verify_mod
 from mds.planner.config import load_config
 from mds.planner.index.build import build_index
-from mds.planner.plan import build_plan, with_overrides
-from mds.planner.plan_config import load_plan_config
 from mds.planner.verify import verify_plan
 
 SOURCES = ["web", "books", "forum", "code", "wiki", "math"]
 PLAN_CHECKS = ["plan file", "plan layout", "chunk directories", "rank blocks", "sections"]
 
 
-def make_workdir(root: Path) -> Path:
-    """root/data (a copy of sample_data), root/index and root/plan.mds; returns root."""
-    shutil.copytree(REPO / "sample_data", root / "data")
-    config = root / "data" / "mds.toml"
-    build_index(load_config(config), root / "index", workers=1)
-    build_plan(with_overrides(load_plan_config(config), index=root / "index"), root / "plan.mds")
-    return root
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
     """Shared and never modified: copy its plan or index before corrupting it."""
-    return make_workdir(tmp_path_factory.mktemp("verify"))
+    return sample_workdir(tmp_path_factory.mktemp("verify"))
 
 
 @pytest.fixture
 def work(tmp_path) -> Path:
     """A private copy whose source files a test may change."""
-    return make_workdir(tmp_path)
+    return sample_workdir(tmp_path)
 
 
 def failure(result) -> tuple[str, str]:
