@@ -18,8 +18,8 @@ a fresh child for rank 0, after importing torch, pyarrow and mds.executor: peak 
 that baseline, bytes read through read syscalls (/proc/self/io rchar) and time from
 `PlanExecutor(plan, 0)` to its first micro-batch, and the median time of the following
 micro-batches (one per step), each the median of 3 fresh processes. Only the public API is
-used. The last rows give the ratio
-largest/smallest corpus. tests/executor/test_slice_cost.py checks the same slope in CI.
+used. The last rows give the ratio largest/smallest corpus. tests/executor/test_slice_cost.py
+checks the same slope in CI.
 """
 
 from __future__ import annotations
