@@ -55,6 +55,16 @@ def scanned(monkeypatch) -> list[str]:
             return _scan(file, ctx)
 
         monkeypatch.setitem(build.SCANNERS, fmt, wrapper)
+    for fmt, scan in list(build.BATCH_SCANNERS.items()):
+
+        def batch_wrapper(files, ctx, _scan=scan):
+            got = _scan(files, ctx)
+            if got is not None:
+                with lock:
+                    seen.extend(f.rel for f in files)
+            return got
+
+        monkeypatch.setitem(build.BATCH_SCANNERS, fmt, batch_wrapper)
     return seen
 
 
