@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +25,6 @@ import polars as pl
 from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
 from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.planner.atomic import (
-    atomic_write_bytes,
     cannot_write,
     clean_stale_temps,
     fsync_file,
@@ -45,6 +44,7 @@ from mds.planner.index.manifest import (
     read_manifest,
     read_table,
     table_checksum,
+    write_manifest,
 )
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.parquet import scan_parquet
@@ -407,7 +407,8 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
     old_by_name = {s["name"]: s for s in previous.sources} if previous else {}
 
     writer = _Writer(output, {s["table"] for s in old_by_name.values()})
-    entries: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []  # sources, without their "files" lists ...
+    counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -481,22 +482,7 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
             rows, tokens = _per_file_counts(table, len(files))
             first_rows = np.zeros(len(files), dtype=np.int64)
             np.cumsum(rows[:-1], out=first_rows[1:])
-            file_entries = [
-                {
-                    "id": fi,
-                    "path": f.data.rel,
-                    **_companion(f.data, config.root),
-                    "size": f.size,
-                    "mtime_ns": f.mtime_ns,
-                    "fingerprint": f.fingerprint,
-                    "first_row": first_row,
-                    "rows": n_rows,
-                    "tokens": n_tok,
-                }
-                for fi, (f, first_row, n_rows, n_tok) in enumerate(
-                    zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
-                )
-            ]
+            counts.append((files, first_rows, rows, tokens))
             entries.append(
                 {
                     "name": spec.name,
@@ -510,7 +496,6 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                     "rows": table.height,
                     "tokens": int(n.sum()),
                     "length_stats": _length_stats(n),
-                    "files": file_entries,
                 }
             )
             del table, n
@@ -533,12 +518,22 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
             "created_by": "mds",
             "root": str(config.root),
             "fingerprint_mode": config.fingerprint,
-            "fingerprint": index_fingerprint(entries),
+            "fingerprint": index_fingerprint(
+                [
+                    {
+                        **e,
+                        "files": ({"path": f.data.rel, "fingerprint": f.fingerprint} for f in c[0]),
+                    }
+                    for e, c in zip(entries, counts, strict=True)
+                ]
+            ),
             "sources": entries,
         }
         try:
-            atomic_write_bytes(
-                output / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+            write_manifest(
+                output / MANIFEST,
+                manifest,
+                [_file_entries(*c, config.root) for c in counts],
             )
         except OSError as exc:
             raise _cannot_write(output, MANIFEST, exc) from exc
@@ -611,6 +606,26 @@ def _per_file_counts(table: pl.DataFrame, files: int) -> tuple[np.ndarray, np.nd
         n = table["n_tokens"].to_numpy().astype(np.int64)
         tokens[has] = np.add.reduceat(n, starts[has])
     return rows, tokens
+
+
+def _file_entries(
+    files: list[_File], first_rows: np.ndarray, rows: np.ndarray, tokens: np.ndarray, root: Path
+) -> Iterator[dict[str, Any]]:
+    """The manifest's entry of each file, made as it is written."""
+    for fi, (f, first_row, n_rows, n_tok) in enumerate(
+        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
+    ):
+        yield {
+            "id": fi,
+            "path": f.data.rel,
+            **_companion(f.data, root),
+            "size": f.size,
+            "mtime_ns": f.mtime_ns,
+            "fingerprint": f.fingerprint,
+            "first_row": first_row,
+            "rows": n_rows,
+            "tokens": n_tok,
+        }
 
 
 def _companion(f: DataFile, root: Path) -> dict[str, str]:

@@ -416,7 +416,7 @@ def test_scanner_failure_leaves_no_fresh_output(root: Path, tmp_path: Path, monk
     assert not (tmp_path / "fresh").exists()
 
 
-def _interrupt(path, data):
+def _interrupt(path, manifest, files):
     raise KeyboardInterrupt
 
 
@@ -424,7 +424,7 @@ def test_interrupt_before_the_manifest_leaves_the_previous_index(root: Path, mon
     _build(root)
     before = snapshot(root / "index")
     _change_every_web_file(root)
-    monkeypatch.setattr(build, "atomic_write_bytes", _interrupt)
+    monkeypatch.setattr(build, "write_manifest", _interrupt)
     rolled_back: list[Path] = []
     real_rollback = build._Writer.rollback
 
@@ -445,7 +445,7 @@ def test_interrupt_before_the_manifest_leaves_the_previous_index(root: Path, mon
 
 
 def test_interrupt_leaves_no_fresh_output(root: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(build, "atomic_write_bytes", _interrupt)
+    monkeypatch.setattr(build, "write_manifest", _interrupt)
     with pytest.raises(KeyboardInterrupt):
         _build(root, output=tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
