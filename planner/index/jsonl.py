@@ -15,6 +15,8 @@ from typing import BinaryIO
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.json as pa_json
 import zstandard
 
 from mds.executor.errors import SourceDataError
@@ -375,8 +377,8 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
 
 # Types whose per-file inference cannot differ from the inference over many files: an integer
 # field is Int64 in every file that has a value, a string field (checked by the Categorical
-# re-parse) String. Float (a file may hold only whole numbers, typed Int64), structs (a file
-# may lack some keys), wide integers and the unchecked `loose` text are not in this set.
+# re-parse, or for the measured text by _all_strings) String. Float (a file may hold only
+# whole numbers, typed Int64), structs (a file may lack some keys) and wide integers are not.
 _SAME_ALONE = (pl.Null, pl.Int64, pl.Boolean, pl.String, pl.List(pl.Null))
 
 
@@ -402,9 +404,7 @@ def _per_file_sum(values: np.ndarray, row_file: np.ndarray, files: int) -> np.nd
     return np.bincount(row_file, weights=values, minlength=files)
 
 
-def _types_hold_alone(
-    frame: pl.DataFrame, fields, loose: str | None, row_file: np.ndarray, files: int
-) -> bool:
+def _types_hold_alone(frame: pl.DataFrame, fields, row_file: np.ndarray, files: int) -> bool:
     """Whether each file, parsed alone, would type every field as the joint parse did."""
     for f in fields:
         dtype = frame.schema[f]
@@ -415,8 +415,23 @@ def _types_hold_alone(
             items = _per_file_sum(col.list.len().fill_null(0).to_numpy(), row_file, files)
             if np.any((present > 0) & (items == 0)):
                 return False
-        elif dtype not in _SAME_ALONE or (f == loose and dtype == pl.String):
+        elif dtype not in _SAME_ALONE:
             return False
+    return True
+
+
+def _all_strings(buf: bytes, field: str) -> bool:
+    """Whether every non-null value of `field` is a JSON string. The measured text is parsed
+    as String without the Categorical check, so a file holding only numbers there (typed
+    Int64 alone, an error) would pass unseen in a joint parse; PyArrow's reader refuses any
+    non-string value for a string column."""
+    options = pa_json.ParseOptions(
+        explicit_schema=pa.schema([(field, pa.string())]), unexpected_field_behavior="ignore"
+    )
+    try:
+        pa_json.read_json(io.BytesIO(buf), parse_options=options)
+    except (pa.ArrowException, ValueError):
+        return False
     return True
 
 
@@ -461,9 +476,11 @@ def scan_jsonl_batch(
     if len(idx) == 0:
         return None  # no samples at all: rare, and the file-by-file scan types the empty frames
     frame = _parse(buf, None, fields, len(idx), loose)
-    del buf
-    if frame is None or not _types_hold_alone(frame, fields, loose, row_file, len(files)):
+    if frame is None or not _types_hold_alone(frame, fields, row_file, len(files)):
         return None
+    if loose is not None and frame.schema[loose] == pl.String and not _all_strings(buf, loose):
+        return None
+    del buf
     present = _per_file_sum(frame[column].is_not_null().to_numpy(), row_file, len(files))
     if np.any((rows > 0) & (present == 0)):
         return None  # a file without the length field: its own scan raises

@@ -670,3 +670,59 @@ def test_damaged_previous_table_is_rescanned_not_reused(root: Path, scanned: lis
     )
     assert [s.files_scanned for s in summary.sources][1:] == [0, 0, 0, 0]
     assert snapshot(root / "index") == before  # rebuilt byte for byte, damaged file replaced
+
+
+# --- many small files ------------------------------------------------------------------------
+
+
+def _small_files(root: Path, langs: list) -> None:
+    for i, lang in enumerate(langs):
+        write_jsonl(root / f"s/f{i}.jsonl", [{"n": 1 + i, "lang": lang}, {"n": 2, "lang": None}])
+    config_file(
+        root,
+        '[index]\noutput = "index"\n\n[[source]]\nname = "s"\npath = "s/*.jsonl"\n'
+        'count = "n"\nkeep = ["lang"]\n',
+    )
+
+
+def test_small_files_in_batches_index_as_one_by_one(tmp_path: Path, monkeypatch) -> None:
+    _small_files(tmp_path, ["en", None, "fr", "de", None, "en", "xx"])
+    monkeypatch.setattr(build, "BATCH_FILES", 3)
+    _build(tmp_path, output=tmp_path / "batched")
+    monkeypatch.setattr(build, "BATCH_SCANNERS", {})
+    _build(tmp_path, output=tmp_path / "alone")
+    batched, alone = _manifest(tmp_path / "batched"), _manifest(tmp_path / "alone")
+    assert batched["sources"] == alone["sources"]
+    assert _table(tmp_path / "batched", "s").equals(_table(tmp_path / "alone", "s"))
+
+
+def test_type_drift_between_batches_names_the_files_a_file_scan_would(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Batches {f0, f1} and {f2, f3}: the first file with a value in each decides its type.
+    _small_files(tmp_path, [None, 7, None, "en"])
+    monkeypatch.setattr(build, "BATCH_FILES", 2)
+    with pytest.raises(SourceDataError) as batched:
+        _build(tmp_path)
+    monkeypatch.setattr(build, "BATCH_SCANNERS", {})
+    with pytest.raises(SourceDataError) as alone:
+        _build(tmp_path)
+    assert str(batched.value) == str(alone.value)
+    assert str(alone.value).startswith(
+        "s/f3.jsonl: column `lang` has type String but Int64 in s/f1"
+    )
+
+
+def test_reindex_reuses_rows_around_rescanned_small_files(tmp_path: Path, monkeypatch) -> None:
+    _small_files(tmp_path, ["a", "b", "c", "d", "e", "f"])
+    monkeypatch.setattr(build, "BATCH_FILES", 2)
+    _build(tmp_path)
+    write_jsonl(tmp_path / "s/f2.jsonl", [{"n": 9, "lang": "z"}])
+    write_jsonl(tmp_path / "s/f2b.jsonl", [{"n": 8, "lang": "y"}])
+    (tmp_path / "s/f4.jsonl").unlink()
+    summary = _build(tmp_path)
+    assert summary.sources[0].files_scanned == 2
+    _build(tmp_path, output=tmp_path / "fresh")
+    again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
+    assert again["sources"] == fresh["sources"]
+    assert _table(tmp_path / "index", "s").equals(_table(tmp_path / "fresh", "s"))
