@@ -117,7 +117,7 @@ class IndexSummary:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _File:
     data: DataFile
     size: int

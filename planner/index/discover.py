@@ -42,7 +42,7 @@ _EXTENSIONS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DataFile:
     """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx."""
 
