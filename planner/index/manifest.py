@@ -107,13 +107,13 @@ def manifest_chunks(
 
 def write_manifest(path: Path, manifest: dict[str, Any], files: list[Iterable[dict]]) -> None:
     """Write the manifest (see manifest_chunks) to a temporary file, then replace `path`."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="ascii", newline="\n") as out:
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
         buffer: list[str] = []
         size = 0
         for chunk in manifest_chunks(manifest, files):
             buffer.append(chunk)
             size += len(chunk)
             if size >= 1 << 20:
-                out.write("".join(buffer))
+                out.write("".join(buffer).encode("ascii"))
                 buffer, size = [], 0
-        out.write("".join(buffer))
+        out.write("".join(buffer).encode("ascii"))
