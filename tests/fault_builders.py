@@ -287,16 +287,20 @@ def _park():
 
 
 if _AT == "index-manifest":  # every new table is in place; the manifest is next
+    import contextlib
+
     import mds.planner.atomic as atomic
 
-    _real = atomic.atomic_write_bytes
+    _real = atomic.atomic_path
 
-    def atomic_write_bytes(path, data):
+    @contextlib.contextmanager
+    def atomic_path(path):
         if path.name == "manifest.json":
             _park()
-        return _real(path, data)
+        with _real(path) as tmp:
+            yield tmp
 
-    atomic.atomic_write_bytes = atomic_write_bytes
+    atomic.atomic_path = atomic_path
 elif _AT == "plan-chunk":  # two chunks are in the temporary plan file; more are coming
     import mds.executor.planfile as planfile
 

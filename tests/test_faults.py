@@ -79,7 +79,6 @@ from fault_builders import (
     block_span,
     flip_byte,
     full_disk_open,
-    full_disk_write_bytes,
     full_disk_write_parquet,
     interrupt_mds,
     names,
@@ -96,6 +95,7 @@ from fault_builders import (
 from mds.executor import DataChangedError, PlanError
 from mds.executor import planfile as planfile_mod
 from mds.planner.atomic import is_temp
+from mds.planner.index import manifest as index_manifest_mod
 
 
 def no_temporaries(directory: Path) -> None:
@@ -491,8 +491,7 @@ def test_disk_full_while_writing_an_index_table(root: Path, monkeypatch) -> None
 
 
 def _manifest_on_full_disk(monkeypatch, budget: int) -> None:
-    fake = full_disk_write_bytes(Path.write_bytes, budget, lambda p: p.name.startswith(".manifest"))
-    monkeypatch.setattr(Path, "write_bytes", fake)
+    monkeypatch.setattr(index_manifest_mod, "open", full_disk_open(budget), raising=False)
 
 
 def test_disk_full_while_writing_the_manifest(root: Path, monkeypatch) -> None:

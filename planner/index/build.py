@@ -13,18 +13,18 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
 from mds.executor.fingerprint import fingerprint, stat_signature
 from mds.planner.atomic import (
-    atomic_write_bytes,
     cannot_write,
     clean_stale_temps,
     fsync_file,
@@ -34,7 +34,7 @@ from mds.planner.atomic import (
 from mds.planner.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.arrow import scan_arrow
 from mds.planner.index.discover import DataFile, discover
-from mds.planner.index.jsonl import scan_jsonl
+from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
 from mds.planner.index.manifest import (
     FORMAT,
     MANIFEST,
@@ -44,6 +44,7 @@ from mds.planner.index.manifest import (
     read_manifest,
     read_table,
     table_checksum,
+    write_manifest,
 )
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.parquet import scan_parquet
@@ -60,6 +61,13 @@ SCANNERS = {
     "arrow": scan_arrow,
     "megatron": scan_megatron,
 }
+# Scanners of many small files at once: (rows of all files, rows per file), or None when the
+# files must be scanned one by one (see scan_jsonl_batch).
+BATCH_SCANNERS = {"jsonl": scan_jsonl_batch, "jsonl.zst": scan_jsonl_batch}
+SMALL_FILE = 1 << 20  # files up to this size are scanned in batches ...
+BATCH_BYTES = 8 << 20  # ... of up to this many bytes
+BATCH_FILES = 4096  # ... and files
+FINGERPRINT_BATCH = 256  # files fingerprinted per pool task
 TABLES = "sources"
 PERCENTILES = (50, 90, 99)
 
@@ -109,7 +117,7 @@ class IndexSummary:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _File:
     data: DataFile
     size: int
@@ -195,22 +203,54 @@ def _plan_files(
     ]
 
 
+@dataclass
+class _Part:
+    """Rows of the consecutive files first, first+1, ... of a source, in file order.
+
+    `rows` holds each file's row count. `alone` means each file was scanned alone (or, for
+    rows reused from the previous table, carries that table's types): its column types are
+    the file's own. A batch part's non-null column types hold for every file with a value."""
+
+    first: int
+    rows: np.ndarray
+    frame: pl.DataFrame
+    alone: bool = True
+
+
+def _type_events(part: _Part, spec: SourceSpec):
+    """(file index, column position, column, type) of the first file of the part that types
+    each kept column (the files before it have only nulls there)."""
+    for pos, col in enumerate(spec.keep):
+        dtype = part.frame.schema[col]
+        if dtype == pl.Null:
+            continue
+        if part.alone:
+            yield part.first, pos, col, dtype
+            continue
+        present = part.frame[col].is_not_null()
+        if not present.any():
+            continue
+        row = int(present.arg_true()[0])
+        ends = np.cumsum(part.rows)
+        yield part.first + int(np.searchsorted(ends, row, side="right")), pos, col, dtype
+
+
 def _check_schema(
-    frames: list[tuple[_File, pl.DataFrame]], spec: SourceSpec
+    parts: list[_Part], files: list[_File], spec: SourceSpec
 ) -> dict[str, pl.DataType]:
     """Kept columns must have one type across a source's files (all-null files adapt)."""
     types: dict[str, tuple[pl.DataType, str]] = {}
-    for f, frame in frames:
-        for col in spec.keep:
-            dtype = frame.schema[col]
-            if dtype == pl.Null:
-                continue
-            seen = types.setdefault(col, (dtype, f.data.rel))
-            if seen[0] != dtype:
-                raise SourceDataError(
-                    f"{f.data.rel}: column `{col}` has type {dtype} but {seen[0]} in {seen[1]} "
-                    f"(schema drift inside source '{spec.name}')"
-                )
+    events = sorted(
+        (e for part in parts for e in _type_events(part, spec)), key=lambda e: (e[0], e[1])
+    )
+    for fi, _, col, dtype in events:
+        f = files[fi]
+        seen = types.setdefault(col, (dtype, f.data.rel))
+        if seen[0] != dtype:
+            raise SourceDataError(
+                f"{f.data.rel}: column `{col}` has type {dtype} but {seen[0]} in {seen[1]} "
+                f"(schema drift inside source '{spec.name}')"
+            )
     return {col: types.get(col, (pl.String, ""))[0] for col in spec.keep}
 
 
@@ -263,21 +303,24 @@ class _Writer:
             path.unlink(missing_ok=True)
 
 
-def _assemble(
-    spec: SourceSpec, fmt: str, files: list[_File], frames: dict[int, pl.DataFrame]
-) -> pl.DataFrame:
-    ordered = [(f, frames[i]) for i, f in enumerate(files)]
-    types = _check_schema(ordered, spec)
-    parts = []
-    for file_id, (_, frame) in enumerate(ordered):
-        frame = frame.with_columns(
-            pl.lit(file_id, dtype=pl.UInt32).alias("file_id"),
-            *[pl.col(c).cast(types[c]) for c in spec.keep],
-        )
-        parts.append(frame)
+def _assemble(spec: SourceSpec, fmt: str, files: list[_File], parts: list[_Part]) -> pl.DataFrame:
+    """One table from parts in file order: file_id by file, kept columns cast to one type."""
+    parts = sorted(parts, key=lambda p: p.first)
+    types = _check_schema(parts, files, spec)
     cols = ["file_id", "file_row"] + (["offset", "length"] if fmt.startswith("jsonl") else [])
     cols += ["n_tokens", *spec.keep]
-    return pl.concat([p.select(cols) for p in parts], how="vertical")
+    frames = []
+    for part in parts:
+        ids = np.repeat(
+            np.arange(part.first, part.first + len(part.rows), dtype=np.uint32), part.rows
+        )
+        frames.append(
+            part.frame.with_columns(
+                pl.Series("file_id", ids, dtype=pl.UInt32),
+                *[pl.col(c).cast(types[c]) for c in spec.keep],
+            ).select(cols)
+        )
+    return pl.concat(frames, how="vertical")
 
 
 def _intact(table: Path, checksum: str) -> bool:
@@ -288,16 +331,35 @@ def _intact(table: Path, checksum: str) -> bool:
         return False
 
 
-def _old_rows(
-    previous: IndexManifest | None, old: dict | None, files: list[_File]
-) -> dict[int, pl.DataFrame]:
-    ids = {f.reuse for f in files if f.reuse is not None}
-    if not ids or previous is None or old is None:
-        return {}
+def _old_rows(previous: IndexManifest | None, old: dict | None, files: list[_File]) -> list[_Part]:
+    """The reused files' rows of the previous table, renumbered to the new file ids, as parts
+    of consecutive files (a scanned file between two reused ones splits them). Both file
+    lists are sorted by path, so the reused files keep their order."""
+    reuse = [(f.reuse, fi) for fi, f in enumerate(files) if f.reuse is not None]
+    if not reuse or previous is None or old is None:
+        return []
     table = read_table(previous.path / old["table"], old["table_checksum"])
-    table = table.filter(pl.col("file_id").is_in(list(ids)))
-    parts = table.partition_by("file_id", as_dict=True, include_key=False)
-    return {int(key[0]): frame for key, frame in parts.items()}
+    new_id = np.full(max(max(o for o, _ in reuse), len(old["files"])) + 1, -1, dtype=np.int64)
+    for o, fi in reuse:
+        new_id[o] = fi
+    ids = new_id[table["file_id"].to_numpy()]
+    keep = ids >= 0
+    table = table.filter(pl.Series(keep)).drop("file_id")
+    ids = ids[keep]
+    if np.any(np.diff(ids) < 0):  # not written in path order: put the rows in file order
+        order = np.argsort(ids, kind="stable")
+        table, ids = table[order], ids[order]
+    cuts = np.flatnonzero(np.diff(ids) > 1) + 1
+    # Every reused file carries the previous table's types, even one without rows: an empty
+    # part at the first reused file stands for them all in the type check.
+    parts = [_Part(reuse[0][1], np.zeros(0, dtype=np.int64), table.clear())]
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
+        if a == b:
+            continue
+        first = int(ids[a])
+        rows = np.bincount(ids[a:b] - first).astype(np.int64)
+        parts.append(_Part(first, rows, table.slice(int(a), int(b - a))))
+    return parts
 
 
 def build_index(
@@ -345,7 +407,8 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
     old_by_name = {s["name"]: s for s in previous.sources} if previous else {}
 
     writer = _Writer(output, {s["table"] for s in old_by_name.values()})
-    entries: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []  # sources, without their "files" lists ...
+    counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -353,7 +416,17 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
         clean_stale_temps(output / TABLES, every=True)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             all_files = [f for _, files in discovered for f in files]
-            fps = list(pool.map(lambda f: _fingerprint(f, config.fingerprint), all_files))
+            fps = [
+                fp
+                for chunk in pool.map(
+                    lambda fs: [_fingerprint(f, config.fingerprint) for f in fs],
+                    [
+                        all_files[i : i + FINGERPRINT_BATCH]
+                        for i in range(0, len(all_files), FINGERPRINT_BATCH)
+                    ],
+                )
+                for fp in chunk
+            ]
             plans: list[tuple[SourceSpec, str, list[_File]]] = []
             pos = 0
             for spec, files in discovered:
@@ -364,29 +437,27 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                 plans.append(
                     (spec, key, _plan_files(spec, files, chunk, key, old_by_name.get(spec.name)))
                 )
-            todo = [
-                (si, fi, f)
-                for si, (_, _, fs) in enumerate(plans)
-                for fi, f in enumerate(fs)
-                if f.reuse is None
-            ]
-            progress.start(sum(f.nbytes for _, _, f in todo), len(todo))
-            frames: dict[tuple[int, int], pl.DataFrame] = {}
-            futures: dict[Future, tuple[int, int, _File]] = {}
+            tasks = [t for si, plan in enumerate(plans) for t in _tasks(si, plan[2])]
+            progress.start(
+                sum(f.nbytes for _, _, fs in tasks for f in fs),
+                sum(len(fs) for _, _, fs in tasks),
+            )
+            new_parts: dict[int, list[_Part]] = {si: [] for si in range(len(plans))}
+            futures: dict[Future, tuple[int, int, list[_File]]] = {}
             stop = threading.Event()
             try:
-                for si, fi, f in todo:
+                for si, first, fs in tasks:
                     ctx = ScanContext(plans[si][0], tokenizers[plans[si][0].name], stop=stop)
-                    futures[pool.submit(SCANNERS[f.data.format], f.data, ctx)] = (si, fi, f)
+                    futures[pool.submit(_scan_task, first, fs, ctx)] = (si, first, fs)
                 pending = set(futures)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_EXCEPTION)
                     for fut in done:
                         if fut.exception() is not None:
                             raise fut.exception()  # type: ignore[misc]
-                        si, fi, f = futures[fut]
-                        frames[(si, fi)] = fut.result()
-                        progress.advance(f.nbytes)
+                        si, _, fs = futures.pop(fut)
+                        new_parts[si].extend(fut.result())
+                        progress.advance(sum(f.nbytes for f in fs))
             except BaseException:
                 # Ctrl-C, SIGTERM or a failed file: queued scans never start and running
                 # ones stop at their next chunk, so the pool's exit does not wait for them.
@@ -396,13 +467,10 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
 
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)
-            reused = _old_rows(previous, old, files)
-            per_file = {
-                fi: (reused[f.reuse] if f.reuse is not None else frames[(si, fi)])
-                for fi, f in enumerate(files)
-            }
+            parts = new_parts.pop(si) + _old_rows(previous, old, files)
             fmt = files[0].data.format
-            table = _assemble(spec, fmt, files, per_file)
+            table = _assemble(spec, fmt, files, parts)
+            del parts
             if table.height == 0:
                 more = ", ..." if len(files) > 3 else ""
                 shown = ", ".join(f.data.rel for f in files[:3]) + more
@@ -411,24 +479,10 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                 )
             rel, checksum = writer.write_table(spec.name, table)
             n = table["n_tokens"]
-            file_entries = []
-            first_row = 0
-            for fi, f in enumerate(files):
-                frame = per_file[fi]
-                file_entries.append(
-                    {
-                        "id": fi,
-                        "path": f.data.rel,
-                        **_companion(f.data, config.root),
-                        "size": f.size,
-                        "mtime_ns": f.mtime_ns,
-                        "fingerprint": f.fingerprint,
-                        "first_row": first_row,
-                        "rows": frame.height,
-                        "tokens": int(frame["n_tokens"].sum()),
-                    }
-                )
-                first_row += frame.height
+            rows, tokens = _per_file_counts(table, len(files))
+            first_rows = np.zeros(len(files), dtype=np.int64)
+            np.cumsum(rows[:-1], out=first_rows[1:])
+            counts.append((files, first_rows, rows, tokens))
             entries.append(
                 {
                     "name": spec.name,
@@ -442,9 +496,9 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                     "rows": table.height,
                     "tokens": int(n.sum()),
                     "length_stats": _length_stats(n),
-                    "files": file_entries,
                 }
             )
+            del table, n
             scanned = [f for f in files if f.reuse is None]
             summary.sources.append(
                 SourceSummary(
@@ -452,8 +506,8 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                     format=fmt,
                     files=len(files),
                     files_scanned=len(scanned),
-                    rows=table.height,
-                    tokens=int(n.sum()),
+                    rows=entries[-1]["rows"],
+                    tokens=entries[-1]["tokens"],
                     exact=spec.length.exact,
                     bytes_scanned=sum(f.nbytes for f in scanned),
                 )
@@ -464,12 +518,22 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
             "created_by": "mds",
             "root": str(config.root),
             "fingerprint_mode": config.fingerprint,
-            "fingerprint": index_fingerprint(entries),
+            "fingerprint": index_fingerprint(
+                [
+                    {
+                        **e,
+                        "files": ({"path": f.data.rel, "fingerprint": f.fingerprint} for f in c[0]),
+                    }
+                    for e, c in zip(entries, counts, strict=True)
+                ]
+            ),
             "sources": entries,
         }
         try:
-            atomic_write_bytes(
-                output / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+            write_manifest(
+                output / MANIFEST,
+                manifest,
+                [_file_entries(*c, config.root) for c in counts],
             )
         except OSError as exc:
             raise _cannot_write(output, MANIFEST, exc) from exc
@@ -482,6 +546,86 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
     summary.fingerprint = manifest["fingerprint"]
     summary.seconds = clock() - started
     return summary
+
+
+def _tasks(si: int, files: list[_File]) -> list[tuple[int, int, list[_File]]]:
+    """(source, first file index, files) per pool task: runs of consecutive small files of a
+    format with a batch scanner go together, every other file alone."""
+    tasks: list[tuple[int, int, list[_File]]] = []
+    run: list[_File] = []
+    first = size = 0
+    for fi, f in enumerate(files):
+        if f.reuse is not None:
+            continue
+        batchable = f.data.format in BATCH_SCANNERS and f.nbytes <= SMALL_FILE
+        if run and (
+            not batchable
+            or fi != first + len(run)
+            or size >= BATCH_BYTES
+            or len(run) >= BATCH_FILES
+        ):
+            tasks.append((si, first, run))
+            run = []
+        if not batchable:
+            tasks.append((si, fi, [f]))
+            continue
+        if not run:
+            first, size = fi, 0
+        run.append(f)
+        size += f.nbytes
+    if run:
+        tasks.append((si, first, run))
+    return tasks
+
+
+def _scan_task(first: int, files: list[_File], ctx: ScanContext) -> list[_Part]:
+    """Scan files first, first+1, ...: together when there are several and the batch scanner
+    takes them, else each alone."""
+    fmt = files[0].data.format
+    if len(files) > 1:
+        got = BATCH_SCANNERS[fmt]([f.data for f in files], ctx)
+        if got is not None:
+            frame, rows = got
+            return [_Part(first, rows, frame, alone=False)]
+    parts = []
+    for i, f in enumerate(files):
+        frame = SCANNERS[fmt](f.data, ctx)
+        parts.append(_Part(first + i, np.array([frame.height], dtype=np.int64), frame))
+    return parts
+
+
+def _per_file_counts(table: pl.DataFrame, files: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and tokens of each file, from a table ordered by file_id."""
+    ids = table["file_id"].to_numpy()
+    rows = np.bincount(ids, minlength=files).astype(np.int64)
+    tokens = np.zeros(files, dtype=np.int64)
+    has = rows > 0
+    if has.any():
+        starts = np.zeros(files, dtype=np.int64)
+        np.cumsum(rows[:-1], out=starts[1:])
+        n = table["n_tokens"].to_numpy().astype(np.int64)
+        tokens[has] = np.add.reduceat(n, starts[has])
+    return rows, tokens
+
+
+def _file_entries(
+    files: list[_File], first_rows: np.ndarray, rows: np.ndarray, tokens: np.ndarray, root: Path
+) -> Iterator[dict[str, Any]]:
+    """The manifest's entry of each file, made as it is written."""
+    for fi, (f, first_row, n_rows, n_tok) in enumerate(
+        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
+    ):
+        yield {
+            "id": fi,
+            "path": f.data.rel,
+            **_companion(f.data, root),
+            "size": f.size,
+            "mtime_ns": f.mtime_ns,
+            "fingerprint": f.fingerprint,
+            "first_row": first_row,
+            "rows": n_rows,
+            "tokens": n_tok,
+        }
 
 
 def _companion(f: DataFile, root: Path) -> dict[str, str]:

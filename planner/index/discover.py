@@ -42,7 +42,7 @@ _EXTENSIONS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DataFile:
     """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx."""
 
@@ -95,6 +95,31 @@ def _kind(path: Path) -> str | None:
     return "not a regular file"
 
 
+def _file_or_dir(path: Path) -> str | None:
+    """ "file" or "dir" (after symlinks), else None, in one stat."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else None
+
+
+class _Resolver:
+    """Path.resolve() for many files in few directories: each directory is resolved once and
+    a file that is not a symlink joins its name to it (a symlink is resolved in full)."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[Path, Path] = {}
+
+    def __call__(self, path: Path) -> Path:
+        if path.is_symlink() or path.name in ("", ".", ".."):
+            return path.resolve()
+        parent = self._dirs.get(path.parent)
+        if parent is None:
+            parent = self._dirs[path.parent] = path.parent.resolve()
+        return parent / path.name
+
+
 class _Excluded:
     """The directories that are never a source: `exclude` plus every mds index, found by
     walking a path's parents up to the data root (each directory checked once)."""
@@ -103,10 +128,16 @@ class _Excluded:
         self.root = root
         self.exclude = {Path(p).resolve() for p in exclude if not Path(p).is_file()}
         self._seen: dict[Path, bool] = {}
+        self._answers: dict[Path, Path | None] = {}
 
     def index_of(self, path: Path) -> Path | None:
         """The index directory `path` is in (or is), else None."""
-        path = Path(path).absolute()
+        if path in self._answers:  # many files share a directory
+            return self._answers[path]
+        answer = self._answers[path] = self._walk(Path(path).absolute())
+        return answer
+
+    def _walk(self, path: Path) -> Path | None:
         for directory in (path, *path.parents):
             if directory not in self._seen:
                 self._seen[directory] = directory.resolve() in self.exclude or is_index_dir(
@@ -163,22 +194,26 @@ def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = 
     skip = skip or _Excluded(root, ())
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
     if glob.has_magic(pattern):
-        matches = [
-            m
-            for m in (Path(g) for g in sorted(glob.glob(str(full), recursive=True)))
-            if (m.is_file() or m.is_dir()) and skip.index_of(m) is None
-        ]
+        matches: list[Path] = []
+        dirs: set[Path] = set()
+        for m in (Path(g) for g in sorted(glob.glob(str(full), recursive=True))):
+            kind = _file_or_dir(m)
+            # A regular file is never an index itself: only its directories need a look.
+            if kind is not None and skip.index_of(m.parent if kind == "file" else m) is None:
+                matches.append(m)
+                if kind == "dir":
+                    dirs.add(m)
     elif full.exists():
         _check_explicit(full, pattern, where, skip)
-        matches = [full]
+        matches, dirs = [full], {full} if full.is_dir() else set()
     else:
         # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
         # so a missing half is reported as such rather than as "matches no files").
         halves = [full.with_name(full.name + ext) for ext in (".idx", ".bin")]
-        matches = [h for h in halves if h.is_file()][:1]
+        matches, dirs = [h for h in halves if h.is_file()][:1], set()
     out: list[Path] = []
     for match in matches:
-        out.extend(_expand_dir(match, skip) if match.is_dir() else [match])
+        out.extend(_expand_dir(match, skip) if match in dirs else [match])
     if not out and not glob.has_magic(pattern) and full.is_dir():
         raise ConfigError(
             f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
@@ -206,6 +241,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     where = f"source '{spec.name}': "
     root = root.resolve()
     skip = _Excluded(root, exclude)
+    resolve = _Resolver()
     found: dict[Path, DataFile] = {}
     for pattern in spec.paths:
         matches = _expand(pattern, root, where, skip)
@@ -220,7 +256,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
             companion = None
             if fmt == "megatron":
                 match, companion = _megatron_pair(match, where)
-            resolved = match.resolve()
+            resolved = resolve(match)
             try:
                 rel = resolved.relative_to(root).as_posix()
             except ValueError:

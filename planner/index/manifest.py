@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+import json
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -20,6 +24,7 @@ from mds.executor.manifest import (
     table_checksum,
     table_damage,
 )
+from mds.planner.atomic import atomic_path
 
 __all__ = [
     "FORMAT",
@@ -27,12 +32,14 @@ __all__ = [
     "VERSION",
     "IndexManifest",
     "index_fingerprint",
+    "manifest_chunks",
     "read_manifest",
     "read_table",
     "source_frame",
     "source_table",
     "table_checksum",
     "table_damage",
+    "write_manifest",
 ]
 
 
@@ -79,3 +86,61 @@ def read_table(
         return pl.read_parquet(io.BytesIO(data), columns=names)
     except (OSError, pl.exceptions.PolarsError) as exc:  # intact bytes, yet not a table
         raise IndexFormatError(f"{table}: cannot read index table ({exc})") from None
+
+
+# The manifest's layout: json.dumps(indent=2, sort_keys=True). Python's JSON encoder is pure
+# Python once it indents, ~100 us per file entry; file entries (flat objects of strings and
+# integers) are therefore written here with the same layout, one string at a time.
+_FILE_PAD = " " * 8  # manifest -> "sources" -> source -> "files" -> entry
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return json.dumps(value)
+
+
+def _file_entry(entry: dict[str, Any]) -> str:
+    inner = _FILE_PAD + "  "
+    fields = ",\n".join(
+        f"{inner}{encode_basestring_ascii(k)}: {_scalar(v)}" for k, v in sorted(entry.items())
+    )
+    return f"{_FILE_PAD}{{\n{fields}\n{_FILE_PAD}}}"
+
+
+def manifest_chunks(
+    manifest: dict[str, Any], files: list[Iterable[dict[str, Any]]]
+) -> Iterator[str]:
+    """The text of json.dumps(manifest, indent=2, sort_keys=True) + "\n", in pieces, where
+    source i's "files" list is `files[i]` (flat entries, produced lazily, none kept)."""
+    marks = [f"\x00files-{secrets.token_hex(8)}-{i}" for i in range(len(files))]
+    skeleton = {
+        **manifest,
+        "sources": [{**s, "files": m} for s, m in zip(manifest["sources"], marks, strict=True)],
+    }
+    text = json.dumps(skeleton, indent=2, sort_keys=True)
+    for mark, entries in zip(marks, files, strict=True):
+        head, text = text.split(encode_basestring_ascii(mark), 1)
+        yield head
+        first = True
+        for entry in entries:
+            yield ("[\n" if first else ",\n") + _file_entry(entry)
+            first = False
+        yield "[]" if first else "\n" + _FILE_PAD[:-2] + "]"
+    yield text + "\n"
+
+
+def write_manifest(path: Path, manifest: dict[str, Any], files: list[Iterable[dict]]) -> None:
+    """Write the manifest (see manifest_chunks) to a temporary file, then replace `path`."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        buffer: list[str] = []
+        size = 0
+        for chunk in manifest_chunks(manifest, files):
+            buffer.append(chunk)
+            size += len(chunk)
+            if size >= 1 << 20:
+                out.write("".join(buffer).encode("ascii"))
+                buffer, size = [], 0
+        out.write("".join(buffer).encode("ascii"))

@@ -55,6 +55,16 @@ def scanned(monkeypatch) -> list[str]:
             return _scan(file, ctx)
 
         monkeypatch.setitem(build.SCANNERS, fmt, wrapper)
+    for fmt, scan in list(build.BATCH_SCANNERS.items()):
+
+        def batch_wrapper(files, ctx, _scan=scan):
+            got = _scan(files, ctx)
+            if got is not None:
+                with lock:
+                    seen.extend(f.rel for f in files)
+            return got
+
+        monkeypatch.setitem(build.BATCH_SCANNERS, fmt, batch_wrapper)
     return seen
 
 
@@ -406,7 +416,7 @@ def test_scanner_failure_leaves_no_fresh_output(root: Path, tmp_path: Path, monk
     assert not (tmp_path / "fresh").exists()
 
 
-def _interrupt(path, data):
+def _interrupt(path, manifest, files):
     raise KeyboardInterrupt
 
 
@@ -414,7 +424,7 @@ def test_interrupt_before_the_manifest_leaves_the_previous_index(root: Path, mon
     _build(root)
     before = snapshot(root / "index")
     _change_every_web_file(root)
-    monkeypatch.setattr(build, "atomic_write_bytes", _interrupt)
+    monkeypatch.setattr(build, "write_manifest", _interrupt)
     rolled_back: list[Path] = []
     real_rollback = build._Writer.rollback
 
@@ -435,7 +445,7 @@ def test_interrupt_before_the_manifest_leaves_the_previous_index(root: Path, mon
 
 
 def test_interrupt_leaves_no_fresh_output(root: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(build, "atomic_write_bytes", _interrupt)
+    monkeypatch.setattr(build, "write_manifest", _interrupt)
     with pytest.raises(KeyboardInterrupt):
         _build(root, output=tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
@@ -660,3 +670,59 @@ def test_damaged_previous_table_is_rescanned_not_reused(root: Path, scanned: lis
     )
     assert [s.files_scanned for s in summary.sources][1:] == [0, 0, 0, 0]
     assert snapshot(root / "index") == before  # rebuilt byte for byte, damaged file replaced
+
+
+# --- many small files ------------------------------------------------------------------------
+
+
+def _small_files(root: Path, langs: list) -> None:
+    for i, lang in enumerate(langs):
+        write_jsonl(root / f"s/f{i}.jsonl", [{"n": 1 + i, "lang": lang}, {"n": 2, "lang": None}])
+    config_file(
+        root,
+        '[index]\noutput = "index"\n\n[[source]]\nname = "s"\npath = "s/*.jsonl"\n'
+        'count = "n"\nkeep = ["lang"]\n',
+    )
+
+
+def test_small_files_in_batches_index_as_one_by_one(tmp_path: Path, monkeypatch) -> None:
+    _small_files(tmp_path, ["en", None, "fr", "de", None, "en", "xx"])
+    monkeypatch.setattr(build, "BATCH_FILES", 3)
+    _build(tmp_path, output=tmp_path / "batched")
+    monkeypatch.setattr(build, "BATCH_SCANNERS", {})
+    _build(tmp_path, output=tmp_path / "alone")
+    batched, alone = _manifest(tmp_path / "batched"), _manifest(tmp_path / "alone")
+    assert batched["sources"] == alone["sources"]
+    assert _table(tmp_path / "batched", "s").equals(_table(tmp_path / "alone", "s"))
+
+
+def test_type_drift_between_batches_names_the_files_a_file_scan_would(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Batches {f0, f1} and {f2, f3}: the first file with a value in each decides its type.
+    _small_files(tmp_path, [None, 7, None, "en"])
+    monkeypatch.setattr(build, "BATCH_FILES", 2)
+    with pytest.raises(SourceDataError) as batched:
+        _build(tmp_path)
+    monkeypatch.setattr(build, "BATCH_SCANNERS", {})
+    with pytest.raises(SourceDataError) as alone:
+        _build(tmp_path)
+    assert str(batched.value) == str(alone.value)
+    assert str(alone.value).startswith(
+        "s/f3.jsonl: column `lang` has type String but Int64 in s/f1"
+    )
+
+
+def test_reindex_reuses_rows_around_rescanned_small_files(tmp_path: Path, monkeypatch) -> None:
+    _small_files(tmp_path, ["a", "b", "c", "d", "e", "f"])
+    monkeypatch.setattr(build, "BATCH_FILES", 2)
+    _build(tmp_path)
+    write_jsonl(tmp_path / "s/f2.jsonl", [{"n": 9, "lang": "z"}])
+    write_jsonl(tmp_path / "s/f2b.jsonl", [{"n": 8, "lang": "y"}])
+    (tmp_path / "s/f4.jsonl").unlink()
+    summary = _build(tmp_path)
+    assert summary.sources[0].files_scanned == 2
+    _build(tmp_path, output=tmp_path / "fresh")
+    again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
+    assert again["sources"] == fresh["sources"]
+    assert _table(tmp_path / "index", "s").equals(_table(tmp_path / "fresh", "s"))
