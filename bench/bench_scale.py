@@ -7,9 +7,8 @@ Two kinds of source, each at several sizes (tests/scale_corpus.py writes them):
   sequence, one document) and whose `.bin` is a sparse file made with `os.truncate` (token
   ids read from its holes are zeros); 1M, 10M and 100M rows;
 - `files`: many tiny JSONL files (4 lines each, token-id lists: exact lengths); 1k and 100k
-  files. `--million-files` adds 1M: writing them takes ~1.5 min here (50k: 4.5 s), but
-  `mds index` takes ~2.3 ms per file on 2 shared cores and ~12 KB of peak memory per file
-  (50k files: 116 s, 804 MB), so ~40 min and ~12 GB for 1M.
+  files. `--million-files` adds 1M: writing them takes ~1.5 min here (50k: 4.5 s), and
+  `mds index` ~10 min (1M files: 579 s, 1.6 GB peak, on 2 shared cores).
 
 For each corpus: `mds index`, then `mds plan` of 50 steps x 64 samples, dp_size 8 (time and
 peak RSS of each command, run in its own child process through the CLI entry point; for the
