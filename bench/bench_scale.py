@@ -264,7 +264,7 @@ def main() -> None:
         "--files",
         type=int,
         nargs="*",
-        help="small-file sizes (files); 1M files takes ~40 min and ~12 GB to index on 2 cores",
+        help="small-file sizes (files); 1M files takes ~10 min and ~1.6 GB to index on 2 cores",
     )
     ap.add_argument("--million-files", action="store_true", help="also a source of 1M small files")
     ap.add_argument("--steps", type=int, default=10, help="micro-batches timed after the first")
