@@ -44,8 +44,8 @@ class PlanExecutor:
     `verify`: "stat" (default) checks size and mtime of each file this rank reads, "full" its
     content fingerprint (and, at start-up, every block of this rank);
     "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
-    checked when the first plan chunk that reads it is loaded, before any sample is used:
-    the starting chunk's files at construction, later chunks' files as iteration reaches them.
+    checked when the first step that reads it is built, before any of its samples is used:
+    the first step's files at construction, later steps' files as they are built.
 
     `data_root`: the directory the index was built over, when the plan or the data moved
     (default: where the plan records it, relative to its own directory). `read_ahead`: steps
@@ -93,7 +93,7 @@ class PlanExecutor:
                 for chunk in range(len(self._reader.chunks)):
                     self._reader.rank_chunk(chunk, self.dp_rank)
             if verify != "none" and self._pos < self.total:
-                self.sample_ids(*self.position)  # checks the starting chunk's files
+                self._check_step(self.position[0])  # the files the first step reads
         except BaseException:
             self._reader.close()
             raise
@@ -260,8 +260,20 @@ class PlanExecutor:
         step, micro = divmod(pos, self.micro_batches)
         with self._lock:
             block, lo, hi = self._slice(step, micro)
+            self._check(block, lo, hi)
             tokens = self._catalog.fetch(block, lo, hi)
         return self._pack(block, lo, hi, tokens, step, micro)
+
+    def _check(self, block: RankChunk, lo: int, hi: int) -> None:
+        """Check the files samples [lo, hi) read, unless checked already or verify="none"."""
+        if self._verify != "none":
+            self._catalog.check_files(block, full=self._verify == "full", lo=lo, hi=hi)
+
+    def _check_step(self, step: int) -> None:
+        with self._lock:
+            block, lo, _ = self._slice(step, 0)
+            _, _, hi = self._slice(step, self.micro_batches - 1)
+            self._check(block, lo, hi)
 
     def _step_batches(self, step: int) -> list[dict[str, Any]]:
         """All of this rank's micro-batches of `step`, their samples read together (one
@@ -269,6 +281,7 @@ class PlanExecutor:
         with self._lock:
             bounds = [self._slice(step, m) for m in range(self.micro_batches)]
             block, first = bounds[0][0], bounds[0][1]
+            self._check(block, first, bounds[-1][2])
             tokens = self._catalog.fetch(block, first, bounds[-1][2])
         return [
             self._pack(block, lo, hi, tokens[lo - first : hi - first], step, m)
@@ -288,12 +301,10 @@ class PlanExecutor:
 
     def _slice(self, step: int, micro_batch: int) -> tuple[RankChunk, int, int]:
         """This rank's block holding (step, micro_batch) and the micro-batch's sample range
-        in it. Loading a block checks the files it reads (verify="stat" or "full")."""
+        in it (loaded and checksum-checked on first use)."""
         chunk = self._reader.chunk_of(step)
         if self._block is None or self._block[0] != chunk:
             block = self._reader.rank_chunk(chunk, self.dp_rank)
-            if self._verify != "none":
-                self._catalog.check_files(block, full=self._verify == "full")
             starts = np.zeros(block.counts.size + 1, dtype=np.int64)
             np.cumsum(block.counts.ravel(), out=starts[1:])
             self._block = (chunk, block, starts)

@@ -216,11 +216,13 @@ class SourceCatalog:
             )
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
-    def check_files(self, block: RankChunk, full: bool) -> None:
-        """Stat (or, with `full`, fingerprint) the files of `block` that this process has not
-        checked yet, against the records the plan copied from the index: start-up I/O
-        follows the slice read, not the corpus's files."""
-        for sid, fid, entry in block.fetch.files:
+    def check_files(self, block: RankChunk, full: bool, lo: int = 0, hi: int | None = None) -> None:
+        """Stat (or, with `full`, fingerprint) the files samples [lo, hi) of `block` read that
+        this process has not checked yet, against the records the plan copied from the index:
+        start-up I/O follows what is read first, not the corpus's files or the whole chunk."""
+        files = block.fetch.files
+        used = np.unique(block.fetch.file[lo:hi]).tolist() if hi != lo else []
+        for sid, fid, entry in (files[f] for f in used):
             s = self._source_of(sid)
             self._same_record(s, fid, entry)
             if (sid, fid) in self.checked:

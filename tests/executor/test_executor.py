@@ -253,15 +253,23 @@ def data_copy(tmp_path):
     return tmp_path
 
 
-def test_changed_source_data_is_caught_at_start(data_copy):
+def test_changed_source_data_is_caught_before_it_is_used(data_copy):
+    """A file changed after planning: the step that first reads it raises, naming it, before
+    any of its samples is handed out; verify="none" reads on."""
     plan = data_copy / "plan.mds"
-    executor(plan).close()
+    with executor(plan) as ex:
+        forum = ex.source_names.index("forum")
     target = data_copy / "data" / "forum" / "forum.jsonl"
     st_ = target.stat()
     os.utime(target, ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+    handed = []
     with pytest.raises(DataChangedError, match=r"source 'forum': forum/forum.jsonl: modified"):
-        executor(plan)
-    executor(plan, verify="none").close()
+        with executor(plan) as ex:
+            for batch in ex:
+                handed.append(batch)
+    assert not any((b["source"] == forum).any() for b in handed)
+    with executor(plan, verify="none") as ex:
+        next(iter(ex))
 
 
 def test_full_verification_catches_a_same_size_rewrite(data_copy):

@@ -1,6 +1,6 @@
 """Start-up file checks follow the rank's slice, not the corpus: a rank checks the files its
-starting plan chunk reads (not every file of every used source), and the files of a later
-chunk when iteration reaches it, before any of its samples is used.
+first step reads (not every file of every used source, nor of its chunk), and the files of
+each later step when that step is built, before any of its samples is used.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import mds.executor.sources as sources_module
 from mds.executor import DataChangedError, PlanExecutor
 
 STEPS, SAMPLES_PER_STEP, DP, CHUNK_STEPS = 8, 8, 2, 4
-RANK_BLOCK = CHUNK_STEPS * SAMPLES_PER_STEP // DP  # samples of one rank in one chunk
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,8 @@ def checks_at_start(monkeypatch, plan: Path) -> int:
 def test_files_checked_at_start_do_not_grow_with_the_corpus(roots, monkeypatch):
     few = checks_at_start(monkeypatch, roots[10] / "plan.mds")
     many = checks_at_start(monkeypatch, roots[2000] / "plan.mds")
-    assert few <= 10 and many <= RANK_BLOCK, (few, many)
+    step = SAMPLES_PER_STEP // DP  # samples of one rank in one step
+    assert few <= step and many <= step, (few, many)
 
 
 def files_of(ex: PlanExecutor, step_range: range) -> set[str]:
@@ -82,7 +82,10 @@ def test_a_file_changed_in_a_later_chunk_is_caught_before_its_samples(roots, res
         with pytest.raises(DataChangedError, match=f"^source 's00000': {rel}: modified"):
             for batch in ex:
                 steps.append(batch["step"])
-        assert steps and max(steps) < CHUNK_STEPS
+        # Raised at the first step that reads the file: every step before it was handed out.
+        first_use = next(s for s in range(STEPS) if rel in files_of(ex, range(s, s + 1)))
+        assert first_use >= CHUNK_STEPS and steps == sorted(steps)
+        assert steps[-1] == first_use - 1 and steps.count(steps[-1]) == ex.micro_batches
         ex.close()
     finally:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
