@@ -45,8 +45,10 @@ def check_output(
     pairs = [(role, Path(path)) for role, path in inputs if path is not None]
     # An output that does not exist yet is no input and holds none: the inputs (every source
     # file of an index) need no stat then.
-    for role, path in pairs if out_id is not None else ():  # the same file: most precise
-        if out_id == _ident(path) or output.resolve() == path.resolve():
+    # The same file: the same (st_dev, st_ino), through any symlink or hard link. One stat per
+    # input; no path resolution, which costs ~0.5 ms a file on a source of a million files.
+    for role, path in pairs if out_id is not None else ():
+        if out_id == _ident(path):
             raise ConfigError(f"{flag} {output} is the {role} {path}; choose another output")
     for role, path in pairs:
         if directory and out_id is not None and _inside(path, output):
