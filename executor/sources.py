@@ -141,6 +141,7 @@ class SourceCatalog:
         self.bases = np.array([s.base for s in self.sources], dtype=np.int64)
         self._rows = np.array([s.rows for s in self.sources], dtype=np.int64)
         self.used = [s for s in self.sources if planned.get(s.name, 0) > 0]
+        self._used_ids = {s.sid for s in self.used}  # _source_of runs per file and sample
         for s in self.used:
             problem = _facts_problem(s.facts)
             if problem is not None:
@@ -262,7 +263,7 @@ class SourceCatalog:
             )
 
     def _source_of(self, sid: int) -> _Source:
-        if not 0 <= sid < len(self.sources) or self.sources[sid] not in self.used:
+        if sid not in self._used_ids:
             raise PlanError(f"{self.plan_path}: corrupt plan (a block names source {sid})")
         return self.sources[sid]
 
