@@ -5,6 +5,7 @@ index's token count. With these a rank replays its slice without reading the ind
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,16 @@ SOURCE_KEYS = ("format", "payload", "length")
 
 
 def source_facts(entry: dict[str, Any]) -> dict[str, Any]:
-    """A source's reading facts for the plan footer (format, payload, length rule)."""
-    return {key: entry.get(key) for key in SOURCE_KEYS}
+    """A source's reading facts for the plan footer: format, payload, length rule, and the
+    fingerprint of the tokenizer.json the index counted with, if any."""
+    facts = {key: entry.get(key) for key in SOURCE_KEYS}
+    try:
+        spec = json.loads(entry.get("spec_key") or "{}")
+    except ValueError:
+        spec = None
+    if isinstance(spec, dict) and spec.get("tokenizer_fingerprint"):
+        facts["tokenizer_fingerprint"] = spec["tokenizer_fingerprint"]
+    return facts
 
 
 @dataclass

@@ -8,7 +8,6 @@ and written in order.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import deque
@@ -443,15 +442,7 @@ def _fetch_facts(planner: Planner, output: Path) -> dict[str, Any]:
     manifest = planner.manifest
     sources = {}
     for pool in planner.pools:
-        entry = manifest.source(pool.name)
-        facts = source_facts(entry)
-        try:
-            spec = json.loads(entry.get("spec_key") or "{}")
-        except ValueError:
-            spec = None
-        if isinstance(spec, dict) and spec.get("tokenizer_fingerprint"):
-            facts["tokenizer_fingerprint"] = spec["tokenizer_fingerprint"]
-        sources[pool.name] = facts
+        sources[pool.name] = source_facts(manifest.source(pool.name))
     return {"root": os.path.relpath(manifest.data["root"], output.parent), "sources": sources}
 
 

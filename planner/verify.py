@@ -94,9 +94,9 @@ def verify_plan(
     elif footer is not None:
         result.index = result.plan.parent / str(_plan_index(footer).get("path", ""))
     if result.index is not None:
-        _verify_index(result, footer, full)
-        if footer is not None and _passed(result, "index fingerprint"):
-            _verify_fetch(result)
+        manifest = _verify_index(result, footer, full)
+        if footer is not None and manifest is not None and _passed(result, "index fingerprint"):
+            _verify_fetch(result, manifest)
     return result
 
 
@@ -104,14 +104,13 @@ def _passed(result: VerifyResult, name: str) -> bool:
     return any(c.name == name and c.ok for c in result.checks)
 
 
-def _verify_fetch(result: VerifyResult) -> None:
+def _verify_fetch(result: VerifyResult, manifest: IndexManifest) -> None:
     """The fetch records every rank replays from agree with the index, sample by sample."""
     from mds.planner.verify_fetch import fetch_problem
 
-    assert result.index is not None
     try:
         with PlanReader(result.plan) as reader:
-            problem, samples = fetch_problem(reader, read_manifest(result.index))
+            problem, samples = fetch_problem(reader, manifest)
     except MdsError as exc:
         problem, samples = str(exc), 0
     detail = f"{samples:,} samples: files, rows, token counts and byte ranges match the index"
@@ -269,13 +268,16 @@ def _first_of(first: str | None, failed: int, what: str) -> str | None:
 # --- the index and its sources -----------------------------------------------------------
 
 
-def _verify_index(result: VerifyResult, footer: dict[str, Any] | None, full: bool) -> None:
+def _verify_index(
+    result: VerifyResult, footer: dict[str, Any] | None, full: bool
+) -> IndexManifest | None:
+    """Check the index and its source files; returns the manifest when it could be read."""
     assert result.index is not None
     try:
         manifest = read_manifest(result.index)
     except MdsError as exc:
         result.add("index manifest", "index", str(exc), "")
-        return
+        return None
     root = manifest.data.get("root")
     problem = _manifest_problem(manifest, root)
     files = sum(len(s["files"]) for s in manifest.sources)
@@ -283,7 +285,7 @@ def _verify_index(result: VerifyResult, footer: dict[str, Any] | None, full: boo
     result.add("index manifest", "index", problem, detail)
     _verify_fingerprint(result, manifest, footer)
     if not (isinstance(root, str) and Path(root).is_absolute()):
-        return
+        return manifest
     for entry in manifest.sources:
         name = entry["name"]
         result.add(
@@ -294,6 +296,7 @@ def _verify_index(result: VerifyResult, footer: dict[str, Any] | None, full: boo
         )
         problem, detail = _files_problem(Path(str(root)), entry, full)
         result.add(f"source {name}: files", "data", problem, detail)
+    return manifest
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:

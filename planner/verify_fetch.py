@@ -4,7 +4,6 @@ reading the index, so `mds verify` proves they say what the index says, sample b
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -30,12 +29,6 @@ def _facts_problem(footer: dict[str, Any], manifest: IndexManifest) -> str | Non
         except MdsError:
             return f"fetch facts name source {name!r}, which the index does not have"
         want = source_facts(entry)
-        try:
-            spec = json.loads(entry.get("spec_key") or "{}")
-        except ValueError:
-            spec = {}
-        if isinstance(spec, dict) and spec.get("tokenizer_fingerprint"):
-            want["tokenizer_fingerprint"] = spec["tokenizer_fingerprint"]
         if got != want:
             return f"source {name!r}: fetch facts {got} differ from the index's {want}"
     return None
