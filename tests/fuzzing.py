@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 WATCHDOG_SECONDS = 20  # per example; one case takes milliseconds
@@ -65,6 +66,17 @@ class Tally:
     def report(self) -> None:
         cases = ", ".join(f"{k} {n} ({e} refused)" for k, (n, e) in sorted(self.counts.items()))
         print(f"\n{self.what} fuzz cases run:", cases)
+
+    def fixture(self):
+        """A module-scoped autouse fixture that prints the tally when the module is done:
+        `report_counts = TALLY.fixture()` in a fuzz module."""
+
+        @pytest.fixture(scope="module", autouse=True)
+        def report_counts():
+            yield
+            self.report()
+
+        return report_counts
 
 
 _OS_OPEN = os.open  # the tripwire's own opens, not the spied one

@@ -42,11 +42,7 @@ def fuzz(test: str):
 TALLY = Tally("manifest")
 count = TALLY.count
 
-
-@pytest.fixture(scope="module", autouse=True)
-def report_counts():
-    yield
-    TALLY.report()
+report_counts = TALLY.fixture()
 
 
 # --- the index under test ----------------------------------------------------------------------

@@ -321,31 +321,27 @@ def test_cut_to_almost_nothing(plan):
     assert "not an mds plan (file too short; truncated?)" in error_of(path)
 
 
-def test_newer_version(plan):
-    path = plan[0]
+def error_with_version(path: Path, version: int) -> str:
+    """The reader's error for the plan at `path` with its header's format version set."""
     data = bytearray(path.read_bytes())
-    struct.pack_into("<I", data, 8, 99)
+    struct.pack_into("<I", data, 8, version)
     path.write_bytes(bytes(data))
-    msg = error_of(path)
+    return error_of(path)
+
+
+def test_newer_version(plan):
+    msg = error_with_version(plan[0], 99)
     assert "plan format version 99 is newer than this mds supports (2)" in msg and "upgrade" in msg
 
 
 def test_version_one_says_to_re_plan(plan):
     """Format 1 blocks held only sample ids; this mds needs the fetch records of format 2."""
-    path = plan[0]
-    data = bytearray(path.read_bytes())
-    struct.pack_into("<I", data, 8, 1)
-    path.write_bytes(bytes(data))
-    msg = error_of(path)
+    msg = error_with_version(plan[0], 1)
     assert "plan format version 1 is from an older mds" in msg and "re-plan with `mds plan`" in msg
 
 
 def test_version_zero(plan):
-    path = plan[0]
-    data = bytearray(path.read_bytes())
-    struct.pack_into("<I", data, 8, 0)
-    path.write_bytes(bytes(data))
-    assert "invalid plan format version 0" in error_of(path)
+    assert "invalid plan format version 0" in error_with_version(plan[0], 0)
 
 
 def test_wrong_magic(plan, tmp_path):

@@ -229,11 +229,7 @@ def scratch(tmp_path_factory):
 TALLY = Tally("plan")
 count = TALLY.count
 
-
-@pytest.fixture(scope="module", autouse=True)
-def report_counts():
-    yield
-    TALLY.report()
+report_counts = TALLY.fixture()
 
 
 # --- mutations ----------------------------------------------------------------------------------

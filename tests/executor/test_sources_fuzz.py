@@ -41,10 +41,10 @@ from mds.executor.errors import (
     SourceDataError,
 )
 from mds.executor.planfile import FETCH_COLUMNS, Fetch, PlanReader, RankChunk
+from mds.planner.fetch import FILE_KEYS
 
 EXAMPLES = {"blocks": 300, "footer": 150}
 VERIFY = ("stat", "full", "none")
-FILE_KEYS = ("path", "index_path", "size", "mtime_ns", "fingerprint")
 # Edits the executor cannot tell from another plan: they may replay other batches.
 TRUSTED = ("column", "file", "swap", "duplicate")
 
@@ -56,11 +56,7 @@ def fuzz(test: str):
 TALLY = Tally("fetch records")
 count = TALLY.count
 
-
-@pytest.fixture(scope="module", autouse=True)
-def report_counts():
-    yield
-    TALLY.report()
+report_counts = TALLY.fixture()
 
 
 # --- the world under test -----------------------------------------------------------------------
