@@ -133,7 +133,10 @@ class PlanExecutor:
         self._pos = self.first_step * self.micro_batches
         self._pid = os.getpid()
         self._block: tuple[int, RankChunk, np.ndarray] | None = None
+        self._read_early: dict[int, RankChunk] = {}  # later chunks' blocks, loaded to read ahead
         self._lock = threading.Lock()  # the catalog and the current block: one thread at a time
+        if self._catalog.ahead is not None:
+            self._catalog.ahead.next_block = self._next_block
         depth = self._args["read_ahead"]
         self._ahead = ReadAhead(self._step_batches, depth, self.steps) if depth else None
 
@@ -304,7 +307,11 @@ class PlanExecutor:
         in it (loaded and checksum-checked on first use)."""
         chunk = self._reader.chunk_of(step)
         if self._block is None or self._block[0] != chunk:
-            block = self._reader.rank_chunk(chunk, self.dp_rank)
+            block = self._read_early.pop(chunk, None) or self._reader.rank_chunk(
+                chunk, self.dp_rank
+            )
+            for early in [c for c in self._read_early if c < chunk]:
+                del self._read_early[early]
             starts = np.zeros(block.counts.size + 1, dtype=np.int64)
             np.cumsum(block.counts.ravel(), out=starts[1:])
             self._block = (chunk, block, starts)
@@ -321,6 +328,21 @@ class PlanExecutor:
                 self._ahead.forget()
             self._catalog.reset()
             self._block = None
+
+    def _next_block(self, block: RankChunk) -> RankChunk | None:
+        """This rank's block of the chunk after `block`'s (None after the last)."""
+        chunk = self._reader.chunk_of(block.step_start) + 1
+        if chunk >= len(self._reader.chunks):
+            return None
+        if chunk not in self._read_early:
+            self._read_early[chunk] = self._reader.rank_chunk(chunk, self.dp_rank)
+        return self._read_early[chunk]
+
+    def _build_every(self, stride: int) -> None:
+        """This process builds every `stride`-th micro-batch (one of `stride` DataLoader
+        workers): rows are read ahead only for those."""
+        if self._catalog.ahead is not None:
+            self._catalog.ahead.stride = stride
 
     def _stop_ahead(self) -> None:
         """Let the read-ahead thread finish (before workers fork, so none holds the lock)."""

@@ -29,6 +29,7 @@ class _Positions(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self.executor._build_every(workers)
         for pos in range(self.start + worker, self.stop, workers):
             yield self.executor.micro_batch_at(pos)
 

@@ -21,6 +21,7 @@ import numpy as np
 from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import ConfigError, DataChangedError, PlanError, SourceDataError
 from mds.executor.fingerprint import fingerprint
+from mds.executor.lookahead import Lookahead
 from mds.executor.lru import LRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.planfile import RankChunk
@@ -32,6 +33,8 @@ __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
 Tokenize = Callable[[str], Sequence[int]]
 ESTIMATED = ("error", "fit")
 _JSONL = ("jsonl", "jsonl.zst")
+# Formats read a block at a time (a row group, a zstd frame): worth reading rows ahead.
+_BLOCK_CODED = ("parquet", "jsonl.zst")
 
 
 @dataclass
@@ -156,11 +159,20 @@ class SourceCatalog:
         return [s.name for s in self.sources]
 
     def reset(self) -> None:
-        """Forget open files and cached blocks (a new process must not share descriptors)."""
-        self._blocks = LRU(max_bytes=self.cache_bytes)
+        """Forget open files and cached blocks (a new process must not share descriptors).
+
+        `cache_bytes` bounds both kinds of decoded data: a quarter for rows read ahead
+        (`Lookahead`), the rest for whole blocks (row groups, zstd frames)."""
+        ahead = self.cache_bytes // 4
+        old = getattr(self, "ahead", None)
+        stride, follow = (old.stride, old.next_block) if old is not None else (1, None)
+        self.ahead: Lookahead | None = Lookahead(ahead, stride, follow) if ahead else None
+        self._blocks = LRU(max_bytes=self.cache_bytes - ahead)
         self._files = LRU(max_items=self.max_open_files, on_evict=lambda _k, r: r.close())
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.clear()
         self._files.clear()
         self._blocks.clear()
 
@@ -279,37 +291,71 @@ class SourceCatalog:
 
     def fetch(self, block: RankChunk, lo: int, hi: int) -> list[np.ndarray]:
         """Token ids (int64) of samples [lo, hi) of `block`, in order, checked and truncated.
-        One reader call per file: its rows are read together."""
+        One reader call per file: its rows are read together, with the rows this rank's
+        later samples need from a block-coded file (see `Lookahead`)."""
         rec = block.fetch
-        files = rec.file[lo:hi]
-        gids = block.ids[lo:hi].astype(np.int64)
-        out: list[np.ndarray | None] = [None] * (hi - lo)
-        for f in np.unique(files).tolist():
-            pick = np.flatnonzero(files == f)
-            sid, fid, entry = rec.files[f]
+        ahead = self.ahead
+        payloads: list[Any] = [None] * (hi - lo)
+        if ahead is not None:
+            base = ahead.bind(block)
+            missing = ahead.take(base, lo, hi, payloads)
+        else:
+            missing = np.arange(lo, hi)
+        files = rec.file[missing]
+        order = np.argsort(files, kind="stable")
+        cuts = np.flatnonzero(np.diff(files[order])) + 1
+        for group in np.split(missing[order], cuts) if len(missing) else []:
+            sid, fid, entry = rec.files[int(rec.file[group[0]])]
             s = self._source_of(sid)
             self._same_record(s, fid, entry)
-            at = pick + lo
-            if np.any((gids[pick] < s.base) | (gids[pick] >= s.base + s.rows)):
-                raise PlanError(
-                    f"{self.plan_path}: corrupt plan (a sample's file is of another source)"
-                )
-            file_rows = rec.row[at].astype(np.int64)
+            later = None
+            if ahead is not None and s.fmt in _BLOCK_CODED:
+                later = ahead.later((sid, fid), entry, base, lo, hi)
+            read = self._read(block, s, fid, entry, group, later)
+            for j, payload in zip(group.tolist(), read, strict=False):
+                payloads[j - lo] = payload
+            if later is not None and len(read) > len(group):
+                for g, payload in zip(later.index.tolist(), read[len(group) :], strict=True):
+                    ahead.keep(g, payload)  # type: ignore[union-attr]
+        return self._all_tokens(block, lo, hi, payloads)
+
+    def _read(self, block: RankChunk, s: _Source, fid: int, entry, now: np.ndarray, later):
+        """Payloads of block samples `now`, then of `later` (one reader call). A problem
+        with a later sample is not this step's: it is raised when that sample's step reads
+        it, so a failed read is retried with this step's samples alone."""
+        rec = block.fetch
+        gids = block.ids[now].astype(np.int64)
+        rows = rec.row[now].astype(np.int64)
+        offsets, lengths = rec.offset[now].astype(np.int64), rec.length[now].astype(np.int64)
+        if later is not None and len(later):
+            gids, rows = np.concatenate([gids, later.gid]), np.concatenate([rows, later.row])
+            offsets = np.concatenate([offsets, later.offset])
+            lengths = np.concatenate([lengths, later.length])
+        if np.any((gids < s.base) | (gids >= s.base + s.rows)):
+            raise PlanError(
+                f"{self.plan_path}: corrupt plan (a sample's file is of another source)"
+            )
+        reader = self._reader(s, fid, entry)
+        try:
             if s.fmt in _JSONL:
-                offsets, lengths = rec.offset[at].astype(np.int64), rec.length[at].astype(np.int64)
-            else:
-                offsets = lengths = None
-            payloads = self._reader(s, fid, entry).fetch(file_rows, offsets, lengths)
-            for k, (j, payload) in enumerate(zip(pick.tolist(), payloads, strict=True)):
-                out[j] = self._tokens(
-                    s,
-                    entry,
-                    int(gids[j]) - s.base,
-                    int(file_rows[k]),
-                    int(rec.tokens[lo + j]),
-                    payload,
-                )
-        return out  # type: ignore[return-value]
+                return reader.fetch(rows, offsets, lengths)
+            return reader.fetch(rows)
+        except SourceDataError:
+            if later is None or not len(later):
+                raise
+        return self._read(block, s, fid, entry, now, None)
+
+    def _all_tokens(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
+        rec = block.fetch
+        gids = block.ids[lo:hi].astype(np.int64).tolist()
+        files, rows = rec.file[lo:hi].tolist(), rec.row[lo:hi].tolist()
+        planned = rec.tokens[lo:hi].tolist()
+        out = []
+        for k, payload in enumerate(payloads):
+            sid, _fid, entry = rec.files[files[k]]
+            s = self.sources[sid]
+            out.append(self._tokens(s, entry, gids[k] - s.base, rows[k], planned[k], payload))
+        return out
 
     def _reader(self, s: _Source, file_id: int, entry: dict[str, Any]) -> FileReader:
         key = (s.sid, file_id)

@@ -1,0 +1,237 @@
+"""Rows read early: when a block-coded file (a Parquet row group, a zstd frame) is decoded
+for the step being built, the rows that this rank's later samples need from it are taken
+too and kept until their step, so a block is decoded about once per window of steps
+instead of once per sample. Only a plan knows which rows come later.
+
+The window is bounded by bytes, not by plan chunks: a file's later rows are taken only as
+far ahead as the planned token counts of all this rank's samples in between fit the
+budget (4 bytes a token), so rows for the nearest steps are never crowded out by rows
+needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mds.executor.errors import PlanError
+from mds.executor.planfile import RankChunk
+
+__all__ = ["Later", "Lookahead"]
+
+BYTES_PER_TOKEN = 4
+_MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
+
+
+@dataclass
+class _Block:
+    """One block of the window: where its samples start in the rank's order of samples,
+    its samples grouped by file, and the planned bytes before each of them."""
+
+    block: RankChunk
+    base: int  # rank-wide index of the block's first sample
+    micro_base: int  # rank-wide index of its first micro-batch
+    by_file: np.ndarray = field(init=False)
+    file_at: np.ndarray = field(init=False)
+    micro: np.ndarray = field(init=False)
+    reach: np.ndarray = field(init=False)
+    files: dict[tuple[int, int], int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        b = self.block
+        rec = b.fetch
+        self.by_file = np.argsort(rec.file, kind="stable")
+        self.file_at = np.searchsorted(
+            rec.file[self.by_file], np.arange(len(rec.files) + 1), side="left"
+        )
+        counts = b.counts.ravel().astype(np.int64)
+        self.micro = np.repeat(np.arange(counts.size, dtype=np.int64) + self.micro_base, counts)
+        self.reach = np.zeros(len(b.ids) + 1, dtype=np.int64)
+        np.cumsum(rec.tokens.astype(np.int64) * BYTES_PER_TOKEN, out=self.reach[1:])
+        self.files = {(sid, fid): f for f, (sid, fid, _e) in enumerate(rec.files)}
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.block.ids)
+
+    @property
+    def micro_end(self) -> int:
+        return self.micro_base + self.block.counts.size
+
+
+@dataclass
+class Later:
+    """Later samples of one file: rank-wide indices and where each is in the file."""
+
+    index: np.ndarray
+    gid: np.ndarray
+    row: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+class Lookahead:
+    """Payloads kept for this rank's later samples, by rank-wide sample index.
+
+    `stride`: this process builds every `stride`-th micro-batch (DataLoader worker w of
+    `stride` builds positions w, w + stride, ...), so only rows of those are kept.
+    `next_block(block)`: the rank's block of the chunk after `block`'s, or None.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        stride: int = 1,
+        next_block: Callable[[RankChunk], RankChunk | None] | None = None,
+    ):
+        self.max_bytes, self.stride, self.next_block = max_bytes, stride, next_block
+        self.nbytes = 0
+        self._window: list[_Block] = []
+        self._kept: dict[int, tuple[Any, int]] = {}
+        self._next = 0  # rank-wide index after the last sample taken
+
+    def clear(self) -> None:
+        self._window, self._kept, self.nbytes, self._next = [], {}, 0, 0
+
+    # --- the window -------------------------------------------------------------------------
+
+    def bind(self, block: RankChunk) -> int:
+        """Make `block` the window's first; returns the rank-wide index of its first sample.
+        Moving on to the next chunk keeps what was read for it; a seek elsewhere drops all."""
+        for k, w in enumerate(self._window):
+            if w.block.step_start == block.step_start:
+                del self._window[:k]
+                return w.base
+        self.clear()
+        self._window = [_Block(block, 0, 0)]
+        return 0
+
+    def _extend(self) -> bool:
+        """Load the block after the window's last; False at the end of the plan."""
+        if self.next_block is None or len(self._window) >= _MAX_BLOCKS:
+            return False
+        last = self._window[-1]
+        try:
+            block = self.next_block(last.block)
+        except PlanError:
+            # A corrupt later block is that chunk's error, raised when its steps are built.
+            self.next_block = None
+            return False
+        if block is None:
+            return False
+        self._window.append(_Block(block, last.end, last.micro_end))
+        return True
+
+    def _horizon(self, start: int) -> int:
+        """The rank-wide index up to which samples after `start` fit the byte budget left."""
+        budget = self.max_bytes - self.nbytes
+        for w in self._window_from(start):
+            j = max(start - w.base, 0)
+            room = budget + int(w.reach[j])
+            k = int(np.searchsorted(w.reach, room, side="right")) - 1
+            if k < len(w.block.ids):
+                return w.base + k
+            budget -= int(w.reach[-1] - w.reach[j])
+        return self._window[-1].end
+
+    def _window_from(self, start: int):
+        """Window blocks from the one holding `start`, loading more as they are reached."""
+        k = 0
+        while True:
+            while k == len(self._window):
+                if not self._extend():
+                    return
+            w = self._window[k]
+            if w.end > start:
+                yield w
+            k += 1
+
+    # --- rows -------------------------------------------------------------------------------
+
+    def take(self, base: int, lo: int, hi: int, out: list[Any]) -> np.ndarray:
+        """Put the kept payloads of block samples [lo, hi) into out[j - lo]; return the block
+        indices of those not kept. Rows kept for samples skipped over (a seek, or another
+        worker's micro-batches) are dropped."""
+        first = base + lo
+        if first < self._next:  # a seek back: nothing kept is known to be wanted
+            self._kept, self.nbytes = {}, 0
+        elif first - self._next <= 4 * (hi - lo) + 64:
+            for g in range(self._next, first):
+                if g in self._kept:
+                    self._drop(g)
+        else:
+            for g in [g for g in self._kept if g < first]:
+                self._drop(g)
+        self._next = base + hi
+        missing = []
+        for j in range(lo, hi):
+            kept = self._kept.pop(base + j, None)
+            if kept is None:
+                missing.append(j)
+            else:
+                out[j - lo] = kept[0]
+                self.nbytes -= kept[1]
+        return np.array(missing, dtype=np.int64)
+
+    def later(self, key: tuple[int, int], entry: Any, base: int, lo: int, hi: int) -> Later:
+        """This rank's samples after block sample `hi` that read file `key` (source, file)
+        with the same record `entry`, are built by this process, are not kept yet and lie
+        within the byte budget."""
+        parts: list[tuple[_Block, np.ndarray]] = []
+        if self.max_bytes > 0:
+            start = base + hi
+            end = self._horizon(start)
+            micro_now = int(self._window[0].micro[lo]) if lo < len(self._window[0].micro) else 0
+            for w in self._window_from(start):
+                if w.base >= end:
+                    break
+                f = w.files.get(key)
+                if f is None or w.block.fetch.files[f][2] != entry:
+                    continue
+                group = w.by_file[w.file_at[f] : w.file_at[f + 1]]
+                js = group[
+                    np.searchsorted(group, max(start - w.base, 0)) : np.searchsorted(
+                        group, end - w.base
+                    )
+                ]
+                if self.stride > 1:
+                    js = js[(w.micro[js] - micro_now) % self.stride == 0]
+                js = js[[w.base + j not in self._kept for j in js.tolist()]]
+                if len(js):
+                    parts.append((w, js))
+        rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
+        cat = np.concatenate
+        if not rec:
+            empty = np.zeros(0, dtype=np.int64)
+            return Later(empty, empty, empty, empty, empty)
+        return Later(
+            index=cat([js + b for _r, _i, js, b in rec]),
+            gid=cat([ids[js].astype(np.int64) for _r, ids, js, _b in rec]),
+            row=cat([r.row[js].astype(np.int64) for r, _i, js, _b in rec]),
+            offset=cat([r.offset[js].astype(np.int64) for r, _i, js, _b in rec]),
+            length=cat([r.length[js].astype(np.int64) for r, _i, js, _b in rec]),
+        )
+
+    def keep(self, g: int, payload: Any) -> None:
+        """Keep rank-wide sample `g`'s payload, unless the budget is spent."""
+        size = _payload_bytes(payload)
+        if self.nbytes + size <= self.max_bytes:
+            self._kept[g] = (payload, size)
+            self.nbytes += size
+
+    def _drop(self, g: int) -> None:
+        self.nbytes -= self._kept.pop(g)[1]
+
+
+def _payload_bytes(payload: Any) -> int:
+    """Memory a payload holds: a numpy array's buffer or a str's characters, plus headers."""
+    if isinstance(payload, np.ndarray):
+        return int(payload.nbytes) + 112
+    return len(payload) + 64 if isinstance(payload, (str, bytes)) else 64

@@ -1,0 +1,159 @@
+"""Rows read ahead: the batches of a run that reads each step alone, each row group decoded
+once while the budget holds the rank's rows, a later row's problem raised at its own step,
+memory within the budget, and worker strides that keep only their own rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from executor_builders import batch_digest, open_executor, sample_plan, uninterrupted
+
+import mds.executor.readers as readers_module
+from mds.executor.errors import SourceDataError
+from mds.executor.lookahead import Lookahead
+from mds.executor.lru import LRU
+from mds.executor.planfile import PlanReader
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    return sample_plan(tmp_path_factory)[1]
+
+
+def digests(plan, rank: int, **kwargs) -> list[str]:
+    with open_executor(plan, rank, **kwargs) as ex:
+        return [batch_digest(b) for b in ex]
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 4096, 1 << 20])
+@pytest.mark.parametrize("read_ahead", [0, 1])
+def test_any_budget_gives_the_batches_of_the_default(plan, cache_bytes, read_ahead):
+    """cache_bytes=0 reads each step alone; a tiny budget keeps only some later rows."""
+    for rank in range(4):
+        got = digests(plan, rank, cache_bytes=cache_bytes, read_ahead=read_ahead)
+        assert got == uninterrupted(plan, rank)
+
+
+def _decodes(plan, monkeypatch, **kwargs) -> list[tuple[str, int]]:
+    """(file, row group) of every Parquet decode of rank 0's run, with no block cache, so
+    only rows read ahead can spare a decode."""
+    calls: list[tuple[str, int]] = []
+    real = readers_module.ParquetReader._read
+
+    def counted(self, i, need, whole, row):
+        calls.append((str(self.path), i))
+        return real(self, i, need, whole, row)
+
+    with monkeypatch.context() as m:
+        m.setattr(readers_module.ParquetReader, "_read", counted)
+        m.setattr(readers_module.ParquetReader, "_room", lambda self, i: False)
+        m.setattr(LRU, "put", lambda self, key, value, nbytes=0: None)
+        assert digests(plan, 0, **kwargs) == uninterrupted(plan, 0)
+    return calls
+
+
+def test_each_row_group_is_decoded_once_across_chunks(plan, monkeypatch):
+    """The sample plan has four chunks; the budget holds all of rank 0's rows."""
+    with PlanReader(plan) as reader:
+        assert len(reader.chunks) > 1
+    ahead = _decodes(plan, monkeypatch, cache_bytes=64 << 20)
+    alone = _decodes(plan, monkeypatch, cache_bytes=0)
+    assert ahead and len(ahead) == len(set(ahead))
+    assert set(alone) == set(ahead) and len(alone) > 2 * len(ahead)
+
+
+def _bad_row_at_a_later_step(plan) -> tuple[int, str, int]:
+    """(step, file, row) of rank 0's last Parquet sample of 'web' whose file was read by an
+    earlier step too, so reading ahead meets it early."""
+    with open_executor(plan, 0) as ex:
+        web = ex.source_names.index("web")
+        seen: dict[str, int] = {}
+        last = None
+        with PlanReader(plan) as reader:
+            for chunk in range(len(reader.chunks)):
+                block = reader.rank_chunk(chunk, 0)
+                rec = block.fetch
+                steps = np.repeat(np.arange(block.counts.shape[0]), block.counts.sum(axis=1))
+                for j in range(len(block.ids)):
+                    sid, _fid, entry = rec.files[int(rec.file[j])]
+                    step = block.step_start + int(steps[j])
+                    if sid == web:
+                        path = entry["path"]
+                        if path in seen and seen[path] < step:
+                            last = (step, path, int(rec.row[j]))
+                        seen.setdefault(path, step)
+    assert last is not None
+    return last
+
+
+@pytest.mark.parametrize("read_ahead", [0, 1])
+def test_a_later_rows_problem_is_raised_at_its_own_step(plan, monkeypatch, read_ahead):
+    step, path, row = _bad_row_at_a_later_step(plan)
+    real = readers_module.ParquetReader.fetch
+
+    def fetch(self, file_rows, offsets=None, lengths=None):
+        if str(self.path).endswith(path) and row in np.asarray(file_rows).tolist():
+            raise SourceDataError(f"{path} row {row}: unreadable")
+        return real(self, file_rows, offsets, lengths)
+
+    monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
+    expected = uninterrupted(plan, 0)
+    got = []
+    with open_executor(plan, 0, read_ahead=read_ahead) as ex:
+        with pytest.raises(SourceDataError, match=f"row {row}: unreadable"):
+            for batch in ex:
+                got.append(batch_digest(batch))
+        assert ex.position[0] == step
+    assert got == expected[: len(got)] and len(got) >= step * ex.micro_batches
+
+
+def test_rows_kept_stay_within_the_budget(plan, monkeypatch):
+    peaks = []
+    real = Lookahead.keep
+
+    def keep(self, g, payload):
+        real(self, g, payload)
+        assert 0 <= self.nbytes <= self.max_bytes
+        peaks.append(self.nbytes)
+
+    monkeypatch.setattr(Lookahead, "keep", keep)
+    for cache_bytes in (16 << 10, 256 << 10):
+        assert digests(plan, 1, cache_bytes=cache_bytes) == uninterrupted(plan, 1)
+    assert peaks and max(peaks) > 0
+
+
+@pytest.mark.parametrize("stride", [2, 3])
+def test_a_worker_keeps_only_rows_of_its_own_micro_batches(plan, stride):
+    with PlanReader(plan) as reader:
+        block = reader.rank_chunk(0, 2)
+        ahead = Lookahead(1 << 30, stride, lambda b: None)
+        base = ahead.bind(block)
+        micro = np.repeat(np.arange(block.counts.size), block.counts.ravel())
+        lo, hi = 0, int(block.counts.ravel()[0])
+        rec = block.fetch
+        for f in range(len(rec.files)):
+            sid, fid, entry = rec.files[f]
+            later = ahead.later((sid, fid), entry, base, lo, hi)
+            assert np.all(later.index >= hi)
+            assert np.all(micro[later.index] % stride == 0)
+            every = np.flatnonzero(rec.file == f)
+            mine = every[(every >= hi) & (micro[every] % stride == 0)]
+            assert later.index.tolist() == mine.tolist()
+
+
+def test_the_window_reaches_only_as_far_as_the_budget(plan):
+    with PlanReader(plan) as reader:
+        blocks = [reader.rank_chunk(c, 0) for c in range(len(reader.chunks))]
+    follow = {b.step_start: n for b, n in zip(blocks, blocks[1:] + [None], strict=True)}
+    tokens = np.concatenate([b.fetch.tokens for b in blocks]).astype(np.int64)
+    for budget in (0, 4096, 64 << 10, 1 << 30):
+        ahead = Lookahead(budget, 1, lambda b: follow[b.step_start])
+        base = ahead.bind(blocks[0])
+        reach = 0
+        for sid, fid, entry in blocks[0].fetch.files:
+            later = ahead.later((sid, fid), entry, base, 0, 1)
+            if len(later):
+                reach = max(reach, int(later.index.max()))
+        assert 4 * int(tokens[1:reach].sum()) <= budget
+        if budget >= 4 * int(tokens.sum()):
+            assert reach >= len(blocks[0].ids)  # past the first chunk
