@@ -21,12 +21,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import median_step_ms, proc_status_mb, write_report  # noqa: E402
+from report import proc_status_mb, write_report  # noqa: E402
 
 ROWS = 400
 SAMPLES = 64
@@ -36,13 +37,15 @@ TORCH = "torch==2.13.0"  # the local CPU wheel; any other spec may pull a CUDA b
 # --- data and plan ----------------------------------------------------------------------
 
 
-def make_data(root: Path, n: int, steps: int, python: str) -> None:
-    """N Parquet sources, the config and index and plan for them (kept between runs)."""
+def make_data(root: Path, n: int, steps: int, python: str) -> Path:
+    """N Parquet sources, the config and index, and a plan of `steps` steps for them (all
+    kept between runs); returns the plan."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if (root / "plan.mds").exists():
-        return
+    plan = root / f"plan-{steps}.mds"
+    if plan.exists():
+        return plan
     (root / "src").mkdir(parents=True, exist_ok=True)
     lines = []
     for s in range(n):
@@ -52,12 +55,14 @@ def make_data(root: Path, n: int, steps: int, python: str) -> None:
         offsets = np.zeros(ROWS + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-        pq.write_table(pa.table({"tokens": tokens}), root / "src" / f"s{s:04d}.parquet")
+        path = root / "src" / f"s{s:04d}.parquet"
+        if not path.exists():
+            pq.write_table(pa.table({"tokens": tokens}), path)
         lines.append(
             f'[[source]]\nname = "s{s:04d}"\npath = "src/s{s:04d}.parquet"\n'
             'tokens = "tokens"\nweight = 1.0\n'
         )
-    (root / "mds.toml").write_text(
+    (root / f"mds-{steps}.toml").write_text(
         '[index]\noutput = "index"\n\n' + "\n".join(lines)
         + f"\n[train]\nsteps = {steps}\ndp_size = 1\nmicro_batches = 1\n"
         f"samples_per_step = {SAMPLES}\nmax_tokens_per_micro_batch = 65536\nseed = 3\n"
@@ -65,21 +70,25 @@ def make_data(root: Path, n: int, steps: int, python: str) -> None:
         "[cost]\nmodel = { layers = 12, hidden = 768, vocab = 50000 }\n"
     )
     mds = str(Path(python).with_name("mds"))
-    for argv in (["index", "mds.toml", "-o", "index"],
-                 ["plan", "mds.toml", "--index", "index", "-o", "plan.mds"]):
-        subprocess.run([mds, *argv], cwd=root, check=True, capture_output=True)
+    config = f"mds-{steps}.toml"
+    if not (root / "index" / "manifest.json").exists():
+        subprocess.run([mds, "index", config, "-o", "index"], cwd=root, check=True,
+                       capture_output=True)
+    subprocess.run([mds, "plan", config, "--index", "index", "-o", plan.name], cwd=root,
+                   check=True, capture_output=True)
+    return plan
 
 
-def plan_order(root: Path) -> list[list[tuple[int, int]]]:
+def plan_order(plan: Path) -> list[list[tuple[int, int]]]:
     """(source, row) of every sample, step by step, as the executor hands them out."""
-    out = root / "order.json"
+    out = plan.with_suffix(".order.json")
     if out.exists():
         return json.loads(out.read_text())
     from mds.executor import PlanExecutor
 
     steps = [
         list(zip(b["source"].tolist(), b["row"].tolist(), strict=True))
-        for b in PlanExecutor(root / "plan.mds", 0, verify="none")
+        for b in PlanExecutor(plan, 0, verify="none")
     ]
     out.write_text(json.dumps(steps))
     return steps
@@ -88,23 +97,41 @@ def plan_order(root: Path) -> list[list[tuple[int, int]]]:
 # --- children ---------------------------------------------------------------------------
 
 
-def child_mds(root: Path, workers: int, steps: int, max_open_files: int) -> dict:
+def step_times(it, steps: int) -> dict:
+    """The first step's time (start-up), then the mean (total / steps: throughput, reads
+    ahead included) and the median of the next `steps`, in ms."""
+    t = time.perf_counter()
+    next(it)
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        next(it)
+        times.append(time.perf_counter() - t)
+    return {
+        "first_ms": 1000 * first,
+        "step_ms": 1000 * sum(times) / len(times),
+        "median_ms": 1000 * statistics.median(times),
+    }
+
+
+def child_mds(plan: Path, workers: int, steps: int, max_open_files: int) -> dict:
     import torch  # noqa: F401
 
     from mds.executor import PlanExecutor
 
     base = proc_status_mb("VmRSS")
-    ex = PlanExecutor(root / "plan.mds", 0, verify="none", max_open_files=max_open_files)
+    ex = PlanExecutor(plan, 0, verify="none", max_open_files=max_open_files)
     it = iter(ex.dataloader(num_workers=workers) if workers else ex)
-    next(it)
-    return {"step_ms": median_step_ms(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
+    return {**step_times(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
 
 
-def child_mosaic(root: Path, workers: int, steps: int) -> dict:
+def child_mosaic(plan: Path, workers: int, steps: int) -> dict:
     import torch
     from streaming import Stream, StreamingDataset
 
-    order = json.loads((root / "order.json").read_text())
+    root = plan.parent
+    order = json.loads(plan.with_suffix(".order.json").read_text())
     n = len(list((root / "mosaic").iterdir()))
     starts = np.arange(n + 1) * ROWS  # every source has ROWS samples, streams in source order
     batches = [[int(starts[s] + r) for s, r in step] for step in order]
@@ -134,8 +161,7 @@ def child_mosaic(root: Path, workers: int, steps: int) -> dict:
         it = iter(loader)
     else:
         it = ([ds[i] for i in b] for b in batches)
-    next(it)
-    return {"step_ms": median_step_ms(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
+    return {**step_times(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
 
 
 def child_write_mosaic(root: Path) -> dict:
@@ -221,7 +247,8 @@ def median_of(python: str, args: list[str], repeat: int) -> dict:
     good = [r for r in runs if "error" not in r]
     if not good:
         return runs[0]
-    return {k: statistics.median(r[k] for r in good) for k in ("step_ms", "rss_mb")}
+    keys = ("first_ms", "step_ms", "median_ms", "rss_mb")
+    return {k: statistics.median(r[k] for r in good) for k in keys}
 
 
 def main() -> None:
@@ -239,25 +266,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("build/bench"))
     ap.add_argument("--data", type=Path, default=Path("build/bench-data/peers"))
     ap.add_argument("--sources", type=int, nargs="*", default=[64, 256, 1024])
-    ap.add_argument("--steps", type=int, default=20, help="steps timed per run")
+    ap.add_argument("--steps", type=int, default=512, help="steps timed per run")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-open-files", type=int, default=64)
     ap.add_argument("--no-peer", action="store_true", help="measure mds alone")
     ap.add_argument("--quick", action="store_true", help="64 and 256 sources, 10 steps, 1 run")
     a = ap.parse_args()
     if a.quick:
-        a.sources, a.steps, a.repeat = [64, 256], 10, 1
+        a.sources, a.steps, a.repeat = [64, 256], 128, 1
     peer, peer_note = (None, "not asked for") if a.no_peer else peer_venv(a.out)
     rows = []
     for n in a.sources:
         root = (a.data / f"n{n}").resolve()
-        make_data(root, n, a.steps + 2, sys.executable)
-        plan_order(root)
+        plan = make_data(root, n, a.steps + 2, sys.executable)
+        plan_order(plan)
         row = {"sources": n}
         for label, workers in (("mds", 0), ("mds_dl2", 2)):
             row[label] = median_of(
                 sys.executable,
-                ["--child-mds", str(root), str(workers), str(a.steps), str(a.max_open_files)],
+                ["--child-mds", str(plan), str(workers), str(a.steps), str(a.max_open_files)],
                 a.repeat,
             )
         if peer:
@@ -265,7 +292,7 @@ def main() -> None:
                 run_child(peer, ["--child-write-mosaic", str(root)])
             for label, workers in (("mosaic", 0), ("mosaic_dl2", 2)):
                 row[label] = median_of(
-                    peer, ["--child-mosaic", str(root), str(workers), str(a.steps)], a.repeat
+                    peer, ["--child-mosaic", str(plan), str(workers), str(a.steps)], a.repeat
                 )
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -283,18 +310,22 @@ def table(rows: list[dict], peer_note: str, a) -> str:
 
     head = (
         f"# Per-step fetch: mds against Mosaic streaming ({peer_note})\n\n"
-        f"{SAMPLES} samples per step, {ROWS} rows per source, median of {a.repeat} runs "
-        f"of {a.steps} steps, max_open_files={a.max_open_files}. ms per step; RSS MB above "
-        "the imports. Ratio < 1: mds is faster.\n\n"
-        "| sources | mds ms | mds RSS | Mosaic ms | Mosaic RSS | mds/Mosaic "
-        "| mds 2 workers ms | Mosaic 2 workers ms | mds/Mosaic (2 workers) |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"{SAMPLES} samples per step, {ROWS} rows per source, median of {a.repeat} runs. "
+        f"`first`: the first step, ms (start-up). `ms/step`: the mean of the {a.steps} steps "
+        "after it (total time / steps: reads ahead and decodes included). RSS: MB above the "
+        f"imports. max_open_files={a.max_open_files}. Ratio < 1: mds is faster.\n\n"
+        "| sources | mds first | mds ms/step | mds RSS | Mosaic first | Mosaic ms/step "
+        "| Mosaic RSS | mds/Mosaic | mds 2 workers ms/step | Mosaic 2 workers ms/step "
+        "| mds/Mosaic (2 workers) |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = [
-        f"| {r['sources']} | {cell(r, 'mds', 'step_ms', '.1f')} | {cell(r, 'mds', 'rss_mb', '.0f')} "
-        f"| {cell(r, 'mosaic', 'step_ms', '.1f')} | {cell(r, 'mosaic', 'rss_mb', '.0f')} "
-        f"| {ratio(r, 'mds', 'mosaic')} | {cell(r, 'mds_dl2', 'step_ms', '.1f')} "
-        f"| {cell(r, 'mosaic_dl2', 'step_ms', '.1f')} | {ratio(r, 'mds_dl2', 'mosaic_dl2')} |"
+        f"| {r['sources']} | {cell(r, 'mds', 'first_ms', '.0f')} "
+        f"| {cell(r, 'mds', 'step_ms', '.2f')} | {cell(r, 'mds', 'rss_mb', '.0f')} "
+        f"| {cell(r, 'mosaic', 'first_ms', '.0f')} | {cell(r, 'mosaic', 'step_ms', '.2f')} "
+        f"| {cell(r, 'mosaic', 'rss_mb', '.0f')} | {ratio(r, 'mds', 'mosaic')} "
+        f"| {cell(r, 'mds_dl2', 'step_ms', '.2f')} | {cell(r, 'mosaic_dl2', 'step_ms', '.2f')} "
+        f"| {ratio(r, 'mds_dl2', 'mosaic_dl2')} |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"

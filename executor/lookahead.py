@@ -7,7 +7,9 @@ The window is bounded by bytes, not by plan chunks: a file's later rows are take
 far ahead as the planned token counts of all this rank's samples in between fit the
 budget (4 bytes a token), so rows for the nearest steps are never crowded out by rows
 needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
-them.
+them. The window also grows with the samples served, from 16 fetches' worth: the first
+step of a run (or after a seek) stays quick, and a file decoded early is decoded again
+only a few times before the window reaches its full length.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = ["Later", "Lookahead"]
 
 BYTES_PER_TOKEN = 4
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
+_FIRST_REACH = 16  # the window's first length, in fetches of the current size
 
 
 @dataclass
@@ -96,9 +99,10 @@ class Lookahead:
         self._window: list[_Block] = []
         self._kept: dict[int, tuple[Any, int]] = {}
         self._next = 0  # rank-wide index after the last sample taken
+        self._served = 0  # samples taken since the window started
 
     def clear(self) -> None:
-        self._window, self._kept, self.nbytes, self._next = [], {}, 0, 0
+        self._window, self._kept, self.nbytes, self._next, self._served = [], {}, 0, 0, 0
 
     # --- the window -------------------------------------------------------------------------
 
@@ -161,7 +165,7 @@ class Lookahead:
         worker's micro-batches) are dropped."""
         first = base + lo
         if first < self._next:  # a seek back: nothing kept is known to be wanted
-            self._kept, self.nbytes = {}, 0
+            self._kept, self.nbytes, self._served = {}, 0, 0
         elif first - self._next <= 4 * (hi - lo) + 64:
             for g in range(self._next, first):
                 if g in self._kept:
@@ -170,6 +174,7 @@ class Lookahead:
             for g in [g for g in self._kept if g < first]:
                 self._drop(g)
         self._next = base + hi
+        self._served += hi - lo
         missing = []
         for j in range(lo, hi):
             kept = self._kept.pop(base + j, None)
@@ -187,7 +192,8 @@ class Lookahead:
         parts: list[tuple[_Block, np.ndarray]] = []
         if self.max_bytes > 0:
             start = base + hi
-            end = self._horizon(start)
+            reach = max(_FIRST_REACH * (hi - lo), 2 * self._served)
+            end = min(self._horizon(start), start + reach)
             micro_now = int(self._window[0].micro[lo]) if lo < len(self._window[0].micro) else 0
             for w in self._window_from(start):
                 if w.base >= end:
@@ -219,12 +225,16 @@ class Lookahead:
             length=cat([r.length[js].astype(np.int64) for r, _i, js, _b in rec]),
         )
 
-    def keep(self, g: int, payload: Any) -> None:
-        """Keep rank-wide sample `g`'s payload, unless the budget is spent."""
-        size = _payload_bytes(payload)
-        if self.nbytes + size <= self.max_bytes:
-            self._kept[g] = (payload, size)
-            self.nbytes += size
+    def keep(self, index: list[int], payloads: list[Any]) -> None:
+        """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts."""
+        kept, left = self._kept, self.max_bytes - self.nbytes
+        for g, payload in zip(index, payloads, strict=True):
+            size = _payload_bytes(payload)
+            if size > left:
+                break
+            kept[g] = (payload, size)
+            left -= size
+        self.nbytes = self.max_bytes - left
 
     def _drop(self, g: int) -> None:
         self.nbytes -= self._kept.pop(g)[1]
@@ -233,5 +243,5 @@ class Lookahead:
 def _payload_bytes(payload: Any) -> int:
     """Memory a payload holds: a numpy array's buffer or a str's characters, plus headers."""
     if isinstance(payload, np.ndarray):
-        return int(payload.nbytes) + 112
+        return payload.nbytes + 112
     return len(payload) + 64 if isinstance(payload, (str, bytes)) else 64

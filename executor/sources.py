@@ -315,8 +315,7 @@ class SourceCatalog:
             for j, payload in zip(group.tolist(), read, strict=False):
                 payloads[j - lo] = payload
             if later is not None and len(read) > len(group):
-                for g, payload in zip(later.index.tolist(), read[len(group) :], strict=True):
-                    ahead.keep(g, payload)  # type: ignore[union-attr]
+                ahead.keep(later.index.tolist(), read[len(group) :])  # type: ignore[union-attr]
         return self._all_tokens(block, lo, hi, payloads)
 
     def _read(self, block: RankChunk, s: _Source, fid: int, entry, now: np.ndarray, later):
