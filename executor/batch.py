@@ -2,6 +2,11 @@
 
 Samples are concatenated into one row of `input_ids`; `cu_seqlens` marks where each starts
 (flash-attention's varlen convention) and `position_ids` restart at 0 for every sample.
+
+A micro-batch built in a DataLoader worker crosses to the training process as `compact`
+numpy arrays (token ids at 4 bytes where they fit, no position ids) and becomes tensors
+there (`expand`): torch sends tensors between processes through one shared-memory file
+each, which cost about 3 ms a micro-batch, against 0.5 ms for the compact arrays.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["pack"]
+__all__ = ["compact", "expand", "pack"]
+
+_INT32 = np.iinfo(np.int32)
 
 
-def pack(
+def compact(
     tokens: list[np.ndarray],
     *,
     source: np.ndarray,
@@ -22,22 +29,45 @@ def pack(
     row: np.ndarray,
     step: int,
     micro_batch: int,
+    narrow: bool = False,
 ) -> dict[str, Any]:
-    """The micro-batch dict documented in docs/executor.md."""
+    """The micro-batch as numpy arrays: token ids concatenated (int32 when `narrow` and
+    they fit), each sample's length, and the per-sample columns."""
     lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
-    cu = np.zeros(len(tokens) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=cu[1:])
-    total = int(cu[-1])
     ids = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
-    positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+    if narrow and len(ids) and _INT32.min <= ids.min() and ids.max() <= _INT32.max:
+        ids = ids.astype(np.int32)
     return {
-        "input_ids": torch.from_numpy(ids.astype(np.int64, copy=False)),
-        "position_ids": torch.from_numpy(positions),
-        "cu_seqlens": torch.from_numpy(cu),
-        "max_seqlen": int(lengths.max(initial=0)),
-        "source": torch.from_numpy(source.astype(np.int32)),
-        "sample_id": torch.from_numpy(sample_id.astype(np.int64)),
-        "row": torch.from_numpy(row.astype(np.int64)),
+        "tokens": ids,
+        "lengths": lengths,
+        "source": source.astype(np.int32),
+        "sample_id": sample_id.astype(np.int64),
+        "row": row.astype(np.int64),
         "step": step,
         "micro_batch": micro_batch,
     }
+
+
+def expand(raw: dict[str, Any]) -> dict[str, Any]:
+    """The micro-batch dict documented in docs/executor.md, from `compact`'s arrays."""
+    lengths = raw["lengths"]
+    cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    total = int(cu[-1])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+    return {
+        "input_ids": torch.from_numpy(raw["tokens"].astype(np.int64, copy=False)),
+        "position_ids": torch.from_numpy(positions),
+        "cu_seqlens": torch.from_numpy(cu),
+        "max_seqlen": int(lengths.max(initial=0)),
+        "source": torch.from_numpy(raw["source"]),
+        "sample_id": torch.from_numpy(raw["sample_id"]),
+        "row": torch.from_numpy(raw["row"]),
+        "step": raw["step"],
+        "micro_batch": raw["micro_batch"],
+    }
+
+
+def pack(tokens: list[np.ndarray], **columns: Any) -> dict[str, Any]:
+    """The micro-batch dict documented in docs/executor.md."""
+    return expand(compact(tokens, **columns))

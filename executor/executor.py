@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mds.executor.ahead import ReadAhead
-from mds.executor.batch import pack
+from mds.executor.batch import compact, expand, pack
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.planfile import PlanReader, RankChunk
@@ -260,6 +260,10 @@ class PlanExecutor:
 
     def micro_batch_at(self, pos: int) -> dict[str, Any]:
         """The micro-batch at linear position step * micro_batches + micro_batch."""
+        return expand(self._compact_at(pos))
+
+    def _compact_at(self, pos: int, narrow: bool = False) -> dict[str, Any]:
+        """The micro-batch at `pos` as numpy arrays (`batch.compact`)."""
         assert 0 <= pos < self.total, pos
         self._ensure_process()
         step, micro = divmod(pos, self.micro_batches)
@@ -267,7 +271,11 @@ class PlanExecutor:
             block, lo, hi = self._slice(step, micro)
             self._check(block, lo, hi)
             tokens = self._catalog.fetch(block, lo, hi)
-        return self._pack(block, lo, hi, tokens, step, micro)
+        ids = block.ids[lo:hi]
+        sid, rows = self._catalog.locate(ids)
+        return compact(
+            tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro, narrow=narrow
+        )
 
     def _check(self, block: RankChunk, lo: int, hi: int) -> None:
         """Check the files samples [lo, hi) read, unless checked already or verify="none"."""

@@ -3,6 +3,8 @@ worker processes while batches still arrive in plan order.
 
 Worker w of W builds the micro-batches at positions start + w, start + w + W, ...; the
 DataLoader asks workers in turn and returns results in request order, which is plan order.
+Workers hand over numpy arrays (`batch.compact`), made into tensors in the training
+process: torch would send each tensor through a shared-memory file of its own.
 The state is the executor's and moves only when the training loop receives a batch, so
 batches that workers prefetched but the loop never saw are built again after a resume.
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from mds.executor.batch import expand
 from mds.executor.errors import ConfigError
 from mds.executor.executor import PlanExecutor
 
@@ -31,7 +35,12 @@ class _Positions(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self.executor._build_every(workers)
         for pos in range(self.start + worker, self.stop, workers):
-            yield self.executor.micro_batch_at(pos)
+            yield self.executor._compact_at(pos, narrow=True)
+
+
+def _as_is(raw: dict[str, Any]) -> dict[str, Any]:
+    """DataLoader's collate_fn: keep the worker's numpy arrays (no conversion to tensors)."""
+    return raw
 
 
 class PlanLoader:
@@ -65,18 +74,28 @@ class PlanLoader:
             yield from ex
             return
         ex._stop_ahead()
+        kwargs = dict(self.dataloader_kwargs)
+        # Pinned here, as DataLoader would (only with a GPU): workers send numpy arrays.
+        pin = bool(kwargs.pop("pin_memory", False)) and torch.cuda.is_available()
         while ex._pos < ex.total:
             loader = DataLoader(
                 _Positions(ex, ex._pos, ex.total),
                 batch_size=None,
                 num_workers=self.num_workers,
-                **self.dataloader_kwargs,
+                collate_fn=_as_is,
+                **kwargs,
             )
-            for batch in loader:
-                pos = batch["step"] * ex.micro_batches + batch["micro_batch"]
+            for raw in loader:
+                pos = raw["step"] * ex.micro_batches + raw["micro_batch"]
                 if pos != ex._pos:  # the loop seeked (load_state_dict) while workers ran ahead
                     break  # start new workers at the new position
                 ex._pos = pos + 1
+                batch = expand(raw)
+                if pin:
+                    batch = {
+                        k: v.pin_memory() if hasattr(v, "pin_memory") else v
+                        for k, v in batch.items()
+                    }
                 yield batch
             else:
                 return

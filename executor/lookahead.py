@@ -7,9 +7,10 @@ The window is bounded by bytes, not by plan chunks: a file's later rows are take
 far ahead as the planned token counts of all this rank's samples in between fit the
 budget (4 bytes a token), so rows for the nearest steps are never crowded out by rows
 needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
-them. The window also grows with the samples served, from 16 fetches' worth: the first
-step of a run (or after a seek) stays quick, and a file decoded early is decoded again
-only a few times before the window reaches its full length.
+them. One decode takes at most 256 later rows (the nearest): taking a row costs a few
+microseconds, so a decode's rows ahead cost about what the decode does, and the first step
+of a run stays about as quick as without reading ahead, however many later samples its
+files serve.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ __all__ = ["Later", "Lookahead"]
 
 BYTES_PER_TOKEN = 4
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
-_FIRST_REACH = 16  # the window's first length, in fetches of the current size
+MAX_LATER = 256  # later rows taken with one decode at most
 
 
 @dataclass
@@ -99,10 +100,9 @@ class Lookahead:
         self._window: list[_Block] = []
         self._kept: dict[int, tuple[Any, int]] = {}
         self._next = 0  # rank-wide index after the last sample taken
-        self._served = 0  # samples taken since the window started
 
     def clear(self) -> None:
-        self._window, self._kept, self.nbytes, self._next, self._served = [], {}, 0, 0, 0
+        self._window, self._kept, self.nbytes, self._next = [], {}, 0, 0
 
     # --- the window -------------------------------------------------------------------------
 
@@ -165,7 +165,7 @@ class Lookahead:
         worker's micro-batches) are dropped."""
         first = base + lo
         if first < self._next:  # a seek back: nothing kept is known to be wanted
-            self._kept, self.nbytes, self._served = {}, 0, 0
+            self._kept, self.nbytes = {}, 0
         elif first - self._next <= 4 * (hi - lo) + 64:
             for g in range(self._next, first):
                 if g in self._kept:
@@ -174,7 +174,6 @@ class Lookahead:
             for g in [g for g in self._kept if g < first]:
                 self._drop(g)
         self._next = base + hi
-        self._served += hi - lo
         missing = []
         for j in range(lo, hi):
             kept = self._kept.pop(base + j, None)
@@ -186,14 +185,14 @@ class Lookahead:
         return np.array(missing, dtype=np.int64)
 
     def later(self, key: tuple[int, int], entry: Any, base: int, lo: int, hi: int) -> Later:
-        """This rank's samples after block sample `hi` that read file `key` (source, file)
-        with the same record `entry`, are built by this process, are not kept yet and lie
-        within the byte budget."""
+        """The nearest `MAX_LATER` of this rank's samples after block sample `hi` that read
+        file `key` (source, file) with the same record `entry`, are built by this process,
+        are not kept yet and lie within the byte budget."""
         parts: list[tuple[_Block, np.ndarray]] = []
         if self.max_bytes > 0:
             start = base + hi
-            reach = max(_FIRST_REACH * (hi - lo), 2 * self._served)
-            end = min(self._horizon(start), start + reach)
+            end = self._horizon(start)
+            taken = 0
             micro_now = int(self._window[0].micro[lo]) if lo < len(self._window[0].micro) else 0
             for w in self._window_from(start):
                 if w.base >= end:
@@ -209,9 +208,12 @@ class Lookahead:
                 ]
                 if self.stride > 1:
                     js = js[(w.micro[js] - micro_now) % self.stride == 0]
-                js = js[[w.base + j not in self._kept for j in js.tolist()]]
+                js = js[[w.base + j not in self._kept for j in js.tolist()]][: MAX_LATER - taken]
                 if len(js):
                     parts.append((w, js))
+                    taken += len(js)
+                    if taken == MAX_LATER:
+                        break
         rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
         cat = np.concatenate
         if not rec:

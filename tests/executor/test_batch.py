@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mds.executor.batch import pack
+from mds.executor.batch import compact, expand, pack
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "executor.md").read_text(encoding="utf-8")
 
@@ -55,3 +55,26 @@ def test_the_docs_table_lists_exactly_the_keys_of_a_micro_batch():
     section = DOC.split("## A micro-batch", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
     assert sorted(documented) == sorted(_pack([3]))
+
+
+@given(
+    st.lists(st.integers(0, 40), max_size=12),
+    st.sampled_from([0, 2**31 - 1, 2**31, -(2**31) - 1]),
+)
+def test_compact_arrays_expand_to_the_packed_batch(lengths, big):
+    """What a DataLoader worker sends (4-byte ids where they fit) gives the same tensors."""
+    tokens = [np.arange(n, dtype=np.int64) * (i + 1) + big for i, n in enumerate(lengths)]
+    n = len(lengths)
+    columns = dict(
+        source=np.arange(n) % 3, sample_id=np.arange(n), row=np.arange(n), step=2, micro_batch=0
+    )
+    raw = compact(tokens, narrow=True, **columns)
+    fits = all(-(2**31) <= t.min() and t.max() < 2**31 for t in tokens if len(t))
+    assert raw["tokens"].dtype == (np.int32 if fits and sum(lengths) else np.int64)
+    got, want = expand(raw), pack(tokens, **columns)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert got[key].dtype == value.dtype and torch.equal(got[key], value)
+        else:
+            assert got[key] == value
