@@ -18,6 +18,7 @@ import numpy as np
 from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import MdsError, PlanError
 from mds.executor.planfile import PlanReader
+from mds.executor.storage import given_root
 from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
@@ -52,6 +53,7 @@ class VerifyResult:
     full: bool
     plan_id: str | None = None
     index: Path | None = None
+    data_root: Path | None = None
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -80,14 +82,21 @@ class VerifyResult:
 
 
 def verify_plan(
-    plan: str | os.PathLike, *, index: str | os.PathLike | None = None, full: bool = False
+    plan: str | os.PathLike,
+    *,
+    index: str | os.PathLike | None = None,
+    full: bool = False,
+    data_root: str | os.PathLike | None = None,
 ) -> VerifyResult:
     """Check the plan's checksums, its index and the index's source files (see module doc).
 
-    Source files get a stat check (size, mtime) unless `full`, which recomputes their
-    content fingerprints.
+    Source files get a stat check (size, mtime, and the content fingerprint of a file whose
+    mtime alone differs) unless `full`, which recomputes every content fingerprint. The
+    files are looked for under `data_root`, else $MDS_DATA_ROOT, else the index's root.
     """
     result = VerifyResult(Path(plan), full)
+    given, _ = given_root(data_root)
+    result.data_root = Path(given).absolute() if given is not None else None
     footer = _verify_plan_file(result)
     if index is not None:
         result.index = Path(index)
@@ -279,6 +288,8 @@ def _verify_index(
         result.add("index manifest", "index", str(exc), "")
         return None
     root = manifest.data.get("root")
+    if result.data_root is not None:
+        root = str(result.data_root)
     problem = _manifest_problem(manifest, root)
     files = sum(len(s["files"]) for s in manifest.sources)
     detail = f"{_count(len(manifest.sources), 'source')}, {_count(files, 'file')}, root {root}"

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
-from mds.executor.fingerprint import fingerprint, stat_signature
+from mds.executor.fingerprint import fingerprint, hashes_every_byte, stat_signature
 from mds.planner.atomic import (
     cannot_write,
     clean_stale_temps,
@@ -191,16 +191,24 @@ def _plan_files(
     spec_key: str,
     old: dict | None,
 ) -> list[_File]:
-    reusable: dict[tuple[str, int, int, str], int] = {}
+    # A file's identity is its content: when its fingerprint covers every byte (a full one,
+    # or a sampled one of a small file) its rows are reused whatever its mtime, so data copied
+    # or synced without mtimes is not rescanned; otherwise the mtime must match too.
+    by_content: dict[tuple, int] = {}
+    by_stat: dict[tuple, int] = {}
     if old is not None and old.get("spec_key") == spec_key:
         for entry in old["files"]:
-            reusable[(entry["path"], entry["size"], entry["mtime_ns"], entry["fingerprint"])] = (
-                entry["id"]
-            )
-    return [
-        _File(f, size, mtime, fp, nbytes, reusable.get((f.rel, size, mtime, fp)))
-        for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True)
-    ]
+            key = (entry["path"], entry["size"], entry["fingerprint"])
+            by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
+    planned = []
+    for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
+        key = (f.rel, size, fp)
+        if hashes_every_byte(fp, size, nbytes - size):
+            reuse = by_content.get(key)
+        else:
+            reuse = by_stat.get((*key, mtime))
+        planned.append(_File(f, size, mtime, fp, nbytes, reuse))
+    return planned
 
 
 @dataclass
