@@ -151,7 +151,11 @@ def index_command(
     if full_fingerprint:
         cfg = replace(cfg, fingerprint="full")
     if data_root is not None:
-        cfg = replace(cfg, root=Path(data_root).resolve())
+        from mds.executor.storage import is_url
+
+        cfg = replace(
+            cfg, root=data_root.rstrip("/") if is_url(data_root) else Path(data_root).resolve()
+        )
     with ByteProgress("indexing", enabled=not json_out) as bar:
         summary = build_index(cfg, output, workers=workers, progress=bar)
     if json_out:

@@ -87,6 +87,8 @@ def file_problem(root: Path | str, item: Any, full: bool, where: str) -> str | N
                 reason = str(exc).removeprefix(f"{where}: ")
                 if storage.is_url(where):
                     gone = reason.startswith("missing")
+                    if not gone:  # the store failed (down, slow, refused): not a data change
+                        raise
                 else:
                     gone = not os.path.lexists(where)
                 return f"{name}: {'missing' if gone else reason}"

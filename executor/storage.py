@@ -128,7 +128,8 @@ def failure(url: str, what: str, exc: BaseException) -> SourceDataError:
     if isinstance(exc, FileNotFoundError):
         return SourceDataError(f"{url}: missing (no such object)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return SourceDataError(f"{url}: cannot {what} after {attempts()} attempts ({text})")
+    n = attempts()
+    return SourceDataError(f"{url}: cannot {what} after {n} attempt{'s' * (n > 1)} ({text})")
 
 
 class ObjectStat:

@@ -18,7 +18,7 @@ import numpy as np
 from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import MdsError, PlanError
 from mds.executor.planfile import PlanReader
-from mds.executor.storage import given_root
+from mds.executor.storage import given_root, is_url
 from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
@@ -53,7 +53,7 @@ class VerifyResult:
     full: bool
     plan_id: str | None = None
     index: Path | None = None
-    data_root: Path | None = None
+    data_root: Path | str | None = None
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -96,7 +96,7 @@ def verify_plan(
     """
     result = VerifyResult(Path(plan), full)
     given, _ = given_root(data_root)
-    result.data_root = Path(given).absolute() if given is not None else None
+    result.data_root = _root(given) if given is not None else None
     footer = _verify_plan_file(result)
     if index is not None:
         result.index = Path(index)
@@ -107,6 +107,11 @@ def verify_plan(
         if footer is not None and manifest is not None and _passed(result, "index fingerprint"):
             _verify_fetch(result, manifest)
     return result
+
+
+def _root(root: str) -> Path | str:
+    """A data root: a local directory, or an object store URL kept as it is."""
+    return root.rstrip("/") if is_url(root) else Path(root).absolute()
 
 
 def _passed(result: VerifyResult, name: str) -> bool:
@@ -295,7 +300,7 @@ def _verify_index(
     detail = f"{_count(len(manifest.sources), 'source')}, {_count(files, 'file')}, root {root}"
     result.add("index manifest", "index", problem, detail)
     _verify_fingerprint(result, manifest, footer)
-    if not (isinstance(root, str) and Path(root).is_absolute()):
+    if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return manifest
     for entry in manifest.sources:
         name = entry["name"]
@@ -305,21 +310,21 @@ def _verify_index(
             _table_problem(manifest, entry),
             f"{entry['table']}, checksum ok",
         )
-        problem, detail = _files_problem(Path(str(root)), entry, full)
+        problem, detail = _files_problem(_root(root), entry, full)
         result.add(f"source {name}: files", "data", problem, detail)
     return manifest
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
     """An unusable root, or file paths that are not relative paths inside it."""
-    if not (isinstance(root, str) and Path(root).is_absolute()):
+    if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return f"{manifest.path}: manifest `root` is not an absolute path ({root!r})"
     bad, first = 0, None
     for entry in manifest.sources:
         for i, item in enumerate(entry["files"]):
             where = f"{entry['name']} files[{i}]"
             try:
-                entry_paths(Path(root), item, where)
+                entry_paths(_root(root), item, where)
             except ValueError as exc:
                 bad += 1
                 first = first or f"{manifest.path}: {exc}"
