@@ -17,6 +17,7 @@ import numpy as np
 
 from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import MdsError, PlanError
+from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
 from mds.executor.storage import given_root, is_url
 from mds.planner.index.manifest import (
@@ -101,7 +102,16 @@ def verify_plan(
     if index is not None:
         result.index = Path(index)
     elif footer is not None:
-        result.index = result.plan.parent / str(_plan_index(footer).get("path", ""))
+        recorded = str(_plan_index(footer).get("path", ""))
+        result.index = result.plan.parent / recorded
+        if not (result.index / MANIFEST).is_file():  # the plan moved without its index
+            problem = (
+                f"{result.plan}: its index was expected at {result.index} (recorded relative to "
+                f"the plan's directory as {recorded!r}); if the plan or the index moved, pass "
+                "--index with the index directory (and --data-root or MDS_DATA_ROOT for the data)"
+            )
+            result.add("index manifest", "index", problem, "")
+            return result
     if result.index is not None:
         manifest = _verify_index(result, footer, full)
         if footer is not None and manifest is not None and _passed(result, "index fingerprint"):

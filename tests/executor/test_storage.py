@@ -122,6 +122,10 @@ def test_a_moved_plan_says_where_to_point_it(tree, tmp_path, digests, monkeypatc
     assert "mds index" not in message and "re-plan is needed" in message
     with open_executor(moved, 1, data_root=tree / "data") as ex:
         assert [batch_digest(b) for b in ex] == digests
+    line = one_error_line(mds("verify", moved), "its index was expected at", "pass --index")
+    assert "run `mds index`" not in line
+    result = mds("verify", moved, "--index", tree / "index", "--data-root", tree / "data")
+    assert result.exit_code == 0, result.output
 
 
 def test_verify_takes_the_data_root(tree, copied, monkeypatch):

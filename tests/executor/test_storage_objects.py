@@ -115,6 +115,16 @@ def test_two_ranks_replay_objects_and_resume(world):
             assert [batch_digest(b) for b in ex] == expected[7:]
 
 
+def test_dataloader_workers_read_objects(world):
+    """Forked workers open their own readers of the objects (after the parent read some)."""
+    top, _, _ = world
+    expected = _run(top / "local.mds", 0)
+    with PlanExecutor(top / "s3.mds", 0) as ex:
+        next(iter(ex))
+        ex.seek(0)
+        assert [batch_digest(b) for b in ex.dataloader(num_workers=2)] == expected
+
+
 def test_a_local_copy_replays_the_plan_made_from_objects(world, tmp_path, monkeypatch):
     top, _, _ = world
     copy = tmp_path / "copy"
