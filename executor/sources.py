@@ -341,7 +341,8 @@ class SourceCatalog:
                     column=str(s.payload.get("column") or ""),
                     companion=companion,
                     blocks=self._blocks,
-                    display=str(entry["path"]),
+                    # an object's errors name its URL (the store, not the file, may be at fault)
+                    display=str(path) if storage.is_url(path) else str(entry["path"]),
                 )
             except ValueError as exc:  # facts no reader takes (a forged plan)
                 raise PlanError(f"{self.plan_path}: corrupt plan ({where}: {exc})") from None

@@ -187,6 +187,23 @@ def test_a_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch):
     one_error_line(mds("index", top / "s3.toml", "-o", top / "down-index"), url, "after 2 attempts")
 
 
+def test_a_server_lost_mid_run_is_an_error_naming_the_url(world, monkeypatch):
+    """Readers already open: the failed range read names the object, after the retries."""
+    top, _, url = world
+    with s3_server(monkeypatch) as private:  # a second server with the same objects
+        private.upload(top / "local", "corpus")
+        ex = PlanExecutor(top / "s3.mds", 0, read_ahead=0, cache_bytes=0)
+        it = iter(ex)
+        next(it)
+    try:  # the server is stopped now
+        with pytest.raises(SourceDataError, match=rf"^{url}/\S+") as info:
+            for _ in it:
+                pass
+        assert "cannot read" in str(info.value) or "attempt" in str(info.value)
+    finally:
+        ex.close()
+
+
 def test_a_server_that_hangs_times_out_with_the_url(world, monkeypatch):
     top, _, url = world
     monkeypatch.setenv("MDS_S3_TIMEOUT", "0.5")
