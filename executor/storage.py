@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -226,13 +228,8 @@ class RangeFile:
         )
         have = {b: self._blocks.get((self.url, "range", b)) for b in need}
         missing = [b for b in need if have[b] is None]
-        for first, last in _runs(missing):  # neighbouring blocks: one request
-            lo = first * RANGE_BLOCK
-            hi = min((last + 1) * RANGE_BLOCK, self.size)
-            try:
-                data = self._file.read_at(hi - lo, lo)
-            except OSError as exc:
-                raise failure(self.url, "read", exc) from None
+        runs = _runs(missing)  # neighbouring blocks: one request; runs: requests in parallel
+        for (first, last), data in zip(runs, _parallel(self._read_run, runs), strict=True):
             for b in range(first, last + 1):
                 piece = bytes(data[(b - first) * RANGE_BLOCK : (b - first + 1) * RANGE_BLOCK])
                 have[b] = piece
@@ -248,8 +245,32 @@ class RangeFile:
             out.append(joined[at : at + n])
         return out
 
+    def _read_run(self, run: tuple[int, int]) -> bytes:
+        lo = run[0] * RANGE_BLOCK
+        hi = min((run[1] + 1) * RANGE_BLOCK, self.size)
+        try:
+            return self._file.read_at(hi - lo, lo)
+        except OSError as exc:
+            raise failure(self.url, "read", exc) from None
+
     def close(self) -> None:
         self._file.close()
+
+
+_REQUESTS = 8  # range requests of one call in flight at once
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _parallel(read: Callable[[Any], bytes], items: list) -> list[bytes]:
+    """`read` of every item, up to _REQUESTS at a time (a store answers requests in
+    parallel; their latency, not the bandwidth, bounds a step's scattered reads). The
+    pool is made per process: a forked DataLoader worker has none of its parent's threads."""
+    global _pool
+    if len(items) <= 1:
+        return [read(item) for item in items]
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(_REQUESTS, thread_name_prefix="mds-range"))
+    return list(_pool[1].map(read, items))
 
 
 def _runs(blocks: list[int]) -> list[tuple[int, int]]:
