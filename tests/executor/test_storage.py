@@ -156,3 +156,16 @@ def test_reindexing_a_copy_reuses_every_file(tree, copied, tmp_path, monkeypatch
     after = json.loads((index / "manifest.json").read_text())
     assert after["fingerprint"] == before["fingerprint"]
     assert after["root"] == str(copied.resolve())
+
+
+def test_the_storage_page_names_every_knob():
+    """docs/storage.md documents the variables and options the code reads."""
+    from mds.executor import storage
+
+    page = (REPO / "docs" / "storage.md").read_text(encoding="utf-8")
+    for name in (storage.DATA_ROOT_ENV, storage.TIMEOUT_ENV, storage.ATTEMPTS_ENV):
+        assert f"`{name}`" in page
+    for name in ("AWS_ENDPOINT_URL", "data_root=", "--data-root", "s3://"):
+        assert name in page
+    for command in ("verify", "index"):
+        assert "--data-root" in mds(command, "--help").output
