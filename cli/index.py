@@ -67,6 +67,11 @@ def index_command(
     full_fingerprint: bool = typer.Option(
         False, "--full-fingerprint", help="Hash every byte of every file instead of sampled blocks."
     ),
+    data_root: str | None = typer.Option(
+        None,
+        "--data-root",
+        help="Data root to index instead of the config's [index].root (data that moved).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
     path: list[str] = typer.Option(
         [],
@@ -121,6 +126,7 @@ def index_command(
     \b
         mds index sample_data/mds.toml -o index
         mds index --path 'web/*.parquet' --tokens tokens --keep lang -o web-index
+        mds index sample_data/mds.toml -o index --data-root /mnt/nvme/sample_data
     """
     from mds.cli.progress import ByteProgress
     from mds.planner.config import load_config, parse_config
@@ -140,10 +146,16 @@ def index_command(
         table = _adhoc_source(path, name, fmt, tokens, count, text, tokenizer, estimate, keep)
         root = _adhoc_root(path)
         cfg = parse_config({"index": {"root": str(root)}, "source": [table]}, base=root)
-    if full_fingerprint:
-        from dataclasses import replace
+    from dataclasses import replace
 
+    if full_fingerprint:
         cfg = replace(cfg, fingerprint="full")
+    if data_root is not None:
+        from mds.executor.storage import is_url
+
+        cfg = replace(
+            cfg, root=data_root.rstrip("/") if is_url(data_root) else Path(data_root).resolve()
+        )
     with ByteProgress("indexing", enabled=not json_out) as bar:
         summary = build_index(cfg, output, workers=workers, progress=bar)
     if json_out:

@@ -27,10 +27,16 @@ def verify_command(
     index: Path | None = typer.Option(
         None, "--index", help="Index directory (default: the one the plan names)."
     ),
+    data_root: str | None = typer.Option(
+        None,
+        "--data-root",
+        help="Where the indexed data lies now (default: $MDS_DATA_ROOT, else the index's root).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
     """Verify a plan: every checksum in the plan file, the index it was made from, and the
-    index's source files (size and mtime; with --full, their content fingerprints).
+    index's source files (size and mtime, and the content fingerprint of a file whose mtime
+    alone differs; with --full, every content fingerprint).
 
     Exits 0 when every check passes; otherwise prints the checks and one error line
     naming the first mismatch, and exits 1.
@@ -41,10 +47,11 @@ def verify_command(
         mds verify build/plan.mds
         mds verify build/plan.mds --full
         mds verify build/plan.mds --index build/other-index --json
+        mds verify build/plan.mds --data-root /mnt/nvme/data
     """
     from mds.planner.verify import verify_plan
 
-    result = verify_plan(plan, index=index, full=full)
+    result = verify_plan(plan, index=index, full=full, data_root=data_root)
     if json_out:
         print_json(result.to_json())
     else:

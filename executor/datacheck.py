@@ -1,5 +1,6 @@
 """Checks that a source file is still the one indexed: paths that stay inside the index root,
-then size and mtime (cheap) or the content fingerprint (full).
+then size and mtime (cheap, with the content fingerprint when only the mtime differs) or the
+content fingerprint (full).
 
 Shared by `mds verify` and the executor's start-up check; stdlib only.
 """
@@ -11,6 +12,7 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from mds.executor import storage
 from mds.executor.errors import MdsError
 from mds.executor.fingerprint import fingerprint, stat_signature
 
@@ -26,12 +28,16 @@ def escapes(rel: str) -> bool:
     return pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute()
 
 
-def safe_path(root: Path, rel: Any, where: str) -> Path:
-    """`root / rel`; a ValueError for anything but a relative path inside the root."""
+def safe_path(root: Path | str, rel: Any, where: str) -> Path | str:
+    """`root / rel`; a ValueError for anything but a relative path inside the root (an
+    s3:// root gives the object's URL: a store has no symlinks or special files)."""
     if not isinstance(rel, str) or not rel:
         raise ValueError(f"{where}: path {rel!r} is not a relative file path")
     if escapes(rel):
         raise ValueError(f"{where}: path {rel!r} escapes the index root {root}; refused, not read")
+    if storage.is_url(root):
+        return storage.join(root, rel)
+    assert isinstance(root, Path)
     pure = PurePosixPath(rel)
     path = root.joinpath(*pure.parts)
     # A symlink inside the root may still point outside it: follow links, then compare.
@@ -56,7 +62,7 @@ def safe_path(root: Path, rel: Any, where: str) -> Path:
     return path
 
 
-def entry_paths(root: Path, item: Any, where: str) -> tuple[Path, Path | None]:
+def entry_paths(root: Path | str, item: Any, where: str) -> tuple[Any, Any]:
     """A file entry's path and Megatron `.idx` companion, both checked to stay in root."""
     if not isinstance(item, dict):
         raise ValueError(f"{where}: not an object")
@@ -65,7 +71,7 @@ def entry_paths(root: Path, item: Any, where: str) -> tuple[Path, Path | None]:
     return path, companion
 
 
-def file_problem(root: Path, item: Any, full: bool, where: str) -> str | None:
+def file_problem(root: Path | str, item: Any, full: bool, where: str) -> str | None:
     try:
         path, companion = entry_paths(root, item, where)
     except ValueError as exc:
@@ -79,22 +85,33 @@ def file_problem(root: Path, item: Any, full: bool, where: str) -> str | None:
         for where, name in ((path, rel), (companion, item.get("index_path"))):
             if where is not None and str(exc).startswith(f"{where}: "):
                 reason = str(exc).removeprefix(f"{where}: ")
-                return f"{name}: {'missing' if not os.path.lexists(where) else reason}"
+                if storage.is_url(where):
+                    gone = reason.startswith("missing")
+                    if not gone:  # the store failed (down, slow, refused): not a data change
+                        raise
+                else:
+                    gone = not os.path.lexists(where)
+                return f"{name}: {'missing' if gone else reason}"
         return f"{rel}: {exc}"
 
 
-def _stat_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
+def _stat_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
+    """Size, then mtime; a file whose only difference is its mtime (touched, copied without
+    keeping times, synced from object storage) is checked by its content fingerprint, so
+    data that moved passes and data that changed fails naming the file."""
     size, mtime = stat_signature(path)
     if size != item.get("size"):
         return f"{rel}: size changed ({item.get('size')} -> {size} bytes)"
-    if mtime != item.get("mtime_ns"):
-        return f"{rel}: modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
     if companion is not None:
         stat_signature(companion)  # no recorded stat: its content is checked by --full
+    if mtime != item.get("mtime_ns"):
+        problem = _content_problem(path, companion, item, rel)
+        if problem is not None:
+            return f"{problem}; modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
     return None
 
 
-def _content_problem(path: Path, companion: Path | None, item: dict, rel: str) -> str | None:
+def _content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
     stored = item.get("fingerprint")
     mode = stored.partition(":")[0] if isinstance(stored, str) else None
     if mode not in MODES:

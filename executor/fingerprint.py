@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
+from mds.executor import storage
 from mds.executor.errors import SourceDataError
 
-__all__ = ["fingerprint", "stat_signature"]
+__all__ = ["fingerprint", "hashes_every_byte", "stat_signature"]
 
 _EDGE = 1 << 20
 _BLOCK = 1 << 16
@@ -34,10 +34,32 @@ def _sampled(f, size: int, h) -> None:
     h.update(f.read(_EDGE))
 
 
+def hashes_every_byte(fingerprint: str, *sizes: int) -> bool:
+    """Whether a fingerprint of a file (and its companion) of these sizes covers all of their
+    content: "full" always, "sampled" when each part is small enough to be hashed whole
+    (3 MiB)."""
+    mode = fingerprint.partition(":")[0]
+    small = all(size <= 2 * _EDGE + _BLOCKS * _BLOCK for size in sizes)
+    return mode == "full" or (mode == "sampled" and small)
+
+
 def fingerprint(path: str | os.PathLike, mode: str = "sampled") -> str:
     """Return "<mode>:<hex>" for the file's content (see the module docstring)."""
     assert mode in ("sampled", "full"), mode
     h = hashlib.blake2b(digest_size=16)
+    if storage.is_url(path):  # range reads of the object; errors name its URL
+        with storage.open_input(path) as f:
+            try:
+                size = f.size()
+                h.update(size.to_bytes(8, "little"))
+                if mode == "full":
+                    while chunk := f.read(_FULL_READ):
+                        h.update(chunk)
+                else:
+                    _sampled(f, size, h)
+            except OSError as exc:
+                raise storage.failure(str(path), "read", exc) from None
+        return f"{mode}:{h.hexdigest()}"
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -52,8 +74,11 @@ def fingerprint(path: str | os.PathLike, mode: str = "sampled") -> str:
     return f"{mode}:{h.hexdigest()}"
 
 
-def stat_signature(path: str | Path) -> tuple[int, int]:
+def stat_signature(path: str | os.PathLike) -> tuple[int, int]:
     """(size, mtime_ns): the cheap check used before a content fingerprint."""
+    if storage.is_url(path):
+        st = storage.stat(path)
+        return st.st_size, st.st_mtime_ns
     try:
         st = os.stat(path)
     except OSError as exc:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.executor import megatron, metacache
+from mds.executor import megatron, metacache, storage
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -55,6 +55,8 @@ def open_reader(
     """Open the reader for a manifest source `fmt`; SourceDataError if the file is unusable."""
     if payload_kind not in PAYLOAD_KINDS:
         raise ValueError(f"unknown payload kind {payload_kind!r} (expected one of {PAYLOAD_KINDS})")
+    if storage.is_url(path) and fmt not in storage.OBJECT_FORMATS:
+        raise SourceDataError(f"{path}: {storage.NOT_FROM_OBJECTS.format(fmt=fmt)}")
     if fmt == "megatron":
         if companion is None or payload_kind != "token_ids":
             raise ValueError("a Megatron reader needs the .idx companion and token_ids payloads")
@@ -66,7 +68,7 @@ def open_reader(
     if fmt == "arrow":
         return ArrowReader(path, payload_kind, column, display)
     if fmt == "jsonl":
-        return JsonlReader(path, payload_kind, column, display)
+        return JsonlReader(path, payload_kind, column, display, blocks)
     if fmt == "jsonl.zst":
         return JsonlZstReader(path, payload_kind, column, blocks, display)
     raise ValueError(f"unknown source format {fmt!r} (expected one of {FORMATS})")
@@ -85,7 +87,7 @@ def _version(kind: str, path: Path, display: str) -> tuple:
     """The `lru.version_key` of what is parsed (`kind`) from the file's current version;
     SourceDataError if the file cannot be stat'ed."""
     try:
-        return version_key(kind, path, os.stat(path))
+        return version_key(kind, path, storage.stat(path))
     except OSError as exc:
         raise _cannot_open(display, exc) from None
 
@@ -299,7 +301,7 @@ class ParquetReader(_ColumnReader):
         key = _version("parquet-footer", path, display)
         meta = metacache.get(key)
         try:
-            self._source = pa.OSFile(str(path))
+            self._source = storage.open_input(path)  # an object: byte-range requests
         except OSError as exc:
             raise _cannot_open(display, exc) from None
         try:
@@ -567,10 +569,16 @@ class _LineReader:
 
 
 class JsonlReader(_LineReader):
-    """Lines of a plain JSONL file, one positioned read each."""
+    """Lines of a plain JSONL file, one positioned read each; of an object, the blocks that
+    hold them, read together and kept in the block cache (storage.RangeFile)."""
 
-    def __init__(self, path: Path, kind: str, column: str, display: str):
+    def __init__(self, path: Path, kind: str, column: str, display: str, blocks: LRU):
         self.kind, self.column, self.display = kind, column, display
+        self._fd, self._object = -1, None
+        if storage.is_url(path):
+            self._object = storage.RangeFile(str(path), blocks)
+            self.size = self._object.size
+            return
         try:
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
@@ -578,9 +586,13 @@ class JsonlReader(_LineReader):
         self.size = os.fstat(self._fd).st_size
 
     def _read(self, starts, sizes, where) -> list[bytes]:
+        if self._object is not None:
+            return self._object.read_ranges(starts, sizes)
         return [os.pread(self._fd, int(n), int(s)) for s, n in zip(starts, sizes, strict=True)]
 
     def close(self) -> None:
+        if self._object is not None:
+            self._object.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

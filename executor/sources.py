@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mds.executor import storage
 from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import ConfigError, DataChangedError, PlanError, SourceDataError
 from mds.executor.fingerprint import fingerprint
@@ -26,6 +27,7 @@ from mds.executor.lru import LRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.planfile import RankChunk
 from mds.executor.readers import FileReader, open_reader
+from mds.executor.storage import MOVED_HINT, given_root
 from mds.executor.tokenizer import load_tokenizer
 
 __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
@@ -81,20 +83,25 @@ def _facts_problem(facts: Any) -> str | None:
     return None
 
 
-def _data_root(plan_path: Path, recorded: str, given: str | os.PathLike | None) -> Path:
-    """`given`, else the root the plan records relative to its own directory; either must
-    be a directory."""
+def _data_root(plan_path: Path, recorded: str, given: str | os.PathLike | None) -> Path | str:
+    """Where the data lies: `given` (data_root=), else $MDS_DATA_ROOT, else the root the plan
+    records (relative to its own directory, or an s3:// URL); a local one must be a
+    directory."""
+    given, origin = given_root(given)
+    if given is not None and storage.is_url(given):
+        return given.rstrip("/")
     if given is not None:
         root = Path(given)
         if not root.is_dir():
-            raise ConfigError(f"data_root={str(given)!r} is not a directory")
+            raise ConfigError(f"{origin}={str(given)!r} is not a directory")
         return root.absolute()
+    if storage.is_url(recorded):
+        return recorded.rstrip("/")
     root = Path(os.path.normpath(plan_path.absolute().parent / recorded))
     if not root.is_dir():
         raise ConfigError(
             f"{plan_path}: its data root was expected at {root} (recorded relative to the "
-            f"plan's directory as {recorded!r}); if the plan or the data moved, pass "
-            "data_root= with the directory the index was built over"
+            f"plan's directory as {recorded!r}); the plan or the data moved: {MOVED_HINT}"
         )
     return root
 
@@ -135,7 +142,7 @@ class SourceCatalog:
         if not isinstance(root, str) or not root:
             raise PlanError(f"{plan_path}: corrupt plan footer (data root {root!r})")
         self.root = _data_root(plan_path, root, data_root)
-        self._recorded_root = root if data_root is None else None
+        self._recorded_root = root if given_root(data_root)[0] is None else None
         self.truncate_to = (
             int(train["max_tokens_per_micro_batch"])
             if train.get("overlong") == "truncate"
@@ -219,7 +226,13 @@ class SourceCatalog:
                 f"(a function str -> token ids, or a dict {{{s.name!r}: fn}})"
             )
         path = Path(str(length.get("tokenizer")))
-        path = path if path.is_absolute() else self.root / path
+        if not path.is_absolute():
+            path = storage.join(self.root, path.as_posix())
+            if storage.is_url(path):
+                raise ConfigError(
+                    f"source {s.name!r}: its tokenizer {path} is in object storage; pass "
+                    f"tokenize= (a function str -> token ids, or {{{s.name!r}: fn}})"
+                )
         tok = load_tokenizer(str(path))  # first: it refuses anything but a regular file
         recorded = s.facts.get("tokenizer_fingerprint")
         if recorded and fingerprint(path, "full") != recorded:
@@ -245,7 +258,7 @@ class SourceCatalog:
                 raise DataChangedError(
                     f"source {s.name!r}: {problem} under the data root {self.root} (recorded "
                     f"relative to the plan's directory as {self._recorded_root!r}); if the plan or "
-                    "the data moved, pass data_root= with the directory the index was built over"
+                    f"the data moved: {MOVED_HINT}"
                 )
             if problem is not None:
                 raise DataChangedError(
@@ -261,7 +274,7 @@ class SourceCatalog:
             return False
         entries = [entry for _s, _f, entry in block.fetch.files[:16]]
         return not any(
-            isinstance(e.get("path"), str) and os.path.lexists(self.root / e["path"])
+            isinstance(e.get("path"), str) and storage.exists(storage.join(self.root, e["path"]))
             for e in entries
         )
 
@@ -373,7 +386,8 @@ class SourceCatalog:
                     column=str(s.payload.get("column") or ""),
                     companion=companion,
                     blocks=self._blocks,
-                    display=str(entry["path"]),
+                    # an object's errors name its URL (the store, not the file, may be at fault)
+                    display=str(path) if storage.is_url(path) else str(entry["path"]),
                 )
             except ValueError as exc:  # facts no reader takes (a forged plan)
                 raise PlanError(f"{self.plan_path}: corrupt plan ({where}: {exc})") from None

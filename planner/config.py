@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mds.executor.errors import ConfigError
+from mds.executor.storage import is_url
 
 __all__ = [
     "FORMATS",
@@ -278,7 +279,9 @@ def parse_config(
     if not isinstance(index, dict):
         raise ConfigError(f"{where}`index` must be a table")
     _check_keys(index, INDEX_KEYS, f"{where}[index]: ")
-    root = base / (_string(index, "root", f"{where}[index]: ") or ".")
+    root_text = _string(index, "root", f"{where}[index]: ") or "."
+    # An s3:// root stays a URL (its objects are listed and read with range requests).
+    root = root_text.rstrip("/") if is_url(root_text) else (base / root_text).resolve()
     output = _string(index, "output", f"{where}[index]: ")
     workers = index.get("workers")
     if workers is not None and (
@@ -300,7 +303,7 @@ def parse_config(
             raise ConfigError(f"{where}[[source]] #{i + 1}: duplicate source name {spec.name!r}")
         seen.add(spec.name)
     return IndexConfig(
-        root=root.resolve(),
+        root=root,  # type: ignore[arg-type]
         sources=tuple(sources),
         output=(base / output).resolve() if output else None,
         workers=workers,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mds.executor.errors import ConfigError
 
-__all__ = ["check_output", "index_inputs"]
+__all__ = ["check_output", "index_inputs", "recorded_root"]
 
 
 def _ident(path: Path) -> tuple[int, int] | None:
@@ -70,9 +70,19 @@ def index_inputs(index: Path | None) -> list[tuple[str, Path | None]]:
     ]
     try:
         data = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+        if str(data["root"]).startswith("s3://"):
+            return out  # objects are never an output's path
         root = Path(data["root"])
         for source in data["sources"]:
             out.extend(("source file", root / f["path"]) for f in source["files"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # an unreadable manifest is reported by the command itself
     return out
+
+
+def recorded_root(root: str, plan_dir: Path) -> str:
+    """The data root as a plan records it: relative to the plan's directory, so the tree
+    can move as a whole; an object store root (s3://) as its URL."""
+    from mds.executor.storage import is_url
+
+    return root if is_url(root) else os.path.relpath(root, plan_dir)

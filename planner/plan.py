@@ -28,6 +28,7 @@ from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.lock import output_lock
 from mds.planner.mixing import Mixer, MixState
+from mds.planner.outputs import recorded_root
 from mds.planner.plan_config import PlanConfig, check_chunk_size, check_sizes
 from mds.planner.pool import COST_SCALE, SourcePool, load_pools
 from mds.planner.stream import SourceStream
@@ -443,7 +444,7 @@ def _fetch_facts(planner: Planner, output: Path) -> dict[str, Any]:
     sources = {}
     for pool in planner.pools:
         sources[pool.name] = source_facts(manifest.source(pool.name))
-    return {"root": os.path.relpath(manifest.data["root"], output.parent), "sources": sources}
+    return {"root": recorded_root(manifest.data["root"], output.parent), "sources": sources}
 
 
 def _summary(

@@ -317,7 +317,10 @@ def parse_plan_config(
     index = plan.get("index")
     if index is not None and (not isinstance(index, str) or not index):
         raise ConfigError(f"{where}[plan]: `index` must be a path string")
-    index_dir = (base / index) if index else (index_config.output or index_config.root / "index")
+    # An s3:// root has no default index beside it: [index] output or --index names it.
+    index_dir = (
+        (base / index) if index else (index_config.output or Path(index_config.root) / "index")
+    )
     sources = []
     for i, table in enumerate(data.get("source", [])):
         sources.append(parse_mix(table, f"{where}[[source]] #{i + 1} ('{table.get('name')}'): "))

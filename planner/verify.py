@@ -17,7 +17,9 @@ import numpy as np
 
 from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import MdsError, PlanError
+from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
+from mds.executor.storage import given_root, is_url
 from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
@@ -52,6 +54,7 @@ class VerifyResult:
     full: bool
     plan_id: str | None = None
     index: Path | None = None
+    data_root: Path | str | None = None
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -80,24 +83,45 @@ class VerifyResult:
 
 
 def verify_plan(
-    plan: str | os.PathLike, *, index: str | os.PathLike | None = None, full: bool = False
+    plan: str | os.PathLike,
+    *,
+    index: str | os.PathLike | None = None,
+    full: bool = False,
+    data_root: str | os.PathLike | None = None,
 ) -> VerifyResult:
     """Check the plan's checksums, its index and the index's source files (see module doc).
 
-    Source files get a stat check (size, mtime) unless `full`, which recomputes their
-    content fingerprints.
+    Source files get a stat check (size, mtime, and the content fingerprint of a file whose
+    mtime alone differs) unless `full`, which recomputes every content fingerprint. The
+    files are looked for under `data_root`, else $MDS_DATA_ROOT, else the index's root.
     """
     result = VerifyResult(Path(plan), full)
+    given, _ = given_root(data_root)
+    result.data_root = _root(given) if given is not None else None
     footer = _verify_plan_file(result)
     if index is not None:
         result.index = Path(index)
     elif footer is not None:
-        result.index = result.plan.parent / str(_plan_index(footer).get("path", ""))
+        recorded = str(_plan_index(footer).get("path", ""))
+        result.index = result.plan.parent / recorded
+        if not (result.index / MANIFEST).is_file():  # the plan moved without its index
+            problem = (
+                f"{result.plan}: its index was expected at {result.index} (recorded relative to "
+                f"the plan's directory as {recorded!r}); if the plan or the index moved, pass "
+                "--index with the index directory (and --data-root or MDS_DATA_ROOT for the data)"
+            )
+            result.add("index manifest", "index", problem, "")
+            return result
     if result.index is not None:
         manifest = _verify_index(result, footer, full)
         if footer is not None and manifest is not None and _passed(result, "index fingerprint"):
             _verify_fetch(result, manifest)
     return result
+
+
+def _root(root: str) -> Path | str:
+    """A data root: a local directory, or an object store URL kept as it is."""
+    return root.rstrip("/") if is_url(root) else Path(root).absolute()
 
 
 def _passed(result: VerifyResult, name: str) -> bool:
@@ -279,12 +303,14 @@ def _verify_index(
         result.add("index manifest", "index", str(exc), "")
         return None
     root = manifest.data.get("root")
+    if result.data_root is not None:
+        root = str(result.data_root)
     problem = _manifest_problem(manifest, root)
     files = sum(len(s["files"]) for s in manifest.sources)
     detail = f"{_count(len(manifest.sources), 'source')}, {_count(files, 'file')}, root {root}"
     result.add("index manifest", "index", problem, detail)
     _verify_fingerprint(result, manifest, footer)
-    if not (isinstance(root, str) and Path(root).is_absolute()):
+    if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return manifest
     for entry in manifest.sources:
         name = entry["name"]
@@ -294,21 +320,21 @@ def _verify_index(
             _table_problem(manifest, entry),
             f"{entry['table']}, checksum ok",
         )
-        problem, detail = _files_problem(Path(str(root)), entry, full)
+        problem, detail = _files_problem(_root(root), entry, full)
         result.add(f"source {name}: files", "data", problem, detail)
     return manifest
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
     """An unusable root, or file paths that are not relative paths inside it."""
-    if not (isinstance(root, str) and Path(root).is_absolute()):
+    if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return f"{manifest.path}: manifest `root` is not an absolute path ({root!r})"
     bad, first = 0, None
     for entry in manifest.sources:
         for i, item in enumerate(entry["files"]):
             where = f"{entry['name']} files[{i}]"
             try:
-                entry_paths(Path(root), item, where)
+                entry_paths(_root(root), item, where)
             except ValueError as exc:
                 bad += 1
                 first = first or f"{manifest.path}: {exc}"

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from mds.executor import storage
 from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
-from mds.executor.fingerprint import fingerprint, stat_signature
+from mds.executor.fingerprint import fingerprint, hashes_every_byte, stat_signature
 from mds.planner.atomic import (
     cannot_write,
     clean_stale_temps,
@@ -47,6 +48,7 @@ from mds.planner.index.manifest import (
     write_manifest,
 )
 from mds.planner.index.megatron import scan_megatron
+from mds.planner.index.objects import discover_objects, listing
 from mds.planner.index.parquet import scan_parquet
 from mds.planner.index.scan import ScanContext
 from mds.planner.lock import output_lock
@@ -178,6 +180,11 @@ def _resolve_tokenizer(spec: SourceSpec, root: Path) -> Path | None:
     if spec.length.tokenizer is None:
         return None
     path = Path(spec.length.tokenizer)
+    if storage.is_url(root) and not path.is_absolute():
+        raise ConfigError(
+            f"source '{spec.name}': `tokenizer` {spec.length.tokenizer!r} is relative to a data "
+            f"root in object storage ({root}); give a local path to the tokenizer.json"
+        )
     path = path if path.is_absolute() else root / path
     if not path.is_file():
         raise ConfigError(f"source '{spec.name}': `tokenizer` {path} not found")
@@ -191,16 +198,24 @@ def _plan_files(
     spec_key: str,
     old: dict | None,
 ) -> list[_File]:
-    reusable: dict[tuple[str, int, int, str], int] = {}
+    # A file's identity is its content: when its fingerprint covers every byte (a full one,
+    # or a sampled one of a small file) its rows are reused whatever its mtime, so data copied
+    # or synced without mtimes is not rescanned; otherwise the mtime must match too.
+    by_content: dict[tuple, int] = {}
+    by_stat: dict[tuple, int] = {}
     if old is not None and old.get("spec_key") == spec_key:
         for entry in old["files"]:
-            reusable[(entry["path"], entry["size"], entry["mtime_ns"], entry["fingerprint"])] = (
-                entry["id"]
-            )
-    return [
-        _File(f, size, mtime, fp, nbytes, reusable.get((f.rel, size, mtime, fp)))
-        for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True)
-    ]
+            key = (entry["path"], entry["size"], entry["fingerprint"])
+            by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
+    planned = []
+    for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
+        key = (f.rel, size, fp)
+        if hashes_every_byte(fp, size, nbytes - size):
+            reuse = by_content.get(key)
+        else:
+            reuse = by_stat.get((*key, mtime))
+        planned.append(_File(f, size, mtime, fp, nbytes, reuse))
+    return planned
 
 
 @dataclass
@@ -372,17 +387,30 @@ def build_index(
 ) -> IndexSummary:
     """Index every source of `config` into `output` (see the module docstring)."""
     started = clock()
+    remote = storage.is_url(config.root)  # objects: listed once, read with range requests
+    if remote and output is None and config.output is None:
+        raise ConfigError(
+            f"the data root {config.root} is in object storage: give the index a local "
+            "directory with -o/--output or [index] `output`"
+        )
     output = (output or config.output or (config.root / "index")).resolve()
     workers = workers or config.workers or max(1, min(8, os.cpu_count() or 1))
     progress = progress or Progress()
 
     check_output(
-        "-o", output, [("config file", config.path), ("data root", config.root)], directory=True
+        "-o",
+        output,
+        [("config file", config.path), ("data root", None if remote else config.root)],
+        directory=True,
     )
     # Discover everything first: a bad glob fails before any work is done.
+    keys = listing(str(config.root)) if remote else ()
     discovered = []
     for spec in config.sources:
-        files = discover(spec, config.root, exclude=(output,))
+        if remote:
+            files = discover_objects(spec, str(config.root), keys)
+        else:
+            files = discover(spec, config.root, exclude=(output,))
         discovered.append((resolve_format(spec, files[0].format), files))
     tokenizers = {spec.name: _resolve_tokenizer(spec, config.root) for spec, _ in discovered}
     check_output(
@@ -390,7 +418,7 @@ def build_index(
         output,
         [
             *(("tokenizer", t) for t in tokenizers.values()),
-            *(("source file", f.path) for _, files in discovered for f in files),
+            *(("source file", None if remote else f.path) for _, fs in discovered for f in fs),
         ],
         directory=True,
     )

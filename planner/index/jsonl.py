@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import zstandard
 
+from mds.executor import storage
 from mds.executor.errors import SourceDataError
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import (
@@ -248,6 +249,9 @@ def _note_families(frame: pl.DataFrame, idx: np.ndarray, line0: int, seen: dict)
 
 
 def _open(file: DataFile):
+    if storage.is_url(file.path):  # an object: read in order, a range request per chunk
+        raw = storage.open_input(file.path)
+        return raw, (ZstdFrames(raw, file.rel) if file.format == "jsonl.zst" else raw)
     try:
         raw = open(file.path, "rb")  # noqa: SIM115 - closed by the caller
     except OSError as exc:

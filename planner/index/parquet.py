@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from mds.executor import storage
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import check_column_type, checked_lengths, text_lengths
 from mds.planner.index.parquet_levels import list_lengths
@@ -12,10 +13,25 @@ from mds.planner.index.scan import ScanContext, missing_column, reading
 __all__ = ["scan_parquet"]
 
 
+def _object_columns(file: DataFile, spec) -> pl.LazyFrame:
+    """The columns the index reads of a Parquet object: its footer, then only their column
+    chunks, by byte-range requests (pyarrow coalesces neighbouring ranges)."""
+    import pyarrow.parquet as pq
+
+    with storage.open_input(file.path) as f, pq.ParquetFile(f, pre_buffer=True) as parquet:
+        names = parquet.schema_arrow.names
+        for column in spec.columns():
+            if column not in names:
+                raise missing_column(file, column, names)
+        table = parquet.read(columns=list(spec.columns()), use_threads=False)
+    return pl.from_arrow(table).lazy()
+
+
 def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     spec = ctx.spec
+    remote = storage.is_url(file.path)
     with reading(file, "Parquet file"):
-        lazy = pl.scan_parquet(file.path)
+        lazy = _object_columns(file, spec) if remote else pl.scan_parquet(file.path)
         schema = lazy.collect_schema()
     for column in spec.columns():
         if column not in schema:
@@ -32,7 +48,7 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         check_column_type(schema[spec.text], "text", spec.text, f"{file.rel}: ")
 
     with reading(file, "Parquet file"):
-        fast = list_lengths(file.path, column) if kind == "tokens" else None
+        fast = list_lengths(file.path, column) if kind == "tokens" and not remote else None
         exprs = [pl.col(c) for c in spec.keep]
         if kind == "tokens" and fast is None:
             exprs.append(pl.col(column).list.len().cast(pl.Int64).alias("__n"))

@@ -106,8 +106,9 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
         PlanExecutor(moved, 0, tokenize=word_ids)
     assert re.fullmatch(
         rf"source '\w+': [\w/.-]+: missing under the data root {re.escape(str(moved.parent))} "
-        r"\(recorded relative to the plan's directory as '\.'\); if the plan or the data moved, "
-        "pass data_root= with the directory the index was built over",
+        r"\(recorded relative to the plan's directory as '\.'\); if the plan or the data moved: "
+        r"pass data_root= \(or --data-root, or set MDS_DATA_ROOT\) with the directory that now "
+        "holds the indexed data; no re-index or re-plan is needed",
         str(info.value),
     ), str(info.value)
     # The fixes the messages name work.

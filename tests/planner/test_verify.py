@@ -313,14 +313,23 @@ def test_megatron_idx_edit_fails_full(work):
     assert detail.startswith("math/math_text_document.bin: content changed")
 
 
-def test_touched_file_fails_the_stat_check(work):
+def test_touched_file_passes_the_stat_check_by_its_content(work):
     path = work / "data" / "web" / "part-00001.parquet"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert verify_plan(work / "plan.mds").ok  # only the mtime differs: the content matches
+    assert verify_plan(work / "plan.mds", full=True).ok
+
+
+def test_changed_file_with_a_new_mtime_fails_the_stat_check(work):
+    path = work / "data" / "web" / "part-00001.parquet"
+    flip(path, path.stat().st_size // 2)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     name, detail = failure(verify_plan(work / "plan.mds"))
     assert name == "source web: files"
-    assert detail.startswith("web/part-00001.parquet: modified (mtime_ns")
-    assert verify_plan(work / "plan.mds", full=True).ok  # content is unchanged
+    assert detail.startswith("web/part-00001.parquet: content changed (sampled fingerprint")
+    assert "modified (mtime_ns" in detail
 
 
 def test_grown_file_fails_the_stat_check(work):

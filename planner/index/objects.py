@@ -1,0 +1,98 @@
+"""A source's files when the data root is an object store prefix (s3://bucket/prefix).
+
+One listing of the prefix (a few requests per thousand objects) gives every key and size;
+a source's `path` patterns are matched against the keys relative to the root: a key, a
+glob (`*`, `?`, `**` across directories) or a directory prefix (every data object under it).
+As on a file system, hidden names (a part starting with ".") and anything inside an mds
+index (a directory holding manifest.json) are never data. Only formats read with byte-range
+requests are accepted (storage.OBJECT_FORMATS).
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import PurePosixPath
+
+from mds.executor import storage
+from mds.executor.errors import ConfigError
+from mds.executor.manifest import MANIFEST
+from mds.planner.config import SourceSpec
+from mds.planner.index.discover import DataFile, detect_format
+
+__all__ = ["discover_objects", "listing"]
+
+
+def listing(root: str) -> tuple[str, ...]:
+    """Every candidate key under `root` (relative, sorted): list once per build."""
+    keys = [key for key, _size in storage.list_objects(root)]
+    indexes = {str(PurePosixPath(k).parent) for k in keys if PurePosixPath(k).name == MANIFEST}
+    return tuple(
+        k
+        for k in keys
+        if not any(part.startswith(".") for part in PurePosixPath(k).parts)
+        and not any(str(parent) in indexes for parent in PurePosixPath(k).parents)
+    )
+
+
+def _pattern(glob_text: str) -> re.Pattern[str]:
+    """A glob over keys as a regex: `**/` any directories, `*` and `?` within one part."""
+    out, i = [], 0
+    while i < len(glob_text):
+        if glob_text.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob_text.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob_text[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif glob_text[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(glob_text[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list[DataFile]:
+    """The source's objects among `keys` (the root's `listing`), sorted; errors name the
+    pattern."""
+    where = f"source '{spec.name}': "
+    found: dict[str, DataFile] = {}
+    for raw in spec.paths:
+        pattern = raw.strip("/")
+        if PurePosixPath(pattern).is_absolute() or ".." in PurePosixPath(pattern).parts:
+            raise ConfigError(f"{where}`path` {raw!r} must be relative to the data root {root}")
+        if glob.has_magic(pattern):
+            regex = _pattern(pattern)
+            matches = [k for k in keys if regex.fullmatch(k)]
+        elif pattern in keys:
+            matches = [pattern]
+        else:  # a directory prefix: its data objects
+            matches = [
+                k for k in keys if k.startswith(pattern + "/") and detect_format(PurePosixPath(k))
+            ]
+        if not matches:
+            raise ConfigError(f"{where}`path` {raw!r} matches no objects under {root}")
+        for key in matches:
+            fmt = spec.format or detect_format(PurePosixPath(key))
+            if fmt is None:
+                raise ConfigError(
+                    f"{where}cannot tell the format of {root}/{key} from its name; set `format`"
+                )
+            if fmt not in storage.OBJECT_FORMATS:
+                raise ConfigError(
+                    f"{where}{root}/{key}: {storage.NOT_FROM_OBJECTS.format(fmt=fmt)}"
+                )
+            found[key] = DataFile(storage.join(root, key), key, fmt)  # type: ignore[arg-type]
+    files = sorted(found.values(), key=lambda f: f.rel)
+    formats = sorted({f.format for f in files})
+    if len(formats) > 1:
+        raise ConfigError(
+            f"{where}objects of several formats ({', '.join(formats)}); split them into sources "
+            "or narrow `path`"
+        )
+    return files

@@ -1,0 +1,260 @@
+"""Object storage end to end, against a real S3-protocol server on 127.0.0.1 (moto): index
+objects, plan, replay 2 ranks with resume, a relocated local copy, a changed or missing
+object, and a server that is down or hangs (an error naming the URL, never a hang)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from builders import write_jsonl, write_parquet
+from cli_helpers import mds, one_error_line
+from executor_builders import batch_digest
+from s3_store import free_port, s3_server, silent_server
+
+from mds.executor import PlanExecutor
+from mds.executor.errors import DataChangedError, SourceDataError
+from mds.executor.storage import DATA_ROOT_ENV
+
+CONFIG = """
+[index]
+root = "{root}"
+
+[[source]]
+name = "web"
+path = "web/*.parquet"
+tokens = "tokens"
+keep = ["lang"]
+weight = 0.6
+
+[[source]]
+name = "forum"
+path = "forum"
+tokens = "ids"
+weight = 0.4
+
+[train]
+steps = 12
+dp_size = 2
+micro_batches = 2
+samples_per_step = 8
+max_tokens_per_micro_batch = 400
+seed = 11
+
+[plan]
+chunk_steps = 4
+"""
+
+
+def _corpus(root: Path) -> None:
+    rng = np.random.default_rng(5)
+    for part in range(2):
+        rows = [rng.integers(0, 500, int(rng.integers(4, 60))).tolist() for _ in range(30)]
+        write_parquet(
+            root / "web" / f"part-{part}.parquet",
+            {"tokens": rows, "lang": ["en", "fr"] * 15},
+            row_group_size=7,
+        )
+    lines = [{"ids": rng.integers(0, 500, int(rng.integers(3, 40))).tolist()} for _ in range(40)]
+    write_jsonl(root / "forum" / "forum.jsonl", lines)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A corpus on local disk and the same objects in the store, each indexed and planned."""
+    top = tmp_path_factory.mktemp("objects")
+    _corpus(top / "local")
+    with pytest.MonkeyPatch.context() as patch, s3_server(patch) as store:
+        patch.delenv(DATA_ROOT_ENV, raising=False)
+        url = store.upload(top / "local", "corpus")
+        for name, root in (("s3", url), ("local", str(top / "local"))):
+            config = top / f"{name}.toml"
+            config.write_text(CONFIG.format(root=root), encoding="utf-8")
+            out = mds("index", config, "-o", top / f"{name}-index", "--json")
+            assert out.exit_code == 0, out.output
+            out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
+            assert out.exit_code == 0, out.output
+        yield top, store, url
+
+
+def _run(plan: Path, rank: int, **kwargs) -> list[str]:
+    with PlanExecutor(plan, rank, **kwargs) as ex:
+        return [batch_digest(b) for b in ex]
+
+
+def test_an_index_of_objects_is_the_index_of_the_same_files(world):
+    top, _, url = world
+    s3 = json.loads((top / "s3-index" / "manifest.json").read_text())
+    local = json.loads((top / "local-index" / "manifest.json").read_text())
+    assert s3["root"] == url
+    assert s3["fingerprint"] == local["fingerprint"]  # identity is content
+    assert [f["path"] for s in s3["sources"] for f in s["files"]] == [
+        "web/part-0.parquet",
+        "web/part-1.parquet",
+        "forum/forum.jsonl",
+    ]
+    assert [s["rows"] for s in s3["sources"]] == [s["rows"] for s in local["sources"]]
+
+
+def test_two_ranks_replay_objects_and_resume(world):
+    top, _, _ = world
+    for rank in range(2):
+        expected = _run(top / "local.mds", rank)
+        assert _run(top / "s3.mds", rank) == expected
+        assert _run(top / "s3.mds", rank, read_ahead=0) == expected
+        with PlanExecutor(top / "s3.mds", rank) as ex:
+            it = iter(ex)
+            for _ in range(7):
+                next(it)
+            state = ex.state_dict()
+        with PlanExecutor(top / "s3.mds", rank) as ex:
+            ex.load_state_dict(state)
+            assert [batch_digest(b) for b in ex] == expected[7:]
+
+
+def test_dataloader_workers_read_objects(world):
+    """Forked workers open their own readers of the objects (after the parent read some)."""
+    top, _, _ = world
+    expected = _run(top / "local.mds", 0)
+    with PlanExecutor(top / "s3.mds", 0) as ex:
+        next(iter(ex))
+        ex.seek(0)
+        assert [batch_digest(b) for b in ex.dataloader(num_workers=2)] == expected
+
+
+def test_a_local_copy_replays_the_plan_made_from_objects(world, tmp_path, monkeypatch):
+    top, _, _ = world
+    copy = tmp_path / "copy"
+    shutil.copytree(top / "local", copy, copy_function=shutil.copyfile)  # new mtimes
+    expected = _run(top / "local.mds", 1)
+    assert _run(top / "s3.mds", 1, data_root=copy) == expected
+    monkeypatch.setenv(DATA_ROOT_ENV, str(copy))
+    assert _run(top / "s3.mds", 1) == expected
+    result = mds("verify", top / "s3.mds")
+    assert result.exit_code == 0, result.output
+
+
+def test_objects_replay_a_plan_made_from_local_files(world, monkeypatch):
+    top, _, url = world
+    expected = _run(top / "local.mds", 0)
+    assert _run(top / "local.mds", 0, data_root=url) == expected
+    monkeypatch.setenv(DATA_ROOT_ENV, url)
+    assert mds("verify", top / "local.mds").exit_code == 0
+
+
+def test_a_changed_object_is_an_error_naming_it(world):
+    top, store, _ = world
+    key = "corpus/forum/forum.jsonl"
+    original = store.get(key)
+    try:
+        store.put(key, original + b'{"ids": [1, 2]}\n')  # grown
+        with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: size changed"):
+            _run(top / "s3.mds", 0)
+        raw = bytearray(original)
+        raw[raw.index(b"[") + 1] ^= 0x01  # same size, a digit changed
+        store.put(key, bytes(raw))
+        with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: content changed"):
+            _run(top / "s3.mds", 0, verify="full")
+        one_error_line(
+            mds("verify", top / "s3.mds", "--full"), "forum/forum.jsonl: content changed"
+        )
+    finally:
+        store.put(key, original)
+    _run(top / "s3.mds", 0)  # restored: a new mtime, the same content
+
+
+def test_a_missing_object_is_an_error_naming_it(world):
+    top, store, _ = world
+    key = "corpus/web/part-1.parquet"
+    original = store.get(key)
+    try:
+        store.delete(key)
+        with pytest.raises(DataChangedError, match=r"web/part-1.parquet: missing"):
+            _run(top / "s3.mds", 0)
+        one_error_line(mds("verify", top / "s3.mds"), "web/part-1.parquet: missing")
+    finally:
+        store.put(key, original)
+
+
+def test_a_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch):
+    top, _, url = world
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after 2 attempts"):
+        _run(top / "s3.mds", 0)
+    one_error_line(mds("index", top / "s3.toml", "-o", top / "down-index"), url, "after 2 attempts")
+
+
+def test_a_server_lost_mid_run_is_an_error_naming_the_url(world, monkeypatch):
+    """Readers already open: the failed range read names the object, after the retries."""
+    top, _, url = world
+    with s3_server(monkeypatch) as private:  # a second server with the same objects
+        private.upload(top / "local", "corpus")
+        ex = PlanExecutor(top / "s3.mds", 0, read_ahead=0, cache_bytes=0)
+        it = iter(ex)
+        next(it)
+    try:  # the server is stopped now
+        with pytest.raises(SourceDataError, match=rf"^{url}/\S+") as info:
+            for _ in it:
+                pass
+        assert "cannot read" in str(info.value) or "attempt" in str(info.value)
+    finally:
+        ex.close()
+
+
+def test_a_server_that_hangs_times_out_with_the_url(world, monkeypatch):
+    top, _, url = world
+    monkeypatch.setenv("MDS_S3_TIMEOUT", "0.5")
+    monkeypatch.setenv("MDS_S3_ATTEMPTS", "1")
+    with silent_server() as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after 1 attempt \("):
+            _run(top / "s3.mds", 0)
+
+
+def test_formats_that_need_a_file_are_refused_in_object_storage(world, tmp_path):
+    top, store, _ = world
+    store.put("zst/code.jsonl.zst", b"\x28\xb5\x2f\xfd")
+    config = tmp_path / "zst.toml"
+    config.write_text(
+        f'[index]\nroot = "{store.url("zst")}"\n\n[[source]]\nname = "code"\n'
+        'path = "*.jsonl.zst"\ntokens = "ids"\n',
+        encoding="utf-8",
+    )
+    one_error_line(mds("index", config, "-o", tmp_path / "i"), "not read from object storage")
+
+
+def test_range_reads_of_an_object_are_exact_and_cached(world, monkeypatch):
+    from mds.executor import storage
+    from mds.executor.lru import LRU
+
+    top, store, _ = world
+    monkeypatch.setattr(storage, "RANGE_BLOCK", 64)  # many blocks, several runs per call
+    body = bytes(range(256)) * 40
+    store.put("ranges/blob", body)
+    blocks = LRU(max_bytes=1 << 20)
+    requests: list[tuple[int, int]] = []
+    read_run = storage.RangeFile._read_run
+
+    def counted(self, run):
+        requests.append(run)
+        return read_run(self, run)
+
+    monkeypatch.setattr(storage.RangeFile, "_read_run", counted)
+    f = storage.RangeFile(store.url("ranges/blob"), blocks)
+    rng = np.random.default_rng(3)
+    starts = rng.integers(0, len(body) - 300, 50)
+    sizes = rng.integers(0, 300, 50)
+    assert f.read_ranges(starts, sizes) == [
+        body[s : s + n] for s, n in zip(starts, sizes, strict=True)
+    ]
+    first = len(requests)
+    assert 1 < first < 50  # neighbouring blocks joined into one request per run
+    assert f.read_ranges(starts[::-1], sizes[::-1]) == [
+        body[s : s + n] for s, n in zip(starts[::-1], sizes[::-1], strict=True)
+    ]
+    assert len(requests) == first  # served from the block cache
+    assert f.read_ranges([len(body) - 5], [5]) == [body[-5:]]
+    f.close()
