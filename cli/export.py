@@ -6,18 +6,20 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 
 __all__ = ["export_command"]
 
 
 def export_command(
-    plan: Path = typer.Argument(..., help="Plan file written by `mds plan`."),
-    output: Path = typer.Option(..., "--output", "-o", help="Parquet file to write."),
-    index: Path | None = typer.Option(
-        None, "--index", help="Index directory (default: the one the plan names)."
+    plan: Path = typer.Argument(..., metavar="PLAN", help="Plan file written by `mds plan`."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", metavar="FILE", help="Parquet file to write."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+    index: Path | None = typer.Option(
+        None, "--index", metavar="DIR", help="Index directory (default: the one the plan names)."
+    ),
+    json_out: bool = json_option("Print a JSON summary."),
 ) -> None:
     """Export a plan as a flat Parquet table: step, rank, micro_batch, source, row, file
     and location in it, n_tokens, cost and kept metadata, one row per planned sample.

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 from mds.executor.errors import ConfigError
 
 __all__ = ["bar", "inspect_command", "resample", "sparkline"]
@@ -22,23 +22,34 @@ _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
 def inspect_command(
-    path: Path = typer.Argument(..., help="An index directory or a plan file."),
+    path: Path = typer.Argument(
+        ..., metavar="INDEX|PLAN", help="An index directory or a plan file."
+    ),
     step: int | None = typer.Option(
-        None, "--step", help="Plan: show this step sample by sample (0-based)."
+        None, "--step", metavar="STEP", help="Plan: show this step sample by sample (0-based)."
     ),
     rank: list[int] = typer.Option(
-        [], "--rank", help="With --step: only this DP rank (repeatable; default: all)."
+        [],
+        "--rank",
+        metavar="RANK",
+        help="With --step: only this DP rank (repeatable; default: all).",
     ),
     index: Path | None = typer.Option(
-        None, "--index", help="Plan: index directory (default: the one the plan names)."
+        None,
+        "--index",
+        metavar="DIR",
+        help="Plan: index directory (default: the one the plan names).",
     ),
     files: bool = typer.Option(
         False, "--files", help="Index: list every file with size and fingerprint."
     ),
     html: Path | None = typer.Option(
-        None, "--html", help="Write a self-contained HTML report to this file instead."
+        None,
+        "--html",
+        metavar="FILE",
+        help="Write a self-contained HTML report to this file instead.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: bool = json_option("Print the report as JSON."),
 ) -> None:
     """Show what an index or a plan holds: sizes, lengths, mix, balance, or one step.
 

@@ -6,31 +6,45 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 
 __all__ = ["plan_command"]
 
 
 def plan_command(
     config: Path = typer.Argument(
-        ..., help="TOML config with [train], [cost] and weighted [[source]] tables."
+        ...,
+        metavar="CONFIG",
+        help="TOML config with [train], [cost] and weighted [[source]] tables.",
     ),
-    output: Path = typer.Option(..., "--output", "-o", help="Plan file to write."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="FILE", help="Plan file to write."),
     index: Path | None = typer.Option(
-        None, "--index", help="Index directory (default: [plan].index, else [index].output)."
+        None,
+        "--index",
+        metavar="DIR",
+        help="Index directory (default: [plan].index, else [index].output).",
     ),
-    steps: int | None = typer.Option(None, "--steps", help="Override [train] steps."),
-    dp_size: int | None = typer.Option(None, "--dp-size", help="Override [train] dp_size."),
+    steps: int | None = typer.Option(None, "--steps", metavar="N", help="Override [train] steps."),
+    dp_size: int | None = typer.Option(
+        None, "--dp-size", metavar="N", help="Override [train] dp_size."
+    ),
     workers: int | None = typer.Option(
-        None, "--workers", "-j", min=1, help="Chunks planned in parallel."
+        None, "--workers", "-j", min=1, metavar="N", help="Chunks planned in parallel."
     ),
     parent: Path | None = typer.Option(
-        None, "--from", help="Re-plan: continue this plan from --at-step with the new config."
+        None,
+        "--from",
+        metavar="PLAN",
+        help="Re-plan: continue this plan from --at-step with the new config.",
     ),
     at_step: int | None = typer.Option(
-        None, "--at-step", min=0, help="With --from: the first step the new config plans."
+        None,
+        "--at-step",
+        min=0,
+        metavar="K",
+        help="With --from: the first step the new config plans.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
+    json_out: bool = json_option("Print a JSON summary instead of a table."),
 ) -> None:
     """Plan which samples every DP rank and micro-batch trains on at every step.
 

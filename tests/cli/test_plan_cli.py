@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from cli_helpers import mds, one_error_line
+from cli_helpers import json_error, mds, one_error_line
 from plan_builders import SAMPLE_CONFIG, sample_index, write_source
 
 from mds.executor.planfile import PlanReader
@@ -192,9 +192,11 @@ def test_missing_config_file(tmp_path):
 
 def test_missing_index(tmp_path):
     path = config(tmp_path)
-    one_error_line(
+    one_error_line(mds("plan", path, "-o", tmp_path / "p.mds"), "not an mds index", "mds index")
+    error = json_error(
         mds("plan", path, "-o", tmp_path / "p.mds", "--json"), "not an mds index", "mds index"
     )
+    assert error["type"] == "IndexFormatError"
 
 
 def test_plan_errors(tmp_path):
