@@ -1,7 +1,8 @@
 """mds: plan the data of a multi-source, data-parallel training run offline, replay it in training.
 
-The package is assembled from three folders (`cli/`, `planner/`, `executor/`; see
-pyproject.toml). This module stays import-light: `import mds.executor` must not pull in
+The package is assembled from four folders (this one, `package/`, and `cli/`, `planner/`,
+`executor/`; see pyproject.toml). The folder is not named `mds` so that a source checkout
+never shadows an installed package when run from its root. This module stays import-light: `import mds.executor` must not pull in
 polars or the command line, and nothing here imports torch.
 """
 
