@@ -35,7 +35,7 @@ def diff_command(
         mds plan sample_data/mds.toml -o build/plan-8.mds --dp-size 8
         mds diff build/plan.mds build/plan-8.mds
         mds diff build/plan.mds build/plan-new.mds --json
-        mds diff build/plan.mds build/plan-b.mds --exit-code > /dev/null || echo differ
+        mds diff build/plan.mds build/plan-2.mds --exit-code || echo differ
     """
     from mds.planner.diff import diff_plans
 

@@ -28,7 +28,7 @@ def export_command(
 
     \b
         mds export build/plan.mds -o build/plan.parquet
-        duckdb -c "SELECT step, rank, sum(cost) FROM 'build/plan.parquet' GROUP BY ALL"
+        duckdb -c "SELECT rank, sum(cost) FROM 'build/plan.parquet' GROUP BY 1"
     """
     from mds.planner.export import export_plan
 

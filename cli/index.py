@@ -63,7 +63,7 @@ def index_command(
         "--output",
         "-o",
         metavar="DIR",
-        help="Index directory (default: [index].output, else <root>/index).",
+        help="Index directory to write (default: [index].output, else <root>/index).",
     ),
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Files scanned in parallel."
@@ -140,8 +140,9 @@ def index_command(
     Example:
 
     \b
-        mds index sample_data/mds.toml -o index
-        mds index --path 'web/*.parquet' --tokens tokens --keep lang -o web-index
+        mds index sample_data/mds.toml -o build/index
+        mds index --path 'sample_data/web/*.parquet' --tokens tokens \\
+            --keep lang -o build/web
     """
     from mds.cli.progress import ByteProgress
     from mds.planner.config import load_config, parse_config

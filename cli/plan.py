@@ -55,11 +55,12 @@ def plan_command(
     Example:
 
     \b
-        mds index sample_data/mds.toml
+        mds index sample_data/mds.toml -o build/index
         mds plan sample_data/mds.toml -o build/plan.mds
-        mds plan sample_data/mds.toml -o build/plan-8.mds --dp-size 8 --json
-        mds plan sample_data/mds.toml -o plan.mds --index build/other-index
-        mds plan new-mix.toml -o build/plan-b.mds --from build/plan.mds --at-step 20
+        mds plan sample_data/mds.toml -o build/plan8.mds --dp-size 8 --json
+        mds plan sample_data/mds.toml -o build/plan.mds --index build/other-index
+        mds plan sample_data/new-mix.toml --index build/index \\
+            -o build/plan-2.mds --from build/plan.mds --at-step 32
 
     With --from and --at-step K the new plan holds steps K.. only: every source continues
     from its cursor in the old plan at K (nothing consumed is repeated within its epoch,
