@@ -104,7 +104,7 @@ def test_export(planned, tmp_path):
     assert f"wrote {summary['samples']:,} rows" in result.stdout
     frame = pl.read_parquet(target)
     assert frame.height == summary["samples"]
-    assert frame.columns[:5] == ["step", "rank", "micro_batch", "source", "row"]
+    assert frame.columns[:6] == ["step", "rank", "micro_batch", "sample_id", "source", "row"]
     result = mds("export", out, "-o", tmp_path / "again.parquet", "--json")
     assert json.loads(result.stdout) == {
         "output": str(tmp_path / "again.parquet"),
