@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +27,18 @@ class ScanContext:
     chunk_bytes: int = 16 << 20
     # Set when the run is interrupted: a scanner checks it between chunks and stops.
     stop: threading.Event | None = None
+    # Told the bytes of the file read so far, chunk by chunk, so a progress bar moves
+    # during a large file and not only when it is done (called from the scanning thread).
+    progress: Callable[[int], None] | None = None
 
     def check_stop(self) -> None:
         if self.stop is not None and self.stop.is_set():
             raise Stopped()
+
+    def advance(self, nbytes: int) -> None:
+        """Report `nbytes` more bytes of the file scanned."""
+        if self.progress is not None and nbytes > 0:
+            self.progress(nbytes)
 
 
 class Stopped(Exception):
