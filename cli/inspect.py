@@ -13,7 +13,7 @@ import typer
 from mds.cli.output import console, json_option, print_json
 from mds.executor.errors import ConfigError
 
-__all__ = ["bar", "cost_unit", "inspect_command", "resample", "sparkline"]
+__all__ = ["bar", "cost_text", "cost_unit", "inspect_command", "resample", "sparkline"]
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
@@ -298,7 +298,8 @@ def cost_unit(cost: dict[str, Any]) -> str:
     return "FLOPs" if cost.get("origin") == "model" else "a*L + b*L^2"
 
 
-def _cost_row(cost: dict[str, Any]) -> str:
+def cost_text(cost: dict[str, Any]) -> str:
+    """A plan's cost model in one line, in its units."""
     if "expr" in cost:
         return f"expr {cost['expr']}"
     return f"{cost_unit(cost)}: a = {_value(cost['a'])}, b = {_value(cost['b'])}"
@@ -318,7 +319,7 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
         ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-        ("cost", _cost_row(h["cost"])),
+        ("cost", cost_text(h["cost"])),
         ("index fingerprint", h["index_fingerprint"]),
         ("index", _esc(h["index_path"])),
         ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),

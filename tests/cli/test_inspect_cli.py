@@ -372,7 +372,7 @@ def test_html_reports_are_well_formed(html_reports):
     assert plan.count("<svg") == 7  # six share charts and the imbalance chart
     assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
     step = check_html(html_reports["step"])
-    assert "cost units per rank" in step
+    assert "cost per rank (as configured)" in step
     leftovers = [p for p in html_reports["index"].parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # atomic write: no temporary files stay
 
