@@ -207,6 +207,8 @@ def test_wheel_in_a_clean_venv(tmp_path):
         "print(sorted(m for m in ('torch', 'polars') if m in sys.modules))"
     )
     assert run(py, "-c", code).stdout.strip() == "[]"
+    typed = "import importlib.resources as r; print(r.files('mds').joinpath('py.typed').is_file())"
+    assert run(py, "-c", typed).stdout == "True\n"
     missing = run(exe, "plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", check=False)
     assert missing.returncode == 1
     assert "pip install 'mds-planner[plan]'" in missing.stderr
