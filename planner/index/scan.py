@@ -40,6 +40,20 @@ class ScanContext:
         if self.progress is not None and nbytes > 0:
             self.progress(nbytes)
 
+    def fraction_of(self, file: DataFile) -> Callable[[float], None]:
+        """A callback for work measured as a fraction of a file (tokenizing its text
+        column): it reports the bytes that fraction stands for."""
+        size = file.path.stat().st_size
+        reported = 0
+
+        def done(fraction: float) -> None:
+            nonlocal reported
+            now = int(size * min(max(fraction, 0.0), 1.0))
+            self.advance(now - reported)
+            reported = max(reported, now)
+
+        return done
+
 
 class Stopped(Exception):
     """A scan ended early because the run was interrupted (never shown to the user)."""
