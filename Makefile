@@ -17,7 +17,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,tokenizers]"
+	# a venv made before the distribution was renamed to mds-planner still holds `mds`
+	$(BIN)/python -m pip uninstall --quiet --yes mds 2>/dev/null || true
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[plan,train,tokenizers,dev]"
 	touch $@
 
 demo: setup

@@ -6,21 +6,28 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import ERROR_EXIT, console, json_option, print_json
 
 __all__ = ["diff_command"]
 
 
 def diff_command(
-    plan_a: Path = typer.Argument(..., help="First plan file (A)."),
-    plan_b: Path = typer.Argument(..., help="Second plan file (B)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+    ctx: typer.Context,
+    plan_a: Path = typer.Argument(..., metavar="PLAN_A", help="First plan file (A)."),
+    plan_b: Path = typer.Argument(..., metavar="PLAN_B", help="Second plan file (B)."),
+    exit_code: bool = typer.Option(
+        False,
+        "--exit-code",
+        help="Exit 1 if the plans differ, 0 if identical (and 2 if a plan cannot be read).",
+    ),
+    json_out: bool = json_option("Print the differences as JSON."),
 ) -> None:
     """Compare two plans: whether they are identical, which config keys differ, the first
     step and DP rank whose samples differ (and whether that step has the same samples,
     only assigned differently), and each source's share of the samples in both.
 
-    Exits 0 whether or not the plans differ; 1 only if a plan cannot be read.
+    Exits 0 whether or not the plans differ and 1 if a plan cannot be read; with
+    --exit-code, like diff(1): 0 identical, 1 different, 2 a plan cannot be read.
 
     Example:
 
@@ -28,14 +35,19 @@ def diff_command(
         mds plan sample_data/mds.toml -o build/plan-8.mds --dp-size 8
         mds diff build/plan.mds build/plan-8.mds
         mds diff build/plan.mds build/plan-new.mds --json
+        mds diff build/plan.mds build/plan-2.mds --exit-code || echo differ
     """
     from mds.planner.diff import diff_plans
 
+    if exit_code:
+        ctx.meta[ERROR_EXIT] = 2
     result = diff_plans(plan_a, plan_b)
     if json_out:
         print_json(result.to_json())
-        return
-    _print_diff(result)
+    else:
+        _print_diff(result)
+    if exit_code and not result.identical:
+        raise typer.Exit(1)
 
 
 def _print_diff(d) -> None:

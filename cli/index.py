@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 from mds.executor.errors import ConfigError
 
 __all__ = ["index_command"]
@@ -56,13 +56,17 @@ def _adhoc_root(patterns: list[str]) -> Path:
 
 def index_command(
     config: Path | None = typer.Argument(
-        None, help="TOML config with [[source]] tables.", show_default=False
+        None, metavar="CONFIG", help="TOML config with [[source]] tables.", show_default=False
     ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Index directory (default: [index].output, else <root>/index)."
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Index directory to write (default: [index].output, else <root>/index).",
     ),
     workers: int | None = typer.Option(
-        None, "--workers", "-j", min=1, help="Files scanned in parallel."
+        None, "--workers", "-j", min=1, metavar="N", help="Files scanned in parallel."
     ),
     full_fingerprint: bool = typer.Option(
         False, "--full-fingerprint", help="Hash every byte of every file instead of sampled blocks."
@@ -70,48 +74,66 @@ def index_command(
     data_root: str | None = typer.Option(
         None,
         "--data-root",
+        metavar="DIR|URL",
         help="Data root to index instead of the config's [index].root (data that moved).",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
+    json_out: bool = json_option("Print a JSON summary instead of a table."),
     path: list[str] = typer.Option(
         [],
         "--path",
+        metavar="PATH|GLOB",
         help="Ad-hoc source instead of CONFIG: file, dir or glob (repeatable).",
         rich_help_panel="Ad-hoc source",
     ),
     name: str | None = typer.Option(
-        None, "--name", help="Ad-hoc source name.", rich_help_panel="Ad-hoc source"
+        None, "--name", metavar="NAME", help="Ad-hoc source name.", rich_help_panel="Ad-hoc source"
     ),
     fmt: str | None = typer.Option(
         None,
         "--format",
+        metavar="FORMAT",
         help="parquet, jsonl, jsonl.zst, arrow or megatron.",
         rich_help_panel="Ad-hoc source",
     ),
     tokens: str | None = typer.Option(
-        None, "--tokens", help="Token-id list column.", rich_help_panel="Ad-hoc source"
+        None,
+        "--tokens",
+        metavar="COLUMN",
+        help="Token-id list column.",
+        rich_help_panel="Ad-hoc source",
     ),
     count: str | None = typer.Option(
-        None, "--count", help="Integer token-count column.", rich_help_panel="Ad-hoc source"
+        None,
+        "--count",
+        metavar="COLUMN",
+        help="Integer token-count column.",
+        rich_help_panel="Ad-hoc source",
     ),
     text: str | None = typer.Option(
-        None, "--text", help="Text column (payload).", rich_help_panel="Ad-hoc source"
+        None,
+        "--text",
+        metavar="COLUMN",
+        help="Text column (payload).",
+        rich_help_panel="Ad-hoc source",
     ),
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
+        metavar="FILE",
         help="Local tokenizer.json to count tokens of --text.",
         rich_help_panel="Ad-hoc source",
     ),
     estimate: str | None = typer.Option(
         None,
         "--estimate",
+        metavar="RULE",
         help='Labelled estimate, e.g. "bytes/4".',
         rich_help_panel="Ad-hoc source",
     ),
     keep: list[str] = typer.Option(
         [],
         "--keep",
+        metavar="COLUMNS",
         help="Metadata columns to keep (comma-separated, repeatable).",
         rich_help_panel="Ad-hoc source",
     ),
@@ -124,9 +146,10 @@ def index_command(
     Example:
 
     \b
-        mds index sample_data/mds.toml -o index
-        mds index --path 'web/*.parquet' --tokens tokens --keep lang -o web-index
-        mds index sample_data/mds.toml -o index --data-root /mnt/nvme/sample_data
+        mds index sample_data/mds.toml -o build/index
+        mds index --path 'sample_data/web/*.parquet' --tokens tokens \\
+            --keep lang -o build/web
+        mds index sample_data/mds.toml -o build/index --data-root /mnt/nvme/sample_data
     """
     from mds.cli.progress import ByteProgress
     from mds.planner.config import load_config, parse_config

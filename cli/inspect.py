@@ -10,10 +10,10 @@ from typing import Any
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 from mds.executor.errors import ConfigError
 
-__all__ = ["bar", "inspect_command", "resample", "sparkline"]
+__all__ = ["bar", "cost_text", "cost_unit", "inspect_command", "resample", "sparkline"]
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
@@ -22,23 +22,34 @@ _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
 def inspect_command(
-    path: Path = typer.Argument(..., help="An index directory or a plan file."),
+    path: Path = typer.Argument(
+        ..., metavar="INDEX|PLAN", help="An index directory or a plan file."
+    ),
     step: int | None = typer.Option(
-        None, "--step", help="Plan: show this step sample by sample (0-based)."
+        None, "--step", metavar="STEP", help="Plan: show this step sample by sample (0-based)."
     ),
     rank: list[int] = typer.Option(
-        [], "--rank", help="With --step: only this DP rank (repeatable; default: all)."
+        [],
+        "--rank",
+        metavar="RANK",
+        help="With --step: only this DP rank (repeatable; default: all).",
     ),
     index: Path | None = typer.Option(
-        None, "--index", help="Plan: index directory (default: the one the plan names)."
+        None,
+        "--index",
+        metavar="DIR",
+        help="Plan: index directory (default: the one the plan names).",
     ),
     files: bool = typer.Option(
         False, "--files", help="Index: list every file with size and fingerprint."
     ),
     html: Path | None = typer.Option(
-        None, "--html", help="Write a self-contained HTML report to this file instead."
+        None,
+        "--html",
+        metavar="FILE",
+        help="Write a self-contained HTML report to this file instead.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: bool = json_option("Print the report as JSON."),
 ) -> None:
     """Show what an index or a plan holds: sizes, lengths, mix, balance, or one step.
 
@@ -72,8 +83,17 @@ def inspect_command(
         print_json(report)
     elif html is None and report["kind"] == "index":
         print_index(report, files)
+    elif html is None and report["kind"] == "plan":
+        print_plan(report)
     elif html is None:
-        (print_plan if report["kind"] == "plan" else print_step)(report)
+        print_step(report, cost_unit(_plan_cost(path)))
+
+
+def _plan_cost(path: Path) -> dict[str, Any]:
+    from mds.executor.planfile import PlanReader
+
+    with PlanReader(path) as reader:
+        return reader.footer["config"]["cost"]
 
 
 def _report(
@@ -170,9 +190,19 @@ def _table(title: str | None = None, *columns: str, left: tuple[int, ...] = (0,)
 
 def _pairs(title: str, rows: list[tuple[str, str]]):
     table = _table(title, "what", "value", show_header=False)
+    table.columns[0].no_wrap = True
+    table.columns[1].overflow = "fold"  # only a value longer than the screen is cut
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _only_wraps(table, column: int) -> None:
+    """Every column but `column` keeps its values on one line, so on a narrow screen only
+    that one (file names) gives way, and only as much as needed."""
+    for i, col in enumerate(table.columns):
+        col.no_wrap = i != column
+    table.columns[column].overflow = "fold"
 
 
 # --- index -------------------------------------------------------------------------------------
@@ -234,7 +264,18 @@ def _print_source(s: dict[str, Any], files: bool) -> None:
         console.print(f"  {m['column']} [{m['dtype']}]: {text}{nulls}")
     if files:
         table = _table(None, "file", "size", "rows", "tokens", "fingerprint", left=(0, 4))
-        table.columns[4].overflow = "fold"
+        # the fingerprint is cut short (JSON has it whole) before a file name is split
+        heads = ["file", "size", "rows", "tokens"]
+        cells = [
+            [f["path"], f"{f['size']:,}", f"{f['rows']:,}", f"{f['tokens']:,}"] for f in s["files"]
+        ]
+        widths = [max(len(row[i]) for row in [heads, *cells]) for i in range(4)]
+        for i, col in enumerate(table.columns):
+            col.no_wrap = i in (1, 2, 3)
+        table.columns[0].overflow = "fold"
+        table.columns[4].overflow = "ellipsis"
+        # 16: the borders and padding of five columns
+        table.columns[4].max_width = max(16, console.width - 16 - sum(widths))
         for f in s["files"]:
             table.add_row(
                 _esc(f["path"]),
@@ -247,6 +288,21 @@ def _print_source(s: dict[str, Any], files: bool) -> None:
 
 
 # --- plan --------------------------------------------------------------------------------------
+
+
+def cost_unit(cost: dict[str, Any]) -> str:
+    """What a plan's costs are measured in: FLOPs for a model shape, the formula for given
+    coefficients, or the user's expression."""
+    if "expr" in cost:
+        return str(cost["expr"])
+    return "FLOPs" if cost.get("origin") == "model" else "a*L + b*L^2"
+
+
+def cost_text(cost: dict[str, Any]) -> str:
+    """A plan's cost model in one line, in its units."""
+    if "expr" in cost:
+        return f"expr {cost['expr']}"
+    return f"{cost_unit(cost)}: a = {_value(cost['a'])}, b = {_value(cost['b'])}"
 
 
 def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
@@ -263,8 +319,9 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
         ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-        ("cost model", ", ".join(f"{k} = {_value(v)}" for k, v in h["cost"].items())),
-        ("index fingerprint", f"{h['index_fingerprint']} ({_esc(h['index_path'])})"),
+        ("cost", cost_text(h["cost"])),
+        ("index fingerprint", h["index_fingerprint"]),
+        ("index", _esc(h["index_path"])),
         ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
         *_lineage_rows(h),
     ]
@@ -334,8 +391,11 @@ def _print_balance(report: dict[str, Any]) -> None:
     console.print(f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x")
     console.print(
         f"capacity fill: step tokens / (dp x micro x capacity) mean {_pct(fill['step']['mean'])}, "
-        f"min {_pct(fill['step']['min'])}; max micro-batch tokens / capacity mean "
-        f"{_pct(fill['max_micro_batch']['mean'])}, max {_pct(fill['max_micro_batch']['max'])}"
+        f"min {_pct(fill['step']['min'])}"
+    )
+    console.print(
+        f"largest micro-batch / capacity: mean {_pct(fill['max_micro_batch']['mean'])}, "
+        f"max {_pct(fill['max_micro_batch']['max'])}"
     )
 
 
@@ -366,7 +426,10 @@ def _print_charts(report: dict[str, Any]) -> None:
 # --- step --------------------------------------------------------------------------------------
 
 
-def print_step(report: dict[str, Any]) -> None:
+def print_step(report: dict[str, Any], unit: str = "cost units") -> None:
+    """One step sample by sample; costs as configured (`unit`: FLOPs, the a*L + b*L^2
+    formula or the user's expression). The balancer's integer units and JSONL byte offsets
+    are in the JSON, so the file names fit on an 80-column screen."""
     from rich.box import SIMPLE_HEAD
 
     ranks = report["ranks"]
@@ -376,31 +439,34 @@ def print_step(report: dict[str, Any]) -> None:
         else ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
     )
     table = _table(
-        f"step {report['step']} of {_esc(report['path'])} ({which}); cost in units",
-        "rank", "mb", "source", "row", "file", "file_row", "offset", "tokens", "cost",
-        left=(2, 4), box=SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
+        f"step {report['step']} ({which}); cost in {_esc(unit)}",
+        "rank", "mb", "source", "row", "file", "file_row", "tokens", "cost",
+        left=(2, 4), box=SIMPLE_HEAD, padding=0, pad_edge=False,
     )  # fmt: skip
-    table.columns[4].overflow = "fold"
+    _only_wraps(table, 4)
     for s in report["samples"]:
         table.add_row(
             str(s["rank"]), str(s["micro_batch"]), s["source"], str(s["row"]), _esc(s["file"]),
-            str(s["file_row"]), "-" if s["offset"] is None else str(s["offset"]),
-            f"{s['n_tokens']:,}", f"{s['cost_units']:.3g}",
+            str(s["file_row"]), f"{s['n_tokens']:,}", f"{s['cost']:.3g}",
         )  # fmt: skip
     console.print(table)
-    peak = max((r["cost_units"] for r in report["rank_totals"]), default=0)
+    peak = max((r["cost"] for r in report["rank_totals"]), default=0)
     totals = _table("per rank", "rank", "samples", "tokens", "cost", "micro-batch tokens", "")
     totals.columns[5].justify = "left"
     for r in report["rank_totals"]:
         micro = " / ".join(f"{m['tokens']:,}" for m in r["micro_batches"])
         totals.add_row(
-            str(r["rank"]), f"{r['samples']:,}", f"{r['tokens']:,}", f"{r['cost_units']:.4g}",
-            micro, bar(r["cost_units"], peak, 16),
+            str(r["rank"]), f"{r['samples']:,}", f"{r['tokens']:,}", f"{r['cost']:.4g}",
+            micro, bar(r["cost"], peak, 16),
         )  # fmt: skip
     console.print(totals)
     st = report["stats"]
+    # The step's stats are in the balancer's integer units; the shown samples give the
+    # scale back to configured cost.
+    units = sum(r["cost_units"] for r in report["rank_totals"])
+    scale = sum(r["cost"] for r in report["rank_totals"]) / units if units else 0.0
+    console.print(f"step: {st['samples']:,} samples, {st['tokens']:,} tokens")
     console.print(
-        f"step: {st['samples']:,} samples, {st['tokens']:,} tokens; max rank cost "
-        f"{st['max_rank_cost']:.4g} units, lower bound {st['lower_bound']:.4g}, naive "
-        f"{st['naive_max_rank_cost']:.4g}"
+        f"max rank cost {st['max_rank_cost'] * scale:.4g}, lower bound "
+        f"{st['lower_bound'] * scale:.4g}, naive {st['naive_max_rank_cost'] * scale:.4g}"
     )

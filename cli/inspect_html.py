@@ -8,6 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from mds.cli.inspect import cost_text
 from mds.cli.svg import PALETTE, bar_chart, line_chart
 from mds.planner.atomic import atomic_path, cannot_write
 
@@ -140,7 +141,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
                 ("step size", size),
                 ("capacity (tokens per micro-batch)", f"{h['capacity']:,}"),
                 ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-                ("cost model", ", ".join(f"{k} = {v}" for k, v in h["cost"].items())),
+                ("cost", cost_text(h["cost"])),
                 ("index fingerprint", f"{h['index_fingerprint']} ({h['index_path']})"),
                 ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
                 *(
@@ -252,17 +253,18 @@ def _step_body(r: dict[str, Any]) -> list[str]:
     totals = r["rank_totals"]
     out.append(
         bar_chart(
-            "cost units per rank",
+            "cost per rank (as configured)",
             [f"r{t['rank']}" for t in totals],
-            [t["cost_units"] for t in totals],
+            [t["cost"] for t in totals],
         )
     )
     rows = [
-        [t["rank"], f"{t['samples']:,}", f"{t['tokens']:,}", f"{t['cost_units']:,}",
-         " / ".join(f"{m['tokens']:,}" for m in t["micro_batches"])]
+        [t["rank"], f"{t['samples']:,}", f"{t['tokens']:,}", f"{t['cost']:.6g}",
+         f"{t['cost_units']:,}", " / ".join(f"{m['tokens']:,}" for m in t["micro_batches"])]
         for t in totals
     ]  # fmt: skip
-    out.append(_table(["rank", "samples", "tokens", "cost units", "micro-batch tokens"], rows))
+    head = ["rank", "samples", "tokens", "cost", "cost units", "micro-batch tokens"]
+    out.append(_table(head, rows))
     out.append("<h2>Samples</h2>")
     keys = ("rank", "micro_batch", "source", "row", "file", "file_row", "offset", "length")
     rows = [

@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from mds.cli.output import err_console
+from mds import DISTRIBUTION, __version__
+from mds.cli.output import ERROR_EXIT, err_console, json_requested, print_json
 from mds.executor.errors import MdsError
 
 __all__ = ["app", "run"]
@@ -20,24 +21,67 @@ __all__ = ["app", "run"]
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
 
+# Optional dependencies by the extra that installs them: a command that needs one that is
+# missing says which extra to install instead of showing a traceback.
+EXTRAS = {"polars": "plan", "torch": "train", "tokenizers": "tokenizers"}
+
+
+class MissingExtraError(MdsError):
+    """A command needs a package of an optional extra that is not installed."""
+
+
+def missing_extra(exc: ModuleNotFoundError) -> MdsError | None:
+    """The one-line error for an import of an optional dependency, or None for a bug."""
+    package = (exc.name or "").split(".")[0]
+    if package not in EXTRAS:
+        return None
+    extra = EXTRAS[package]
+    return MissingExtraError(
+        f"this command needs {package}, which is not installed: "
+        f"pip install '{DISTRIBUTION}[{extra}]'"
+    )
+
 
 class MdsGroup(TyperGroup):
-    """The one place where MdsError becomes a one-line message and a non-zero exit."""
+    """The one place where MdsError becomes a one-line message (or, with --json, a JSON
+    object on stdout) and a non-zero exit."""
 
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except MdsError as exc:
-            err_console.print(
-                f"[bold red]error:[/] {escape(str(exc))}",
-                highlight=False,
-                markup=True,
-                soft_wrap=True,
-            )
-            raise typer.Exit(EXIT_USER_ERROR) from None
+            _report(ctx, exc, ctx.meta.get(ERROR_EXIT, EXIT_USER_ERROR))
+        except ModuleNotFoundError as exc:
+            error = missing_extra(exc)
+            if error is None:
+                raise
+            _report(ctx, error, EXIT_USER_ERROR)
         except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]: nothing was written", highlight=False)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            _report(ctx, None, EXIT_INTERRUPTED)
+
+
+def _report(ctx: typer.Context, exc: MdsError | None, code: int):
+    """Print the error once, on stderr or as JSON on stdout, and exit with `code`."""
+    if json_requested(ctx):
+        kind, message = (
+            ("Interrupted", "nothing was written")
+            if exc is None
+            else (
+                type(exc).__name__,
+                str(exc),
+            )
+        )
+        print_json({"error": {"type": kind, "message": message}})
+    elif exc is None:
+        err_console.print("[bold red]interrupted[/]: nothing was written", highlight=False)
+    else:
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}",
+            highlight=False,
+            markup=True,
+            soft_wrap=True,
+        )
+    raise typer.Exit(code) from None
 
 
 HELP = """Plan multi-source training data offline: index sources, plan steps, inspect, replay.
@@ -56,7 +100,7 @@ app = typer.Typer(
     name="mds",
     help=HELP,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -65,16 +109,14 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-
-        typer.echo(f"mds {version('mds')}")
+        typer.echo(f"mds {__version__}")
         raise typer.Exit()
 
 
 @app.callback()
 def main(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Show the version."
+        False, "--version", "-V", callback=_version, is_eager=True, help="Show the version."
     ),
 ) -> None:
     """Plan multi-source training data offline: index sources, plan steps, inspect, replay."""

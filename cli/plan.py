@@ -6,31 +6,45 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 
 __all__ = ["plan_command"]
 
 
 def plan_command(
     config: Path = typer.Argument(
-        ..., help="TOML config with [train], [cost] and weighted [[source]] tables."
+        ...,
+        metavar="CONFIG",
+        help="TOML config with [train], [cost] and weighted [[source]] tables.",
     ),
-    output: Path = typer.Option(..., "--output", "-o", help="Plan file to write."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="FILE", help="Plan file to write."),
     index: Path | None = typer.Option(
-        None, "--index", help="Index directory (default: [plan].index, else [index].output)."
+        None,
+        "--index",
+        metavar="DIR",
+        help="Index directory (default: [plan].index, else [index].output).",
     ),
-    steps: int | None = typer.Option(None, "--steps", help="Override [train] steps."),
-    dp_size: int | None = typer.Option(None, "--dp-size", help="Override [train] dp_size."),
+    steps: int | None = typer.Option(None, "--steps", metavar="N", help="Override [train] steps."),
+    dp_size: int | None = typer.Option(
+        None, "--dp-size", metavar="N", help="Override [train] dp_size."
+    ),
     workers: int | None = typer.Option(
-        None, "--workers", "-j", min=1, help="Chunks planned in parallel."
+        None, "--workers", "-j", min=1, metavar="N", help="Chunks planned in parallel."
     ),
     parent: Path | None = typer.Option(
-        None, "--from", help="Re-plan: continue this plan from --at-step with the new config."
+        None,
+        "--from",
+        metavar="PLAN",
+        help="Re-plan: continue this plan from --at-step with the new config.",
     ),
     at_step: int | None = typer.Option(
-        None, "--at-step", min=0, help="With --from: the first step the new config plans."
+        None,
+        "--at-step",
+        min=0,
+        metavar="K",
+        help="With --from: the first step the new config plans.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
+    json_out: bool = json_option("Print a JSON summary instead of a table."),
 ) -> None:
     """Plan which samples every DP rank and micro-batch trains on at every step.
 
@@ -41,11 +55,12 @@ def plan_command(
     Example:
 
     \b
-        mds index sample_data/mds.toml
+        mds index sample_data/mds.toml -o build/index
         mds plan sample_data/mds.toml -o build/plan.mds
-        mds plan sample_data/mds.toml -o build/plan-8.mds --dp-size 8 --json
-        mds plan sample_data/mds.toml -o plan.mds --index build/other-index
-        mds plan new-mix.toml -o build/plan-b.mds --from build/plan.mds --at-step 20
+        mds plan sample_data/mds.toml -o build/plan8.mds --dp-size 8 --json
+        mds plan sample_data/mds.toml -o build/plan.mds --index build/other-index
+        mds plan sample_data/new-mix.toml --index build/index \\
+            -o build/plan-2.mds --from build/plan.mds --at-step 32
 
     With --from and --at-step K the new plan holds steps K.. only: every source continues
     from its cursor in the old plan at K (nothing consumed is repeated within its epoch,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, print_json
+from mds.cli.output import console, json_option, print_json
 from mds.executor.errors import DataChangedError, IndexFormatError, MdsError, PlanError
 
 __all__ = ["verify_command"]
@@ -20,26 +20,27 @@ _ERRORS: dict[str, type[MdsError]] = {
 
 
 def verify_command(
-    plan: Path = typer.Argument(..., help="Plan file written by `mds plan`."),
+    plan: Path = typer.Argument(..., metavar="PLAN", help="Plan file written by `mds plan`."),
     full: bool = typer.Option(
         False, "--full", help="Recompute source files' content fingerprints (reads every file)."
     ),
     index: Path | None = typer.Option(
-        None, "--index", help="Index directory (default: the one the plan names)."
+        None, "--index", metavar="DIR", help="Index directory (default: the one the plan names)."
     ),
     data_root: str | None = typer.Option(
         None,
         "--data-root",
+        metavar="DIR|URL",
         help="Where the indexed data lies now (default: $MDS_DATA_ROOT, else the index's root).",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+    json_out: bool = json_option("Print the checks as JSON."),
 ) -> None:
     """Verify a plan: every checksum in the plan file, the index it was made from, and the
     index's source files (size and mtime, and the content fingerprint of a file whose mtime
     alone differs; with --full, every content fingerprint).
 
     Exits 0 when every check passes; otherwise prints the checks and one error line
-    naming the first mismatch, and exits 1.
+    naming the first mismatch (with --json: an "error" object in the JSON), and exits 1.
 
     Example:
 
@@ -52,13 +53,20 @@ def verify_command(
     from mds.planner.verify import verify_plan
 
     result = verify_plan(plan, index=index, full=full, data_root=data_root)
-    if json_out:
-        print_json(result.to_json())
-    else:
-        _print_checks(result)
     first = result.first_failure
-    if first is not None:
-        raise _ERRORS[first.kind](f"{plan}: {first.name}: {first.detail}")
+    error = None if first is None else _ERRORS[first.kind](f"{plan}: {first.name}: {first.detail}")
+    if json_out:
+        # one JSON document: the checks, and the error a failed check means
+        data = result.to_json()
+        if error is not None:
+            data["error"] = {"type": type(error).__name__, "message": str(error)}
+        print_json(data)
+        if error is not None:
+            raise typer.Exit(1)
+        return
+    _print_checks(result)
+    if error is not None:
+        raise error
 
 
 def _print_checks(result) -> None:

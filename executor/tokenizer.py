@@ -18,7 +18,7 @@ def load_tokenizer(path: str):
         from tokenizers import Tokenizer
     except ImportError:
         raise ConfigError(
-            "`tokenizer` needs the `tokenizers` package: pip install 'mds[tokenizers]'"
+            "`tokenizer` needs the `tokenizers` package: pip install 'mds-planner[tokenizers]'"
         ) from None
     if not Path(path).is_file():
         raise ConfigError(f"`tokenizer` file {path} not found")

@@ -1,6 +1,7 @@
 """Flatten a plan into one row per planned sample, joined with its index location.
 
-For DuckDB or Polars: (step, rank, micro_batch, source, row, location, n_tokens, cost).
+For DuckDB or Polars: (step, rank, micro_batch, sample_id, source, row, epoch, location,
+n_tokens, planned_tokens, cost); docs/plan-format.md lists the columns.
 """
 
 from __future__ import annotations
@@ -10,13 +11,43 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from mds.executor.errors import ConfigError
 from mds.executor.manifest import plan_manifest
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.atomic import atomic_path, cannot_write
 from mds.planner.index.manifest import IndexManifest, source_frame
 from mds.planner.sqlexpr import signed_ints, sql_expr
 
-__all__ = ["block_frame", "export_plan", "locate", "plan_frame", "sample_cost"]
+__all__ = [
+    "EXPORT_COLUMNS",
+    "block_frame",
+    "export_plan",
+    "locate",
+    "plan_frame",
+    "sample_cost",
+    "sample_epochs",
+]
+
+# The leading columns of the export, in order; kept metadata columns follow. No name is a
+# reserved word of SQL engines such as DuckDB (hence byte_offset, not offset).
+EXPORT_COLUMNS = (
+    "step",
+    "rank",
+    "micro_batch",
+    "sample_id",
+    "source",
+    "row",
+    "epoch",
+    "file",
+    "file_id",
+    "file_row",
+    "byte_offset",
+    "byte_length",
+    "n_tokens",
+    "planned_tokens",
+    "cost",
+    "cost_units",
+)
 
 
 _SLOT_SCHEMA = {"step": pl.Int64, "rank": pl.Int64, "micro_batch": pl.Int64, "gid": pl.Int64}
@@ -102,35 +133,164 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
     return frame.with_columns(pl.max_horizontal(units, pl.lit(1)).alias("cost_units"))
 
 
-def plan_frame(plan: str | Path, index: str | Path | None = None) -> pl.DataFrame:
-    """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch) order."""
+def sample_epochs(
+    slots: pl.DataFrame, footer: dict, counts: np.ndarray, start: np.ndarray
+) -> pl.Series:
+    """Each slot's epoch of its source's stream (0-based), for slots (columns `step` and
+    `gid`) in plan order; `counts` is the `source_samples` section and `start` the first row
+    of `cursor_consumed` (every planned source's stream position at the plan's first step).
+
+    A step draws source s's stream positions [p, p + n), of epochs p div E to
+    (p + n - 1) div E (E eligible samples). When those are one epoch, that is every sample's
+    epoch. A step that crosses from epoch lo to hi holds the tail of lo, every sample once
+    per full epoch between, and the head of hi; a sample seen one time beyond the full
+    epochs is in lo's tail unless it was already drawn in lo by an earlier step. When lo
+    began before a re-planned plan's first step, the plan alone cannot tell that, and such
+    samples are counted against the tail's size; only if that leaves a choice is the epoch
+    null."""
+    sources = footer["sources"]
+    first_step = int(footer.get("first_step", 0))
+    eligible = np.array([max(int(x["eligible"]), 1) for x in sources], dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    before = np.cumsum(counts, axis=0) - counts + np.asarray(start, dtype=np.int64)
+    index_sources = footer["index"]["sources"]
+    bases = np.array([x["base"] for x in index_sources], dtype=np.int64)
+    planned = {x["name"]: i for i, x in enumerate(sources)}
+    to_planned = np.array([planned.get(x["name"], -1) for x in index_sources], dtype=np.int64)
+    gids = slots["gid"].to_numpy()
+    src = to_planned[np.searchsorted(bases, gids, side="right") - 1]
+    t = slots["step"].to_numpy() - first_step
+    p, n = before[t, src], counts[t, src]
+    lo, hi = p // eligible[src], (p + n - 1) // eligible[src]
+    epoch = lo.astype(np.float64)
+    crossing = np.flatnonzero(lo != hi)
+    for s in np.unique(src[crossing]):
+        rows = np.flatnonzero(src == s)  # in step order
+        steps = t[rows]
+        ends = before[:, s] + counts[:, s]  # stream position after each step
+        for step in np.unique(t[crossing][src[crossing] == s]):  # earlier crossings first
+            here = rows[np.searchsorted(steps, step) : np.searchsorted(steps, step, "right")]
+            first = int(lo[here[0]])
+            # rows of the steps since epoch `first` began, before this one
+            began = np.searchsorted(ends, first * eligible[s], side="right")
+            span = rows[np.searchsorted(steps, began) : np.searchsorted(steps, step)]
+            seen = set(gids[span[epoch[span] == first]].tolist())
+            _settle(epoch, here, gids, seen, first, int(hi[here[0]]), int(p[here[0]]), eligible[s])
+    return pl.Series("epoch", epoch).fill_nan(None).cast(pl.Int64)
+
+
+def _settle(
+    epoch: np.ndarray, rows: np.ndarray, gids: np.ndarray, seen: set, first: int, last: int,
+    position: int, eligible: int,
+) -> None:  # fmt: skip
+    """The epochs of one step's samples of one source (`rows`, in plan order) whose draws
+    from stream `position` on cross epochs first..last; `seen`: drawn in `first` before."""
+    full = last - first - 1
+    tail = (first + 1) * int(eligible) - position  # draws left in epoch `first`
+    by_gid: dict[int, list[int]] = {}
+    for r in rows:
+        by_gid.setdefault(int(gids[r]), []).append(int(r))
+    both, single = [], []
+    for gid, occurrences in by_gid.items():
+        extra = len(occurrences) - full
+        if extra == 2:
+            both.append(occurrences)
+        elif extra == 1:
+            single.append((gid, occurrences))
+        elif extra == 0:
+            epoch[occurrences] = np.arange(first + 1, last)
+        else:  # more or fewer draws than the epochs hold: cannot be told
+            epoch[occurrences] = np.nan
+    for occurrences in both:
+        epoch[occurrences] = np.arange(first, last + 1)
+    unseen = sum(gid not in seen for gid, _ in single)
+    in_tail = tail - len(both)  # draws of the tail left for samples drawn once beyond
+    for gid, occurrences in single:
+        if gid in seen or in_tail == 0:
+            epoch[occurrences] = np.arange(first + 1, last + 1)
+        elif in_tail == unseen:
+            epoch[occurrences] = np.arange(first, last)
+        else:
+            epoch[occurrences] = np.nan
+
+
+def _select(slots: pl.DataFrame, steps: tuple[int, int] | None, ranks: list[int] | None):
+    if steps is not None:
+        slots = slots.filter(pl.col("step").is_between(steps[0], steps[1], closed="left"))
+    if ranks:
+        slots = slots.filter(pl.col("rank").is_in(ranks))
+    return slots
+
+
+def plan_frame(
+    plan: str | Path,
+    index: str | Path | None = None,
+    steps: tuple[int | None, int | None] | None = None,
+    ranks: list[int] | None = None,
+) -> pl.DataFrame:
+    """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch)
+    order; only steps [a, b) (None: the plan's end) and the given DP ranks if `steps` /
+    `ranks` say so."""
     plan = Path(plan)
     with PlanReader(plan) as reader:
         reader.verify_sections()
         footer = reader.footer
+        steps = _check_selection(reader, steps, ranks)
         slots = _slots(reader).with_row_index("order")
+        counts = np.asarray(reader.section("source_samples"), dtype=np.int64)
+        start = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)[0]
     manifest = plan_manifest(plan, footer, index)
-    # File order is (chunk, rank, step, ...); the documented order is (step, rank, micro_batch),
-    # with a micro-batch's samples in their order in the plan.
+    # Epochs need the whole stream's order: (step, rank, micro_batch), and a micro-batch's
+    # samples in their order in the plan (file order is (chunk, rank, step, ...)).
+    slots = slots.sort("step", "rank", "micro_batch", "order")
+    slots = _select(slots.with_columns(sample_epochs(slots, footer, counts, start)), steps, ranks)
     frame = locate(slots, manifest, footer).sort("step", "rank", "micro_batch", "order")
-    first = ["step", "rank", "micro_batch", "source", "row", "file", "file_id", "file_row"]
-    loc = [c for c in ("offset", "length") if c in frame.columns]
-    rest = [
-        c
-        for c in frame.columns
-        if c not in (*first, *loc, "n_tokens", "cost", "cost_units", "order", "gid", "source_id")
-    ]
+    train = footer["config"]["train"]
+    planned = pl.col("n_tokens").cast(pl.Int64)
+    if train["overlong"] == "truncate":
+        planned = pl.min_horizontal(planned, pl.lit(train["max_tokens_per_micro_batch"]))
+    frame = frame.with_columns(
+        pl.col("gid").alias("sample_id"), planned.alias("planned_tokens")
+    ).rename({"offset": "byte_offset", "length": "byte_length"}, strict=False)
+    lead = [c for c in EXPORT_COLUMNS if c in frame.columns]
+    internal = ("order", "gid", "source_id")
+    # kept metadata in the index's order of sources and columns, whichever rows are shown
+    kept = list(dict.fromkeys(c for x in manifest.sources for c in x.get("keep") or ()))
+    rest = [c for c in frame.columns if c not in (*lead, *internal)]
+    rest.sort(key=lambda c: kept.index(c) if c in kept else len(kept))
     # Int64 throughout, so that sums over a large plan (n_tokens) do not wrap at 2^32.
-    return signed_ints(frame.select(*first, *loc, "n_tokens", "cost", "cost_units", *rest))
+    return signed_ints(frame.select(*lead, *rest))
 
 
-def export_plan(plan: str | Path, output: str | Path, index: str | Path | None = None) -> int:
+def _check_selection(reader: PlanReader, steps, ranks) -> tuple[int, int] | None:
+    """--steps inside the plan's steps (an open end is the plan's), --rank inside
+    [0, dp_size): the resolved steps, else a ConfigError."""
+    first, end = reader.first_step, reader.steps
+    if steps is not None:
+        a, b = (first if steps[0] is None else steps[0]), (end if steps[1] is None else steps[1])
+        if not first <= a < b <= end:
+            shown = ":".join("" if x is None else str(x) for x in steps)
+            raise ConfigError(f"--steps {shown} is not inside the plan's steps {first}:{end}")
+        steps = (a, b)
+    for rank in ranks or ():
+        if not 0 <= rank < reader.dp:
+            raise ConfigError(f"--rank {rank} is not a DP rank of the plan (0 to {reader.dp - 1})")
+    return steps
+
+
+def export_plan(
+    plan: str | Path,
+    output: str | Path,
+    index: str | Path | None = None,
+    steps: tuple[int | None, int | None] | None = None,
+    ranks: list[int] | None = None,
+) -> int:
     """Write `plan_frame` to Parquet atomically; returns the number of rows."""
     from mds.planner.outputs import check_output, index_inputs
 
     output = Path(output)
     check_output("-o", output, [("plan file", Path(plan)), *index_inputs(index and Path(index))])
-    frame = plan_frame(plan, index)
+    frame = plan_frame(plan, index, steps, ranks)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_path(output) as tmp:

@@ -25,3 +25,16 @@ def one_error_line(result, *needles) -> str:
         assert needle in lines[0], lines[0]
     assert "Traceback" not in result.output
     return lines[0]
+
+
+def json_error(result, *needles) -> dict:
+    """A user error under --json: exit 1, nothing on stderr, {"error": {type, message}} on
+    stdout."""
+    import json
+
+    assert result.exit_code == 1, result.output
+    assert result.stderr == "", result.stderr
+    error = json.loads(result.stdout)["error"]
+    for needle in needles:
+        assert needle in error["message"], error
+    return error

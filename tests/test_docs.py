@@ -1,13 +1,22 @@
-"""The docs stay true: every command has help with an example and appears in the README,
-and the README's config example is a valid config."""
+"""The docs stay true: every command has help with an example, fits 80 columns and appears
+in the README; every block of README.md and docs/ that a user would paste runs, as written,
+in a work directory holding a copy of sample_data/."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from cli_helpers import mds
+from typer.testing import CliRunner
 
 from mds.cli.main import app
 from mds.planner.plan_config import load_plan_config
@@ -15,6 +24,20 @@ from mds.planner.plan_config import load_plan_config
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 COMMANDS = sorted(c.name for c in app.registered_commands)
+# Pages whose blocks are layouts or schemas, not commands. (docs/executor.md's Python
+# block is a fragment of a loop; README's "In the training loop" is the complete one.)
+NOT_PASTED = {"index-format.md", "plan-format.md"}
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    """The fenced ```lang blocks of a Markdown text, in order."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, re.S | re.M)
+
+
+def commands(block: str) -> list[list[str]]:
+    """A shell block's commands as argv lists: `\\` continues a line, `#` starts a comment."""
+    joined = block.replace("\\\n", " ")
+    return [argv for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
 
 
 def test_there_are_commands():
@@ -27,6 +50,15 @@ def test_every_command_has_help_with_an_example(command):
     assert result.exit_code == 0, result.output
     assert "Example:" in result.output
     assert f"mds {command}" in result.output
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_help_fits_80_columns(command):
+    args = [command, "--help"] if command else ["--help"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0, result.output
+    wide = [line for line in result.stdout.splitlines() if len(line) > 80]
+    assert wide == []
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -42,3 +74,92 @@ def test_readme_config_example_is_valid(tmp_path):
     plan = load_plan_config(config)
     assert [s.name for s in plan.sources] == ["web", "books", "math"]
     assert plan.train.dp_size == 64
+
+
+def test_index_path_is_spelled_one_way():
+    """README, the sample config and `--help` all index sample_data/ into build/index."""
+    config = tomllib.loads((ROOT / "sample_data" / "mds.toml").read_text(encoding="utf-8"))
+    assert config["index"]["output"] == "../build/index"  # relative to sample_data/
+    for text in (README, mds("index", "--help").stdout, mds("plan", "--help").stdout):
+        assert "mds index sample_data/mds.toml -o build/index" in text
+    assert not re.search(r"sample-index|-o index\b|\bweb-index\b", README)
+
+
+def test_install_and_setup_blocks():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
+    pip_lines = make_lines = 0
+    for block in blocks(README, "sh"):
+        for argv in commands(block):
+            if argv[:2] == ["pip", "install"]:
+                name, extra = re.fullmatch(r"([\w-]+)\[(\w+)\]", argv[2]).groups()
+                assert name == extras["name"] and extra in extras["optional-dependencies"]
+                pip_lines += 1
+            elif argv[0] == "make":
+                assert argv[1] in targets
+                make_lines += 1
+    assert pip_lines == 3 and make_lines == 2
+
+
+# --- the blocks run as written -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A copy of sample_data/ (where a user runs the README from the repository's root),
+    plus sample_data/new-mix.toml, the re-plan section's new config."""
+    work = tmp_path_factory.mktemp("docs")
+    shutil.copytree(ROOT / "sample_data", work / "sample_data")
+    config = (work / "sample_data" / "mds.toml").read_text(encoding="utf-8")
+    new_mix = config.replace("weight = 0.15\nfilter", "weight = 0.4\nfilter", 1)
+    assert new_mix != config
+    (work / "sample_data" / "new-mix.toml").write_text(new_mix, encoding="utf-8")
+    return work
+
+
+def run_shell_block(block: str, cwd: Path) -> int:
+    """Run every `mds` command of a block in `cwd`; other commands (pip, make) are checked
+    elsewhere. Returns how many ran."""
+    ran = 0
+    with contextlib.chdir(cwd):
+        for argv in commands(block):
+            if argv[0] in ("pip", "make"):
+                continue
+            assert argv[0] == "mds", argv
+            result = mds(*argv[1:])
+            assert result.exit_code == 0, (argv, result.output)
+            ran += 1
+    return ran
+
+
+@pytest.mark.slow
+def test_readme_and_docs_blocks_run_as_written(workdir):
+    """In README order: the tour, the training loop (rank 1 of the 4 torchrun would start,
+    then again to resume from its checkpoint), the re-plan; then the docs' blocks."""
+    sh = blocks(README, "sh")
+    tour, replan = sh[2], sh[3]
+    assert "mds index sample_data/mds.toml -o build/index" in tour and "--at-step" in replan
+    assert run_shell_block(tour, workdir) == 11
+    (train,) = blocks(README, "python")
+    script = workdir / "train.py"
+    script.write_text(train, encoding="utf-8")
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "4", "OMP_NUM_THREADS": "1"}
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr
+        assert (workdir / "build" / "checkpoint-1.pt").is_file()
+    assert run_shell_block(replan, workdir) == 3
+    ran = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name in NOT_PASTED:
+            continue
+        for block in blocks(page.read_text(encoding="utf-8"), "sh"):
+            ran += run_shell_block(block, workdir)
+    assert ran >= 7  # docs/inspect.md

@@ -75,11 +75,24 @@ PERCENTILES = (50, 90, 99)
 
 
 class Progress:
-    """Callbacks for long work; the CLI draws a bar, the library default does nothing."""
+    """Callbacks for long work; the CLI draws a bar, the library default does nothing.
+    `advance` is called from the scanning threads too (per chunk of a large file)."""
 
     def start(self, total_bytes: int, total_files: int) -> None: ...
 
     def advance(self, nbytes: int) -> None: ...
+
+
+class _Meter:
+    """One scan task's bytes reported so far, passed on to the run's Progress."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.reported = 0
+
+    def __call__(self, nbytes: int) -> None:
+        self.reported += nbytes
+        self.progress.advance(nbytes)
 
 
 @dataclass
@@ -474,9 +487,14 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
             futures: dict[Future, tuple[int, int, list[_File]]] = {}
             stop = threading.Event()
             try:
+                meters: dict[Future, _Meter] = {}
                 for si, first, fs in tasks:
-                    ctx = ScanContext(plans[si][0], tokenizers[plans[si][0].name], stop=stop)
-                    futures[pool.submit(_scan_task, first, fs, ctx)] = (si, first, fs)
+                    meter = _Meter(progress)
+                    ctx = ScanContext(
+                        plans[si][0], tokenizers[plans[si][0].name], stop=stop, progress=meter
+                    )
+                    fut = pool.submit(_scan_task, first, fs, ctx)
+                    futures[fut], meters[fut] = (si, first, fs), meter
                 pending = set(futures)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -485,7 +503,9 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                             raise fut.exception()  # type: ignore[misc]
                         si, _, fs = futures.pop(fut)
                         new_parts[si].extend(fut.result())
-                        progress.advance(sum(f.nbytes for f in fs))
+                        # what the scanner did not report chunk by chunk
+                        rest = sum(f.nbytes for f in fs) - meters.pop(fut).reported
+                        progress.advance(max(rest, 0))
             except BaseException:
                 # Ctrl-C, SIGTERM or a failed file: queued scans never start and running
                 # ones stop at their next chunk, so the pool's exit does not wait for them.

@@ -316,6 +316,7 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     present = 0
     seen: dict[str, tuple[str, int]] = {}  # field -> (JSON family, line of first value)
     line0 = 0
+    scanned = 0  # bytes of the file (compressed, for .zst) reported to ctx.progress
     raw, stream = _open(file)
     with raw:
         for base, chunk in _chunks(stream, ctx.chunk_bytes):
@@ -352,6 +353,9 @@ def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
                     ).hstack(frame.select(list(spec.keep)))
                 )
             line0 += len(starts)
+            at = raw.tell()
+            ctx.advance(at - scanned)
+            scanned = at
     keep_schema = {f: (schema or {}).get(f, pl.Null) for f in spec.keep}
     if not parts or sum(p.height for p in parts) == 0:
         # No samples (an empty file, or only blank lines): nothing to type-check or measure.

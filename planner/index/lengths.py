@@ -37,7 +37,7 @@ def check_column_type(dtype: pl.DataType, role: str, column: str, where: str) ->
         raise SourceDataError(f"{where}column `{column}` has type {dtype}, expected {wanted}")
 
 
-def _tokenize(texts: pl.Series, path: str) -> pl.Series:
+def _tokenize(texts: pl.Series, path: str, done: Callable[[float], None] | None) -> pl.Series:
     tok = load_tokenizer(path)
     values = texts.to_list()
     counts: list[int | None] = []
@@ -46,14 +46,22 @@ def _tokenize(texts: pl.Series, path: str) -> pl.Series:
         present = [t for t in batch if t is not None]
         lens = iter(len(e.ids) for e in tok.encode_batch(present, add_special_tokens=False))
         counts.extend(None if t is None else next(lens) for t in batch)
+        if done is not None:
+            done(len(counts) / len(values))
     return pl.Series("n_tokens", counts, dtype=pl.Int64)
 
 
-def text_lengths(texts: pl.Series, length: LengthSpec, tokenizer_path: Path | None) -> pl.Series:
-    """n_tokens for a text column: tokenizer counts, or the labelled ceil(len / divisor) estimate."""
+def text_lengths(
+    texts: pl.Series,
+    length: LengthSpec,
+    tokenizer_path: Path | None,
+    done: Callable[[float], None] | None = None,
+) -> pl.Series:
+    """n_tokens for a text column: tokenizer counts, or the labelled ceil(len / divisor) estimate.
+    `done` is told the fraction tokenized after each batch (for a progress bar)."""
     if length.kind == "tokenizer":
         assert tokenizer_path is not None
-        return _tokenize(texts, str(tokenizer_path))
+        return _tokenize(texts, str(tokenizer_path), done)
     assert length.kind == "estimate" and length.estimate is not None
     sizes = texts.str.len_bytes() if length.estimate.unit == "bytes" else texts.str.len_chars()
     return (

@@ -62,7 +62,7 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         raw = pl.Series("__n", fast).cast(pl.Int64)
         raw = raw.set(raw < 0, None)
     elif kind in ("tokenizer", "estimate"):
-        raw = text_lengths(frame["__text"], spec.length, ctx.tokenizer)
+        raw = text_lengths(frame["__text"], spec.length, ctx.tokenizer, ctx.fraction_of(file))
         frame = frame.drop("__text")
     else:
         raw = frame["__n"]

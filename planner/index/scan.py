@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +27,32 @@ class ScanContext:
     chunk_bytes: int = 16 << 20
     # Set when the run is interrupted: a scanner checks it between chunks and stops.
     stop: threading.Event | None = None
+    # Told the bytes of the file read so far, chunk by chunk, so a progress bar moves
+    # during a large file and not only when it is done (called from the scanning thread).
+    progress: Callable[[int], None] | None = None
 
     def check_stop(self) -> None:
         if self.stop is not None and self.stop.is_set():
             raise Stopped()
+
+    def advance(self, nbytes: int) -> None:
+        """Report `nbytes` more bytes of the file scanned."""
+        if self.progress is not None and nbytes > 0:
+            self.progress(nbytes)
+
+    def fraction_of(self, file: DataFile) -> Callable[[float], None]:
+        """A callback for work measured as a fraction of a file (tokenizing its text
+        column): it reports the bytes that fraction stands for."""
+        size = file.path.stat().st_size
+        reported = 0
+
+        def done(fraction: float) -> None:
+            nonlocal reported
+            now = int(size * min(max(fraction, 0.0), 1.0))
+            self.advance(now - reported)
+            reported = max(reported, now)
+
+        return done
 
 
 class Stopped(Exception):

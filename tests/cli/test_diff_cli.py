@@ -70,3 +70,12 @@ def test_help_has_examples():
     result = mds("diff", "--help")
     assert result.exit_code == 0
     assert "Example" in result.stdout and "mds diff build/plan.mds" in result.stdout
+
+
+def test_exit_code(plans):
+    assert mds("diff", plans["a"], plans["b"], "--exit-code").exit_code == 0
+    different = mds("diff", plans["a"], plans["dp8"], "--exit-code")
+    assert different.exit_code == 1 and "the plans differ" in different.stdout
+    assert mds("diff", plans["a"], plans["dp8"], "--exit-code", "--json").exit_code == 1
+    missing = mds("diff", plans["a"], plans["a"].with_name("missing.mds"), "--exit-code")
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: ")

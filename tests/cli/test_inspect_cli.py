@@ -266,6 +266,7 @@ def test_step_json_equals_plan_frame(built):
     assert report["ranks"] == [0, 2]
     keys = ["rank", "micro_batch", "source", "row", "file_row", "offset", "n_tokens", "cost"]
     frame = plan_frame(plan).filter((pl.col("step") == 21) & pl.col("rank").is_in([0, 2]))
+    frame = frame.rename({"byte_offset": "offset"})
     expected = frame.with_columns(pl.col("n_tokens").cast(pl.Int64)).select(keys).to_dicts()
     assert [{k: s[k] for k in keys} for s in report["samples"]] == expected
 
@@ -371,7 +372,7 @@ def test_html_reports_are_well_formed(html_reports):
     assert plan.count("<svg") == 7  # six share charts and the imbalance chart
     assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
     step = check_html(html_reports["step"])
-    assert "cost units per rank" in step
+    assert "cost per rank (as configured)" in step
     leftovers = [p for p in html_reports["index"].parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # atomic write: no temporary files stay
 

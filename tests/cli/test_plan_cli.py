@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from cli_helpers import mds, one_error_line
+from cli_helpers import json_error, mds, one_error_line
 from plan_builders import SAMPLE_CONFIG, sample_index, write_source
 
 from mds.executor.planfile import PlanReader
@@ -104,7 +104,7 @@ def test_export(planned, tmp_path):
     assert f"wrote {summary['samples']:,} rows" in result.stdout
     frame = pl.read_parquet(target)
     assert frame.height == summary["samples"]
-    assert frame.columns[:5] == ["step", "rank", "micro_batch", "source", "row"]
+    assert frame.columns[:6] == ["step", "rank", "micro_batch", "sample_id", "source", "row"]
     result = mds("export", out, "-o", tmp_path / "again.parquet", "--json")
     assert json.loads(result.stdout) == {
         "output": str(tmp_path / "again.parquet"),
@@ -192,9 +192,11 @@ def test_missing_config_file(tmp_path):
 
 def test_missing_index(tmp_path):
     path = config(tmp_path)
-    one_error_line(
+    one_error_line(mds("plan", path, "-o", tmp_path / "p.mds"), "not an mds index", "mds index")
+    error = json_error(
         mds("plan", path, "-o", tmp_path / "p.mds", "--json"), "not an mds index", "mds index"
     )
+    assert error["type"] == "IndexFormatError"
 
 
 def test_plan_errors(tmp_path):

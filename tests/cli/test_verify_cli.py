@@ -57,10 +57,13 @@ def test_corrupt_block_is_named(work):
     assert line.startswith(f"error: {plan}: ")
     assert "FAILED" in result.stdout  # the table is still printed
     result = mds("verify", plan, "--json")
-    one_error_line(result, "chunk 0 rank 0")
+    assert result.exit_code == 1
+    assert result.stderr == ""
     data = json.loads(result.stdout)
     assert data["ok"] is False
     assert data["first_failure"]["name"] == "rank blocks"
+    assert data["error"]["type"] == "PlanError"
+    assert "chunk 0 rank 0" in data["error"]["message"]
 
 
 def test_touched_source_file(work):

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 
 import numpy as np
 import polars as pl
 import pytest
 from plan_builders import plan_config, plan_slots, sample_index, sample_plan_config, synthetic
 
-from mds.executor.errors import DataChangedError, IndexFormatError, PlanError
-from mds.planner.export import export_plan, plan_frame
+from mds.executor.errors import ConfigError, DataChangedError, IndexFormatError, PlanError
+from mds.executor.planfile import PlanReader
+from mds.planner.export import EXPORT_COLUMNS, export_plan, plan_frame
 from mds.planner.index.manifest import read_manifest, source_frame
-from mds.planner.plan import build_plan
+from mds.planner.plan import Planner, build_plan
 
-FIRST = ["step", "rank", "micro_batch", "source", "row", "file", "file_id", "file_row"]
+FIRST = ["step", "rank", "micro_batch", "sample_id", "source", "row", "epoch", "file"]
+# DuckDB 2.0's reserved keywords (duckdb_keywords() where keyword_category = 'reserved'):
+# no export column may need quoting there.
+DUCKDB_RESERVED = set(
+    "all analyse analyze and any array as asc asymmetric both case cast check collate column "
+    "constraint create default deferrable desc describe distinct do else end except false "
+    "fetch for foreign from group having in initially intersect into lambda lateral leading "
+    "limit not null offset on only or order pivot pivot_longer pivot_wider placing primary "
+    "qualify references returning select show some summarize symmetric table then to "
+    "trailing true union unique unpivot using variadic when where window with".split()
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +40,21 @@ def sample(tmp_path_factory):
 def test_columns_and_order(sample):
     _, _, frame = sample
     assert frame.columns[:8] == FIRST
-    assert frame.columns[8:13] == ["offset", "length", "n_tokens", "cost", "cost_units"]
-    assert set(frame.columns[13:]) == {"lang", "quality", "score", "repo_lang"}
-    assert frame.schema["step"] == pl.Int64 and frame.schema["row"] == pl.Int64
-    assert frame.schema["cost"] == pl.Float64 and frame.schema["cost_units"] == pl.Int64
+    assert frame.columns[8:16] == [
+        "file_id", "file_row", "byte_offset", "byte_length",
+        "n_tokens", "planned_tokens", "cost", "cost_units",
+    ]  # fmt: skip
+    assert list(EXPORT_COLUMNS) == frame.columns[:16]
+    assert set(frame.columns[16:]) == {"lang", "quality", "score", "repo_lang"}
+    assert not set(EXPORT_COLUMNS) & DUCKDB_RESERVED
+    for name, dtype in frame.schema.items():
+        assert dtype in (pl.Int64, pl.Float64, pl.String), (name, dtype)  # no narrow ints
     keys = frame.select("step", "rank", "micro_batch")
     assert keys.equals(keys.sort("step", "rank", "micro_batch"))
-    assert (
-        frame.null_count()[FIRST + ["n_tokens", "cost", "cost_units"]].sum_horizontal().item() == 0
-    )
+    never_null = FIRST + ["n_tokens", "planned_tokens", "cost", "cost_units"]
+    assert frame.null_count()[never_null].sum_horizontal().item() == 0
+    gid = frame["sample_id"] - frame["row"]
+    assert gid.n_unique() == frame["source"].n_unique()  # sample_id = source base + row
 
 
 def test_rows_follow_the_plan_file(sample):
@@ -61,12 +79,13 @@ def test_joined_columns_equal_the_index_rows(sample):
     for name in ("web", "forum", "math"):
         part = frame.filter(pl.col("source") == name)
         table = source_frame(manifest, name).with_row_index("row").collect()
+        table = table.rename({"offset": "byte_offset", "length": "byte_length"}, strict=False)
         cols = [c for c in table.columns if c != "row"]
         expected = table[part["row"].to_list()].select(cols)
         assert part.select(cols).equals(expected), name
     forum = frame.filter(pl.col("source") == "forum")
-    assert forum["offset"].null_count() == 0 and forum["length"].min() > 0
-    assert frame.filter(pl.col("source") == "web")["offset"].null_count() > 0
+    assert forum["byte_offset"].null_count() == 0 and forum["byte_length"].min() > 0
+    assert frame.filter(pl.col("source") == "web")["byte_offset"].null_count() > 0
 
 
 def test_export_plan_writes_parquet(sample, tmp_path):
@@ -143,6 +162,7 @@ def test_truncated_samples_cost_their_capped_length(tmp_path):
     long = frame.filter(pl.col("row") == 0)
     assert long.height > 0
     assert set(long["n_tokens"].to_list()) == {500}
+    assert set(long["planned_tokens"].to_list()) == {100}
     assert set(long["cost"].to_list()) == {2.0 * 100 + 0.5 * 100**2}
     assert set(long["cost_units"].to_list()) == {2**40}  # the largest cost
 
@@ -182,3 +202,78 @@ def test_metadata_of_sources_without_a_column_is_null(tmp_path):
     tags = frame.filter(pl.col("source") == "a").select("row", "tag").unique().sort("row")
     assert tags.rows() == [(0, "x"), (1, "y")]
     assert np.all(frame["cost_units"].to_numpy() >= 1)
+
+
+# --- epochs and filters ------------------------------------------------------------------
+
+
+def expected_epochs(config, plan) -> Counter:
+    """(step, sample_id, epoch) of every draw, recomputed from the planner's streams and the
+    plan's per-step source counts: stream position q is epoch q div eligible."""
+    planner = Planner(config)
+    with PlanReader(plan) as reader:
+        counts = np.asarray(reader.section("source_samples"), dtype=np.int64)
+        start = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)[0]
+        first = reader.first_step
+    out: Counter = Counter()
+    for s, (pool, stream) in enumerate(zip(planner.pools, planner.streams, strict=True)):
+        q = int(start[s])
+        for t, n in enumerate(counts[:, s].tolist()):
+            gids = pool.base + pool.rows[stream.positions(q, n)]
+            epochs = np.arange(q, q + n) // pool.n
+            out.update(zip([first + t] * n, gids.tolist(), epochs.tolist(), strict=True))
+            q += n
+    return out
+
+
+TINY = {  # eligible sets smaller than a step's draws: epochs cross inside most steps
+    "a": {"lengths": [5, 6, 7], "weight": 0.5},
+    "b": {"lengths": [8, 9, 10, 11, 12], "weight": 0.3},
+    "c": {"lengths": [3 + i for i in range(40)], "weight": 0.2},
+}
+
+
+def test_epochs_follow_the_streams(tmp_path):
+    data = synthetic(
+        tmp_path,
+        TINY,
+        {**TRAIN, "steps": 12, "samples_per_step": 16, "max_tokens_per_micro_batch": 1000},
+    )
+    config = plan_config(tmp_path, data)
+    build_plan(config, tmp_path / "p.mds")
+    frame = plan_frame(tmp_path / "p.mds")
+    assert frame["epoch"].null_count() == 0
+    got = Counter(frame.select("step", "sample_id", "epoch").iter_rows())
+    assert got == expected_epochs(config, tmp_path / "p.mds")
+    assert frame.filter(pl.col("source") == "a")["epoch"].max() >= 20
+
+
+def test_epochs_of_a_replanned_plan(tmp_path):
+    data = synthetic(
+        tmp_path,
+        TINY,
+        {**TRAIN, "steps": 12, "samples_per_step": 16, "max_tokens_per_micro_batch": 1000},
+    )
+    build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
+    data["source"][2]["weight"] = 0.6
+    config = plan_config(tmp_path, data)
+    build_plan(config, tmp_path / "q.mds", parent=tmp_path / "p.mds", at_step=5)
+    frame = plan_frame(tmp_path / "q.mds")
+    assert frame["step"].min() == 5
+    known = frame.filter(pl.col("epoch").is_not_null())
+    assert known.height >= 0.9 * frame.height  # null only where the plan alone cannot tell
+    expected = expected_epochs(config, tmp_path / "q.mds")
+    assert not Counter(known.select("step", "sample_id", "epoch").iter_rows()) - expected
+
+
+def test_steps_and_rank_filters(sample, tmp_path):
+    index, plan, frame = sample
+    part = plan_frame(plan, steps=(3, 7), ranks=[1, 2])
+    expected = frame.filter(pl.col("step").is_between(3, 6) & pl.col("rank").is_in([1, 2]))
+    assert part.equals(expected)
+    rows = export_plan(plan, tmp_path / "part.parquet", steps=(3, 7), ranks=[1])
+    assert rows == expected.filter(pl.col("rank") == 1).height
+    with pytest.raises(ConfigError, match="--steps 3:999 is not inside the plan's steps 0:64"):
+        plan_frame(plan, steps=(3, 999))
+    with pytest.raises(ConfigError, match="--rank 9 is not a DP rank of the plan"):
+        plan_frame(plan, ranks=[9])

@@ -356,6 +356,8 @@ STEP_COLUMNS = [
 def expected_slice(sample, step: int, ranks: list[int]) -> list[dict]:
     frame = sample["frame"].filter((pl.col("step") == step) & pl.col("rank").is_in(ranks))
     frame = frame.with_columns(pl.col("n_tokens").cast(pl.Int64))
+    # the export names the JSONL byte range byte_offset/byte_length; the step report offset
+    frame = frame.rename({"byte_offset": "offset", "byte_length": "length"})
     return frame.select(STEP_COLUMNS).to_dicts()
 
 

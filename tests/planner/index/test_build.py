@@ -726,3 +726,32 @@ def test_reindex_reuses_rows_around_rescanned_small_files(tmp_path: Path, monkey
     again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
     assert again["sources"] == fresh["sources"]
     assert _table(tmp_path / "index", "s").equals(_table(tmp_path / "fresh", "s"))
+
+
+def test_progress_adds_up_to_the_bytes_it_announced(root: Path, monkeypatch) -> None:
+    """Chunk-by-chunk reports from the scanners plus the rest of each task add up to the
+    total announced at start, once per byte, from whichever thread scanned."""
+    monkeypatch.setattr(build, "ScanContext", _small_chunks(build.ScanContext))
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    class Recorder(build.Progress):
+        def start(self, total_bytes: int, total_files: int) -> None:
+            events.append(("start", total_bytes))
+
+        def advance(self, nbytes: int) -> None:
+            with lock:
+                events.append(("advance", nbytes))
+
+    _build(root, workers=2, progress=Recorder())
+    (start,) = [n for kind, n in events if kind == "start"]
+    advanced = [n for kind, n in events if kind == "advance"]
+    assert start > 0 and sum(advanced) == start
+    assert all(n >= 0 for n in advanced)
+
+
+def _small_chunks(cls):
+    def make(*args, **kwargs):
+        return cls(*args, chunk_bytes=4096, **kwargs)
+
+    return make

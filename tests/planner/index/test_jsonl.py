@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from mds.executor.errors import SourceDataError
+from mds.planner.index import jsonl
 from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
 
 RECORDS = [
@@ -473,3 +474,23 @@ def test_batch_declines_bad_lines_and_large_files(tmp_path: Path) -> None:
     files = [data_file(tmp_path / "a.jsonl")] * 2
     small = ctx(source(count="n"), "jsonl", chunk_bytes=64)
     assert scan_jsonl_batch(files, small) is None
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.zst"])
+def test_progress_moves_chunk_by_chunk(tmp_path: Path, fmt: str, monkeypatch) -> None:
+    """A large file reports its bytes (compressed ones for .zst) as its chunks are scanned,
+    not only when it is done: in several steps that add up to the file's size."""
+    monkeypatch.setattr(jsonl, "_RAW_READ", 2048)  # compressed bytes read at a time
+    data = jsonl_bytes([{"n": i % 50, "text": "w" * (i % 300)} for i in range(3000)])
+    path = tmp_path / "big.jsonl"
+    if fmt == "jsonl":
+        path.write_bytes(data)
+    else:
+        path = write_zst(tmp_path / "big.jsonl.zst", data, frames=8)
+    reported: list[int] = []
+    file = data_file(path)
+    spec = source(count="n")
+    scan_jsonl(file, ctx(spec, file.format, chunk_bytes=16 << 10, progress=reported.append))
+    assert len(reported) >= 4
+    assert all(n > 0 for n in reported)
+    assert sum(reported) == path.stat().st_size

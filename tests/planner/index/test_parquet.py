@@ -12,6 +12,7 @@ import pytest
 from builders import ctx, data_file, source, write_parquet, write_tokenizer
 
 from mds.executor.errors import SourceDataError
+from mds.planner.index import lengths
 from mds.planner.index.parquet import scan_parquet
 
 TOKENS = [[5, 6, 7], [], [1] * 40, [9], list(range(300))]
@@ -251,3 +252,17 @@ def test_not_a_parquet_file(tmp_path: Path, content: bytes) -> None:
     message = _error(path, tokens="tokens")
     assert message.startswith("text.parquet: cannot read Parquet file (")
     assert "\n" not in message
+
+
+def test_tokenizing_reports_progress_batch_by_batch(tmp_path: Path, monkeypatch) -> None:
+    """A text column counted with a tokenizer moves the progress bar as its batches are
+    tokenized, up to the file's size at most (the build adds any rest)."""
+    pytest.importorskip("tokenizers")
+    monkeypatch.setattr(lengths, "TOKENIZE_BATCH", 10)
+    tok = write_tokenizer(tmp_path / "tokenizer.json", ["the", "cat", "sat"])
+    path = write_parquet(tmp_path / "t.parquet", {"text": ["the cat sat"] * 95})
+    reported: list[int] = []
+    spec = source(text="text", tokenizer="tokenizer.json")
+    scan_parquet(data_file(path), ctx(spec, "parquet", tok, progress=reported.append))
+    assert len(reported) >= 9 and all(n > 0 for n in reported)
+    assert sum(reported) == path.stat().st_size
