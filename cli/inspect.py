@@ -249,6 +249,30 @@ def _print_source(s: dict[str, Any], files: bool) -> None:
 # --- plan --------------------------------------------------------------------------------------
 
 
+COST_LABELS = {
+    "default": "default (FLOP formula, causal, hidden 4096)",
+    "flop_formula": "FLOP formula of [cost] model",
+    "typed": "typed a, b",
+    "calibrated": "calibrated (mds calibrate)",
+}
+
+
+def cost_text(cost: dict[str, Any], kind: str) -> str:
+    """One line naming the plan's cost model, its coefficients and, if calibrated, fit error."""
+    if kind == "expr":
+        return f"SQL expression: {cost['expr']}"
+    text = f"{COST_LABELS.get(kind, kind)}: a = {_value(cost['a'])}, b = {_value(cost['b'])}"
+    if cost.get("c"):
+        text += f", c = {_value(cost['c'])} per micro-batch"
+    fit = cost.get("fit_error")
+    if fit:
+        text += (
+            f"; fit error max {fit['max']:.1%}, median {fit['median']:.1%} "
+            f"over {fit['points']} micro-batches"
+        )
+    return text
+
+
 def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
     size = (
         f"{h['samples_per_step']:,} samples"
@@ -263,7 +287,7 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
         ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-        ("cost model", ", ".join(f"{k} = {_value(v)}" for k, v in h["cost"].items())),
+        ("cost model", _esc(cost_text(h["cost"], h["cost_model"]))),
         ("index fingerprint", f"{h['index_fingerprint']} ({_esc(h['index_path'])})"),
         ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
         *_lineage_rows(h),

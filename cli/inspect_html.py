@@ -140,7 +140,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
                 ("step size", size),
                 ("capacity (tokens per micro-batch)", f"{h['capacity']:,}"),
                 ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-                ("cost model", ", ".join(f"{k} = {v}" for k, v in h["cost"].items())),
+                ("cost model", _cost_text(h["cost"], h["cost_model"])),
                 ("index fingerprint", f"{h['index_fingerprint']} ({h['index_path']})"),
                 ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
                 *(
@@ -287,6 +287,12 @@ def render_html(report: dict[str, Any]) -> str:
             "</body></html>\n",
         ]
     )
+
+
+def _cost_text(cost: dict[str, Any], kind: str) -> str:
+    from mds.cli.inspect import cost_text
+
+    return cost_text(cost, kind)
 
 
 def write_html(report: dict[str, Any], path: str | Path) -> None:

@@ -187,6 +187,20 @@ def _format_version(path: Path) -> int:
         return struct.unpack("<8sI", f.read(12))[1]
 
 
+# `cost.origin` in the plan -> the kind of cost model `mds inspect` names.
+COST_MODELS = {
+    "default": "default",  # no [cost]: the FLOP-formula a:b ratio of hidden 4096
+    "model": "flop_formula",  # [cost] model = {...}
+    "given": "typed",  # [cost] a, b typed by the user
+    "calibrated": "calibrated",  # [cost] from mds calibrate
+}
+
+
+def cost_model(cost: dict[str, Any]) -> str:
+    """Which cost model a plan used: default, flop_formula, typed, expr or calibrated."""
+    return "expr" if "expr" in cost else COST_MODELS.get(cost.get("origin", ""), "typed")
+
+
 def _header(reader: PlanReader) -> dict[str, Any]:
     footer = reader.footer
     config, train = footer["config"], footer["config"]["train"]
@@ -206,6 +220,7 @@ def _header(reader: PlanReader) -> dict[str, Any]:
         "overlong": train.get("overlong"),
         "seed": train.get("seed"),
         "cost": config["cost"],
+        "cost_model": cost_model(config["cost"]),
         "cost_scale": footer.get("cost_scale"),
         "index_fingerprint": footer["index"]["fingerprint"],
         "index_path": footer["index"]["path"],

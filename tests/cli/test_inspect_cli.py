@@ -115,6 +115,7 @@ PLAN_SCHEMA = {
         "overlong": str,
         "seed": int,
         "cost": dict,
+        "cost_model": str,
         "cost_scale": NUM,
         "index_fingerprint": str,
         "index_path": str,
