@@ -47,6 +47,7 @@ bench: setup
 	$(BIN)/python bench/bench_executor.py --out build/bench
 	$(BIN)/python bench/bench_scale.py --out build/bench
 	$(BIN)/python bench/bench_peers.py --out build/bench
+	$(BIN)/python bench/bench_calibrate.py --out build/bench
 
 # Kill-and-resume soak: SIGKILL the 2-rank training example at SOAK_KILLS seeded random
 # moments and check that the final model trained on exactly the plan's samples.

@@ -114,7 +114,7 @@ def calibrate_command(
     torch.manual_seed(seed)
     net = build_packed_gpt(shape, seed=seed) if model is None else cal.load_model(model)
     with PointProgress(f"timing {what}", enabled=not json_out) as bar:
-        bar.start(len(grid))
+        bar.start(len(grid) * (warmup + repeats))
         seconds = cal.time_grid(
             net,
             grid,

@@ -309,18 +309,27 @@ def time_grid(
     clock: str = "wall",
     advance: Callable[[int], None] | None = None,
 ) -> list[float]:
-    """Median seconds of each grid micro-batch; inputs seeded by (seed, point)."""
+    """Median seconds of each grid micro-batch; inputs seeded by (seed, point).
+
+    Repeats go in rounds over the whole grid (after `warmup` untimed rounds), so a slow
+    spell of a shared machine lands on every point alike rather than on a few."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
     model.to(device).train()
-    seconds = []
-    for i, lengths in enumerate(grid):
-        ids, cu = micro_batch_inputs(lengths, vocab, seed * 1_000_003 + i, device)
-        seconds.append(time_micro_batch(model, ids, cu, repeats, warmup, device, clock))
-        if advance is not None:
-            advance(1)
+    inputs = [
+        micro_batch_inputs(lengths, vocab, seed * 1_000_003 + i, device)
+        for i, lengths in enumerate(grid)
+    ]
+    times: list[list[float]] = [[] for _ in grid]
+    for round_ in range(warmup + repeats):
+        for i, (ids, cu) in enumerate(inputs):
+            t = time_micro_batch(model, ids, cu, 1, 0, device, clock)
+            if round_ >= warmup:
+                times[i].append(t)
+            if advance is not None:
+                advance(1)
     model.zero_grad(set_to_none=True)
-    return seconds
+    return [statistics.median(t) for t in times]
 
 
 def torch_info() -> tuple[str, int]:
