@@ -115,6 +115,11 @@ def fit_cost(micro_batches: Sequence[Sequence[int]], seconds: Sequence[float]) -
                 best = (sse, full)
     assert best is not None  # a single term with positive times always has coef > 0
     a, b, c = (float(v) for v in best[1])
+    if a == 0 and b == 0:
+        raise ConfigError(
+            "calibration: the fitted time does not grow with sample length (a = b = 0, the "
+            "per-micro-batch overhead hides the model's work); time longer samples (--lengths)"
+        )
     rel = np.abs(x @ best[1] - y) / y
     return CostFit(a=a, b=b, c=c, rel_errors=tuple(float(v) for v in rel))
 
