@@ -39,7 +39,7 @@ SAMPLES_PER_STEP = 64
 CAL_LENGTHS = (32, 64, 128, 256, 512, 1024)
 PLANS = ("mds-calibrated", "mds-flop", "random", "round-robin")
 BASELINES = ("random", "round-robin")
-MODELS = ("calibrated", "flop", "default")
+MODELS = ("calibrated", "retimed", "flop", "default")
 
 
 def make_index(data: Path) -> Path:
@@ -139,27 +139,27 @@ def predicted(plan: list, a: float, b: float, c: float) -> float:
     return total
 
 
-def measure(model, plans: dict[str, list], repeats: int, clock: str, seed: int) -> dict:
+def measure(model, plans: dict, grid: list, repeats: int, clock: str, seed: int) -> tuple:
     """Per plan: per step, the slowest rank's time, a rank's time being the sum of its
-    micro-batches' times. Every distinct micro-batch of every plan is timed once per round
-    (calibrate.time_grid), median of `repeats` rounds, so load on the machine spreads over
-    all plans alike."""
+    micro-batches' times; and the calibration grid's times measured alongside. Every
+    distinct micro-batch of every plan and of the grid is timed once per round, in a seeded
+    random order (calibrate.time_grid), median of `repeats` rounds, so load on the machine
+    spreads over all plans and the grid alike."""
     from mds.planner.calibrate import time_grid
 
     unique = sorted({tuple(mb) for plan in plans.values() for ranks in plan for rank in ranks
-                     for mb in rank if mb})  # fmt: skip
+                     for mb in rank if mb} | {tuple(mb) for mb in grid})  # fmt: skip
     print(f"  {len(unique)} distinct micro-batches x {repeats} rounds", file=sys.stderr)
     seconds = time_grid(
         model, unique, vocab=SHAPE["vocab"], repeats=repeats, warmup=0, seed=seed,
         device="cpu", clock=clock,
     )  # fmt: skip
     timed = dict(zip(unique, seconds, strict=True))
-    return {
-        name: [
-            max(sum(timed[tuple(mb)] for mb in rank if mb) for rank in ranks) for ranks in plan
-        ]
+    steps = {
+        name: [max(sum(timed[tuple(mb)] for mb in rank if mb) for rank in ranks) for ranks in plan]
         for name, plan in plans.items()
     }
+    return steps, [timed[tuple(mb)] for mb in grid]
 
 
 def run_torchrun(plans: dict[str, list], work: Path, repeats: int) -> dict | None:
@@ -204,7 +204,9 @@ def dist_child(spec_path: Path, result_path: Path) -> None:
             if mb:
                 ids, cu = micro_batch_inputs(mb, SHAPE["vocab"], seed + i, "cpu")
                 forward_backward(model, ids, cu)
-        flat = torch.cat([p.grad.flatten() if p.grad is not None else p.flatten() * 0 for p in params])
+        flat = torch.cat(
+            [p.grad.flatten() if p.grad is not None else p.flatten() * 0 for p in params]
+        )
         dist.all_reduce(flat)
 
     plans = spec["plans"]
@@ -300,9 +302,19 @@ def main() -> None:
     print(f"timing {len(PLANS)} plans x {args.steps} steps for D in {args.dp}", file=sys.stderr)
     started = time.perf_counter()
     flat = {(dp, name): plan for dp, plans in by_dp.items() for name, plan in plans.items()}
-    steps = dict(zip(flat, measure(model, dict(enumerate(flat.values())), args.repeats,
-                                   clock, seed=1).values(), strict=True))  # fmt: skip
+    by_index, grid_again = measure(
+        model, dict(enumerate(flat.values())), grid, args.repeats, clock, seed=1
+    )
+    steps = dict(zip(flat, by_index.values(), strict=True))
     measure_seconds = time.perf_counter() - started
+    # The same grid, re-timed in the measurement's rounds: a fit under the same machine load.
+    refit = cal.fit_cost(grid, grid_again)
+    coeffs["retimed"] = (refit.a, refit.b, refit.c)
+    print(
+        f"re-timed grid: a={refit.a:.4g} b={refit.b:.4g} c={refit.c:.4g}, fit error max "
+        f"{refit.max_error:.1%} median {refit.median_error:.1%}",
+        file=sys.stderr,
+    )
     results = {}
     for dp, plans in by_dp.items():
         pred = {
@@ -319,7 +331,7 @@ def main() -> None:
     if dist_plans is not None and not args.no_torchrun:
         print("torchrun: 2 ranks (gloo)", file=sys.stderr)
         dist = run_torchrun(dist_plans, work, max(1, args.repeats - 1))
-    table = render(results, dist, fit, coeffs, args)
+    table = render(results, dist, fit, refit, coeffs, args)
     data = {
         "shape": SHAPE,
         "steps": args.steps,
@@ -330,8 +342,18 @@ def main() -> None:
         "clock": clock,
         "torch": torch.__version__,
         "calibration": {
-            "a": fit.a, "b": fit.b, "c": fit.c, "fit_error": fit.fit_error(),
+            "a": fit.a,
+            "b": fit.b,
+            "c": fit.c,
+            "fit_error": fit.fit_error(),
             "points": [[list(mb), s] for mb, s in zip(grid, seconds, strict=True)],
+            "retimed": [[list(mb), s] for mb, s in zip(grid, grid_again, strict=True)],
+            "retimed_fit": {
+                "a": refit.a,
+                "b": refit.b,
+                "c": refit.c,
+                "fit_error": refit.fit_error(),
+            },
             "seconds": cal_seconds,
         },  # fmt: skip
         "coefficients": coeffs,
@@ -342,7 +364,7 @@ def main() -> None:
     write_report(args.out, "calibrate", table, data)
 
 
-def render(results: dict, dist: dict | None, fit, coeffs: dict, args) -> str:
+def render(results: dict, dist: dict | None, fit, refit, coeffs: dict, args) -> str:
     lines = [
         f"Cost model vs measured step time: built-in GPT {SHAPE}, {args.steps} steps of "
         f"{SAMPLES_PER_STEP} samples, {MICRO} micro-batches per rank, CPU time of 1 thread, "
@@ -350,14 +372,19 @@ def render(results: dict, dist: dict | None, fit, coeffs: dict, args) -> str:
         "",
         f"Calibrated: a = {fit.a:.4g} s/token, b = {fit.b:.4g} s/token^2, c = {fit.c:.4g} "
         f"s/micro-batch; fit error max {fit.max_error:.1%}, median {fit.median_error:.1%} over "
-        f"{len(fit.rel_errors)} micro-batches. FLOP formula: a = {coeffs['flop'][0]:.4g}, "
-        f"b = {coeffs['flop'][1]:.4g}. Default: a = 1, b = 1/24576.",
+        f"{len(fit.rel_errors)} micro-batches (timed before planning; the mds-calibrated "
+        f"plans use it). Re-timed: the same grid timed again in the measurement's rounds, "
+        f"a = {refit.a:.4g}, b = {refit.b:.4g}, c = {refit.c:.4g}; fit error max "
+        f"{refit.max_error:.1%}, median {refit.median_error:.1%}. FLOP formula: "
+        f"a = {coeffs['flop'][0]:.4g}, b = {coeffs['flop'][1]:.4g}. Default: a = 1, "
+        "b = 1/24576.",
         "",
         "Speedup of each mds plan over each naive plan of the same samples (sum over steps of "
         "the slowest rank's time); predicted by each cost model, and predicted / measured:",
         "",
-        "| D | plan | vs | measured | calibrated | ratio | FLOP formula | ratio | default | ratio |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| D | plan | vs | measured | calibrated | ratio | re-timed | ratio | FLOP formula "
+        "| ratio | default | ratio |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dp, r in results.items():
         meas = r["measured_total"]
@@ -372,16 +399,19 @@ def render(results: dict, dist: dict | None, fit, coeffs: dict, args) -> str:
                 lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
-        "Step time, calibrated prediction vs measured (sum over steps, seconds):",
+        "Step time, calibrated predictions vs measured (sum over steps, seconds):",
         "",
-        "| D | plan | measured s | predicted s | predicted / measured |",
-        "|---:|---|---:|---:|---:|",
+        "| D | plan | measured s | calibrated s | ratio | re-timed s | ratio |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for dp, r in results.items():
         for plan in PLANS:
             m = r["measured_total"][plan]
             p = r["predicted_total"]["calibrated"][plan]
-            lines.append(f"| {dp} | {plan} | {m:.3f} | {p:.3f} | {p / m:.3f} |")
+            q = r["predicted_total"]["retimed"][plan]
+            lines.append(
+                f"| {dp} | {plan} | {m:.3f} | {p:.3f} | {p / m:.3f} | {q:.3f} | {q / m:.3f} |"
+            )
     if dist is not None and 2 in results:
         wall = {k: sum(v) for k, v in dist["step_seconds"].items()}
         pred = results[2]["predicted_total"]["calibrated"]

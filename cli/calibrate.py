@@ -7,23 +7,26 @@ from pathlib import Path
 import typer
 
 from mds.cli.output import console, err_console, print_json
-from mds.cli.progress import _Bar
 
 __all__ = ["calibrate_command"]
 
 DEFAULT_LENGTHS = "64,128,256,512,1024,2048"
 
 
-class PointProgress(_Bar):
-    """Progress over the grid's micro-batches."""
+def _progress(label: str, enabled: bool):
+    """A progress bar over the grid's timed micro-batches (rich imported only when timing)."""
+    from rich.progress import MofNCompleteColumn
 
-    def columns(self) -> tuple:
-        from rich.progress import MofNCompleteColumn
+    from mds.cli.progress import _Bar
 
-        return (MofNCompleteColumn(),)
+    class PointProgress(_Bar):
+        def columns(self) -> tuple:
+            return (MofNCompleteColumn(),)
 
-    def start(self, total: int) -> None:
-        self._start(f"{self._label} micro-batches", total)
+        def start(self, total: int) -> None:
+            self._start(f"{self._label} micro-batches", total)
+
+    return PointProgress(label, enabled)
 
 
 def _lengths(text: str) -> list[int]:
@@ -113,7 +116,7 @@ def calibrate_command(
     clk = cal.pick_clock(clock, dev)
     torch.manual_seed(seed)
     net = build_packed_gpt(shape, seed=seed) if model is None else cal.load_model(model)
-    with PointProgress(f"timing {what}", enabled=not json_out) as bar:
+    with _progress(f"timing {what}", enabled=not json_out) as bar:
         bar.start(len(grid) * (warmup + repeats))
         seconds = cal.time_grid(
             net,

@@ -316,8 +316,9 @@ def time_grid(
 ) -> list[float]:
     """Median seconds of each grid micro-batch; inputs seeded by (seed, point).
 
-    Repeats go in rounds over the whole grid (after `warmup` untimed rounds), so a slow
-    spell of a shared machine lands on every point alike rather than on a few."""
+    Repeats go in rounds over the whole grid (after `warmup` untimed rounds), each round in
+    a seeded random order, so a slow spell of a shared machine lands on every point alike
+    rather than on a few neighbouring lengths."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
     model.to(device).train()
@@ -327,7 +328,8 @@ def time_grid(
     ]
     times: list[list[float]] = [[] for _ in grid]
     for round_ in range(warmup + repeats):
-        for i, (ids, cu) in enumerate(inputs):
+        for i in np.random.default_rng([seed, round_]).permutation(len(inputs)):
+            ids, cu = inputs[i]
             t = time_micro_batch(model, ids, cu, 1, 0, device, clock)
             if round_ >= warmup:
                 times[i].append(t)
