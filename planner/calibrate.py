@@ -196,7 +196,7 @@ class Calibration:
         return (
             "[cost]\n"
             f"# mds calibrate: {self.model} on {self.device} (torch {self.torch_version}, "
-            f"{self.threads} threads, {self.clock} clock)\n"
+            f"threads = {self.threads}, {self.clock} clock)\n"
             f"# {err['points']} micro-batches, median of {self.repeats} repeats, seed {self.seed}; "
             "a: seconds per token, b: per token^2, c: per micro-batch\n"
             'source = "calibrated"\n'

@@ -59,3 +59,16 @@ def test_calibrate_json(tmp_path):
 def test_calibrate_bad_flags(args, needles):
     result = mds("calibrate", "--lengths", "16,32", "--max-tokens", "64", "--repeats", "1", *args)
     one_error_line(result, *needles)
+
+
+def test_calibrate_a_model_from_module_function(tmp_path, monkeypatch):
+    (tmp_path / "calibration_user_model.py").write_text(
+        "from mds.planner.packed_gpt import GptShape, build_packed_gpt\n"
+        "def build():\n"
+        "    return build_packed_gpt(GptShape(layers=1, hidden=16, heads=2, vocab=64))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = mds("calibrate", "--model", "calibration_user_model:build", "--vocab", "64", *GRID)
+    assert result.exit_code == 0, result.output
+    assert "# mds calibrate: --model calibration_user_model:build on cpu" in result.stdout
+    assert tomllib.loads(result.stdout)["cost"]["source"] == "calibrated"

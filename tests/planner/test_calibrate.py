@@ -153,3 +153,11 @@ def test_time_grid_and_cost_table():
 def test_time_grid_needs_repeats():
     with pytest.raises(ConfigError, match="--repeats must be >= 1"):
         cal.time_grid(None, [], vocab=1, repeats=0, warmup=0, seed=0, device="cpu")
+
+
+def test_inputs_are_seeded():
+    a_ids, a_cu = cal.micro_batch_inputs([3, 5], 50, 7, "cpu")
+    b_ids, b_cu = cal.micro_batch_inputs([3, 5], 50, 7, "cpu")
+    assert a_ids.equal(b_ids) and a_cu.tolist() == b_cu.tolist() == [0, 3, 8]
+    assert a_ids.shape == (1, 8) and int(a_ids.max()) < 50
+    assert not cal.micro_batch_inputs([3, 5], 50, 8, "cpu")[0].equal(a_ids)
