@@ -355,7 +355,10 @@ def _print_balance(report: dict[str, Any]) -> None:
         q = imb[key]
         table.add_row(label, *(_num(q[k]) for k in ("mean", "median", "p99", "max")))
     console.print(table)
-    console.print(f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x")
+    line = f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x"
+    if imb["speedup_vs_naive_with_c"] is not None:
+        line += f"; {imb['speedup_vs_naive_with_c']:.3f}x counting c per micro-batch"
+    console.print(line)
     console.print(
         f"capacity fill: step tokens / (dp x micro x capacity) mean {_pct(fill['step']['mean'])}, "
         f"min {_pct(fill['step']['min'])}; max micro-batch tokens / capacity mean "

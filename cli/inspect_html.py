@@ -193,7 +193,13 @@ def _balance(r: dict[str, Any]) -> list[str]:
     return [
         "<h2>Balance</h2>",
         _table(["per-step ratio", "mean", "median", "p99", "max"], rows),
-        f"<p>Predicted speedup vs naive sharding: <b>{imb['speedup_vs_naive']:.3f}x</b></p>",
+        f"<p>Predicted speedup vs naive sharding: <b>{imb['speedup_vs_naive']:.3f}x</b>"
+        + (
+            f"; <b>{imb['speedup_vs_naive_with_c']:.3f}x</b> counting c per micro-batch"
+            if imb["speedup_vs_naive_with_c"] is not None
+            else ""
+        )
+        + "</p>",
         _table(
             ["capacity fill", "mean", "min", "max"],
             [

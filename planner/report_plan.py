@@ -139,14 +139,30 @@ def _mix(
     ]
 
 
-def _imbalance(col: dict[str, np.ndarray], dp: int) -> dict[str, Any]:
+def _imbalance(col: dict[str, np.ndarray], dp: int, rank_overhead: float | None) -> dict[str, Any]:
+    """`rank_overhead`: a rank's per-step constant in cost units (the cost model's c per
+    micro-batch x micro-batches), or None when the cost model has no c."""
     planned = int(col["max_rank_cost"].sum())
+    naive = int(col["naive_max_rank_cost"].sum())
+    with_c = None
+    if rank_overhead is not None:
+        extra = rank_overhead * len(col["max_rank_cost"])
+        with_c = (naive + extra) / (planned + extra) if planned + extra else 1.0
     return {
         "max_over_mean": summary(ratio(col["max_rank_cost"] * dp, col["cost"])),
         "max_over_lower_bound": summary(ratio(col["max_rank_cost"], col["lower_bound"])),
         "naive_over_lower_bound": summary(ratio(col["naive_max_rank_cost"], col["lower_bound"])),
-        "speedup_vs_naive": int(col["naive_max_rank_cost"].sum()) / planned if planned else 1.0,
+        "speedup_vs_naive": naive / planned if planned else 1.0,
+        "speedup_vs_naive_with_c": with_c,
     }
+
+
+def _rank_overhead(footer: dict[str, Any], micro: int) -> float | None:
+    """The cost model's c per micro-batch, in cost units, for every micro-batch of a rank."""
+    c = footer["config"]["cost"].get("c")
+    if not c:
+        return None
+    return float(c) * float(footer.get("cost_scale") or 0.0) * micro
 
 
 def _series(
@@ -278,7 +294,7 @@ def plan_report(
             {"start": first + a, "end": first + b, "sources": _mix(names, target, amounts, a, b)}
             for a, b in phases(cuts, steps)
         ],
-        "imbalance": _imbalance(col, reader.dp),
+        "imbalance": _imbalance(col, reader.dp, _rank_overhead(reader.footer, reader.micro)),
         "capacity_fill": {
             "step": summary(ratio(col["tokens"], reader.dp * reader.micro * capacity)),
             "max_micro_batch": summary(ratio(col["max_micro_tokens"], capacity)),

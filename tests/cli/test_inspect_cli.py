@@ -147,6 +147,7 @@ PLAN_SCHEMA = {
         "max_over_lower_bound": STATS,
         "naive_over_lower_bound": STATS,
         "speedup_vs_naive": NUM,
+        "speedup_vs_naive_with_c": OPT_NUM,
     },
     "capacity_fill": {"step": STATS, "max_micro_batch": STATS},
     "series": {
@@ -501,9 +502,18 @@ def test_plan_names_its_cost_model(built, tmp_path):
     )
     assert header["cost"] == {"a": 6.8e-05, "b": 8.0e-08, "c": 0.003, "origin": "calibrated",
                               "fit_error": fit}  # fmt: skip
+    imb = json.loads(ok("inspect", calibrated, "--json").stdout)["imbalance"]
+    # c adds the same time to every rank: it dilutes the speedup, never reverses it.
+    assert 1.0 <= imb["speedup_vs_naive_with_c"] < imb["speedup_vs_naive"]
+    assert "counting c per micro-batch" in ok("inspect", calibrated).stdout
+    assert (
+        json.loads(ok("inspect", plan, "--json").stdout)["imbalance"]["speedup_vs_naive_with_c"]
+        is None
+    )
     html = tmp_path / "report.html"
     ok("inspect", calibrated, "--html", html)
     assert "fit error max 18.1%" in html.read_text()
+    assert "counting c per micro-batch" in html.read_text()
 
 
 @pytest.mark.parametrize(
