@@ -40,6 +40,8 @@ CAL_LENGTHS = (32, 64, 128, 256, 512, 1024)
 PLANS = ("mds-calibrated", "mds-flop", "random", "round-robin")
 BASELINES = ("random", "round-robin")
 MODELS = ("calibrated", "retimed", "flop", "default")
+# (plan tag, D) -> mds inspect's predicted speedup vs naive: (per-sample costs, counting c)
+INSPECT: dict[tuple[str, int], tuple[float, float | None]] = {}
 
 
 def make_index(data: Path) -> Path:
@@ -74,9 +76,11 @@ def make_index(data: Path) -> Path:
 def plan_steps(index: Path, work: Path, cost: dict, dp: int, steps: int, tag: str) -> list:
     """mds plan of the mix with this [cost]: per step, per rank, micro-batches of lengths.
     Also returns each step's samples (source, row, n_tokens) in index order."""
+    from mds.executor.planfile import PlanReader
     from mds.planner.export import plan_frame
     from mds.planner.plan import build_plan
     from mds.planner.plan_config import plan_config_from_dict
+    from mds.planner.report_plan import plan_report
 
     data = {
         "plan": {"index": str(index.resolve())},
@@ -96,6 +100,9 @@ def plan_steps(index: Path, work: Path, cost: dict, dp: int, steps: int, tag: st
     }
     path = work / f"plan-{tag}-d{dp}.mds"
     build_plan(plan_config_from_dict(data, base=index.parent), path)
+    with PlanReader(path) as reader:
+        imb = plan_report(reader, index)["imbalance"]
+    INSPECT[(tag, dp)] = (imb["speedup_vs_naive"], imb["speedup_vs_naive_with_c"])
     frame = plan_frame(path, index)
     out = []
     for t in range(steps):
@@ -360,6 +367,7 @@ def main() -> None:
         "results": {str(k): v for k, v in results.items()},
         "torchrun": dist,
         "measure_seconds": measure_seconds,
+        "inspect": {f"{tag}/{dp}": v for (tag, dp), v in INSPECT.items()},
     }
     write_report(args.out, "calibrate", table, data)
 
@@ -412,6 +420,18 @@ def render(results: dict, dist: dict | None, fit, refit, coeffs: dict, args) -> 
             lines.append(
                 f"| {dp} | {plan} | {m:.3f} | {p:.3f} | {p / m:.3f} | {q:.3f} | {q / m:.3f} |"
             )
+    lines += [
+        "",
+        "`mds inspect`'s own prediction for the mds-calibrated plan (its naive baseline is a "
+        "seeded random deal of the same samples, like `random`, though not the same deal):",
+        "",
+        "| D | speedup_vs_naive | speedup_vs_naive_with_c | measured vs random |",
+        "|---:|---:|---:|---:|",
+    ]
+    for dp, r in results.items():
+        per_sample, with_c = INSPECT[("calibrated", dp)]
+        meas = r["measured_total"]["random"] / r["measured_total"]["mds-calibrated"]
+        lines.append(f"| {dp} | {per_sample:.3f}x | {with_c or per_sample:.3f}x | {meas:.3f}x |")
     if dist is not None and 2 in results:
         wall = {k: sum(v) for k, v in dist["step_seconds"].items()}
         pred = results[2]["predicted_total"]["calibrated"]
