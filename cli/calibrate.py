@@ -95,7 +95,7 @@ def calibrate_command(
         mds calibrate --lengths 32,64,128 --max-tokens 256 --repeats 5 --json
     """
     from mds.planner import calibrate as cal
-    from mds.planner.atomic import atomic_write_bytes
+    from mds.planner.atomic import atomic_write_bytes, cannot_write
     from mds.planner.packed_gpt import GptShape, build_packed_gpt
 
     grid = cal.calibration_grid(_lengths(lengths), max_tokens, mixed=mixed, seed=seed)
@@ -144,7 +144,10 @@ def calibrate_command(
     )
     table = result.cost_table()
     if output is not None:
-        atomic_write_bytes(output, table.encode())
+        try:
+            atomic_write_bytes(output, table.encode())
+        except OSError as exc:
+            raise cannot_write(output, "the [cost] table", exc) from None
     if json_out:
         print_json({**result.to_json(), "output": str(output) if output else None})
         return

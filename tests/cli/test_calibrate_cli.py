@@ -72,3 +72,9 @@ def test_calibrate_a_model_from_module_function(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "# mds calibrate: --model calibration_user_model:build on cpu" in result.stdout
     assert tomllib.loads(result.stdout)["cost"]["source"] == "calibrated"
+
+
+def test_calibrate_unwritable_output(tmp_path):
+    out = tmp_path / "missing-dir" / "cost.toml"
+    result = mds("calibrate", *TINY, *GRID, "-o", out)
+    one_error_line(result, str(out), "cannot write the [cost] table")
