@@ -7,9 +7,11 @@ random sharding (planner/balance.py naive_ranks) and naive in-order round-robin 
 samples in index order, sample i to rank i % D). Every rank's micro-batches of every step
 are timed through the model (forward + backward, per-sample causal attention over a packed
 row), each rank alone, one after another; a step's time is its slowest rank's. Measured
-speedups are set beside the ones each cost model predicts for the same plans. A real
-2-rank torchrun (gloo) run of the D=2 plans measures wall-clock steps with a gradient
-all-reduce.
+speedups are set beside the ones each cost model predicts for the same plans (the
+calibration before planning, the same grid re-timed alongside the plans, the FLOP formula,
+the default) and beside mds inspect's own prediction. A real 2-rank torchrun (gloo) run of
+the D=2 plans measures wall-clock steps with a gradient all-reduce. Method and results:
+bench/README.md.
 """
 
 from __future__ import annotations
