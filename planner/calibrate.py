@@ -29,11 +29,15 @@ __all__ = [
     "CostFit",
     "calibration_grid",
     "fit_cost",
+    "forward_backward",
     "load_model",
+    "micro_batch_inputs",
+    "pick_clock",
+    "pick_device",
     "time_grid",
+    "time_micro_batch",
+    "torch_info",
 ]
-
-TERMS = ("a", "b", "c")
 
 
 @dataclass(frozen=True)
