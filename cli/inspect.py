@@ -298,11 +298,28 @@ def cost_unit(cost: dict[str, Any]) -> str:
     return "FLOPs" if cost.get("origin") == "model" else "a*L + b*L^2"
 
 
-def cost_text(cost: dict[str, Any]) -> str:
-    """A plan's cost model in one line, in its units."""
-    if "expr" in cost:
-        return f"expr {cost['expr']}"
-    return f"{cost_unit(cost)}: a = {_value(cost['a'])}, b = {_value(cost['b'])}"
+COST_LABELS = {
+    "default": "default (FLOP formula, causal, hidden 4096)",
+    "flop_formula": "FLOP formula of [cost] model",
+    "typed": "typed a, b",
+    "calibrated": "calibrated (mds calibrate)",
+}
+
+
+def cost_text(cost: dict[str, Any], kind: str) -> str:
+    """One line naming the plan's cost model, its coefficients and, if calibrated, fit error."""
+    if kind == "expr" or "expr" in cost:
+        return f"SQL expression: {cost['expr']}"
+    text = f"{COST_LABELS.get(kind, kind)}: a = {_value(cost['a'])}, b = {_value(cost['b'])}"
+    if cost.get("c"):
+        text += f", c = {_value(cost['c'])} per micro-batch"
+    fit = cost.get("fit_error")
+    if fit:
+        text += (
+            f"; fit error max {fit['max']:.1%}, median {fit['median']:.1%} "
+            f"over {fit['points']} micro-batches"
+        )
+    return text
 
 
 def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
@@ -319,7 +336,7 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
         ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-        ("cost", cost_text(h["cost"])),
+        ("cost model", _esc(cost_text(h["cost"], h["cost_model"]))),
         ("index fingerprint", h["index_fingerprint"]),
         ("index", _esc(h["index_path"])),
         ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
@@ -388,7 +405,10 @@ def _print_balance(report: dict[str, Any]) -> None:
         q = imb[key]
         table.add_row(label, *(_num(q[k]) for k in ("mean", "median", "p99", "max")))
     console.print(table)
-    console.print(f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x")
+    line = f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x"
+    if imb["speedup_vs_naive_with_c"] is not None:
+        line += f"; {imb['speedup_vs_naive_with_c']:.3f}x counting c per micro-batch"
+    console.print(line)
     console.print(
         f"capacity fill: step tokens / (dp x micro x capacity) mean {_pct(fill['step']['mean'])}, "
         f"min {_pct(fill['step']['min'])}"

@@ -141,7 +141,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
                 ("step size", size),
                 ("capacity (tokens per micro-batch)", f"{h['capacity']:,}"),
                 ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
-                ("cost", cost_text(h["cost"])),
+                ("cost model", cost_text(h["cost"], h["cost_model"])),
                 ("index fingerprint", f"{h['index_fingerprint']} ({h['index_path']})"),
                 ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
                 *(
@@ -194,7 +194,13 @@ def _balance(r: dict[str, Any]) -> list[str]:
     return [
         "<h2>Balance</h2>",
         _table(["per-step ratio", "mean", "median", "p99", "max"], rows),
-        f"<p>Predicted speedup vs naive sharding: <b>{imb['speedup_vs_naive']:.3f}x</b></p>",
+        f"<p>Predicted speedup vs naive sharding: <b>{imb['speedup_vs_naive']:.3f}x</b>"
+        + (
+            f"; <b>{imb['speedup_vs_naive_with_c']:.3f}x</b> counting c per micro-batch"
+            if imb["speedup_vs_naive_with_c"] is not None
+            else ""
+        )
+        + "</p>",
         _table(
             ["capacity fill", "mean", "min", "max"],
             [

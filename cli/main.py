@@ -135,6 +135,9 @@ def _register() -> None:
 
     app.command("verify")(verify.verify_command)
     app.command("diff")(diff.diff_command)
+    from mds.cli import calibrate
+
+    app.command("calibrate")(calibrate.calibrate_command)
 
 
 _register()

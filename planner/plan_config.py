@@ -36,7 +36,9 @@ TRAIN_KEYS = (
     "overlong",
     "weight_by",
 )
-COST_KEYS = ("a", "b", "model", "expr")
+COST_KEYS = ("a", "b", "c", "model", "expr", "source", "fit_error", "file")
+FIT_ERROR_KEYS = ("max", "median", "points")
+COST_SOURCES = ("calibrated",)
 MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
 PLAN_KEYS = ("index", "chunk_steps", "workers")
 OVERLONG = ("error", "drop", "truncate")
@@ -72,17 +74,29 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class CostSpec:
-    """Per-sample cost: `a*L + b*L^2` (L = n_tokens), or an SQL expression over index columns."""
+    """Per-sample cost: `a*L + b*L^2` (L = n_tokens), or an SQL expression over index columns.
+
+    `c` is a per-micro-batch constant (from `mds calibrate`): recorded in the plan and used
+    for predicted step times, not for balancing, since every rank runs the same number of
+    micro-batches. `fit_error` is the calibration's {max, median, points}."""
 
     a: float = DEFAULT_A
     b: float = DEFAULT_B
     expr: str | None = None
-    origin: str = "default"  # "default" | "given" | "model" | "expr"
+    origin: str = "default"  # "default" | "given" | "model" | "expr" | "calibrated"
+    c: float = 0.0
+    fit_error: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
         if self.expr is not None:
             return {"expr": self.expr}
-        return {"a": self.a, "b": self.b, "origin": self.origin}
+        out: dict[str, Any] = {"a": self.a, "b": self.b, "origin": self.origin}
+        # Only present when set, so plans of configs without them keep their bytes.
+        if self.c:
+            out["c"] = self.c
+        if self.fit_error is not None:
+            out["fit_error"] = dict(self.fit_error)
+        return out
 
 
 @dataclass(frozen=True)
@@ -249,14 +263,22 @@ def check_chunk_size(train: TrainSpec, chunk_steps: int, where: str) -> None:
     _check_limit(where, what, steps * per_step, MAX_CHUNK_ITEMS, "items in a chunk's arrays")
 
 
-def parse_cost(table: Any, where: str) -> CostSpec:
+def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
+    """The `[cost]` table; `file = "..."` reads the table from another TOML file (relative
+    to `base`, the config's directory), e.g. the output of `mds calibrate`."""
     where = f"{where}[cost]: "
     _table(table, COST_KEYS, where)
+    if "file" in table:
+        return _cost_file(table, where, base or Path.cwd())
     given = [k for k in ("expr", "model") if k in table] + (
         ["a/b"] if {"a", "b"} & set(table) else []
     )
     if len(given) > 1:
         raise ConfigError(f"{where}use one of `a`/`b`, `model` or `expr`; got {', '.join(given)}")
+    if given and given[0] != "a/b":
+        extra = [k for k in ("c", "source", "fit_error") if k in table]
+        if extra:
+            raise ConfigError(f"{where}`{extra[0]}` goes with `a`/`b`, not with `{given[0]}`")
     if "expr" in table:
         expr = table["expr"]
         if not isinstance(expr, str) or not expr.strip():
@@ -281,13 +303,70 @@ def parse_cost(table: Any, where: str) -> CostSpec:
         a = 72.0 * layers * hidden * hidden + 6.0 * hidden * vocab
         b = (6.0 if causal else 12.0) * layers * hidden
         return CostSpec(a=a, b=b, origin="model")
-    a, b = _float(table, "a", where), _float(table, "b", where)
+    a, b, c = _float(table, "a", where), _float(table, "b", where), _float(table, "c", where)
     if a is None and b is None:
+        if c is not None or "source" in table or "fit_error" in table:
+            key = "c" if c is not None else ("source" if "source" in table else "fit_error")
+            raise ConfigError(f"{where}`{key}` needs `a` and `b`")
         return CostSpec()
     a, b = a or 0.0, b or 0.0
     if a == 0 and b == 0:
         raise ConfigError(f"{where}`a` and `b` cannot both be 0")
-    return CostSpec(a=a, b=b, origin="given")
+    source = table.get("source")
+    if source is None:
+        if "fit_error" in table:
+            raise ConfigError(f'{where}`fit_error` needs `source = "calibrated"`')
+        return CostSpec(a=a, b=b, origin="given", c=c or 0.0)
+    if source not in COST_SOURCES:
+        raise ConfigError(
+            f"{where}`source` must be one of {', '.join(COST_SOURCES)}, got {source!r}"
+        )
+    fit = _fit_error(table.get("fit_error"), where)
+    return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, fit_error=fit)
+
+
+def _fit_error(value: Any, where: str) -> dict[str, Any]:
+    """`fit_error = { max, median, points }` of a calibrated cost: relative errors, >= 0."""
+    if value is None:
+        raise ConfigError(
+            f'{where}`fit_error` is required with `source = "calibrated"` '
+            "(the { max, median, points } that mds calibrate writes)"
+        )
+    fwhere = f"{where}fit_error: "
+    if not isinstance(value, dict):
+        raise ConfigError(f"{fwhere}must be a table {{ max, median, points }}")
+    _check_keys(value, FIT_ERROR_KEYS, fwhere)
+    for key in FIT_ERROR_KEYS:
+        if key not in value:
+            raise ConfigError(f"{fwhere}`{key}` is required")
+    return {
+        "max": _float(value, "max", fwhere),
+        "median": _float(value, "median", fwhere),
+        "points": _int(value, "points", fwhere),
+    }
+
+
+def _cost_file(table: dict[str, Any], where: str, base: Path) -> CostSpec:
+    """`[cost] file = "cost.toml"`: the `[cost]` table of that file stands for this one."""
+    others = sorted(set(table) - {"file"})
+    if others:
+        raise ConfigError(f"{where}`file` stands for the whole table; remove `{others[0]}`")
+    name = table["file"]
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}`file` must be a path string")
+    path = base / name
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except OSError as exc:
+        raise ConfigError(f"{where}`file`: cannot read {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}`file`: {path} is not valid TOML: {exc}") from None
+    inner = data.get("cost")
+    if not isinstance(inner, dict):
+        raise ConfigError(f"{where}`file`: {path} has no [cost] table")
+    if "file" in inner:
+        raise ConfigError(f"{path}: [cost]: `file` cannot refer to another file")
+    return parse_cost(inner, f"{path}: ", path.parent)
 
 
 def parse_mix(table: dict[str, Any], where: str) -> MixSpec:
@@ -309,7 +388,7 @@ def parse_plan_config(
     if "train" not in data:
         raise ConfigError(f"{where}[train] is required for planning")
     train = parse_train(data["train"], where)
-    cost = parse_cost(data.get("cost", {}), where)
+    cost = parse_cost(data.get("cost", {}), where, base)
     plan = data.get("plan", {})
     if not isinstance(plan, dict):
         raise ConfigError(f"{where}[plan]: must be a table")

@@ -139,14 +139,30 @@ def _mix(
     ]
 
 
-def _imbalance(col: dict[str, np.ndarray], dp: int) -> dict[str, Any]:
+def _imbalance(col: dict[str, np.ndarray], dp: int, rank_overhead: float | None) -> dict[str, Any]:
+    """`rank_overhead`: a rank's per-step constant in cost units (the cost model's c per
+    micro-batch x micro-batches), or None when the cost model has no c."""
     planned = int(col["max_rank_cost"].sum())
+    naive = int(col["naive_max_rank_cost"].sum())
+    with_c = None
+    if rank_overhead is not None:
+        extra = rank_overhead * len(col["max_rank_cost"])
+        with_c = (naive + extra) / (planned + extra) if planned + extra else 1.0
     return {
         "max_over_mean": summary(ratio(col["max_rank_cost"] * dp, col["cost"])),
         "max_over_lower_bound": summary(ratio(col["max_rank_cost"], col["lower_bound"])),
         "naive_over_lower_bound": summary(ratio(col["naive_max_rank_cost"], col["lower_bound"])),
-        "speedup_vs_naive": int(col["naive_max_rank_cost"].sum()) / planned if planned else 1.0,
+        "speedup_vs_naive": naive / planned if planned else 1.0,
+        "speedup_vs_naive_with_c": with_c,
     }
+
+
+def _rank_overhead(footer: dict[str, Any], micro: int) -> float | None:
+    """The cost model's c per micro-batch, in cost units, for every micro-batch of a rank."""
+    c = footer["config"]["cost"].get("c")
+    if not c:
+        return None
+    return float(c) * float(footer.get("cost_scale") or 0.0) * micro
 
 
 def _series(
@@ -187,6 +203,20 @@ def _format_version(path: Path) -> int:
         return struct.unpack("<8sI", f.read(12))[1]
 
 
+# `cost.origin` in the plan -> the kind of cost model `mds inspect` names.
+COST_MODELS = {
+    "default": "default",  # no [cost]: the FLOP-formula a:b ratio of hidden 4096
+    "model": "flop_formula",  # [cost] model = {...}
+    "given": "typed",  # [cost] a, b typed by the user
+    "calibrated": "calibrated",  # [cost] from mds calibrate
+}
+
+
+def cost_model(cost: dict[str, Any]) -> str:
+    """Which cost model a plan used: default, flop_formula, typed, expr or calibrated."""
+    return "expr" if "expr" in cost else COST_MODELS.get(cost.get("origin", ""), "typed")
+
+
 def _header(reader: PlanReader) -> dict[str, Any]:
     footer = reader.footer
     config, train = footer["config"], footer["config"]["train"]
@@ -206,6 +236,7 @@ def _header(reader: PlanReader) -> dict[str, Any]:
         "overlong": train.get("overlong"),
         "seed": train.get("seed"),
         "cost": config["cost"],
+        "cost_model": cost_model(config["cost"]),
         "cost_scale": footer.get("cost_scale"),
         "index_fingerprint": footer["index"]["fingerprint"],
         "index_path": footer["index"]["path"],
@@ -263,7 +294,7 @@ def plan_report(
             {"start": first + a, "end": first + b, "sources": _mix(names, target, amounts, a, b)}
             for a, b in phases(cuts, steps)
         ],
-        "imbalance": _imbalance(col, reader.dp),
+        "imbalance": _imbalance(col, reader.dp, _rank_overhead(reader.footer, reader.micro)),
         "capacity_fill": {
             "step": summary(ratio(col["tokens"], reader.dp * reader.micro * capacity)),
             "max_micro_batch": summary(ratio(col["max_micro_tokens"], capacity)),

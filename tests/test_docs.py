@@ -139,7 +139,7 @@ def test_readme_and_docs_blocks_run_as_written(workdir):
     sh = blocks(README, "sh")
     tour, replan = sh[2], sh[3]
     assert "mds index sample_data/mds.toml -o build/index" in tour and "--at-step" in replan
-    assert run_shell_block(tour, workdir) == 11
+    assert run_shell_block(tour, workdir) == 12
     (train,) = blocks(README, "python")
     script = workdir / "train.py"
     script.write_text(train, encoding="utf-8")

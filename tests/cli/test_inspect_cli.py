@@ -115,6 +115,7 @@ PLAN_SCHEMA = {
         "overlong": str,
         "seed": int,
         "cost": dict,
+        "cost_model": str,
         "cost_scale": NUM,
         "index_fingerprint": str,
         "index_path": str,
@@ -146,6 +147,7 @@ PLAN_SCHEMA = {
         "max_over_lower_bound": STATS,
         "naive_over_lower_bound": STATS,
         "speedup_vs_naive": NUM,
+        "speedup_vs_naive_with_c": OPT_NUM,
     },
     "capacity_fill": {"step": STATS, "max_micro_batch": STATS},
     "series": {
@@ -468,3 +470,65 @@ def test_drawing_helpers():
     assert bar(4, 8, 10) == "█████" and bar(0, 8) == "" and bar(1, 8, 1) == "▏"
     lo, hi, ticks = nice_range(1.0, 2.58)
     assert (lo, hi) == (1.0, 3.0) and ticks == [1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+# --- the cost model a plan used ----------------------------------------------------------------
+
+
+def test_plan_names_its_cost_model(built, tmp_path):
+    import dataclasses
+
+    from mds.cli.inspect import cost_text
+    from mds.planner.plan_config import CostSpec
+
+    index, plan = built
+    text = ok("inspect", plan).stdout
+    assert "cost model" in text and "FLOP formula" in text
+    header = json.loads(ok("inspect", plan, "--json").stdout)["header"]
+    assert header["cost_model"] == "flop_formula"
+    fit = {"max": 0.181, "median": 0.079, "points": 37}
+    cost = CostSpec(a=6.8e-05, b=8.0e-08, c=0.003, origin="calibrated", fit_error=fit)
+    cfg = dataclasses.replace(
+        with_overrides(load_plan_config(SAMPLE_CONFIG), index=index), cost=cost
+    )
+    calibrated = tmp_path / "calibrated.mds"
+    build_plan(cfg, calibrated)
+    words = ok("inspect", calibrated).stdout.split()
+    assert {"calibrated", "18.1%,", "7.9%"} <= set(words)  # the cell may wrap between words
+    header = json.loads(ok("inspect", calibrated, "--json").stdout)["header"]
+    assert header["cost_model"] == "calibrated"
+    assert cost_text(header["cost"], header["cost_model"]) == (
+        "calibrated (mds calibrate): a = 6.8e-05, b = 8e-08, c = 0.003 per micro-batch; "
+        "fit error max 18.1%, median 7.9% over 37 micro-batches"
+    )
+    assert header["cost"] == {"a": 6.8e-05, "b": 8.0e-08, "c": 0.003, "origin": "calibrated",
+                              "fit_error": fit}  # fmt: skip
+    imb = json.loads(ok("inspect", calibrated, "--json").stdout)["imbalance"]
+    # c adds the same time to every rank: it dilutes the speedup, never reverses it.
+    assert 1.0 <= imb["speedup_vs_naive_with_c"] < imb["speedup_vs_naive"]
+    assert "counting c per micro-batch" in ok("inspect", calibrated).stdout
+    assert (
+        json.loads(ok("inspect", plan, "--json").stdout)["imbalance"]["speedup_vs_naive_with_c"]
+        is None
+    )
+    html = tmp_path / "report.html"
+    ok("inspect", calibrated, "--html", html)
+    assert "fit error max 18.1%" in html.read_text()
+    assert "counting c per micro-batch" in html.read_text()
+
+
+@pytest.mark.parametrize(
+    ("cost", "kind", "text"),
+    [
+        ({"a": 1.0, "b": 0.5, "origin": "default"}, "default", "default (FLOP formula, causal, hidden 4096): a = 1, b = 0.5"),
+        ({"a": 2.0, "b": 0.5, "origin": "given"}, "typed", "typed a, b: a = 2, b = 0.5"),
+        ({"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0}, "typed", "typed a, b: a = 2, b = 0.5, c = 3 per micro-batch"),
+        ({"expr": "n_tokens * 2"}, "expr", "SQL expression: n_tokens * 2"),
+    ],
+)  # fmt: skip
+def test_cost_text(cost, kind, text):
+    from mds.cli.inspect import cost_text
+    from mds.planner.report_plan import cost_model
+
+    assert cost_model(cost) == kind
+    assert cost_text(cost, kind) == text

@@ -304,6 +304,86 @@ def test_cost_must_be_a_table(tmp_path):
     assert "[cost]: must be a table" in error(tmp_path, cost=[1])
 
 
+CALIBRATED = {
+    "source": "calibrated",
+    "a": 6.5e-05,
+    "b": 9.4e-08,
+    "c": 0.0015,
+    "fit_error": {"max": 0.258, "median": 0.093, "points": 37},
+}
+
+
+def test_cost_calibrated(tmp_path):
+    cost = parse(tmp_path, cost=CALIBRATED).cost
+    assert (cost.a, cost.b, cost.c, cost.origin) == (6.5e-05, 9.4e-08, 0.0015, "calibrated")
+    assert cost.describe() == {
+        "a": 6.5e-05,
+        "b": 9.4e-08,
+        "origin": "calibrated",
+        "c": 0.0015,
+        "fit_error": {"max": 0.258, "median": 0.093, "points": 37},
+    }
+
+
+def test_cost_typed_c_and_unchanged_canonical(tmp_path):
+    # Without c, the canonical cost has exactly the keys it always had: plan bytes do not move.
+    assert parse(tmp_path, cost={"a": 2, "b": 0.5}).cost.describe() == {
+        "a": 2.0,
+        "b": 0.5,
+        "origin": "given",
+    }
+    cost = parse(tmp_path, cost={"a": 2, "b": 0.5, "c": 3}).cost
+    assert cost.describe() == {"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0}
+
+
+def test_cost_file_reference(tmp_path):
+    from mds.planner.calibrate import Calibration, CostFit
+
+    fit = CostFit(a=1e-4, b=2e-7, c=3e-3, rel_errors=(0.01, 0.02, 0.05))
+    cal = Calibration("m", "cpu", 3, 0, [(1,), (2,), (1, 2)], [1.0, 2.0, 3.0], fit)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "cost.toml").write_text(cal.cost_table())
+    cost = parse(tmp_path, cost={"file": "sub/cost.toml"}).cost
+    assert (cost.a, cost.b, cost.c, cost.origin) == (1e-4, 2e-7, 3e-3, "calibrated")
+    assert cost.fit_error == {"max": 0.05, "median": 0.02, "points": 3}
+
+
+@pytest.mark.parametrize(
+    ("cost", "message"),
+    [
+        ({"a": 1, "fit_error": CALIBRATED["fit_error"]}, 'needs `source = "calibrated"`'),
+        ({**CALIBRATED, "source": "measured"}, "`source` must be one of calibrated"),
+        ({k: v for k, v in CALIBRATED.items() if k != "fit_error"}, "`fit_error` is required"),
+        ({**CALIBRATED, "fit_error": 0.1}, "fit_error: must be a table"),
+        ({**CALIBRATED, "fit_error": {"max": 0.1, "median": 0.1}}, "fit_error: `points`"),
+        ({**CALIBRATED, "fit_error": {"max": -1, "median": 0, "points": 1}}, "`max` must be"),
+        ({**CALIBRATED, "fit_error": {"max": 1, "median": 0, "points": 1, "p9": 1}}, "`p9`"),
+        ({"c": 1}, "`c` needs `a` and `b`"),
+        ({"source": "calibrated"}, "`source` needs `a` and `b`"),
+        ({"expr": "n_tokens", "c": 1}, "`c` goes with `a`/`b`, not with `expr`"),
+        ({"a": 1, "c": -1}, "`c` must be a finite number >= 0"),
+        ({"file": "cost.toml", "a": 1}, "`file` stands for the whole table; remove `a`"),
+        ({"file": 3}, "`file` must be a path string"),
+        ({"file": "missing.toml"}, "`file`: cannot read"),
+    ],
+)
+def test_bad_calibrated_cost(tmp_path, cost, message):
+    msg = error(tmp_path, cost=cost)
+    assert "[cost]: " in msg and message in msg
+
+
+def test_cost_file_errors(tmp_path):
+    (tmp_path / "bad.toml").write_text("a = [")
+    assert "is not valid TOML" in error(tmp_path, cost={"file": "bad.toml"})
+    (tmp_path / "empty.toml").write_text("a = 1\n")
+    assert "has no [cost] table" in error(tmp_path, cost={"file": "empty.toml"})
+    (tmp_path / "loop.toml").write_text('[cost]\nfile = "loop.toml"\n')
+    assert "cannot refer to another file" in error(tmp_path, cost={"file": "loop.toml"})
+    (tmp_path / "neg.toml").write_text("[cost]\na = -1\n")
+    msg = error(tmp_path, cost={"file": "neg.toml"})
+    assert "neg.toml: [cost]: `a` must be" in msg
+
+
 # --- per-source keys ---------------------------------------------------------------------------
 
 

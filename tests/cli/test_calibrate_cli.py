@@ -1,0 +1,80 @@
+"""`mds calibrate` from the command line on a tiny built-in model and grid (seconds): the
+[cost] table it prints and writes, --json, and one-line errors for bad flags."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from cli_helpers import mds, one_error_line
+
+from mds.planner.plan_config import parse_cost
+
+TINY = ("--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "64", "--threads", "1")
+GRID = ("--lengths", "16,256", "--max-tokens", "256", "--mixed", "1", "--repeats", "1")
+
+
+def test_calibrate_writes_a_cost_table(tmp_path):
+    out = tmp_path / "cost.toml"
+    result = mds("calibrate", *TINY, *GRID, "--warmup", "0", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        "[cost]\n# mds calibrate: built-in GPT (layers = 1, hidden = 16"
+    )
+    assert out.read_text() == result.stdout
+    table = tomllib.loads(result.stdout)["cost"]
+    assert table["source"] == "calibrated"
+    assert table["fit_error"]["points"] == 7  # 16 x 1..16, 256 x 1, one mixed
+    cost = parse_cost(table, "")
+    assert cost.origin == "calibrated" and cost.c == table["c"]
+    assert "fit error over 7 micro-batches" in result.stderr
+    assert 'file = "' in result.stderr
+
+
+def test_calibrate_json(tmp_path):
+    result = mds("calibrate", *TINY, *GRID, "--json", "--seed", "3")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["cost"]["source"] == "calibrated"
+    assert data["device"] == "cpu" and data["clock"] == "cpu" and data["seed"] == 3
+    assert [p["lengths"] for p in data["points"]][:2] == [[16], [16, 16]]
+    assert data["output"] is None
+    assert {"seconds", "predicted", "rel_error"} <= set(data["points"][0])
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("--lengths", "64"), ("--lengths needs at least two different lengths",)),
+        (("--lengths", "8,x"), ("--lengths must be comma-separated integers",)),
+        (("--lengths", "8,64", "--max-tokens", "32"), ("--lengths: 64 exceeds --max-tokens 32",)),
+        (("--model", "nocolon"), ("--model must be module:function",)),
+        (("--model", "no_such_module_xyz:build"), ("--model", "cannot import")),
+        (("--device", "tpu"), ("--device must be auto, cpu or cuda",)),
+        (("--clock", "tsc"), ("--clock must be auto, wall or cpu",)),
+        (("--hidden", "10", "--heads", "4"), ("--hidden (10) must be a multiple of --heads (4)",)),
+    ],
+)
+def test_calibrate_bad_flags(args, needles):
+    result = mds("calibrate", "--lengths", "16,32", "--max-tokens", "64", "--repeats", "1", *args)
+    one_error_line(result, *needles)
+
+
+def test_calibrate_a_model_from_module_function(tmp_path, monkeypatch):
+    (tmp_path / "calibration_user_model.py").write_text(
+        "from mds.planner.packed_gpt import GptShape, build_packed_gpt\n"
+        "def build():\n"
+        "    return build_packed_gpt(GptShape(layers=1, hidden=16, heads=2, vocab=64))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = mds("calibrate", "--model", "calibration_user_model:build", "--vocab", "64", *GRID)
+    assert result.exit_code == 0, result.output
+    assert "# mds calibrate: --model calibration_user_model:build on cpu" in result.stdout
+    assert tomllib.loads(result.stdout)["cost"]["source"] == "calibrated"
+
+
+def test_calibrate_unwritable_output(tmp_path):
+    out = tmp_path / "missing-dir" / "cost.toml"
+    result = mds("calibrate", *TINY, *GRID, "-o", out)
+    one_error_line(result, str(out), "cannot write the [cost] table")

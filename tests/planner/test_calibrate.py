@@ -1,0 +1,163 @@
+"""The calibration fit (exact on synthetic timings, its error report, bad input as one-line
+errors), the grid, model loading and the timing harness on a tiny model (no timed asserts)."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+
+import pytest
+
+from mds.executor.errors import ConfigError
+from mds.planner import calibrate as cal
+from mds.planner.packed_gpt import GptShape, build_packed_gpt
+from mds.planner.plan_config import parse_cost
+
+GRID = cal.calibration_grid([32, 64, 256, 1024], 2048, mixed=3, seed=1)
+
+
+def synthetic(a: float, b: float, c: float, grid=GRID) -> list[float]:
+    return [a * sum(mb) + b * sum(x * x for x in mb) + c for mb in grid]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "c"), [(6e-5, 9e-8, 2e-3), (1e-4, 0.0, 5e-3), (0.0, 1e-7, 0.0), (3e-5, 2e-8, 0.0)]
+)
+def test_fit_recovers_exact_coefficients(a, b, c):
+    fit = cal.fit_cost(GRID, synthetic(a, b, c))
+    for got, want in ((fit.a, a), (fit.b, b), (fit.c, c)):
+        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15)
+    assert fit.max_error < 1e-9
+    assert min(fit.a, fit.b, fit.c) >= 0
+
+
+def test_fit_never_negative():
+    # A large overhead makes the unconstrained fit want b < 0: the fit keeps every term >= 0.
+    grid = [(10,), (20,), (40,), (10, 10), (80,)]
+    fit = cal.fit_cost(grid, [1.0, 1.1, 1.2, 1.1, 1.3])
+    assert min(fit.a, fit.b, fit.c) >= 0 and fit.a > 0
+
+
+def test_fit_refuses_a_cost_that_ignores_length():
+    grid = [(10,), (20,), (40,), (10, 10)]
+    with pytest.raises(ConfigError, match="does not grow with sample length"):
+        cal.fit_cost(grid, [1.0, 0.9, 0.8, 1.0])
+
+
+def test_fit_error_report():
+    seconds = synthetic(6e-5, 9e-8, 2e-3)
+    seconds[0] *= 1.5  # one slow point
+    fit = cal.fit_cost(GRID, seconds)
+    assert len(fit.rel_errors) == len(GRID)
+    assert fit.max_error == max(fit.rel_errors) > 0.1
+    assert fit.median_error < fit.max_error
+    for mb, s, e in zip(GRID, seconds, fit.rel_errors, strict=True):
+        assert math.isclose(e, abs(fit.predict(mb) - s) / s, rel_tol=1e-9)
+    assert fit.fit_error() == {
+        "max": round(fit.max_error, 4),
+        "median": round(fit.median_error, 4),
+        "points": len(GRID),
+    }
+
+
+@pytest.mark.parametrize(
+    ("grid", "seconds", "message"),
+    [
+        ([(8,), (8, 8), (8, 8, 8)], [1.0, 2.0, 3.0], "at least 2 sample lengths"),
+        ([(8,), (16,)], [1.0, 2.0], "need at least 3 different micro-batches"),
+        ([(8,), (16,), (8, 16)], [1.0, 0.0, 2.0], "calibration point 1: time must be > 0"),
+        ([(8,), (16,), (8, 16)], [1.0, float("nan"), 2.0], "time must be > 0"),
+        ([(8,), (0,), (8, 16)], [1.0, 1.0, 2.0], "calibration point 1: every sample length"),
+        ([(8,), (), (8, 16)], [1.0, 1.0, 2.0], "calibration point 1"),
+        ([(8,), (16,)], [1.0], "2 micro-batches but 1 timings"),
+    ],
+)
+def test_fit_bad_input(grid, seconds, message):
+    with pytest.raises(ConfigError, match="calibration") as err:
+        cal.fit_cost(grid, seconds)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_grid():
+    grid = cal.calibration_grid([64, 32], 128, mixed=2, seed=0)
+    uniform = [mb for mb in grid if len(set(mb)) == 1]
+    assert uniform[:5] == [(32,), (32, 32), (32,) * 4, (64,), (64, 64)]
+    assert all(sum(mb) <= 128 for mb in grid)
+    assert len(grid) == 7
+    assert grid == cal.calibration_grid([64, 32], 128, mixed=2, seed=0)  # seeded
+
+
+@pytest.mark.parametrize(
+    ("lengths", "max_tokens", "message"),
+    [
+        ([], 10, "--lengths: give at least two"),
+        ([0, 8], 10, "--lengths: lengths must be >= 1, got 0"),
+        ([8, 64], 32, "--lengths: 64 exceeds --max-tokens 32"),
+    ],
+)
+def test_grid_bad_input(lengths, max_tokens, message):
+    with pytest.raises(ConfigError, match=message):
+        cal.calibration_grid(lengths, max_tokens)
+
+
+def test_load_model(tmp_path, monkeypatch):
+    (tmp_path / "my_models_for_calibration.py").write_text(
+        "def build():\n    return 'the model'\nvalue = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cal.load_model("my_models_for_calibration:build") == "the model"
+    for spec, message in [
+        ("nocolon", "--model must be module:function"),
+        ("m:", "--model must be module:function"),
+        ("no_such_module_xyz:build", "cannot import 'no_such_module_xyz'"),
+        ("my_models_for_calibration:missing", "has no function 'missing'"),
+        ("my_models_for_calibration:value", "has no function 'value'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            cal.load_model(spec)
+
+
+def test_clock_and_device_choices():
+    assert cal.pick_clock("auto", "cpu") == "cpu"
+    assert cal.pick_clock("auto", "cuda:0") == "wall"
+    with pytest.raises(ConfigError, match="--clock must be"):
+        cal.pick_clock("tsc", "cpu")
+    with pytest.raises(ConfigError, match="use --clock wall on cuda"):
+        cal.pick_clock("cpu", "cuda")
+    assert cal.pick_device("cpu") == "cpu"
+    with pytest.raises(ConfigError, match="--device must be"):
+        cal.pick_device("tpu")
+
+
+def test_time_grid_and_cost_table():
+    grid = cal.calibration_grid([4, 8], 16, mixed=1, seed=0)
+    model = build_packed_gpt(GptShape(layers=1, hidden=8, heads=2, vocab=16))
+    seen = []
+    seconds = cal.time_grid(
+        model, grid, vocab=16, repeats=2, warmup=1, seed=0, device="cpu", clock="cpu",
+        advance=seen.append,
+    )  # fmt: skip
+    assert len(seconds) == len(grid) and all(s >= 0 for s in seconds)
+    assert sum(seen) == 3 * len(grid)
+    assert all(p.grad is None for p in model.parameters())
+    seconds = synthetic(1e-4, 1e-7, 1e-3, grid)  # a tiny model's times are all overhead
+    result = cal.Calibration("tiny", "cpu", 2, 0, grid, seconds, cal.fit_cost(grid, seconds))
+    table = tomllib.loads(result.cost_table())["cost"]
+    cost = parse_cost(table, "")
+    assert cost.origin == "calibrated"
+    assert (cost.a, cost.b, cost.c) == pytest.approx((result.fit.a, result.fit.b, result.fit.c))
+    data = result.to_json()
+    assert data["cost"]["fit_error"]["points"] == len(grid) == len(data["points"])
+
+
+def test_time_grid_needs_repeats():
+    with pytest.raises(ConfigError, match="--repeats must be >= 1"):
+        cal.time_grid(None, [], vocab=1, repeats=0, warmup=0, seed=0, device="cpu")
+
+
+def test_inputs_are_seeded():
+    a_ids, a_cu = cal.micro_batch_inputs([3, 5], 50, 7, "cpu")
+    b_ids, b_cu = cal.micro_batch_inputs([3, 5], 50, 7, "cpu")
+    assert a_ids.equal(b_ids) and a_cu.tolist() == b_cu.tolist() == [0, 3, 8]
+    assert a_ids.shape == (1, 8) and int(a_ids.max()) < 50
+    assert not cal.micro_batch_inputs([3, 5], 50, 8, "cpu")[0].equal(a_ids)
