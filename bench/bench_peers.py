@@ -63,7 +63,8 @@ def make_data(root: Path, n: int, steps: int, python: str) -> Path:
             'tokens = "tokens"\nweight = 1.0\n'
         )
     (root / f"mds-{steps}.toml").write_text(
-        '[index]\noutput = "index"\n\n' + "\n".join(lines)
+        '[index]\noutput = "index"\n\n'
+        + "\n".join(lines)
         + f"\n[train]\nsteps = {steps}\ndp_size = 1\nmicro_batches = 1\n"
         f"samples_per_step = {SAMPLES}\nmax_tokens_per_micro_batch = 65536\nseed = 3\n"
         'overlong = "error"\n\n'
@@ -72,10 +73,15 @@ def make_data(root: Path, n: int, steps: int, python: str) -> Path:
     mds = str(Path(python).with_name("mds"))
     config = f"mds-{steps}.toml"
     if not (root / "index" / "manifest.json").exists():
-        subprocess.run([mds, "index", config, "-o", "index"], cwd=root, check=True,
-                       capture_output=True)
-    subprocess.run([mds, "plan", config, "--index", "index", "-o", plan.name], cwd=root,
-                   check=True, capture_output=True)
+        subprocess.run(
+            [mds, "index", config, "-o", "index"], cwd=root, check=True, capture_output=True
+        )
+    subprocess.run(
+        [mds, "plan", config, "--index", "index", "-o", plan.name],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
     return plan
 
 
@@ -170,8 +176,11 @@ def child_write_mosaic(root: Path) -> dict:
 
     for path in sorted((root / "src").glob("*.parquet")):
         tokens = pq.read_table(path).column("tokens").to_pylist()
-        with MDSWriter(out=str(root / "mosaic" / path.stem), columns={"tokens": "ndarray:int32"},
-                       compression=None) as w:
+        with MDSWriter(
+            out=str(root / "mosaic" / path.stem),
+            columns={"tokens": "ndarray:int32"},
+            compression=None,
+        ) as w:
             for t in tokens:
                 w.write({"tokens": np.asarray(t, dtype=np.int32)})
     return {}
@@ -184,9 +193,13 @@ def peer_venv(out: Path) -> tuple[str | None, str]:
     """The Python of the Mosaic venv (created on first use), or None and why not."""
     venv = out / "peer-venv"
     python = venv / "bin" / "python"
-    ok = python.exists() and subprocess.run(
-        [str(python), "-c", "import streaming, torch, pyarrow"], capture_output=True
-    ).returncode == 0
+    ok = (
+        python.exists()
+        and subprocess.run(
+            [str(python), "-c", "import streaming, torch, pyarrow"], capture_output=True
+        ).returncode
+        == 0
+    )
     if not ok:
         try:
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
@@ -206,7 +219,8 @@ def peer_venv(out: Path) -> tuple[str | None, str]:
         return None, f"mosaicml-streaming does not import ({check.stderr.strip().splitlines()[-1]})"
     version = subprocess.run(
         [str(python), "-c", "import streaming; print(streaming.__version__)"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     return str(python), f"mosaicml-streaming {version}"
 
@@ -218,7 +232,9 @@ def _stub_torchvision(python: Path) -> None:
     subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision"], check=False)
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     stub = Path(site) / "torchvision"
     (stub / "datasets").mkdir(parents=True, exist_ok=True)

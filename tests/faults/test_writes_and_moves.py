@@ -98,7 +98,10 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
     moved.parent.mkdir()
     shutil.copy(root / "plan.mds", moved)
     expected = f"{moved}: its index was expected at {moved.parent / 'index'}"
-    for args in (("export", moved, "-o", tmp_path / "x.parquet"), ("inspect", moved, "--step", "0")):
+    for args in (
+        ("export", moved, "-o", tmp_path / "x.parquet"),
+        ("inspect", moved, "--step", "0"),
+    ):
         line = one_error_line(mds(*args), expected, "pass --index")
         assert "run `mds index`" not in line
     assert not (tmp_path / "x.parquet").exists()
@@ -112,7 +115,9 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
         str(info.value),
     ), str(info.value)
     # The fixes the messages name work.
-    assert mds("export", moved, "-o", tmp_path / "x.parquet", "--index", root / "index").exit_code == 0
+    assert (
+        mds("export", moved, "-o", tmp_path / "x.parquet", "--index", root / "index").exit_code == 0
+    )
     with PlanExecutor(moved, 0, data_root=root, tokenize=word_ids) as ex:
         assert next(iter(ex))["step"] == 0
 
