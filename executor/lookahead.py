@@ -8,9 +8,9 @@ far ahead as the planned token counts of all this rank's samples in between fit 
 budget (4 bytes a token), so rows for the nearest steps are never crowded out by rows
 needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
 them. One decode takes at most 256 later rows (the nearest): taking a row costs a few
-microseconds, so a decode's rows ahead cost about what the decode does, and the first step
-of a run stays about as quick as without reading ahead, however many later samples its
-files serve.
+microseconds, so a decode's rows ahead cost about what the decode does. The first fetch of
+a run (or after a seek) takes at most 16, and the cap doubles with each fetch, so the time
+to the first batch stays about what it is without reading ahead.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = ["Later", "Lookahead"]
 BYTES_PER_TOKEN = 4
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
 MAX_LATER = 256  # later rows taken with one decode at most
+FIRST_LATER = 16  # ... and with the first fetch's decodes; the cap doubles each fetch
 
 
 @dataclass
@@ -100,9 +101,10 @@ class Lookahead:
         self._window: list[_Block] = []
         self._kept: dict[int, tuple[Any, int]] = {}
         self._next = 0  # rank-wide index after the last sample taken
+        self._fetches = 0  # since the window started
 
     def clear(self) -> None:
-        self._window, self._kept, self.nbytes, self._next = [], {}, 0, 0
+        self._window, self._kept, self.nbytes, self._next, self._fetches = [], {}, 0, 0, 0
 
     # --- the window -------------------------------------------------------------------------
 
@@ -165,7 +167,7 @@ class Lookahead:
         worker's micro-batches) are dropped."""
         first = base + lo
         if first < self._next:  # a seek back: nothing kept is known to be wanted
-            self._kept, self.nbytes = {}, 0
+            self._kept, self.nbytes, self._fetches = {}, 0, 0
         elif first - self._next <= 4 * (hi - lo) + 64:
             for g in range(self._next, first):
                 if g in self._kept:
@@ -174,6 +176,7 @@ class Lookahead:
             for g in [g for g in self._kept if g < first]:
                 self._drop(g)
         self._next = base + hi
+        self._fetches += 1
         missing = []
         for j in range(lo, hi):
             kept = self._kept.pop(base + j, None)
@@ -185,13 +188,14 @@ class Lookahead:
         return np.array(missing, dtype=np.int64)
 
     def later(self, key: tuple[int, int], entry: Any, base: int, lo: int, hi: int) -> Later:
-        """The nearest `MAX_LATER` of this rank's samples after block sample `hi` that read
+        """The nearest (up to `MAX_LATER`) of this rank's samples after block sample `hi` that read
         file `key` (source, file) with the same record `entry`, are built by this process,
         are not kept yet and lie within the byte budget."""
         parts: list[tuple[_Block, np.ndarray]] = []
         if self.max_bytes > 0:
             start = base + hi
             end = self._horizon(start)
+            cap = min(MAX_LATER, FIRST_LATER << min(max(self._fetches - 1, 0), 8))
             taken = 0
             micro_now = int(self._window[0].micro[lo]) if lo < len(self._window[0].micro) else 0
             for w in self._window_from(start):
@@ -208,11 +212,11 @@ class Lookahead:
                 ]
                 if self.stride > 1:
                     js = js[(w.micro[js] - micro_now) % self.stride == 0]
-                js = js[[w.base + j not in self._kept for j in js.tolist()]][: MAX_LATER - taken]
+                js = js[[w.base + j not in self._kept for j in js.tolist()]][: cap - taken]
                 if len(js):
                     parts.append((w, js))
                     taken += len(js)
-                    if taken == MAX_LATER:
+                    if taken == cap:
                         break
         rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
         cat = np.concatenate

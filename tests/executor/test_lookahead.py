@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from executor_builders import batch_digest, open_executor, sample_plan, uninterrupted
 
+import mds.executor.lookahead as lookahead_module
 import mds.executor.readers as readers_module
 from mds.executor.errors import SourceDataError
-from mds.executor.lookahead import MAX_LATER, Lookahead
+from mds.executor.lookahead import FIRST_LATER, MAX_LATER, Lookahead
 from mds.executor.lru import LRU
 from mds.executor.planfile import PlanReader
 
@@ -134,6 +135,7 @@ def test_a_worker_keeps_only_rows_of_its_own_micro_batches(plan, stride):
         block = reader.rank_chunk(0, 2)
         ahead = Lookahead(1 << 30, stride, lambda b: None)
         base = ahead.bind(block)
+        assert len(ahead.take(base, 0, int(block.counts.ravel()[0]), [None] * 64))
         micro = np.repeat(np.arange(block.counts.size), block.counts.ravel())
         lo, hi = 0, int(block.counts.ravel()[0])
         rec = block.fetch
@@ -143,11 +145,12 @@ def test_a_worker_keeps_only_rows_of_its_own_micro_batches(plan, stride):
             assert np.all(later.index >= hi)
             assert np.all(micro[later.index] % stride == 0)
             every = np.flatnonzero(rec.file == f)
-            mine = every[(every >= hi) & (micro[every] % stride == 0)][:MAX_LATER]
+            mine = every[(every >= hi) & (micro[every] % stride == 0)][:FIRST_LATER]
             assert later.index.tolist() == mine.tolist()
 
 
-def test_the_window_reaches_only_as_far_as_the_budget(plan):
+def test_the_window_reaches_only_as_far_as_the_budget(plan, monkeypatch):
+    monkeypatch.setattr(lookahead_module, "FIRST_LATER", MAX_LATER)
     with PlanReader(plan) as reader:
         blocks = [reader.rank_chunk(c, 0) for c in range(len(reader.chunks))]
     follow = {b.step_start: n for b, n in zip(blocks, blocks[1:] + [None], strict=True)}
@@ -156,6 +159,7 @@ def test_the_window_reaches_only_as_far_as_the_budget(plan):
     for budget in (0, 4096, 64 << 10, 1 << 30):
         ahead = Lookahead(budget, 1, lambda b: follow[b.step_start])
         base = ahead.bind(blocks[0])
+        ahead.take(base, 0, h, [None] * h)
         reach = h
         for sid, fid, entry in blocks[0].fetch.files:
             later = ahead.later((sid, fid), entry, base, 0, h)
@@ -165,3 +169,22 @@ def test_the_window_reaches_only_as_far_as_the_budget(plan):
         assert 4 * int(tokens[h:reach].sum()) <= budget
         if budget >= 4 * int(tokens.sum()):
             assert reach >= len(blocks[0].ids)  # past the first chunk
+
+
+def test_the_first_fetch_takes_few_rows_ahead_and_the_cap_doubles(plan):
+    """The time to the first batch stays what it is without reading ahead."""
+    with PlanReader(plan) as reader:
+        block = reader.rank_chunk(0, 0)
+    ahead = Lookahead(1 << 30, 1, lambda b: None)
+    base = ahead.bind(block)
+    rec = block.fetch
+    caps = []
+    for k in range(6):
+        ahead.take(base, k, k + 1, [None])
+        f = int(rec.file[k])
+        sid, fid, entry = rec.files[f]
+        later = ahead.later((sid, fid), entry, base, k, k + 1)
+        every = np.flatnonzero(rec.file == f)
+        caps.append(min(len(later), len(every[every > k])))
+        assert len(later) <= min(MAX_LATER, FIRST_LATER << k)
+    assert caps[0] <= FIRST_LATER
