@@ -91,7 +91,8 @@ def calibrate_command(
 
     \b
         mds calibrate --layers 4 --hidden 256 --heads 4 -o cost.toml
-        mds calibrate --model mymodels.gpt:build --lengths 128,512,2048 --max-tokens 8192
+        mds calibrate --model mymodels.gpt:build --lengths 128,512,2048 \\
+            --max-tokens 8192
         mds calibrate --lengths 32,64,128 --max-tokens 256 --repeats 5 --json
     """
     from mds.planner import calibrate as cal

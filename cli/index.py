@@ -149,7 +149,8 @@ def index_command(
         mds index sample_data/mds.toml -o build/index
         mds index --path 'sample_data/web/*.parquet' --tokens tokens \\
             --keep lang -o build/web
-        mds index sample_data/mds.toml -o build/index --data-root /mnt/nvme/sample_data
+        mds index sample_data/mds.toml -o build/index \\
+            --data-root /mnt/nvme/sample_data
     """
     from mds.cli.progress import ByteProgress
     from mds.planner.config import load_config, parse_config

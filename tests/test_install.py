@@ -28,6 +28,9 @@ SIDES = {
     "planner": ("plan", "tokenizers"),
     "cli": ("plan",),
 }
+# Files that run on a training box although they live in a planning folder: `mds calibrate`
+# times the user's model, so it takes the `train` extra too (it says so when torch is missing).
+TRAINING_FILES = {"planner/calibrate.py", "planner/packed_gpt.py", "cli/calibrate.py"}
 # What the training side must never load, and what the planning side must never load.
 NOT_IN_TRAINING = ("polars", "typer", "rich", "click", "mds.planner", "mds.cli")
 NOT_IN_PLANNING = ("torch",)
@@ -52,11 +55,13 @@ def declared(extras: tuple[str, ...]) -> set[str]:
     return names
 
 
-def imported_modules(folder: Path) -> dict[str, str]:
-    """Top-level module -> first file importing it, over every import in `folder`,
-    including those inside functions (the lazy ones)."""
+def imported_modules(folder: Path, skip: set[str] = frozenset()) -> dict[str, str]:
+    """Top-level module -> first file importing it, over every import in `folder` (a folder
+    or one file; but the files in `skip`), including those inside functions (the lazy ones)."""
     found: dict[str, str] = {}
-    for path in sorted(folder.rglob("*.py")):
+    for path in sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]:
+        if str(path.relative_to(ROOT)) in skip:
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -90,13 +95,23 @@ def test_every_import_is_a_declared_dependency(folder):
     providers = importlib.metadata.packages_distributions()
     allowed = declared(SIDES[folder])
     undeclared = {}
-    for module, where in imported_modules(ROOT / folder).items():
+    for module, where in imported_modules(ROOT / folder, skip=TRAINING_FILES).items():
         if module in sys.stdlib_module_names or module in ("mds", "__future__"):
             continue
         dists = {_normalize(d) for d in providers.get(module, [module])}
         if not dists & allowed:
             undeclared[module] = where
     assert undeclared == {}, f"imported but not declared for {folder}/: {undeclared}"
+
+
+def test_calibrate_needs_only_the_planning_and_training_extras():
+    providers = importlib.metadata.packages_distributions()
+    allowed = declared(("plan", "train", "tokenizers"))
+    for name in sorted(TRAINING_FILES):
+        for module in imported_modules(ROOT / name):
+            if module in sys.stdlib_module_names or module in ("mds", "__future__"):
+                continue
+            assert {_normalize(d) for d in providers.get(module, [module])} & allowed, module
 
 
 # --- what each side loads at run time ------------------------------------------------------

@@ -55,4 +55,4 @@ def test_costs_in_config_units(built):
     _, out, _ = built
     step = _narrow("inspect", out / "plan.mds", "--step", 3, "--rank", 1)
     assert "cost in FLOPs" in step
-    assert "FLOPs: a = " in _narrow("inspect", out / "plan.mds")
+    assert "FLOP formula of [cost] model: a = " in _narrow("inspect", out / "plan.mds")
