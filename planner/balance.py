@@ -1,18 +1,25 @@
 """Assign each step's samples to DP ranks and micro-batches by cost, under token capacity.
 
-Method, vectorized over all steps of a chunk (integer costs, so results are exact):
+Method, vectorized over all steps of a chunk (integer costs, so results are exact and the
+same on every machine; every tie is broken by index):
 1. Greedy LPT: samples by cost, descending, each to the least-loaded rank that still has
-   token room (micro_batches x capacity).
-2. Steps where a sample found no such rank are redone one by one with a greedy LPT over
-   micro-batch bins, which only places a sample where a bin has room.
-3. Refinement: repeatedly take the most-loaded rank and try every move or swap of one of
-   its samples with one sample (or an empty slot) of the least-loaded ranks; apply the one
-   that lowers the larger of the two loads the most, while both ranks stay within capacity.
+   token room (micro_batches x capacity). Steps where a sample found no such rank are
+   redone one by one with a greedy LPT over micro-batch bins (exact, slower).
+2. Karmarkar-Karp largest differencing (planner/kk.py): a step takes its ranks instead
+   where they fit every rank's token room and their most-loaded rank is lighter than
+   LPT's. So the start is never worse than either on the same step. Skipped above
+   KK_MAX_PER_RANK samples per rank, where it costs most and LPT is already close.
+3. Refinement by pairwise swaps: each round pairs the most-loaded ranks with the
+   least-loaded (the heaviest also with every light rank of the round) and applies, per
+   pair, the one swap or move that evens the pair best while both stay within capacity;
+   a binary search over the light rank's costs finds it, so a round costs O(P log P) per
+   pair, not O(P^2). Swaps only lower the larger load of a pair: the step's most-loaded
+   rank never gets heavier.
 4. Micro-batches: inside each rank, samples by cost, descending, each into the cheapest
    micro-batch that still has token room (first-fit decreasing by tokens as a fallback).
 
 The lower bound of a step is max(total cost / D, largest sample cost); `ratio` in the
-stats is the most-loaded rank's cost over it.
+stats is the most-loaded rank's cost over it. Memory is linear in the chunk's samples.
 """
 
 from __future__ import annotations
@@ -22,13 +29,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from mds.executor.errors import PlanError
+from mds.planner.kk import karmarkar_karp
 from mds.planner.permutation import splitmix64
 
 __all__ = ["Assignment", "balance", "greedy_lpt", "group_sums", "lower_bound", "naive_ranks"]
 
 INF = np.iinfo(np.int64).max
-PARTNERS = 4
-REFINE_ROUNDS = 48
+PAIRS = 64  # heavy/light rank pairs per step and round
+PARTNERS = 64  # light ranks the most-loaded rank tries per round
+REFINE_ROUNDS = 96
+# Past this many samples per rank, KK's heap of states per step costs more than the whole
+# rest, and LPT's last samples are small against a rank's load: LPT alone starts.
+KK_MAX_PER_RANK = 64
 SLACK = 2
 _KEY_BITS = 41
 _KEY_COST = np.int64(1 << _KEY_BITS)
@@ -207,71 +219,97 @@ def _by_cost(cost: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.argsort(np.where(valid, -cost, 1), axis=1, kind="stable")
 
 
-def _least(load: np.ndarray, q: int) -> np.ndarray:
-    """Indices of the q least-loaded ranks per row (ties: lower index), by repeated argmin."""
-    work = load.copy()
-    rows = np.arange(len(load))
-    out = np.empty((len(load), q), dtype=np.int64)
-    for i in range(q):
-        out[:, i] = np.argmin(work, axis=1)
-        work[rows, out[:, i]] = INF
-    return out
-
-
 def _refine(
     slots: np.ndarray, cost: np.ndarray, length: np.ndarray, cap_rank: int, skip: np.ndarray
 ) -> None:
-    """Step 3 of the module docstring, in place on `slots`; steps in `skip` stay as they are."""
-    T, D, P = slots.shape
-    if D < 2 or T == 0:
+    """Step 3 of the module docstring, in place on `slots`; steps in `skip` stay as they are.
+    Costs of 2^41 or more (never in a plan: they are scaled to <= 2^40) skip it."""
+    T, D, W = slots.shape
+    if D < 2 or T == 0 or int(cost.max(initial=0)) >= _KEY_COST:
         return
-    ar = np.arange(T)
     cpad = np.concatenate([cost, np.zeros((T, 1), np.int64)], axis=1)
     lpad = np.concatenate([length, np.zeros((T, 1), np.int64)], axis=1)
     col = np.where(slots >= 0, slots, cost.shape[1])
-    cm = np.take_along_axis(cpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
-    lm = np.take_along_axis(lpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
+    cm = np.take_along_axis(cpad, col.reshape(T, -1), axis=1).reshape(T, D, W)
+    lm = np.take_along_axis(lpad, col.reshape(T, -1), axis=1).reshape(T, D, W)
     load, tok = cm.sum(axis=2), lm.sum(axis=2)
+    # Flat views: row t * D + d holds rank d of step t.
+    slots_f, cm_f, lm_f = slots.reshape(T * D, W), cm.reshape(T * D, W), lm.reshape(T * D, W)
+    load_f, tok_f = load.reshape(-1), tok.reshape(-1)
+    K = min(PAIRS, D // 2)  # heavy k with light k, k < K
+    Q = min(PARTNERS, D - K)  # and the heaviest with lights 0..Q-1
+    pick_h = np.concatenate([np.arange(K), np.zeros(max(0, Q - 1), np.int64)])
+    pick_l = np.concatenate([np.arange(K), np.arange(1, Q)])
+    R = len(pick_h)
+    heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
     longest = int(length.max(initial=0))
-    q = min(PARTNERS, D - 1)
     active = ~skip
     for _ in range(REFINE_ROUNDS):
-        t = ar[active]
+        t = np.flatnonzero(active)
         if t.size == 0:
             break
-        r1 = np.argmax(load[t], axis=1)
-        part = _least(load[t], q)
-        l1, k1 = load[t, r1], tok[t, r1]
-        lq, kq = load[t[:, None], part], tok[t[:, None], part]
-        c1, n1 = cm[t, r1], lm[t, r1]  # [t, P]
-        cq, nq = cm[t[:, None], part], lm[t[:, None], part]  # [t, q, P]
-        s1 = slots[t, r1] >= 0
-        delta = c1[:, :, None, None] - cq[:, None, :, :]  # [t, P, q, P]
-        # A swap helps iff 0 < delta < l1 - lq; the best brings delta closest to half of that.
-        score = np.maximum(l1[:, None, None, None] - delta, lq[:, None, :, None] + delta)
-        ok = (delta > 0) & s1[:, :, None, None]
-        if int(tok.max()) + longest > cap_rank:  # token room can bind: check both ranks
-            dtok = n1[:, :, None, None] - nq[:, None, :, :]
-            ok &= (k1[:, None, None, None] - dtok <= cap_rank) & (
-                kq[:, None, :, None] + dtok <= cap_rank
-            )
-        score = np.where(ok, score, INF).reshape(len(t), -1)
+        n = t.size
+        by_load = np.argsort(-load[t], axis=1, kind="stable")
+        heavy, light = by_load[:, pick_h], by_load[:, D - 1 - pick_l]  # [n, R]
+        rh_flat = (t[:, None] * D + heavy).ravel()  # row of (step, rank) in [T * D, W]
+        rl_flat = (t[:, None] * D + light).ravel()
+        lh, ll = load_f[rh_flat], load_f[rl_flat]  # [nR]
+        ch, nh = cm_f[rh_flat], lm_f[rh_flat]  # [nR, W]
+        lo = np.argsort(cm_f[rl_flat], axis=1, kind="stable")
+        cl = np.take_along_axis(cm_f[rl_flat], lo, axis=1)
+        # One sorted key array for all pairs, (pair, cost), so one binary search serves all:
+        # the swap that evens a pair best takes from the light rank the sample whose cost is
+        # nearest to (heavy sample's cost - half the gap), just below or just above it.
+        pair = np.arange(n * R, dtype=np.int64)[:, None]
+        keys = ((pair << _KEY_BITS) | cl).ravel()
+        want = np.clip(ch - ((lh - ll) // 2)[:, None], 0, _KEY_COST - 1)
+        pos = np.searchsorted(keys, ((pair << _KEY_BITS) | want).ravel()).reshape(n * R, W)
+        pos -= pair * W
+        j = np.empty((n * R, W, 2), dtype=np.int64)
+        np.clip(pos - 1, 0, W - 1, out=j[:, :, 0])
+        np.clip(pos, 0, W - 1, out=j[:, :, 1])
+        j = j.reshape(n * R, 2 * W)
+        cj = np.take_along_axis(cl, j, axis=1).reshape(n * R, W, 2)
+        delta = ch[:, :, None] - cj  # [nR, W, 2]: (heavy slot, below/above)
+        h1, l1 = lh[:, None, None], ll[:, None, None]
+        score = np.maximum(h1 - delta, l1 + delta)
+        ok = (delta > 0) & (score < h1)
+        ok &= (slots_f[rh_flat] >= 0)[:, :, None]
+        jj = np.take_along_axis(lo, j, axis=1)  # the light rank's slot of each candidate
+        nj = np.take_along_axis(lm_f[rl_flat], jj, axis=1).reshape(n * R, W, 2)
+        dtok = nh[:, :, None] - nj
+        if int(tok_f[rh_flat].max()) + longest > cap_rank:  # token room can bind
+            ok &= tok_f[rh_flat][:, None, None] - dtok <= cap_rank
+            ok &= tok_f[rl_flat][:, None, None] + dtok <= cap_rank
+        score = np.where(ok, score, INF).reshape(n * R, 2 * W)
+        delta, dtok = delta.reshape(n * R, 2 * W), dtok.reshape(n * R, 2 * W)
         best = np.argmin(score, axis=1)
-        gain = score[np.arange(len(t)), best] < l1
-        active[t[~gain]] = False
+        best_score = score[np.arange(n * R), best].reshape(n, R)
+        gain = best_score < INF
         if not gain.any():
             break
-        t, r1, best, part = t[gain], r1[gain], best[gain], part[gain]
-        i, rest = np.divmod(best, q * P)
-        qi, j = np.divmod(rest, P)
-        r2 = part[np.arange(len(t)), qi]
-        for arr in (slots, cm, lm):
-            a, b = arr[t, r1, i].copy(), arr[t, r2, j].copy()
-            arr[t, r1, i], arr[t, r2, j] = b, a
-        load[t, r1] = cm[t, r1].sum(axis=1)
-        load[t, r2] = cm[t, r2].sum(axis=1)
-        tok[t, r1] = lm[t, r1].sum(axis=1)
-        tok[t, r2] = lm[t, r2].sum(axis=1)
+        # The heaviest rank takes its best pair; the other pairs run unless they use the
+        # light rank it took (pairs never share a rank otherwise).
+        m = np.argmin(best_score[:, heaviest_rows], axis=1)
+        took = gain[np.arange(n), heaviest_rows[m]]
+        apply = np.zeros((n, R), dtype=bool)
+        apply[np.arange(n), heaviest_rows[m]] = took
+        others = gain[:, 1:K] & ~(took[:, None] & (m[:, None] == np.arange(1, K)))
+        apply[:, 1:K] = others
+        g = np.flatnonzero(apply.reshape(-1))
+        i, jg = best[g] // 2, jj[g, best[g]]
+        fh, fl = rh_flat[g], rl_flat[g]
+        for arr in (slots_f, cm_f, lm_f):
+            x, y = arr[fh, i].copy(), arr[fl, jg].copy()
+            arr[fh, i], arr[fl, jg] = y, x
+        d, dn = delta[g, best[g]], dtok[g, best[g]]
+        load_f[fh] -= d
+        load_f[fl] += d
+        tok_f[fh] -= dn
+        tok_f[fl] += dn
+        # A step is done when its most-loaded rank found no swap: the other pairs cannot
+        # lower the step's maximum.
+        active[t[~took]] = False
 
 
 def _micro(
@@ -339,6 +377,36 @@ class _Repack(Exception):  # noqa: N818 - internal control flow, never escapes b
         self.step = step  # row in the chunk
 
 
+def _rank_sums(rank: np.ndarray, weights: np.ndarray, dp: int) -> np.ndarray:
+    """[T, D] sums of `weights` per (step, rank); slots with rank -1 count nowhere."""
+    T = rank.shape[0]
+    cell = np.arange(T)[:, None] * (dp + 1) + np.where(rank >= 0, rank, dp)
+    return group_sums(cell, weights, T * (dp + 1)).reshape(T, dp + 1)[:, :dp]
+
+
+def _prefer_kk(
+    rank: np.ndarray,
+    forced: np.ndarray,
+    cost: np.ndarray,
+    length: np.ndarray,
+    valid: np.ndarray,
+    dp: int,
+    cap_rank: int,
+) -> None:
+    """Step 2 of the module docstring, in place: a step takes Karmarkar-Karp's ranks where
+    they fit every rank's token room and their most-loaded rank is lighter than LPT's
+    (or LPT found no room for some sample)."""
+    if dp < 2 or not valid.any() or cost.shape[1] > KK_MAX_PER_RANK * dp:
+        return
+    kk = karmarkar_karp(cost, valid, dp)
+    fits = _rank_sums(kk, length, dp).max(axis=1) <= cap_rank
+    kk_max = _rank_sums(kk, cost, dp).max(axis=1)
+    lpt_max = _rank_sums(np.where(forced[:, None], -1, rank), cost, dp).max(axis=1)
+    take = fits & (forced | (kk_max < lpt_max))
+    rank[take] = kk[take]
+    forced &= ~take
+
+
 def balance(
     cost: np.ndarray,
     length: np.ndarray,
@@ -356,6 +424,7 @@ def balance(
     cost = np.where(valid, cost, 0)
     length = np.where(valid, length, 0)
     rank, forced = _lpt(cost, length, valid, dp, micro * capacity)
+    _prefer_kk(rank, forced, cost, length, valid, dp, micro * capacity)
     exact: dict[int, np.ndarray] = {}
     while True:
         for t in np.flatnonzero(forced):

@@ -1,0 +1,116 @@
+"""Karmarkar-Karp largest differencing for D-way partitions, vectorized over steps.
+
+The multi-way form verl uses to balance DP ranks (equal-size blocks): a step's samples,
+by cost descending (ties: lower index), are cut into blocks of D, one sample per rank
+(zero-cost padding completes the last block). Each block is a partial partition. The two
+partial partitions with the largest spread (heaviest part - lightest part; ties: heavier
+top part, then lower block id) are joined, heaviest part of one with lightest part of the
+other, until one is left; its parts, heaviest first, are ranks 0..D-1. Every step does
+the same number of joins, so the steps' binary heaps move in lockstep and each join is a
+few numpy operations over all steps. Integer sums only: the result is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["karmarkar_karp"]
+
+# Steps per vectorized batch are chosen so one batch holds about this many sample slots.
+_BATCH_ITEMS = 1 << 20
+
+
+def karmarkar_karp(cost: np.ndarray, valid: np.ndarray, dp: int, fill: int | None = None) -> np.ndarray:
+    """Rank of every slot of [T, N] costs (-1 for invalid slots), by largest differencing."""
+    T, N = cost.shape
+    rank = np.full((T, N), -1, dtype=np.int64)
+    if N == 0 or T == 0:
+        return rank
+    if dp == 1:
+        return np.where(valid, 0, -1).astype(np.int64)
+    per = max(1, _BATCH_ITEMS // max(N * dp // min(dp, fill or max(1, dp // 2)), 1))
+    for a in range(0, T, per):
+        b = min(T, a + per)
+        rank[a:b] = _kk(np.where(valid[a:b], cost[a:b], 0), dp, min(dp, fill or max(1, dp // 2)))
+    return np.where(valid, rank, -1)
+
+
+def _kk(cost: np.ndarray, dp: int, fill: int) -> np.ndarray:
+    T, N = cost.shape
+    P = -(-N // fill)
+    c = np.zeros((T, P * fill), dtype=np.int64)
+    c[:, :N] = cost
+    order = np.argsort(-c, axis=1, kind="stable")  # by cost descending, ties: lower index
+    sums = np.zeros((T, P, dp), dtype=np.int64)
+    sums[:, :, :fill] = np.take_along_axis(c, order, axis=1).reshape(T, P, fill)
+    # Each part is named by one of its samples; empty parts by ids past the samples.
+    labels = np.empty((T, P, dp), dtype=np.int64)
+    labels[:, :, :fill] = order.reshape(T, P, fill)
+    labels[:, :, fill:] = P * fill + np.arange(P * (dp - fill)).reshape(P, dp - fill)
+    parent = np.broadcast_to(np.arange(P * dp), (T, P * dp)).copy()
+    spread = sums[:, :, 0] - sums[:, :, -1]
+    top = sums[:, :, 0].copy()
+    rows = np.arange(T)
+    # A list sorted by the heap's order is a valid heap.
+    heap = np.lexsort((np.broadcast_to(np.arange(P), (T, P)), -top, -spread), axis=1)
+    heap = np.ascontiguousarray(heap)
+    flip = np.arange(dp)[::-1]
+    for n in range(P, 1, -1):
+        s0 = heap[:, 0].copy()
+        heap[:, 0] = heap[:, n - 1]
+        _sift_down(heap, n - 1, spread, top, rows)
+        s1 = heap[:, 0].copy()
+        merged = sums[rows, s0] + sums[rows, s1][:, flip]
+        lab0, lab1 = labels[rows, s0], labels[rows, s1][:, flip]
+        parent[rows[:, None], lab1] = lab0
+        o = np.argsort(-merged, axis=1, kind="stable")
+        merged = np.take_along_axis(merged, o, axis=1)
+        sums[rows, s0] = merged
+        labels[rows, s0] = np.take_along_axis(lab0, o, axis=1)
+        spread[rows, s0] = merged[:, 0] - merged[:, -1]
+        top[rows, s0] = merged[:, 0]
+        heap[:, 0] = s0
+        _sift_down(heap, n - 1, spread, top, rows)
+    final = heap[:, 0]
+    part_rank = np.full((T, P * dp), -1, dtype=np.int64)
+    part_rank[rows[:, None], labels[rows, final]] = np.arange(dp)
+    while True:  # pointer jumping: every sample to the part that absorbed its own
+        nxt = np.take_along_axis(parent, parent, axis=1)
+        if np.array_equal(nxt, parent):
+            break
+        parent = nxt
+    return np.take_along_axis(part_rank, parent[:, :N], axis=1)
+
+
+def _before(a, b, spread, top, rows) -> np.ndarray:
+    """Per row: does state a come out of the heap before state b?"""
+    sa, sb = spread[rows, a], spread[rows, b]
+    ta, tb = top[rows, a], top[rows, b]
+    return (sa > sb) | ((sa == sb) & ((ta > tb) | ((ta == tb) & (a < b))))
+
+
+def _sift_down(heap: np.ndarray, n: int, spread, top, rows) -> None:
+    """Restore the heap property of heap[:, :n] after its root changed, all rows at once."""
+    i = np.zeros(len(heap), dtype=np.int64)
+    while True:
+        left = 2 * i + 1
+        has = left < n
+        if not has.any():
+            return
+        right = left + 1
+        lc = heap[rows, np.minimum(left, n - 1)]
+        rc = heap[rows, np.minimum(right, n - 1)]
+        use_r = (right < n) & _before(rc, lc, spread, top, rows)
+        child = np.where(use_r, right, left)
+        cs = np.where(use_r, rc, lc)
+        cur = heap[rows, i]
+        swap = has & _before(cs, cur, spread, top, rows)
+        if not swap.any():
+            return
+        r = rows[swap]
+        heap[r, i[swap]] = cs[swap]
+        heap[r, child[swap]] = cur[swap]
+        i = np.where(swap, child, i)
+        rows_left = swap  # rows that did not swap are settled; keep them settled
+        if not rows_left.all():
+            i = np.where(rows_left, i, n)  # parked past the end: no children
