@@ -146,6 +146,9 @@ PLAN_SCHEMA = {
         "max_over_lower_bound": STATS,
         "naive_over_lower_bound": STATS,
         "speedup_vs_naive": NUM,
+        "interleave_over_lower_bound": STATS,
+        "speedup_vs_interleave": NUM,
+        "stronger_baseline": str,
     },
     "capacity_fill": {"step": STATS, "max_micro_batch": STATS},
     "series": {
@@ -153,6 +156,7 @@ PLAN_SCHEMA = {
         "start": [int],
         "ratio": [NUM],
         "naive_ratio": [NUM],
+        "interleave_ratio": [NUM],
         "sources": [{"name": str, "target": [NUM], "realized": [NUM]}],
     },
 }
