@@ -9,12 +9,14 @@ same on every machine; every tie is broken by index):
    where they fit every rank's token room and their most-loaded rank is lighter than
    LPT's. So the start is never worse than either on the same step. Skipped above
    KK_MAX_PER_RANK samples per rank, where it costs most and LPT is already close.
-3. Refinement by pairwise swaps: each round pairs the most-loaded ranks with the
-   least-loaded (the heaviest also with every light rank of the round) and applies, per
-   pair, the one swap or move that evens the pair best while both stay within capacity;
-   a binary search over the light rank's costs finds it, so a round costs O(P log P) per
-   pair, not O(P^2). Swaps only lower the larger load of a pair: the step's most-loaded
-   rank never gets heavier.
+3. Refinement by pairwise swaps: each round pairs the k-th most-loaded rank with the
+   k-th least-loaded (k < PAIRS), and the most-loaded also with each of the PARTNERS
+   least-loaded; per pair it finds, by binary search over the light rank's costs, the
+   one swap or move that evens the pair best while both ranks stay within token room,
+   and applies it (the most-loaded rank's best pair first). A round costs O(P log P)
+   per pair, not O(P^2). Swaps only lower the larger load of a pair, so the step's
+   most-loaded rank never gets heavier. A step stops when its most-loaded rank finds no
+   swap or is within 2^-CLOSE_BITS of the lower bound.
 4. Micro-batches: inside each rank, samples by cost, descending, each into the cheapest
    micro-batch that still has token room (first-fit decreasing by tokens as a fallback).
 
@@ -49,6 +51,8 @@ REFINE_ROUNDS = 96
 # Past this many samples per rank, KK's heap of states per step costs more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
 KK_MAX_PER_RANK = 64
+# A step within 2^-CLOSE_BITS of its lower bound is not refined further.
+CLOSE_BITS = 12
 SLACK = 2
 _KEY_BITS = 41
 _KEY_COST = np.int64(1 << _KEY_BITS)
@@ -260,8 +264,11 @@ def _refine(
     R = len(pick_h)
     heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
     longest = int(length.max(initial=0))
+    lb = lower_bound(cost, D)
+    done = lb + (lb >> CLOSE_BITS)  # close enough to the bound: stop refining
     active = ~skip
     for _ in range(REFINE_ROUNDS):
+        active &= load.max(axis=1) > done
         t = np.flatnonzero(active)
         if t.size == 0:
             break

@@ -20,7 +20,9 @@ __all__ = ["karmarkar_karp"]
 _BATCH_ITEMS = 1 << 20
 
 
-def karmarkar_karp(cost: np.ndarray, valid: np.ndarray, dp: int, fill: int | None = None) -> np.ndarray:
+def karmarkar_karp(
+    cost: np.ndarray, valid: np.ndarray, dp: int, fill: int | None = None
+) -> np.ndarray:
     """Rank of every slot of [T, N] costs (-1 for invalid slots), by largest differencing."""
     T, N = cost.shape
     rank = np.full((T, N), -1, dtype=np.int64)
