@@ -46,7 +46,7 @@ __all__ = [
 
 INF = np.iinfo(np.int64).max
 PAIRS = 64  # heavy/light rank pairs per step and round
-PARTNERS = 64  # light ranks the most-loaded rank tries per round
+PARTNERS = 128  # light ranks the most-loaded rank tries per round
 REFINE_ROUNDS = 96
 # Past this many samples per rank, KK's heap of states per step costs more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
