@@ -279,8 +279,9 @@ def _refine(
         rl_flat = (t[:, None] * D + light).ravel()
         lh, ll = load_f[rh_flat], load_f[rl_flat]  # [nR]
         ch, nh = cm_f[rh_flat], lm_f[rh_flat]  # [nR, W]
-        lo = np.argsort(cm_f[rl_flat], axis=1, kind="stable")
-        cl = np.take_along_axis(cm_f[rl_flat], lo, axis=1)
+        cl = cm_f[rl_flat]
+        lo = np.argsort(cl, axis=1, kind="stable")
+        cl = np.take_along_axis(cl, lo, axis=1)
         # One sorted key array for all pairs, (pair, cost), so one binary search serves all:
         # the swap that evens a pair best takes from the light rank the sample whose cost is
         # nearest to (heavy sample's cost - half the gap), just below or just above it.
@@ -302,8 +303,9 @@ def _refine(
         jj = np.take_along_axis(lo, j, axis=1)  # the light rank's slot of each candidate
         nj = np.take_along_axis(lm_f[rl_flat], jj, axis=1).reshape(n * R, W, 2)
         dtok = nh[:, :, None] - nj
-        if int(tok_f[rh_flat].max()) + longest > cap_rank:  # token room can bind
-            ok &= tok_f[rh_flat][:, None, None] - dtok <= cap_rank
+        kh = tok_f[rh_flat]
+        if int(kh.max()) + longest > cap_rank:  # token room can bind
+            ok &= kh[:, None, None] - dtok <= cap_rank
             ok &= tok_f[rl_flat][:, None, None] + dtok <= cap_rank
         score = np.where(ok, score, INF).reshape(n * R, 2 * W)
         delta, dtok = delta.reshape(n * R, 2 * W), dtok.reshape(n * R, 2 * W)
