@@ -262,6 +262,7 @@ def _refine(
     pick_h = np.concatenate([np.arange(K), np.zeros(max(0, Q - 1), np.int64)])
     pick_l = np.concatenate([np.arange(K), np.arange(1, Q)])
     R = len(pick_h)
+    L = max(K, Q)  # light ranks in some pair
     heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
     longest = int(length.max(initial=0))
     lb = lower_bound(cost, D)
@@ -274,34 +275,39 @@ def _refine(
             break
         n = t.size
         by_load = np.argsort(-load[t], axis=1, kind="stable")
-        heavy, light = by_load[:, pick_h], by_load[:, D - 1 - pick_l]  # [n, R]
+        # Each light rank's costs are sorted once per round, whatever pairs it is in.
+        lf = (t[:, None] * D + by_load[:, D - 1 - np.arange(L)]).ravel()  # [nL] rows
+        lo = np.argsort(cm_f[lf], axis=1, kind="stable")
+        cl = np.take_along_axis(cm_f[lf], lo, axis=1)
+        nl = np.take_along_axis(lm_f[lf], lo, axis=1)
+        ru = (np.arange(n)[:, None] * L + pick_l).ravel()  # pair -> its light rank in lf
+        heavy = by_load[:, pick_h]  # [n, R]
         rh_flat = (t[:, None] * D + heavy).ravel()  # row of (step, rank) in [T * D, W]
-        rl_flat = (t[:, None] * D + light).ravel()
+        rl_flat = lf[ru]
         lh, ll = load_f[rh_flat], load_f[rl_flat]  # [nR]
         ch, nh = cm_f[rh_flat], lm_f[rh_flat]  # [nR, W]
-        cl = cm_f[rl_flat]
-        lo = np.argsort(cl, axis=1, kind="stable")
-        cl = np.take_along_axis(cl, lo, axis=1)
-        # One sorted key array for all pairs, (pair, cost), so one binary search serves all:
-        # the swap that evens a pair best takes from the light rank the sample whose cost is
-        # nearest to (heavy sample's cost - half the gap), just below or just above it.
-        pair = np.arange(n * R, dtype=np.int64)[:, None]
-        keys = ((pair << _KEY_BITS) | cl).ravel()
+        # One sorted key array for all light ranks, (light, cost), so one binary search
+        # serves all pairs: the swap that evens a pair best takes from the light rank the
+        # sample whose cost is nearest to (heavy sample's cost - half the gap), just below
+        # or just above it.
+        uid = np.arange(n * L, dtype=np.int64)[:, None]
+        keys = ((uid << _KEY_BITS) | cl).ravel()
         want = np.clip(ch - ((lh - ll) // 2)[:, None], 0, _KEY_COST - 1)
-        pos = np.searchsorted(keys, ((pair << _KEY_BITS) | want).ravel()).reshape(n * R, W)
-        pos -= pair * W
+        at = ru[:, None]
+        pos = np.searchsorted(keys, ((at << _KEY_BITS) | want).ravel()).reshape(n * R, W)
+        pos -= at * W
         j = np.empty((n * R, W, 2), dtype=np.int64)
         np.clip(pos - 1, 0, W - 1, out=j[:, :, 0])
         np.clip(pos, 0, W - 1, out=j[:, :, 1])
         j = j.reshape(n * R, 2 * W)
-        cj = np.take_along_axis(cl, j, axis=1).reshape(n * R, W, 2)
+        cj = cl[at, j].reshape(n * R, W, 2)
         delta = ch[:, :, None] - cj  # [nR, W, 2]: (heavy slot, below/above)
         h1, l1 = lh[:, None, None], ll[:, None, None]
         score = np.maximum(h1 - delta, l1 + delta)
         ok = (delta > 0) & (score < h1)
         ok &= (slots_f[rh_flat] >= 0)[:, :, None]
-        jj = np.take_along_axis(lo, j, axis=1)  # the light rank's slot of each candidate
-        nj = np.take_along_axis(lm_f[rl_flat], jj, axis=1).reshape(n * R, W, 2)
+        jj = lo[at, j]  # the light rank's slot of each candidate
+        nj = nl[at, j].reshape(n * R, W, 2)
         dtok = nh[:, :, None] - nj
         kh = tok_f[rh_flat]
         if int(kh.max()) + longest > cap_rank:  # token room can bind
