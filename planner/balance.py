@@ -8,7 +8,8 @@ same on every machine; every tie is broken by index):
 2. Karmarkar-Karp largest differencing (planner/kk.py): a step takes its ranks instead
    where they fit every rank's token room and their most-loaded rank is lighter than
    LPT's. So the start is never worse than either on the same step. Skipped above
-   KK_MAX_PER_RANK samples per rank, where it costs most and LPT is already close.
+   KK_MAX_PER_RANK samples per rank, where it costs most and LPT is already close, and
+   on steps where LPT meets the lower bound (nothing can be lighter).
 3. Refinement by pairwise swaps: each round pairs the k-th most-loaded rank with the
    k-th least-loaded (k < PAIRS), and the most-loaded also with each of the PARTNERS
    least-loaded; per pair it finds, by binary search over the light rank's costs, the
@@ -304,8 +305,8 @@ def _refine(
         delta = ch[:, :, None] - cj  # [nR, W, 2]: (heavy slot, below/above)
         h1, l1 = lh[:, None, None], ll[:, None, None]
         score = np.maximum(h1 - delta, l1 + delta)
+        # An empty heavy slot costs 0, so its delta is never positive: no mask needed.
         ok = (delta > 0) & (score < h1)
-        ok &= (slots_f[rh_flat] >= 0)[:, :, None]
         jj = lo[at, j]  # the light rank's slot of each candidate
         nj = nl[at, j].reshape(n * R, W, 2)
         dtok = nh[:, :, None] - nj
@@ -430,13 +431,17 @@ def _prefer_kk(
     (or LPT found no room for some sample)."""
     if dp < 2 or not valid.any() or cost.shape[1] > KK_MAX_PER_RANK * dp:
         return
-    kk = karmarkar_karp(cost, valid, dp)
-    fits = _rank_sums(kk, length, dp).max(axis=1) <= cap_rank
-    kk_max = _rank_sums(kk, cost, dp).max(axis=1)
     lpt_max = _rank_sums(np.where(forced[:, None], -1, rank), cost, dp).max(axis=1)
-    take = fits & (forced | (kk_max < lpt_max))
-    rank[take] = kk[take]
-    forced &= ~take
+    # Where LPT meets the lower bound, nothing is lighter: KK runs on the other steps only.
+    rows = np.flatnonzero(forced | (lpt_max > lower_bound(cost, dp)))
+    if rows.size == 0:
+        return
+    kk = karmarkar_karp(cost[rows], valid[rows], dp)
+    fits = _rank_sums(kk, length[rows], dp).max(axis=1) <= cap_rank
+    kk_max = _rank_sums(kk, cost[rows], dp).max(axis=1)
+    take = fits & (forced[rows] | (kk_max < lpt_max[rows]))
+    rank[rows[take]] = kk[take]
+    forced[rows[take]] = False
 
 
 def balance(
