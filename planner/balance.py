@@ -296,29 +296,29 @@ def _refine(
         want = np.clip(ch - ((lh - ll) // 2)[:, None], 0, _KEY_COST - 1)
         at = ru[:, None]
         pos = np.searchsorted(keys, ((at << _KEY_BITS) | want).ravel()).reshape(n * R, W)
-        pos -= at * W
+        # Candidates just below and just above, as flat positions in the light rank's row.
+        first = at * W
         j = np.empty((n * R, W, 2), dtype=np.int64)
-        np.clip(pos - 1, 0, W - 1, out=j[:, :, 0])
-        np.clip(pos, 0, W - 1, out=j[:, :, 1])
+        np.maximum(pos - 1, first, out=j[:, :, 0])
+        np.minimum(pos, first + (W - 1), out=j[:, :, 1])
         j = j.reshape(n * R, 2 * W)
-        cj = cl[at, j].reshape(n * R, W, 2)
-        delta = ch[:, :, None] - cj  # [nR, W, 2]: (heavy slot, below/above)
-        h1, l1 = lh[:, None, None], ll[:, None, None]
-        score = np.maximum(h1 - delta, l1 + delta)
-        # An empty heavy slot costs 0, so its delta is never positive: no mask needed.
-        ok = (delta > 0) & (score < h1)
-        jj = lo[at, j]  # the light rank's slot of each candidate
-        nj = nl[at, j].reshape(n * R, W, 2)
-        dtok = nh[:, :, None] - nj
+        cl_r, lo_r, nl_r = cl.reshape(-1), lo.reshape(-1), nl.reshape(-1)
+        delta = np.repeat(ch, 2, axis=1) - cl_r[j]  # [nR, 2W]: (heavy slot, below/above)
+        # max(lh - delta, ll + delta) = ll + max(gap - delta, delta); a swap helps iff
+        # 0 < delta < gap. An empty heavy slot costs 0, so its delta is never positive.
+        gap = (lh - ll)[:, None]
+        ok = (delta > 0) & (delta < gap)
         kh = tok_f[rh_flat]
         if int(kh.max()) + longest > cap_rank:  # token room can bind
-            ok &= kh[:, None, None] - dtok <= cap_rank
-            ok &= tok_f[rl_flat][:, None, None] + dtok <= cap_rank
-        score = np.where(ok, score, INF).reshape(n * R, 2 * W)
-        delta, dtok = delta.reshape(n * R, 2 * W), dtok.reshape(n * R, 2 * W)
-        best = np.argmin(score, axis=1)
-        best_score = score[np.arange(n * R), best].reshape(n, R)
-        gain = best_score < INF
+            dtok = np.repeat(nh, 2, axis=1) - nl_r[j]
+            ok &= kh[:, None] - dtok <= cap_rank
+            ok &= tok_f[rl_flat][:, None] + dtok <= cap_rank
+        over = np.where(ok, np.maximum(gap - delta, delta), INF)
+        best = np.argmin(over, axis=1)
+        rows = np.arange(n * R)
+        best_over = over[rows, best]
+        gain = (best_over < INF).reshape(n, R)
+        best_score = np.where(gain.reshape(-1), ll + best_over, INF).reshape(n, R)
         if not gain.any():
             break
         # The heaviest rank takes its best pair; the other pairs run unless they use the
@@ -330,12 +330,13 @@ def _refine(
         others = gain[:, 1:K] & ~(took[:, None] & (m[:, None] == np.arange(1, K)))
         apply[:, 1:K] = others
         g = np.flatnonzero(apply.reshape(-1))
-        i, jg = best[g] // 2, jj[g, best[g]]
+        i, jf = best[g] // 2, j[g, best[g]]
+        jg = lo_r[jf]  # the light rank's slot
         fh, fl = rh_flat[g], rl_flat[g]
+        d, dn = delta[g, best[g]], lm_f[fh, i] - nl_r[jf]
         for arr in (slots_f, cm_f, lm_f):
             x, y = arr[fh, i].copy(), arr[fl, jg].copy()
             arr[fh, i], arr[fl, jg] = y, x
-        d, dn = delta[g, best[g]], dtok[g, best[g]]
         load_f[fh] -= d
         load_f[fl] += d
         tok_f[fh] -= dn
