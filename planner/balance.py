@@ -52,8 +52,9 @@ REFINE_ROUNDS = 96
 # Past this many samples per rank, KK's heap of states per step costs more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
 KK_MAX_PER_RANK = 64
-# A step within 2^-CLOSE_BITS of its lower bound is not refined further.
-CLOSE_BITS = 12
+# A step within 2^-CLOSE_BITS (about 0.1%) of its lower bound is not refined further: below
+# that, rounds cost more than the balance they win.
+CLOSE_BITS = 10
 SLACK = 2
 _KEY_BITS = 41
 _KEY_COST = np.int64(1 << _KEY_BITS)
