@@ -6,8 +6,9 @@ by cost descending (ties: lower index), are cut into blocks of D, one sample per
 partial partitions with the largest spread (heaviest part - lightest part; ties: heavier
 top part, then lower block id) are joined, heaviest part of one with lightest part of the
 other, until one is left; its parts, heaviest first, are ranks 0..D-1. Every step does
-the same number of joins, so the steps' binary heaps move in lockstep and each join is a
-few numpy operations over all steps. Integer sums only: the result is exact.
+the same number of joins, so each join is a few numpy operations over all steps (the
+largest live states by a masked max over the step's states, not a heap: steps hold
+few states, and one max over them costs fewer numpy calls than a sift). Integer sums only: the result is exact.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = ["karmarkar_karp"]
 
 # Steps per vectorized batch are chosen so one batch holds about this many sample slots.
 _BATCH_ITEMS = 1 << 20
+_LOW = np.iinfo(np.int64).min  # below any state's spread or top part
 
 
 def karmarkar_karp(
@@ -53,15 +55,14 @@ def _kk(cost: np.ndarray, dp: int, fill: int) -> np.ndarray:
     spread = sums[:, :, 0] - sums[:, :, -1]
     top = sums[:, :, 0].copy()
     rows = np.arange(T)
-    # A list sorted by the heap's order is a valid heap.
-    heap = np.lexsort((np.broadcast_to(np.arange(P), (T, P)), -top, -spread), axis=1)
-    heap = np.ascontiguousarray(heap)
+    alive = np.ones((T, P), dtype=bool)
     flip = np.arange(dp)[::-1]
-    for n in range(P, 1, -1):
-        s0 = heap[:, 0].copy()
-        heap[:, 0] = heap[:, n - 1]
-        _sift_down(heap, n - 1, spread, top, rows)
-        s1 = heap[:, 0].copy()
+    final = np.zeros(T, dtype=np.int64)  # the one partial partition left
+    for _ in range(P - 1):
+        s0 = _largest(alive, spread, top)
+        alive[rows, s0] = False
+        s1 = _largest(alive, spread, top)
+        alive[rows, s1] = False
         merged = sums[rows, s0] + sums[rows, s1][:, flip]
         lab0, lab1 = labels[rows, s0], labels[rows, s1][:, flip]
         parent[rows[:, None], lab1] = lab0
@@ -71,9 +72,8 @@ def _kk(cost: np.ndarray, dp: int, fill: int) -> np.ndarray:
         labels[rows, s0] = np.take_along_axis(lab0, o, axis=1)
         spread[rows, s0] = merged[:, 0] - merged[:, -1]
         top[rows, s0] = merged[:, 0]
-        heap[:, 0] = s0
-        _sift_down(heap, n - 1, spread, top, rows)
-    final = heap[:, 0]
+        alive[rows, s0] = True
+        final = s0
     part_rank = np.full((T, P * dp), -1, dtype=np.int64)
     part_rank[rows[:, None], labels[rows, final]] = np.arange(dp)
     while True:  # pointer jumping: every sample to the part that absorbed its own
@@ -84,35 +84,11 @@ def _kk(cost: np.ndarray, dp: int, fill: int) -> np.ndarray:
     return np.take_along_axis(part_rank, parent[:, :N], axis=1)
 
 
-def _before(a, b, spread, top, rows) -> np.ndarray:
-    """Per row: does state a come out of the heap before state b?"""
-    sa, sb = spread[rows, a], spread[rows, b]
-    ta, tb = top[rows, a], top[rows, b]
-    return (sa > sb) | ((sa == sb) & ((ta > tb) | ((ta == tb) & (a < b))))
-
-
-def _sift_down(heap: np.ndarray, n: int, spread, top, rows) -> None:
-    """Restore the heap property of heap[:, :n] after its root changed, all rows at once."""
-    i = np.zeros(len(heap), dtype=np.int64)
-    while True:
-        left = 2 * i + 1
-        has = left < n
-        if not has.any():
-            return
-        right = left + 1
-        lc = heap[rows, np.minimum(left, n - 1)]
-        rc = heap[rows, np.minimum(right, n - 1)]
-        use_r = (right < n) & _before(rc, lc, spread, top, rows)
-        child = np.where(use_r, right, left)
-        cs = np.where(use_r, rc, lc)
-        cur = heap[rows, i]
-        swap = has & _before(cs, cur, spread, top, rows)
-        if not swap.any():
-            return
-        r = rows[swap]
-        heap[r, i[swap]] = cs[swap]
-        heap[r, child[swap]] = cur[swap]
-        i = np.where(swap, child, i)
-        rows_left = swap  # rows that did not swap are settled; keep them settled
-        if not rows_left.all():
-            i = np.where(rows_left, i, n)  # parked past the end: no children
+def _largest(alive: np.ndarray, spread: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Per row: the live state with the largest spread (ties: larger top part, then lower
+    id), the one a binary heap under that order would pop."""
+    sp = np.where(alive, spread, _LOW)
+    best = sp == sp.max(axis=1, keepdims=True)
+    tp = np.where(best, top, _LOW)
+    best &= tp == tp.max(axis=1, keepdims=True)
+    return np.argmax(best, axis=1)
