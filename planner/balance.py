@@ -142,25 +142,40 @@ def _lpt(
     chosen = np.full((N, T), -1, dtype=np.int64)
     stuck = np.zeros(T, dtype=bool)
     base = np.arange(T) * dp
-    for k in range(N):
-        v = vs[k]
-        if not v.any():
-            break
+    # Padding sorts last with 0 cost and 0 tokens, so it changes no load: slots past
+    # a step's samples are placed like the others and masked once at the end.
+    last = int(vs.any(axis=1).sum())
+    # The first D samples go to ranks 0..D-1 in turn (all loads start at 0, ties go to the
+    # lower rank) where each costs more than 0 and fits an empty rank: placed at once.
+    start = min(dp, last)
+    if start and ((cs[: start - 1] > 0) | ~vs[: start - 1]).all() and ls[:start].max() <= cap_rank:
+        chosen[:start] = np.arange(start)[:, None]
+        load[:, :start] = cs[:start].T
+        tok[:, :start] = ls[:start].T
+    else:
+        start = 0
+    for k in range(start, last):
         n = ls[k]
         r = np.argmin(load, axis=1)
+        cell = base + r
         # Capacity rarely binds: check the least-loaded rank first, mask only where it is full.
-        full = flat_tok[base + r] + n > cap_rank
+        full = flat_tok[cell] + n > cap_rank
         if full.any():
             rows = np.flatnonzero(full)
             fits = tok[rows] + n[rows, None] <= cap_rank
             r[rows] = np.argmin(np.where(fits, load[rows], INF), axis=1)
             full[rows] = ~fits[np.arange(len(rows)), r[rows]]
-        ok = v & ~full
-        stuck |= v & full
-        cell = base + r
-        flat_load[cell] += cs[k] * ok
-        flat_tok[cell] += n * ok
-        chosen[k] = np.where(ok, r, -1)
+            cell = base + r
+            stuck |= full
+            r[full] = -1
+            cell = cell[~full]
+            flat_load[cell] += cs[k][~full]
+            flat_tok[cell] += n[~full]
+        else:
+            flat_load[cell] += cs[k]
+            flat_tok[cell] += n
+        chosen[k] = r
+    chosen[~vs] = -1
     rank = np.full((T, N), -1, dtype=np.int64)
     np.put_along_axis(rank, order, chosen.T, axis=1)
     return rank, stuck
