@@ -49,7 +49,7 @@ INF = np.iinfo(np.int64).max
 PAIRS = 64  # heavy/light rank pairs per step and round
 PARTNERS = 128  # light ranks the most-loaded rank tries per round
 REFINE_ROUNDS = 96
-# Past this many samples per rank, KK's heap of states per step costs more than the whole
+# Past this many samples per rank, KK's partial partitions per step cost more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
 KK_MAX_PER_RANK = 64
 # A step within 2^-CLOSE_BITS (about 0.1%) of its lower bound is not refined further: below
