@@ -296,13 +296,12 @@ def _refine(
         lf = (t[:, None] * D + by_load[:, D - 1 - np.arange(L)]).ravel()  # [nL] rows
         lo = np.argsort(cm_f[lf], axis=1, kind="stable")
         cl = np.take_along_axis(cm_f[lf], lo, axis=1)
-        nl = np.take_along_axis(lm_f[lf], lo, axis=1)
         ru = (np.arange(n)[:, None] * L + pick_l).ravel()  # pair -> its light rank in lf
         heavy = by_load[:, pick_h]  # [n, R]
         rh_flat = (t[:, None] * D + heavy).ravel()  # row of (step, rank) in [T * D, W]
         rl_flat = lf[ru]
         lh, ll = load_f[rh_flat], load_f[rl_flat]  # [nR]
-        ch, nh = cm_f[rh_flat], lm_f[rh_flat]  # [nR, W]
+        ch = cm_f[rh_flat]  # [nR, W]
         # One sorted key array for all light ranks, (light, cost), so one binary search
         # serves all pairs: the swap that evens a pair best takes from the light rank the
         # sample whose cost is nearest to (heavy sample's cost - half the gap), just below
@@ -318,7 +317,7 @@ def _refine(
         np.maximum(pos - 1, first, out=j[:, :, 0])
         np.minimum(pos, first + (W - 1), out=j[:, :, 1])
         j = j.reshape(n * R, 2 * W)
-        cl_r, lo_r, nl_r = cl.reshape(-1), lo.reshape(-1), nl.reshape(-1)
+        cl_r, lo_r = cl.reshape(-1), lo.reshape(-1)
         delta = np.repeat(ch, 2, axis=1) - cl_r[j]  # [nR, 2W]: (heavy slot, below/above)
         # max(lh - delta, ll + delta) = ll + max(gap - delta, delta); a swap helps iff
         # 0 < delta < gap. An empty heavy slot costs 0, so its delta is never positive.
@@ -326,7 +325,8 @@ def _refine(
         ok = (delta > 0) & (delta < gap)
         kh = tok_f[rh_flat]
         if int(kh.max()) + longest > cap_rank:  # token room can bind
-            dtok = np.repeat(nh, 2, axis=1) - nl_r[j]
+            nl_r = np.take_along_axis(lm_f[lf], lo, axis=1).reshape(-1)
+            dtok = np.repeat(lm_f[rh_flat], 2, axis=1) - nl_r[j]
             ok &= kh[:, None] - dtok <= cap_rank
             ok &= tok_f[rl_flat][:, None] + dtok <= cap_rank
         over = np.where(ok, np.maximum(gap - delta, delta), INF)
@@ -349,7 +349,7 @@ def _refine(
         i, jf = best[g] // 2, j[g, best[g]]
         jg = lo_r[jf]  # the light rank's slot
         fh, fl = rh_flat[g], rl_flat[g]
-        d, dn = delta[g, best[g]], lm_f[fh, i] - nl_r[jf]
+        d, dn = delta[g, best[g]], lm_f[fh, i] - lm_f[fl, jg]
         for arr in (slots_f, cm_f, lm_f):
             x, y = arr[fh, i].copy(), arr[fl, jg].copy()
             arr[fh, i], arr[fl, jg] = y, x
