@@ -257,6 +257,16 @@ def _by_cost(cost: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.argsort(np.where(valid, -cost, 1), axis=1, kind="stable")
 
 
+def _by_load(load: np.ndarray) -> np.ndarray:
+    """Per row: ranks by load, descending (ties: lower rank). A packed unique key (load
+    below the row's maximum, then rank) lets numpy use its fast unstable sort."""
+    bits = max(1, (load.shape[1] - 1).bit_length())
+    top = load.max(axis=1, keepdims=True)
+    if load.size and int((top - load.min(axis=1, keepdims=True)).max()) < 1 << (62 - bits):
+        return np.argsort(((top - load) << bits) | np.arange(load.shape[1]), axis=1)
+    return np.argsort(-load, axis=1, kind="stable")
+
+
 def _refine(
     slots: np.ndarray, cost: np.ndarray, length: np.ndarray, cap_rank: int, skip: np.ndarray
 ) -> None:
@@ -291,7 +301,7 @@ def _refine(
         if t.size == 0:
             break
         n = t.size
-        by_load = np.argsort(-load[t], axis=1, kind="stable")
+        by_load = _by_load(load[t])
         # Each light rank's costs are sorted once per round, whatever pairs it is in.
         lf = (t[:, None] * D + by_load[:, D - 1 - np.arange(L)]).ravel()  # [nL] rows
         lo = np.argsort(cm_f[lf], axis=1, kind="stable")
