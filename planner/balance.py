@@ -271,9 +271,10 @@ def _refine(
     slots: np.ndarray, cost: np.ndarray, length: np.ndarray, cap_rank: int, skip: np.ndarray
 ) -> None:
     """Step 3 of the module docstring, in place on `slots`; steps in `skip` stay as they are.
-    Costs of 2^41 or more (never in a plan: they are scaled to <= 2^40) skip it."""
+    Costs of 2^41 or more (never in a plan: they are scaled to <= 2^40) or 2^21 slots per
+    rank skip it (packed keys would not fit 63 bits)."""
     T, D, W = slots.shape
-    if D < 2 or T == 0 or int(cost.max(initial=0)) >= _KEY_COST:
+    if D < 2 or T == 0 or int(cost.max(initial=0)) >= _KEY_COST or W > 1 << 21:
         return
     cpad = np.concatenate([cost, np.zeros((T, 1), np.int64)], axis=1)
     lpad = np.concatenate([length, np.zeros((T, 1), np.int64)], axis=1)
@@ -292,6 +293,7 @@ def _refine(
     L = max(K, Q)  # light ranks in some pair
     heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
     longest = int(length.max(initial=0))
+    slot_bits = max(1, (W - 1).bit_length())  # costs < 2^41, so packed keys stay < 2^63
     lb = lower_bound(cost, D)
     done = lb + (lb >> CLOSE_BITS)  # close enough to the bound: stop refining
     active = ~skip
@@ -304,8 +306,9 @@ def _refine(
         by_load = _by_load(load[t])
         # Each light rank's costs are sorted once per round, whatever pairs it is in.
         lf = (t[:, None] * D + by_load[:, D - 1 - np.arange(L)]).ravel()  # [nL] rows
-        lo = np.argsort(cm_f[lf], axis=1, kind="stable")
-        cl = np.take_along_axis(cm_f[lf], lo, axis=1)
+        # Packed (cost, slot) keys: one plain sort gives both, ties by slot as a stable sort.
+        packed = np.sort((cm_f[lf] << slot_bits) | np.arange(W), axis=1)
+        lo, cl = packed & ((1 << slot_bits) - 1), packed >> slot_bits
         ru = (np.arange(n)[:, None] * L + pick_l).ravel()  # pair -> its light rank in lf
         heavy = by_load[:, pick_h]  # [n, R]
         rh_flat = (t[:, None] * D + heavy).ravel()  # row of (step, rank) in [T * D, W]
