@@ -336,12 +336,13 @@ def _refine(
         # 0 < delta < gap. An empty heavy slot costs 0, so its delta is never positive.
         gap = (lh - ll)[:, None]
         ok = (delta > 0) & (delta < gap)
-        kh = tok_f[rh_flat]
-        if int(kh.max()) + longest > cap_rank:  # token room can bind
+        # Token room can bind only for pairs where a rank is within one sample of it.
+        kh, kl = tok_f[rh_flat], tok_f[rl_flat]
+        near = np.flatnonzero(np.maximum(kh, kl) + longest > cap_rank)
+        if near.size:
             nl_r = np.take_along_axis(lm_f[lf], lo, axis=1).reshape(-1)
-            dtok = np.repeat(lm_f[rh_flat], 2, axis=1) - nl_r[j]
-            ok &= kh[:, None] - dtok <= cap_rank
-            ok &= tok_f[rl_flat][:, None] + dtok <= cap_rank
+            dtok = np.repeat(lm_f[rh_flat[near]], 2, axis=1) - nl_r[j[near]]
+            ok[near] &= (kh[near, None] - dtok <= cap_rank) & (kl[near, None] + dtok <= cap_rank)
         over = np.where(ok, np.maximum(gap - delta, delta), INF)
         best = np.argmin(over, axis=1)
         rows = np.arange(n * R)
