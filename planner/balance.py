@@ -329,9 +329,10 @@ def _refine(
         j = np.empty((n * R, W, 2), dtype=np.int64)
         np.maximum(pos - 1, first, out=j[:, :, 0])
         np.minimum(pos, first + (W - 1), out=j[:, :, 1])
-        j = j.reshape(n * R, 2 * W)
         cl_r, lo_r = cl.reshape(-1), lo.reshape(-1)
-        delta = np.repeat(ch, 2, axis=1) - cl_r[j]  # [nR, 2W]: (heavy slot, below/above)
+        # [nR, 2W]: (heavy slot, below/above)
+        delta = (ch[:, :, None] - cl_r[j]).reshape(n * R, 2 * W)
+        j = j.reshape(n * R, 2 * W)
         # max(lh - delta, ll + delta) = ll + max(gap - delta, delta); a swap helps iff
         # 0 < delta < gap. An empty heavy slot costs 0, so its delta is never positive.
         gap = (lh - ll)[:, None]
@@ -341,7 +342,9 @@ def _refine(
         near = np.flatnonzero(np.maximum(kh, kl) + longest > cap_rank)
         if near.size:
             nl_r = np.take_along_axis(lm_f[lf], lo, axis=1).reshape(-1)
-            dtok = np.repeat(lm_f[rh_flat[near]], 2, axis=1) - nl_r[j[near]]
+            dtok = (lm_f[rh_flat[near]][:, :, None] - nl_r[j[near]].reshape(-1, W, 2)).reshape(
+                -1, 2 * W
+            )
             ok[near] &= (kh[near, None] - dtok <= cap_rank) & (kl[near, None] + dtok <= cap_rank)
         over = np.where(ok, np.maximum(gap - delta, delta), INF)
         best = np.argmin(over, axis=1)
