@@ -333,10 +333,11 @@ def _refine(
         # [nR, 2W]: (heavy slot, below/above)
         delta = (ch[:, :, None] - cl_r[j]).reshape(n * R, 2 * W)
         j = j.reshape(n * R, 2 * W)
-        # max(lh - delta, ll + delta) = ll + max(gap - delta, delta); a swap helps iff
-        # 0 < delta < gap. An empty heavy slot costs 0, so its delta is never positive.
+        # max(lh - delta, ll + delta) = ll + max(gap - delta, delta) =: ll + over; a swap
+        # helps iff 0 < delta < gap, that is iff over < gap. An empty heavy slot costs 0,
+        # so its delta is never positive.
         gap = (lh - ll)[:, None]
-        ok = (delta > 0) & (delta < gap)
+        over = np.maximum(gap - delta, delta)
         # Token room can bind only for pairs where a rank is within one sample of it.
         kh, kl = tok_f[rh_flat], tok_f[rl_flat]
         near = np.flatnonzero(np.maximum(kh, kl) + longest > cap_rank)
@@ -345,12 +346,12 @@ def _refine(
             dtok = (lm_f[rh_flat[near]][:, :, None] - nl_r[j[near]].reshape(-1, W, 2)).reshape(
                 -1, 2 * W
             )
-            ok[near] &= (kh[near, None] - dtok <= cap_rank) & (kl[near, None] + dtok <= cap_rank)
-        over = np.where(ok, np.maximum(gap - delta, delta), INF)
+            full = (kh[near, None] - dtok > cap_rank) | (kl[near, None] + dtok > cap_rank)
+            over[near] = np.where(full, INF, over[near])
         best = np.argmin(over, axis=1)
         rows = np.arange(n * R)
         best_over = over[rows, best]
-        gain = (best_over < INF).reshape(n, R)
+        gain = (best_over < gap[:, 0]).reshape(n, R)
         best_score = np.where(gain.reshape(-1), ll + best_over, INF).reshape(n, R)
         if not gain.any():
             break
