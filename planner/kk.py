@@ -44,7 +44,7 @@ def _kk(cost: np.ndarray, dp: int, fill: int) -> np.ndarray:
     P = -(-N // fill)
     c = np.zeros((T, P * fill), dtype=np.int64)
     c[:, :N] = cost
-    order = np.argsort(-c, axis=1, kind="stable")  # by cost descending, ties: lower index
+    order = _descending(c)  # by cost descending, ties: lower index
     sums = np.zeros((T, P, dp), dtype=np.int64)
     sums[:, :, :fill] = np.take_along_axis(c, order, axis=1).reshape(T, P, fill)
     # Each part is named by one of its samples; empty parts by ids past the samples.
@@ -92,3 +92,12 @@ def _largest(alive: np.ndarray, spread: np.ndarray, top: np.ndarray) -> np.ndarr
     tp = np.where(best, top, _LOW)
     best &= tp == tp.max(axis=1, keepdims=True)
     return np.argmax(best, axis=1)
+
+
+def _descending(c: np.ndarray) -> np.ndarray:
+    """Per row: indices by value descending, ties by lower index. Values in [0, 2^41) are
+    packed with their index into unique keys, so numpy's fast unstable sort gives it."""
+    bits = max(1, (c.shape[1] - 1).bit_length())
+    if c.size and 0 <= int(c.min()) and int(c.max()) < 1 << 41 and 42 + bits <= 63:
+        return np.argsort((((1 << 41) - 1 - c) << bits) | np.arange(c.shape[1]), axis=1)
+    return np.argsort(-c, axis=1, kind="stable")
