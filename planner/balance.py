@@ -403,7 +403,9 @@ def _micro(
     mcost = np.zeros((T, D, micro), dtype=np.int64)
     mtok = np.zeros((T, D, micro), dtype=np.int64)
     failed = np.zeros((T, D), dtype=bool)
-    ti, di = np.indices((T, D))
+    # Flat cell of (step, rank, micro-batch): one gather and scatter per slot, not three.
+    base = np.arange(T * D).reshape(T, D) * micro
+    mcost_f, mtok_f = mcost.reshape(-1), mtok.reshape(-1)
     for p in range(P):
         c, n = cs[:, :, p], ls[:, :, p]
         present = c >= 0
@@ -411,10 +413,11 @@ def _micro(
             break
         fits = mtok + n[:, :, None] <= capacity
         m = np.argmin(np.where(fits, mcost, INF), axis=2)
-        good = present & fits[ti, di, m]
+        cell = base + m
+        good = present & (mtok_f[cell] + n <= capacity)
         failed |= present & ~good
-        mcost[ti, di, m] += c * good
-        mtok[ti, di, m] += n * good
+        mcost_f[cell] += c * good
+        mtok_f[cell] += n * good
         ms[:, :, p] = np.where(good, m, -1)
     mb = np.empty_like(ms)
     np.put_along_axis(mb, order, ms, axis=2)
