@@ -1,10 +1,13 @@
-"""Benchmark `mds plan`: samples/s, bytes/sample and balance against two baselines.
+"""Benchmark `mds plan`: samples/s, bytes/sample and balance against the baselines.
 
 Builds (once, cached) an index of synthetic sources with heavy-tailed lengths, plans
-D=64 ranks x 512 samples per step, and reports, measured side by side in one run:
-planning throughput with 1 and 2 workers, plan bytes per sample, and the mean/p99/max
-ratio of the slowest rank's cost to the lower bound for mds, plain greedy LPT (no
-refinement, no capacity) and naive round-robin sharding of the same samples.
+D=64 ranks x 512 samples per step (and D=1024 x 8192 on the log-normal profile), and
+reports, measured side by side in one run: planning throughput with 1 and 2 workers,
+plan bytes per sample, and the mean/p99/max ratio of the slowest rank's cost to the lower
+bound for mds, plain greedy LPT (no refinement, no capacity), naive sharding (a seeded
+random deal) and in-order interleaving of the same samples. Then the balance table
+(bench/balance_table.py): mds, LPT and Karmarkar-Karp on synthetic long-context and
+log-normal steps, and the balancer's time and memory against samples per rank.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from balance_table import balance_cases, per_rank_scaling, render_balance, render_scaling
 from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
-from mds.planner.balance import greedy_lpt, lower_bound, naive_ranks
+from mds.planner.balance import greedy_lpt, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.config import parse_config
 from mds.planner.index.build import build_index
 from mds.planner.plan import Planner, build_plan
@@ -78,7 +82,7 @@ def make_index(data: Path, rows: int, profile: str) -> Path:
     return index
 
 
-def plan_config(index: Path, steps: int, chunk_steps: int):
+def plan_config(index: Path, steps: int, chunk_steps: int, dp: int = 64, per_step: int = 512):
     sources = [
         {
             "name": f"src{s}",
@@ -92,9 +96,9 @@ def plan_config(index: Path, steps: int, chunk_steps: int):
         "plan": {"index": str(index.resolve()), "chunk_steps": chunk_steps},
         "train": {
             "steps": steps,
-            "dp_size": 64,
+            "dp_size": dp,
             "micro_batches": 4,
-            "samples_per_step": 512,
+            "samples_per_step": per_step,
             "max_tokens_per_micro_batch": 16384,
             "seed": 7,
         },
@@ -105,10 +109,13 @@ def plan_config(index: Path, steps: int, chunk_steps: int):
 
 
 def baselines(config, chunks: int) -> dict[str, list[float]]:
-    """Greedy LPT and naive round-robin on the very samples mds planned (first chunks)."""
+    """Greedy LPT, naive sharding and in-order interleaving on the very samples mds
+    planned (first chunks)."""
     planner = Planner(config)
     states = planner.states()
-    out: dict[str, list[float]] = {"greedy_lpt": [], "naive": [], "lpt_seconds": []}
+    dp = config.train.dp_size
+    out: dict[str, list[float]] = {"greedy_lpt": [], "naive": [], "interleave": []}
+    out["lpt_seconds"] = []
     for i, (a, b) in enumerate(planner.boundaries()[:chunks]):
         counts, _ = planner.mixer.run(states[i], b)
         # Rebuild the chunk's padded cost matrix exactly as plan_chunk does.
@@ -124,12 +131,16 @@ def baselines(config, chunks: int) -> dict[str, list[float]]:
             cost[step_of, slot] = pool.costs[pos]
             k += counts[:, s]
         valid = np.ones((T, N), bool)
-        lb = lower_bound(cost, 64)
+        lb = lower_bound(cost, dp)
         t0 = time.perf_counter()
-        g = greedy_lpt(cost, valid, 64)
+        g = greedy_lpt(cost, valid, dp)
         out["lpt_seconds"].append(time.perf_counter() - t0)
-        for name, rank in (("greedy_lpt", g), ("naive", naive_ranks(valid, 64, np.arange(a, b)))):
-            load = np.zeros((T, 64), np.int64)
+        for name, rank in (
+            ("greedy_lpt", g),
+            ("naive", naive_ranks(valid, dp, np.arange(a, b))),
+            ("interleave", interleave_ranks(valid, dp)),
+        ):
+            load = np.zeros((T, dp), np.int64)
             np.add.at(load, (np.arange(T)[:, None].repeat(N, 1), rank), cost)
             out[name].extend((load.max(axis=1) / lb).tolist())
     return out
@@ -160,22 +171,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profiles", nargs="+", choices=sorted(PROFILES), default=["moderate", "heavy"]
     )
+    parser.add_argument(
+        "--balance-samples",
+        type=int,
+        default=1 << 18,
+        help="samples per case of the balance table (and per call in the per-rank scaling)",
+    )
+    parser.add_argument("--no-plans", action="store_true", help="only the balance tables")
     args = parser.parse_args(argv)
 
-    results = [run_profile(args, profile) for profile in args.profiles]
-    write_report(args.out, "plan", "\n".join(render(r) for r in results), results)
+    results = []
+    if not args.no_plans:
+        results = [run_profile(args, profile) for profile in args.profiles]
+        results.append(run_profile(args, "moderate", dp=1024, per_step=8192))
+    cases = balance_cases(args.balance_samples)
+    scaling = per_rank_scaling(args.balance_samples)
+    text = "\n".join(
+        [*(render(r) for r in results), render_balance(cases), render_scaling(scaling)]
+    )
+    write_report(args.out, "plan", text, {"plans": results, "balance": cases, "per_rank": scaling})
     return 0
 
 
-def run_profile(args, profile: str) -> dict:
+def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
+    """Plan the same number of samples as `--steps` steps of 512, at D=dp, per_step."""
     from mds.executor.planfile import PlanReader
 
     index = make_index(args.data, args.rows, profile)
-    config = plan_config(index, args.steps, args.chunk_steps)
+    steps = max(1, args.steps * 512 // per_step)
+    chunk_steps = max(1, args.chunk_steps * 512 // per_step)
+    config = plan_config(index, steps, chunk_steps, dp, per_step)
     args.out.mkdir(parents=True, exist_ok=True)
-    samples = args.steps * 512
+    samples = steps * per_step
     runs: dict[int, list[float]] = {1: [], 2: []}
-    plan_path = args.out / f"bench-plan-{profile}.mds"
+    plan_path = args.out / f"bench-plan-{profile}-d{dp}.mds"
     for _ in range(args.repeat):
         for workers in (1, 2):
             t0 = time.perf_counter()
@@ -186,14 +215,14 @@ def run_profile(args, profile: str) -> dict:
         columns = reader.footer["stats_columns"]
         size = reader.size
     ours = ratios(stats, columns)
-    base = baselines(config, chunks=max(1, min(4, args.steps // args.chunk_steps)))
-    lpt_rate = len(base["greedy_lpt"]) * 512 / sum(base["lpt_seconds"])
+    base = baselines(config, chunks=max(1, min(4, steps // chunk_steps)))
+    lpt_rate = len(base["greedy_lpt"]) * per_step / sum(base["lpt_seconds"])
     return {
         "profile": profile,
-        "steps": args.steps,
+        "steps": steps,
         "samples": samples,
-        "dp_size": 64,
-        "samples_per_step": 512,
+        "dp_size": dp,
+        "samples_per_step": per_step,
         "micro_batches": 4,
         "samples_per_s_1_worker": samples / statistics.median(runs[1]),
         "samples_per_s_2_workers": samples / statistics.median(runs[2]),
@@ -202,6 +231,7 @@ def run_profile(args, profile: str) -> dict:
         "ratio_mds": summarize(ours),
         "ratio_greedy_lpt": summarize(base["greedy_lpt"]),
         "ratio_naive": summarize(base["naive"]),
+        "ratio_interleave": summarize(base["interleave"]),
         "runs_seconds": {str(k): v for k, v in runs.items()},
     }
 
@@ -213,7 +243,8 @@ def render(r: dict) -> str:
         f"| mds (2 workers) | {r['samples_per_s_2_workers']:,.0f} | {r['ratio_mds']['mean']:.4f} | {r['ratio_mds']['p99']:.4f} | {r['ratio_mds']['max']:.4f} |",
         f"| mds (1 worker) | {r['samples_per_s_1_worker']:,.0f} | same plan | | |",
         f"| greedy LPT (balancing only, no capacity) | {r['greedy_lpt_samples_per_s']:,.0f} | {r['ratio_greedy_lpt']['mean']:.4f} | {r['ratio_greedy_lpt']['p99']:.4f} | {r['ratio_greedy_lpt']['max']:.4f} |",
-        f"| naive round-robin | - | {r['ratio_naive']['mean']:.4f} | {r['ratio_naive']['p99']:.4f} | {r['ratio_naive']['max']:.4f} |",
+        f"| naive sharding (random deal) | - | {r['ratio_naive']['mean']:.4f} | {r['ratio_naive']['p99']:.4f} | {r['ratio_naive']['max']:.4f} |",
+        f"| in-order interleaving | - | {r['ratio_interleave']['mean']:.4f} | {r['ratio_interleave']['p99']:.4f} | {r['ratio_interleave']['max']:.4f} |",
     ]
     head = (
         f"## mds plan, {r['profile']} lengths: {r['steps']} steps x {r['samples_per_step']} samples, D={r['dp_size']}, "

@@ -401,14 +401,17 @@ def _print_balance(report: dict[str, Any]) -> None:
         ("max rank cost / mean", "max_over_mean"),
         ("max rank cost / lower bound", "max_over_lower_bound"),
         ("naive sharding / lower bound", "naive_over_lower_bound"),
+        ("in-order interleave / lower bound", "interleave_over_lower_bound"),
     ):
         q = imb[key]
-        table.add_row(label, *(_num(q[k]) for k in ("mean", "median", "p99", "max")))
+        if q is not None:  # plans made before interleaving was recorded lack it
+            table.add_row(label, *(_num(q[k]) for k in ("mean", "median", "p99", "max")))
     console.print(table)
-    line = f"predicted speedup vs naive sharding: {imb['speedup_vs_naive']:.3f}x"
+    console.print(_speedups(imb))
     if imb["speedup_vs_naive_with_c"] is not None:
-        line += f"; {imb['speedup_vs_naive_with_c']:.3f}x counting c per micro-batch"
-    console.print(line)
+        console.print(
+            f"vs naive sharding counting c per micro-batch: {imb['speedup_vs_naive_with_c']:.3f}x"
+        )
     console.print(
         f"capacity fill: step tokens / (dp x micro x capacity) mean {_pct(fill['step']['mean'])}, "
         f"min {_pct(fill['step']['min'])}"
@@ -417,6 +420,17 @@ def _print_balance(report: dict[str, Any]) -> None:
         f"largest micro-batch / capacity: mean {_pct(fill['max_micro_batch']['mean'])}, "
         f"max {_pct(fill['max_micro_batch']['max'])}"
     )
+
+
+def _speedups(imb: dict[str, Any]) -> str:
+    """The predicted speedups, one line each, the stronger baseline's first."""
+    naive = f"vs naive sharding (random deal): {imb['speedup_vs_naive']:.3f}x"
+    if imb["speedup_vs_interleave"] is None:
+        return f"predicted speedup {naive}"
+    inter = f"vs in-order interleaving: {imb['speedup_vs_interleave']:.3f}x"
+    if imb["stronger_baseline"] == "interleave":
+        return f"predicted speedup {inter} (the stronger baseline)\npredicted speedup {naive}"
+    return f"predicted speedup {naive} (the stronger baseline)\npredicted speedup {inter}"
 
 
 def _print_charts(report: dict[str, Any]) -> None:
@@ -429,9 +443,12 @@ def _print_charts(report: dict[str, Any]) -> None:
         hi = max(max(s["target"]), max(s["realized"]))
         rows.append((f"{s['name']} target", s["target"], lo, hi, f"{_pct(lo)} - {_pct(hi)}"))
         rows.append((f"{s['name']} realized", s["realized"], lo, hi, ""))
-    hi = max(max(series["ratio"]), max(series["naive_ratio"]))
+    inter = series.get("interleave_ratio") or []
+    hi = max(max(series["ratio"]), max(series["naive_ratio"]), *inter)
     rows.append(("max / lower bound", series["ratio"], 1.0, hi, f"1 - {hi:.3f}"))
     rows.append(("naive / lower bound", series["naive_ratio"], 1.0, hi, ""))
+    if inter:
+        rows.append(("interleave / lower bound", inter, 1.0, hi, ""))
     label = max(len(r[0]) for r in rows)
     scale = max(len(r[4]) for r in rows)
     width = max(8, min(SPARK_WIDTH, console.width - label - scale - 4))
@@ -489,4 +506,9 @@ def print_step(report: dict[str, Any], unit: str = "cost units") -> None:
     console.print(
         f"max rank cost {st['max_rank_cost'] * scale:.4g}, lower bound "
         f"{st['lower_bound'] * scale:.4g}, naive {st['naive_max_rank_cost'] * scale:.4g}"
+        + (
+            f", in-order interleave {st['interleave_max_rank_cost'] * scale:.4g}"
+            if "interleave_max_rank_cost" in st
+            else ""
+        )
     )

@@ -189,7 +189,9 @@ def _balance(r: dict[str, Any]) -> list[str]:
             ("max rank cost / mean", "max_over_mean"),
             ("max rank cost / lower bound", "max_over_lower_bound"),
             ("naive sharding / lower bound", "naive_over_lower_bound"),
+            ("in-order interleave / lower bound", "interleave_over_lower_bound"),
         )
+        if imb[key] is not None
     ]
     return [
         "<h2>Balance</h2>",
@@ -198,6 +200,12 @@ def _balance(r: dict[str, Any]) -> list[str]:
         + (
             f"; <b>{imb['speedup_vs_naive_with_c']:.3f}x</b> counting c per micro-batch"
             if imb["speedup_vs_naive_with_c"] is not None
+            else ""
+        )
+        + (
+            f"; vs in-order interleaving: <b>{imb['speedup_vs_interleave']:.3f}x</b> "
+            f"(stronger baseline: {imb['stronger_baseline']})"
+            if imb["speedup_vs_interleave"] is not None
             else ""
         )
         + "</p>",
@@ -230,11 +238,14 @@ def _charts(r: dict[str, Any]) -> list[str]:
             {"label": "target", "values": s["target"], "color": "#333", "dashed": True},
         ]
         out.append(line_chart(f"{s['name']}: share", xs, lines, 0.0, min(1.0, hi * 1.15), ".1%"))
-    hi = max(max(series["ratio"]), max(series["naive_ratio"]))
+    inter = series.get("interleave_ratio") or []
+    hi = max(max(series["ratio"]), max(series["naive_ratio"]), *inter)
     lines = [
         {"label": "max / lower bound", "values": series["ratio"], "color": PALETTE[0]},
         {"label": "naive / lower bound", "values": series["naive_ratio"], "color": PALETTE[1]},
     ]
+    if inter:
+        lines.append({"label": "interleave / lower bound", "values": inter, "color": PALETTE[2]})
     out.append(line_chart("rank imbalance per step", xs, lines, 1.0, hi * 1.05 or 1.0, ".2f"))
     out.append("</div>")
     return out
@@ -252,6 +263,12 @@ def _step_body(r: dict[str, Any]) -> list[str]:
                 ("step samples / tokens", f"{st['samples']:,} / {st['tokens']:,}"),
                 ("max rank cost / lower bound (units)", f"{st['max_rank_cost']:,} / {st['lower_bound']:,}"),
                 ("naive max rank cost (units)", f"{st['naive_max_rank_cost']:,}"),
+                *(
+                    [("in-order interleave max rank cost (units)",
+                      f"{st['interleave_max_rank_cost']:,}")]
+                    if "interleave_max_rank_cost" in st
+                    else []
+                ),
             ]
         ),
         "<h2>Per rank</h2>",

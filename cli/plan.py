@@ -107,7 +107,13 @@ def _print_summary(s) -> None:
             "naive sharding, same samples",
             f"mean {s.naive_ratio_mean:.4f}, max {s.naive_ratio_max:.4f}",
         ),
+        (
+            "in-order interleaving, same samples",
+            f"mean {s.interleave_ratio_mean:.4f}, max {s.interleave_ratio_max:.4f}",
+        ),
         ("predicted speedup vs naive", f"{s.speedup_vs_naive:.3f}x"),
+        ("predicted speedup vs interleaving", f"{s.speedup_vs_interleave:.3f}x"),
+        ("stronger baseline", s.stronger_baseline),
         ("plan id", s.plan_id),
     ]
     for row in rows:

@@ -1,18 +1,28 @@
 """Assign each step's samples to DP ranks and micro-batches by cost, under token capacity.
 
-Method, vectorized over all steps of a chunk (integer costs, so results are exact):
+Method, vectorized over all steps of a chunk (integer costs, so results are exact and the
+same on every machine; every tie is broken by index):
 1. Greedy LPT: samples by cost, descending, each to the least-loaded rank that still has
-   token room (micro_batches x capacity).
-2. Steps where a sample found no such rank are redone one by one with a greedy LPT over
-   micro-batch bins, which only places a sample where a bin has room.
-3. Refinement: repeatedly take the most-loaded rank and try every move or swap of one of
-   its samples with one sample (or an empty slot) of the least-loaded ranks; apply the one
-   that lowers the larger of the two loads the most, while both ranks stay within capacity.
+   token room (micro_batches x capacity). Steps where a sample found no such rank are
+   redone one by one with a greedy LPT over micro-batch bins (exact, slower).
+2. Karmarkar-Karp largest differencing (planner/kk.py): a step takes its ranks instead
+   where they fit every rank's token room and their most-loaded rank is lighter than
+   LPT's. So the start is never worse than either on the same step. Skipped above
+   KK_MAX_PER_RANK samples per rank, where it costs most and LPT is already close, and
+   on steps where LPT meets the lower bound (nothing can be lighter).
+3. Refinement by pairwise swaps: each round pairs the k-th most-loaded rank with the
+   k-th least-loaded (k < PAIRS), and the most-loaded also with each of the PARTNERS
+   least-loaded; per pair it finds, by binary search over the light rank's costs, the
+   one swap or move that evens the pair best while both ranks stay within token room,
+   and applies it (the most-loaded rank's best pair first). A round costs O(P log P)
+   per pair, not O(P^2). Swaps only lower the larger load of a pair, so the step's
+   most-loaded rank never gets heavier. A step stops when its most-loaded rank finds no
+   swap or is within 2^-CLOSE_BITS of the lower bound.
 4. Micro-batches: inside each rank, samples by cost, descending, each into the cheapest
    micro-batch that still has token room (first-fit decreasing by tokens as a fallback).
 
 The lower bound of a step is max(total cost / D, largest sample cost); `ratio` in the
-stats is the most-loaded rank's cost over it.
+stats is the most-loaded rank's cost over it. Memory is linear in the chunk's samples.
 """
 
 from __future__ import annotations
@@ -22,13 +32,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from mds.executor.errors import PlanError
+from mds.planner.kk import karmarkar_karp
 from mds.planner.permutation import splitmix64
 
-__all__ = ["Assignment", "balance", "greedy_lpt", "group_sums", "lower_bound", "naive_ranks"]
+__all__ = [
+    "Assignment",
+    "balance",
+    "greedy_lpt",
+    "group_sums",
+    "interleave_ranks",
+    "lower_bound",
+    "naive_ranks",
+]
 
 INF = np.iinfo(np.int64).max
-PARTNERS = 4
-REFINE_ROUNDS = 48
+PAIRS = 64  # heavy/light rank pairs per step and round
+PARTNERS = 128  # light ranks the most-loaded rank tries per round
+REFINE_ROUNDS = 96
+# Past this many samples per rank, KK's partial partitions per step cost more than the whole
+# rest, and LPT's last samples are small against a rank's load: LPT alone starts.
+KK_MAX_PER_RANK = 64
+# A step within 2^-CLOSE_BITS (about 0.1%) of its lower bound is not refined further: below
+# that, rounds cost more than the balance they win.
+CLOSE_BITS = 10
 SLACK = 2
 _KEY_BITS = 41
 _KEY_COST = np.int64(1 << _KEY_BITS)
@@ -71,6 +97,15 @@ def naive_ranks(valid: np.ndarray, dp: int, steps: np.ndarray) -> np.ndarray:
     return np.where(valid, rank, -1)
 
 
+def interleave_ranks(valid: np.ndarray, dp: int) -> np.ndarray:
+    """In-order interleaving: the step's k-th sample (plan order) to rank k % D.
+
+    What an evenly interleaving loader does; on mixed data it is a stronger baseline than
+    a random deal, because each source's samples spread evenly over the ranks."""
+    k = np.cumsum(valid, axis=1) - 1
+    return np.where(valid, k % dp, -1).astype(np.int64)
+
+
 def greedy_lpt(cost: np.ndarray, valid: np.ndarray, dp: int) -> np.ndarray:
     """Plain greedy LPT over ranks, no capacity: each sample, by cost descending, to the
     least-loaded rank. A reference for benchmarks (one pass per sample, so slower)."""
@@ -107,25 +142,40 @@ def _lpt(
     chosen = np.full((N, T), -1, dtype=np.int64)
     stuck = np.zeros(T, dtype=bool)
     base = np.arange(T) * dp
-    for k in range(N):
-        v = vs[k]
-        if not v.any():
-            break
+    # Padding sorts last with 0 cost and 0 tokens, so it changes no load: slots past
+    # a step's samples are placed like the others and masked once at the end.
+    last = int(vs.any(axis=1).sum())
+    # The first D samples go to ranks 0..D-1 in turn (all loads start at 0, ties go to the
+    # lower rank) where each costs more than 0 and fits an empty rank: placed at once.
+    start = min(dp, last)
+    if start and ((cs[: start - 1] > 0) | ~vs[: start - 1]).all() and ls[:start].max() <= cap_rank:
+        chosen[:start] = np.arange(start)[:, None]
+        load[:, :start] = cs[:start].T
+        tok[:, :start] = ls[:start].T
+    else:
+        start = 0
+    for k in range(start, last):
         n = ls[k]
         r = np.argmin(load, axis=1)
+        cell = base + r
         # Capacity rarely binds: check the least-loaded rank first, mask only where it is full.
-        full = flat_tok[base + r] + n > cap_rank
+        full = flat_tok[cell] + n > cap_rank
         if full.any():
             rows = np.flatnonzero(full)
             fits = tok[rows] + n[rows, None] <= cap_rank
             r[rows] = np.argmin(np.where(fits, load[rows], INF), axis=1)
             full[rows] = ~fits[np.arange(len(rows)), r[rows]]
-        ok = v & ~full
-        stuck |= v & full
-        cell = base + r
-        flat_load[cell] += cs[k] * ok
-        flat_tok[cell] += n * ok
-        chosen[k] = np.where(ok, r, -1)
+            cell = base + r
+            stuck |= full
+            r[full] = -1
+            cell = cell[~full]
+            flat_load[cell] += cs[k][~full]
+            flat_tok[cell] += n[~full]
+        else:
+            flat_load[cell] += cs[k]
+            flat_tok[cell] += n
+        chosen[k] = r
+    chosen[~vs] = -1
     rank = np.full((T, N), -1, dtype=np.int64)
     np.put_along_axis(rank, order, chosen.T, axis=1)
     return rank, stuck
@@ -207,71 +257,127 @@ def _by_cost(cost: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.argsort(np.where(valid, -cost, 1), axis=1, kind="stable")
 
 
-def _least(load: np.ndarray, q: int) -> np.ndarray:
-    """Indices of the q least-loaded ranks per row (ties: lower index), by repeated argmin."""
-    work = load.copy()
-    rows = np.arange(len(load))
-    out = np.empty((len(load), q), dtype=np.int64)
-    for i in range(q):
-        out[:, i] = np.argmin(work, axis=1)
-        work[rows, out[:, i]] = INF
-    return out
+def _by_load(load: np.ndarray) -> np.ndarray:
+    """Per row: ranks by load, descending (ties: lower rank). A packed unique key (load
+    below the row's maximum, then rank) lets numpy use its fast unstable sort."""
+    bits = max(1, (load.shape[1] - 1).bit_length())
+    top = load.max(axis=1, keepdims=True)
+    if load.size and int((top - load.min(axis=1, keepdims=True)).max()) < 1 << (62 - bits):
+        return np.argsort(((top - load) << bits) | np.arange(load.shape[1]), axis=1)
+    return np.argsort(-load, axis=1, kind="stable")
 
 
 def _refine(
     slots: np.ndarray, cost: np.ndarray, length: np.ndarray, cap_rank: int, skip: np.ndarray
 ) -> None:
-    """Step 3 of the module docstring, in place on `slots`; steps in `skip` stay as they are."""
-    T, D, P = slots.shape
-    if D < 2 or T == 0:
+    """Step 3 of the module docstring, in place on `slots`; steps in `skip` stay as they are.
+    Costs of 2^41 or more (never in a plan: they are scaled to <= 2^40) or 2^21 slots per
+    rank skip it (packed keys would not fit 63 bits)."""
+    T, D, W = slots.shape
+    if D < 2 or T == 0 or int(cost.max(initial=0)) >= _KEY_COST or W > 1 << 21:
         return
-    ar = np.arange(T)
     cpad = np.concatenate([cost, np.zeros((T, 1), np.int64)], axis=1)
     lpad = np.concatenate([length, np.zeros((T, 1), np.int64)], axis=1)
     col = np.where(slots >= 0, slots, cost.shape[1])
-    cm = np.take_along_axis(cpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
-    lm = np.take_along_axis(lpad, col.reshape(T, -1), axis=1).reshape(T, D, P)
+    cm = np.take_along_axis(cpad, col.reshape(T, -1), axis=1).reshape(T, D, W)
+    lm = np.take_along_axis(lpad, col.reshape(T, -1), axis=1).reshape(T, D, W)
     load, tok = cm.sum(axis=2), lm.sum(axis=2)
+    # Flat views: row t * D + d holds rank d of step t.
+    slots_f, cm_f, lm_f = slots.reshape(T * D, W), cm.reshape(T * D, W), lm.reshape(T * D, W)
+    load_f, tok_f = load.reshape(-1), tok.reshape(-1)
+    K = min(PAIRS, D // 2)  # heavy k with light k, k < K
+    Q = min(PARTNERS, D - K)  # and the heaviest with lights 0..Q-1
+    pick_h = np.concatenate([np.arange(K), np.zeros(max(0, Q - 1), np.int64)])
+    pick_l = np.concatenate([np.arange(K), np.arange(1, Q)])
+    R = len(pick_h)
+    L = max(K, Q)  # light ranks in some pair
+    heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
     longest = int(length.max(initial=0))
-    q = min(PARTNERS, D - 1)
+    slot_bits = max(1, (W - 1).bit_length())  # costs < 2^41, so packed keys stay < 2^63
+    lb = lower_bound(cost, D)
+    done = lb + (lb >> CLOSE_BITS)  # close enough to the bound: stop refining
     active = ~skip
     for _ in range(REFINE_ROUNDS):
-        t = ar[active]
+        active &= load.max(axis=1) > done
+        t = np.flatnonzero(active)
         if t.size == 0:
             break
-        r1 = np.argmax(load[t], axis=1)
-        part = _least(load[t], q)
-        l1, k1 = load[t, r1], tok[t, r1]
-        lq, kq = load[t[:, None], part], tok[t[:, None], part]
-        c1, n1 = cm[t, r1], lm[t, r1]  # [t, P]
-        cq, nq = cm[t[:, None], part], lm[t[:, None], part]  # [t, q, P]
-        s1 = slots[t, r1] >= 0
-        delta = c1[:, :, None, None] - cq[:, None, :, :]  # [t, P, q, P]
-        # A swap helps iff 0 < delta < l1 - lq; the best brings delta closest to half of that.
-        score = np.maximum(l1[:, None, None, None] - delta, lq[:, None, :, None] + delta)
-        ok = (delta > 0) & s1[:, :, None, None]
-        if int(tok.max()) + longest > cap_rank:  # token room can bind: check both ranks
-            dtok = n1[:, :, None, None] - nq[:, None, :, :]
-            ok &= (k1[:, None, None, None] - dtok <= cap_rank) & (
-                kq[:, None, :, None] + dtok <= cap_rank
+        n = t.size
+        by_load = _by_load(load[t])
+        # Each light rank's costs are sorted once per round, whatever pairs it is in.
+        lf = (t[:, None] * D + by_load[:, D - 1 - np.arange(L)]).ravel()  # [nL] rows
+        # Packed (cost, slot) keys: one plain sort gives both, ties by slot as a stable sort.
+        packed = np.sort((cm_f[lf] << slot_bits) | np.arange(W), axis=1)
+        lo, cl = packed & ((1 << slot_bits) - 1), packed >> slot_bits
+        ru = (np.arange(n)[:, None] * L + pick_l).ravel()  # pair -> its light rank in lf
+        heavy = by_load[:, pick_h]  # [n, R]
+        rh_flat = (t[:, None] * D + heavy).ravel()  # row of (step, rank) in [T * D, W]
+        rl_flat = lf[ru]
+        lh, ll = load_f[rh_flat], load_f[rl_flat]  # [nR]
+        ch = cm_f[rh_flat]  # [nR, W]
+        # One sorted key array for all light ranks, (light, cost), so one binary search
+        # serves all pairs: the swap that evens a pair best takes from the light rank the
+        # sample whose cost is nearest to (heavy sample's cost - half the gap), just below
+        # or just above it.
+        uid = np.arange(n * L, dtype=np.int64)[:, None]
+        keys = ((uid << _KEY_BITS) | cl).ravel()
+        want = np.clip(ch - ((lh - ll) // 2)[:, None], 0, _KEY_COST - 1)
+        at = ru[:, None]
+        pos = np.searchsorted(keys, ((at << _KEY_BITS) | want).ravel()).reshape(n * R, W)
+        # Candidates just below and just above, as flat positions in the light rank's row.
+        first = at * W
+        j = np.empty((n * R, W, 2), dtype=np.int64)
+        np.maximum(pos - 1, first, out=j[:, :, 0])
+        np.minimum(pos, first + (W - 1), out=j[:, :, 1])
+        cl_r, lo_r = cl.reshape(-1), lo.reshape(-1)
+        # [nR, 2W]: (heavy slot, below/above)
+        delta = (ch[:, :, None] - cl_r[j]).reshape(n * R, 2 * W)
+        j = j.reshape(n * R, 2 * W)
+        # max(lh - delta, ll + delta) = ll + max(gap - delta, delta) =: ll + over; a swap
+        # helps iff 0 < delta < gap, that is iff over < gap. An empty heavy slot costs 0,
+        # so its delta is never positive.
+        gap = (lh - ll)[:, None]
+        over = np.maximum(gap - delta, delta)
+        # Token room can bind only for pairs where a rank is within one sample of it.
+        kh, kl = tok_f[rh_flat], tok_f[rl_flat]
+        near = np.flatnonzero(np.maximum(kh, kl) + longest > cap_rank)
+        if near.size:
+            nl_r = np.take_along_axis(lm_f[lf], lo, axis=1).reshape(-1)
+            dtok = (lm_f[rh_flat[near]][:, :, None] - nl_r[j[near]].reshape(-1, W, 2)).reshape(
+                -1, 2 * W
             )
-        score = np.where(ok, score, INF).reshape(len(t), -1)
-        best = np.argmin(score, axis=1)
-        gain = score[np.arange(len(t)), best] < l1
-        active[t[~gain]] = False
+            full = (kh[near, None] - dtok > cap_rank) | (kl[near, None] + dtok > cap_rank)
+            over[near] = np.where(full, INF, over[near])
+        best = np.argmin(over, axis=1)
+        rows = np.arange(n * R)
+        best_over = over[rows, best]
+        gain = (best_over < gap[:, 0]).reshape(n, R)
+        best_score = np.where(gain.reshape(-1), ll + best_over, INF).reshape(n, R)
         if not gain.any():
             break
-        t, r1, best, part = t[gain], r1[gain], best[gain], part[gain]
-        i, rest = np.divmod(best, q * P)
-        qi, j = np.divmod(rest, P)
-        r2 = part[np.arange(len(t)), qi]
-        for arr in (slots, cm, lm):
-            a, b = arr[t, r1, i].copy(), arr[t, r2, j].copy()
-            arr[t, r1, i], arr[t, r2, j] = b, a
-        load[t, r1] = cm[t, r1].sum(axis=1)
-        load[t, r2] = cm[t, r2].sum(axis=1)
-        tok[t, r1] = lm[t, r1].sum(axis=1)
-        tok[t, r2] = lm[t, r2].sum(axis=1)
+        # The heaviest rank takes its best pair; the other pairs run unless they use the
+        # light rank it took (pairs never share a rank otherwise).
+        m = np.argmin(best_score[:, heaviest_rows], axis=1)
+        took = gain[np.arange(n), heaviest_rows[m]]
+        apply = np.zeros((n, R), dtype=bool)
+        apply[np.arange(n), heaviest_rows[m]] = took
+        others = gain[:, 1:K] & ~(took[:, None] & (m[:, None] == np.arange(1, K)))
+        apply[:, 1:K] = others
+        g = np.flatnonzero(apply.reshape(-1))
+        i, jf = best[g] // 2, j[g, best[g]]
+        jg = lo_r[jf]  # the light rank's slot
+        fh, fl = rh_flat[g], rl_flat[g]
+        d, dn = delta[g, best[g]], lm_f[fh, i] - lm_f[fl, jg]
+        for arr in (slots_f, cm_f, lm_f):
+            x, y = arr[fh, i].copy(), arr[fl, jg].copy()
+            arr[fh, i], arr[fl, jg] = y, x
+        load_f[fh] -= d
+        load_f[fl] += d
+        tok_f[fh] -= dn
+        tok_f[fl] += dn
+        # A step is done when its most-loaded rank found no swap: the other pairs cannot
+        # lower the step's maximum.
+        active[t[~took]] = False
 
 
 def _micro(
@@ -297,7 +403,9 @@ def _micro(
     mcost = np.zeros((T, D, micro), dtype=np.int64)
     mtok = np.zeros((T, D, micro), dtype=np.int64)
     failed = np.zeros((T, D), dtype=bool)
-    ti, di = np.indices((T, D))
+    # Flat cell of (step, rank, micro-batch): one gather and scatter per slot, not three.
+    base = np.arange(T * D).reshape(T, D) * micro
+    mcost_f, mtok_f = mcost.reshape(-1), mtok.reshape(-1)
     for p in range(P):
         c, n = cs[:, :, p], ls[:, :, p]
         present = c >= 0
@@ -305,10 +413,11 @@ def _micro(
             break
         fits = mtok + n[:, :, None] <= capacity
         m = np.argmin(np.where(fits, mcost, INF), axis=2)
-        good = present & fits[ti, di, m]
+        cell = base + m
+        good = present & (mtok_f[cell] + n <= capacity)
         failed |= present & ~good
-        mcost[ti, di, m] += c * good
-        mtok[ti, di, m] += n * good
+        mcost_f[cell] += c * good
+        mtok_f[cell] += n * good
         ms[:, :, p] = np.where(good, m, -1)
     mb = np.empty_like(ms)
     np.put_along_axis(mb, order, ms, axis=2)
@@ -339,6 +448,40 @@ class _Repack(Exception):  # noqa: N818 - internal control flow, never escapes b
         self.step = step  # row in the chunk
 
 
+def _rank_sums(rank: np.ndarray, weights: np.ndarray, dp: int) -> np.ndarray:
+    """[T, D] sums of `weights` per (step, rank); slots with rank -1 count nowhere."""
+    T = rank.shape[0]
+    cell = np.arange(T)[:, None] * (dp + 1) + np.where(rank >= 0, rank, dp)
+    return group_sums(cell, weights, T * (dp + 1)).reshape(T, dp + 1)[:, :dp]
+
+
+def _prefer_kk(
+    rank: np.ndarray,
+    forced: np.ndarray,
+    cost: np.ndarray,
+    length: np.ndarray,
+    valid: np.ndarray,
+    dp: int,
+    cap_rank: int,
+) -> None:
+    """Step 2 of the module docstring, in place: a step takes Karmarkar-Karp's ranks where
+    they fit every rank's token room and their most-loaded rank is lighter than LPT's
+    (or LPT found no room for some sample)."""
+    if dp < 2 or not valid.any() or cost.shape[1] > KK_MAX_PER_RANK * dp:
+        return
+    lpt_max = _rank_sums(np.where(forced[:, None], -1, rank), cost, dp).max(axis=1)
+    # Where LPT meets the lower bound, nothing is lighter: KK runs on the other steps only.
+    rows = np.flatnonzero(forced | (lpt_max > lower_bound(cost, dp)))
+    if rows.size == 0:
+        return
+    kk = karmarkar_karp(cost[rows], valid[rows], dp)
+    fits = _rank_sums(kk, length[rows], dp).max(axis=1) <= cap_rank
+    kk_max = _rank_sums(kk, cost[rows], dp).max(axis=1)
+    take = fits & (forced[rows] | (kk_max < lpt_max[rows]))
+    rank[rows[take]] = kk[take]
+    forced[rows[take]] = False
+
+
 def balance(
     cost: np.ndarray,
     length: np.ndarray,
@@ -356,6 +499,7 @@ def balance(
     cost = np.where(valid, cost, 0)
     length = np.where(valid, length, 0)
     rank, forced = _lpt(cost, length, valid, dp, micro * capacity)
+    _prefer_kk(rank, forced, cost, length, valid, dp, micro * capacity)
     exact: dict[int, np.ndarray] = {}
     while True:
         for t in np.flatnonzero(forced):

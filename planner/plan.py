@@ -23,7 +23,7 @@ import numpy as np
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import Fetch, PlanWriter, plan_id_of
 from mds.planner.atomic import clean_stale_temps, temp_sibling
-from mds.planner.balance import balance, group_sums, lower_bound, naive_ranks
+from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.lock import output_lock
@@ -46,6 +46,7 @@ STAT_COLUMNS = (
     "naive_max_rank_cost",
     "max_micro_tokens",
     "max_micro_cost",
+    "interleave_max_rank_cost",
 )
 
 
@@ -75,6 +76,10 @@ class PlanSummary:
     naive_ratio_mean: float
     naive_ratio_max: float
     speedup_vs_naive: float
+    interleave_ratio_mean: float
+    interleave_ratio_max: float
+    speedup_vs_interleave: float
+    stronger_baseline: str  # "naive" or "interleave": the one whose max rank cost is lower
     seconds: float
     sources: list[dict[str, Any]] = field(default_factory=list)
 
@@ -195,6 +200,9 @@ def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
     rows = np.arange(T)[:, None]
     naive_load = group_sums(rows * (D + 1) + np.where(naive >= 0, naive, D), cost, T * (D + 1))
     naive_load = naive_load.reshape(T, D + 1)
+    inter = interleave_ranks(valid, D)
+    inter_load = group_sums(rows * (D + 1) + np.where(inter >= 0, inter, D), cost, T * (D + 1))
+    inter_load = inter_load.reshape(T, D + 1)
     cell = rows * (D * M + 1) + np.where(valid, assign.rank * M + assign.micro, D * M)
     micro_tok = group_sums(cell, length, T * (D * M + 1)).reshape(T, D * M + 1)
     micro_cost = group_sums(cell, cost, T * (D * M + 1)).reshape(T, D * M + 1)
@@ -209,6 +217,7 @@ def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
             naive_load[:, :D].max(axis=1),
             micro_tok[:, : D * M].max(axis=1),
             micro_cost[:, : D * M].max(axis=1),
+            inter_load[:, :D].max(axis=1),
         ],
         axis=1,
     )
@@ -453,7 +462,10 @@ def _summary(
     col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
     naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
+    inter = _ratio(col["interleave_max_rank_cost"], col["lower_bound"])
     planned = int(col["max_rank_cost"].sum())
+    naive_total = int(col["naive_max_rank_cost"].sum())
+    inter_total = int(col["interleave_max_rank_cost"].sum())
     train = planner.config.train
     return PlanSummary(
         path=str(output),
@@ -468,9 +480,11 @@ def _summary(
         ratio_max=round(float(ratio.max()), 6) if len(ratio) else 1.0,
         naive_ratio_mean=round(float(naive.mean()), 6) if len(naive) else 1.0,
         naive_ratio_max=round(float(naive.max()), 6) if len(naive) else 1.0,
-        speedup_vs_naive=round(int(col["naive_max_rank_cost"].sum()) / planned, 6)
-        if planned
-        else 1.0,
+        speedup_vs_naive=round(naive_total / planned, 6) if planned else 1.0,
+        interleave_ratio_mean=round(float(inter.mean()), 6) if len(inter) else 1.0,
+        interleave_ratio_max=round(float(inter.max()), 6) if len(inter) else 1.0,
+        speedup_vs_interleave=round(inter_total / planned, 6) if planned else 1.0,
+        stronger_baseline="interleave" if inter_total < naive_total else "naive",
         seconds=seconds,
         sources=footer["sources"],
     )

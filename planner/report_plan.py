@@ -140,21 +140,34 @@ def _mix(
 
 
 def _imbalance(col: dict[str, np.ndarray], dp: int, rank_overhead: float | None) -> dict[str, Any]:
-    """`rank_overhead`: a rank's per-step constant in cost units (the cost model's c per
+    """Balance against the lower bound and two naive baselines: a seeded random deal
+    (`naive`) and in-order interleaving (`interleave`; None in plans made before it was
+    recorded). `stronger_baseline` names the one with the lower total of slowest ranks.
+    `rank_overhead`: a rank's per-step constant in cost units (the cost model's c per
     micro-batch x micro-batches), or None when the cost model has no c."""
     planned = int(col["max_rank_cost"].sum())
     naive = int(col["naive_max_rank_cost"].sum())
+    inter = col.get("interleave_max_rank_cost")
     with_c = None
     if rank_overhead is not None:
         extra = rank_overhead * len(col["max_rank_cost"])
         with_c = (naive + extra) / (planned + extra) if planned + extra else 1.0
-    return {
+    out: dict[str, Any] = {
         "max_over_mean": summary(ratio(col["max_rank_cost"] * dp, col["cost"])),
         "max_over_lower_bound": summary(ratio(col["max_rank_cost"], col["lower_bound"])),
         "naive_over_lower_bound": summary(ratio(col["naive_max_rank_cost"], col["lower_bound"])),
         "speedup_vs_naive": naive / planned if planned else 1.0,
         "speedup_vs_naive_with_c": with_c,
+        "interleave_over_lower_bound": None,
+        "speedup_vs_interleave": None,
+        "stronger_baseline": "naive",
     }
+    if inter is not None:
+        total = int(inter.sum())
+        out["interleave_over_lower_bound"] = summary(ratio(inter, col["lower_bound"]))
+        out["speedup_vs_interleave"] = total / planned if planned else 1.0
+        out["stronger_baseline"] = "interleave" if total < naive else "naive"
+    return out
 
 
 def _rank_overhead(footer: dict[str, Any], micro: int) -> float | None:
@@ -176,7 +189,8 @@ def _series(
 ) -> dict[str, Any]:
     size, starts = buckets(steps, points)
     if steps == 0:
-        return {"bucket": size, "start": [], "ratio": [], "naive_ratio": [], "sources": []}
+        empty: dict[str, Any] = {"bucket": size, "start": [], "ratio": [], "naive_ratio": []}
+        return {**empty, "interleave_ratio": [], "sources": []}
     counts = np.diff(np.append(starts, steps))
 
     def mean(x: np.ndarray) -> np.ndarray:
@@ -191,6 +205,9 @@ def _series(
         "start": (starts + first).tolist(),
         "ratio": mean(ratio(col["max_rank_cost"], col["lower_bound"])).tolist(),
         "naive_ratio": mean(ratio(col["naive_max_rank_cost"], col["lower_bound"])).tolist(),
+        "interleave_ratio": mean(ratio(inter, col["lower_bound"])).tolist()
+        if (inter := col.get("interleave_max_rank_cost")) is not None
+        else None,
         "sources": [
             {"name": n, "target": want[:, i].tolist(), "realized": realized[:, i].tolist()}
             for i, n in enumerate(names)

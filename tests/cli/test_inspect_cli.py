@@ -148,6 +148,9 @@ PLAN_SCHEMA = {
         "naive_over_lower_bound": STATS,
         "speedup_vs_naive": NUM,
         "speedup_vs_naive_with_c": OPT_NUM,
+        "interleave_over_lower_bound": STATS,
+        "speedup_vs_interleave": NUM,
+        "stronger_baseline": str,
     },
     "capacity_fill": {"step": STATS, "max_micro_batch": STATS},
     "series": {
@@ -155,6 +158,7 @@ PLAN_SCHEMA = {
         "start": [int],
         "ratio": [NUM],
         "naive_ratio": [NUM],
+        "interleave_ratio": [NUM],
         "sources": [{"name": str, "target": [NUM], "realized": [NUM]}],
     },
 }

@@ -21,6 +21,10 @@ SUMMARY_KEYS = {
     "naive_ratio_mean",
     "naive_ratio_max",
     "speedup_vs_naive",
+    "interleave_ratio_mean",
+    "interleave_ratio_max",
+    "speedup_vs_interleave",
+    "stronger_baseline",
     "plan_id",
 }
 

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from mds.executor.errors import PlanError
 from mds.planner import balance as balance_mod
-from mds.planner.balance import balance, greedy_lpt, lower_bound, naive_ranks
+from mds.planner.balance import (
+    balance,
+    greedy_lpt,
+    interleave_ranks,
+    lower_bound,
+    naive_ranks,
+)
+from mds.planner.kk import karmarkar_karp
 
 
 def check(assign, cost, length, valid, dp, micro, capacity):
@@ -300,3 +307,161 @@ def test_group_sums_is_exact_on_both_paths():
         expected = np.zeros(8, dtype=np.int64)
         np.add.at(expected, groups, weights)
         assert np.array_equal(group_sums(groups, weights, 8), expected)
+
+
+def test_interleave_ranks_deal_in_order():
+    valid = np.array([[True, False, True, True, True, True], [False] * 6])
+    assert interleave_ranks(valid, 2).tolist() == [[0, -1, 1, 0, 1, 0], [-1] * 6]
+
+
+# --- Karmarkar-Karp and the guarantees against it and LPT ---------------------------------------
+
+
+def kk_reference(cost: list[int], dp: int, fill: int) -> list[int]:
+    """Plain largest differencing with heapq: blocks of `fill` samples by cost descending,
+    each a partial partition of dp parts; join the two of largest spread (ties: larger top
+    part, lower id), heaviest part with lightest; final parts heaviest first = ranks."""
+    import heapq
+
+    n = len(cost)
+    blocks = -(-n // fill)
+    c = list(cost) + [0] * (blocks * fill - n)
+    order = sorted(range(len(c)), key=lambda j: (-c[j], j))
+    states = []
+    for b in range(blocks):
+        parts = [(c[j], [j]) for j in order[b * fill : (b + 1) * fill]]
+        states.append(parts + [(0, []) for _ in range(dp - fill)])
+
+    def key(i):
+        s = states[i]
+        return (-(s[0][0] - s[-1][0]), -s[0][0], i)
+
+    heap = [key(i) for i in range(blocks)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[-1], heapq.heappop(heap)[-1]
+        merged = [
+            (x[0] + y[0], x[1] + y[1]) for x, y in zip(states[a], states[b][::-1], strict=True)
+        ]
+        states[a] = [merged[k] for k in sorted(range(dp), key=lambda k: (-merged[k][0], k))]
+        heapq.heappush(heap, key(a))
+    rank = [-1] * len(c)
+    for r, (_, items) in enumerate(states[heap[0][-1]]):
+        for j in items:
+            rank[j] = r
+    return rank[:n]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    T=st.integers(1, 4),
+    N=st.integers(1, 60),
+    dp=st.integers(1, 9),
+    fill=st.integers(1, 9),
+    seed=st.integers(0, 999),
+    small=st.booleans(),
+)
+def test_karmarkar_karp_matches_a_plain_implementation(T, N, dp, fill, seed, small):
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(0, 20 if small else 10**6, (T, N))  # small: many ties
+    fill = min(fill, dp)
+    got = karmarkar_karp(cost, np.ones((T, N), bool), dp, fill)
+    for t in range(T):
+        assert got[t].tolist() == kk_reference(cost[t].tolist(), dp, fill), t
+
+
+def test_karmarkar_karp_ignores_invalid_slots():
+    """An invalid slot counts as a zero-cost sample and gets rank -1."""
+    cost = np.array([[5, 10**9, 3, 4]])
+    valid = np.array([[True, False, True, True]])
+    expected = kk_reference([5, 0, 3, 4], 2, 1)
+    expected[1] = -1
+    assert karmarkar_karp(cost, valid, 2).tolist() == [expected]
+
+
+def long_context_steps(rng, T, dp, per_rank):
+    """25% of samples 24,576-32,768 tokens, the rest log-normal; cost L + L^2/24576."""
+    shape = (T, dp * per_rank)
+    short = np.maximum(rng.lognormal(np.log(2500), 1.0, shape), 64)
+    short = np.where(short > 24575, rng.integers(4096, 24576, shape), short)
+    length = np.where(rng.random(shape) < 0.25, rng.integers(24576, 32769, shape), short)
+    length = length.astype(np.int64)
+    return 24576 * length + length * length, length
+
+
+def max_loads(rank, cost, dp):
+    T = cost.shape[0]
+    load = np.zeros((T, dp), np.int64)
+    np.add.at(load, (np.arange(T)[:, None].repeat(cost.shape[1], 1), rank), cost)
+    return load.max(axis=1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    dp=st.sampled_from([2, 3, 8, 16, 64]),
+    per_rank=st.integers(1, 12),
+    micro=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_never_worse_than_lpt_or_kk_on_long_context_steps(dp, per_rank, micro, seed):
+    """With room for any split, every step's most-loaded rank is at most LPT's and KK's."""
+    rng = np.random.default_rng(seed)
+    T = 4
+    cost, length = long_context_steps(rng, T, dp, per_rank)
+    valid = np.ones(cost.shape, bool)
+    capacity = int(length.sum(axis=1).max())  # any rank can take a whole step
+    ours = balance(cost, length, valid, np.arange(T), dp, micro, capacity)
+    check(ours, cost, length, valid, dp, micro, capacity)
+    mine = ours.load.max(axis=1)
+    assert np.all(mine <= max_loads(greedy_lpt(cost, valid, dp), cost, dp))
+    assert np.all(mine <= max_loads(karmarkar_karp(cost, valid, dp), cost, dp))
+
+
+def test_never_worse_than_kk_where_it_packs_under_real_capacity():
+    """Capacity 32,768 per micro-batch, 4 micro-batches, 8 per rank: where KK's ranks fit
+    the token room, ours is at most KK's; LPT's too (its capacity-free form)."""
+    rng = np.random.default_rng(14)
+    T, dp, micro, capacity = 24, 16, 4, 32768
+    cost, length = long_context_steps(rng, T, dp, 8)
+    valid = np.ones(cost.shape, bool)
+    ours = balance(cost, length, valid, np.arange(T), dp, micro, capacity)
+    check(ours, cost, length, valid, dp, micro, capacity)
+    kk = karmarkar_karp(cost, valid, dp)
+    tok = np.zeros((T, dp), np.int64)
+    np.add.at(tok, (np.arange(T)[:, None].repeat(cost.shape[1], 1), kk), length)
+    packs = tok.max(axis=1) <= micro * capacity
+    assert packs.sum() >= T // 2  # the case means something
+    mine = ours.load.max(axis=1)
+    assert np.all(mine[packs] <= max_loads(kk, cost, dp)[packs])
+
+
+def test_long_context_balance_is_close_to_the_lower_bound():
+    """The case the Karmarkar-Karp start exists for: mean ratio well under LPT's."""
+    rng = np.random.default_rng(7)
+    T, dp = 16, 64
+    cost, length = long_context_steps(rng, T, dp, 8)
+    valid = np.ones(cost.shape, bool)
+    ours = balance(cost, length, valid, np.arange(T), dp, 4, 32768).load.max(axis=1)
+    lpt = max_loads(greedy_lpt(cost, valid, dp), cost, dp)
+    lb = lower_bound(cost, dp)
+    assert (ours / lb).mean() < 1.01 < (lpt / lb).mean()
+
+
+def test_memory_is_linear_in_samples_per_rank():
+    """At 256 samples per rank the refinement used P x 4 x P arrays (hundreds of bytes per
+    sample); now memory is a few dozen 8-byte words per sample slot."""
+    import tracemalloc
+
+    rng = np.random.default_rng(5)
+    T, dp, per_rank = 8, 4, 256
+    N = dp * per_rank
+    length = rng.integers(1, 2000, (T, N))
+    cost = length * 1000 + length * length
+    valid = np.ones((T, N), bool)
+    tracemalloc.start()
+    try:
+        balance(cost, length, valid, np.arange(T), dp, 4, 10**9)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * T * N * 8, peak / (T * N * 8)
