@@ -1,0 +1,83 @@
+"""PlanDataModule in Lightning's own fit loop: a tiny model trains a few steps on a plan of
+sample_data/; resuming from a mid-run checkpoint gives the uninterrupted run's batches."""
+
+from __future__ import annotations
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import torch  # noqa: E402
+from executor_builders import open_executor, sample_plan, text_tokenizers  # noqa: E402
+
+from mds.executor.integrations.lightning import PlanDataModule  # noqa: E402
+
+STEPS, AT = 4, 2
+
+
+class TinyLM(pl.LightningModule):
+    """An embedding and a linear head over packed token ids; records what it trained on."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(4096, 8)
+        self.head = torch.nn.Linear(8, 4096)
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((batch["step"], batch["micro_batch"], batch["sample_id"].tolist()))
+        ids = batch["input_ids"]
+        logits = self.head(self.embed(ids[:-1]))
+        return torch.nn.functional.cross_entropy(logits, ids[1:])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit(plan, root, ckpt_path=None, **trainer_kwargs):
+    dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
+    model = TinyLM()
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=dm.micro_batches,
+        default_root_dir=root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **trainer_kwargs,
+    )
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model.seen, trainer
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    return sample_plan(tmp_path_factory, steps=STEPS, dp_size=1)[1]
+
+
+def test_resume_from_a_mid_run_checkpoint_gives_the_same_batches(plan, tmp_path):
+    every = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=AT, save_top_k=-1, filename="{step}"
+    )
+    seen, trainer = fit(plan, tmp_path / "a", callbacks=[every])
+    with open_executor(plan, 0) as ex:
+        expected = [(b["step"], b["micro_batch"], b["sample_id"].tolist()) for b in ex]
+    assert seen == expected  # every micro-batch of the plan, in order, once
+    assert trainer.global_step == STEPS
+
+    resumed, trainer = fit(plan, tmp_path / "b", ckpt_path=tmp_path / "ckpt" / f"step={AT}.ckpt")
+    assert resumed == expected[AT * 2 :]
+    assert trainer.global_step == STEPS
+
+
+def test_len_is_the_ranks_micro_batches_and_the_rank_is_the_trainers(plan, tmp_path):
+    dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=1)
+    dm.trainer = trainer
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == STEPS * dm.micro_batches
+    assert (dm.executor.dp_rank, dm.executor.dp_size) == (trainer.global_rank, 1)
+    assert trainer.estimated_stepping_batches == 1
+    dm.teardown("fit")
