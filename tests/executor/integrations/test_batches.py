@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from executor_builders import open_executor, sample_plan
+from executor_builders import open_executor
 
 from mds.executor.integrations.batches import PlanBatches
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory):
-    return sample_plan(tmp_path_factory, steps=3, dp_size=1)[1]
+@pytest.fixture
+def plan(small_plan):
+    return small_plan
 
 
 def ids(batches):

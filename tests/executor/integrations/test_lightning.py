@@ -8,7 +8,7 @@ import pytest
 pl = pytest.importorskip("lightning.pytorch")
 
 import torch  # noqa: E402
-from executor_builders import open_executor, sample_plan, text_tokenizers  # noqa: E402
+from executor_builders import open_executor, text_tokenizers  # noqa: E402
 
 from mds.executor.integrations.lightning import PlanDataModule  # noqa: E402
 
@@ -52,9 +52,9 @@ def fit(plan, root, ckpt_path=None, **trainer_kwargs):
     return model.seen, trainer
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory):
-    return sample_plan(tmp_path_factory, steps=STEPS, dp_size=1)[1]
+@pytest.fixture
+def plan(small_plan):
+    return small_plan
 
 
 def test_resume_from_a_mid_run_checkpoint_gives_the_same_batches(plan, tmp_path):
