@@ -25,7 +25,7 @@ PROJECT = PYPROJECT["project"]
 SIDES = {
     "package": (),
     "executor": ("train", "tokenizers"),
-    "executor/integrations": ("train", "tokenizers", "lightning", "hf"),
+    "executor/integrations": ("train", "tokenizers", "lightning", "hf", "megatron"),
     "planner": ("plan", "tokenizers"),
     "cli": ("plan",),
 }
