@@ -84,7 +84,7 @@ class PlanStateCallback(TrainerCallback):
         self.batches = batches
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:  # the state is the same on every rank
+        if args.should_save:  # the processes that write checkpoints; the state is every rank's
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
             tmp = folder / (STATE_FILE + ".tmp")
