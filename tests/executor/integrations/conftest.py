@@ -1,5 +1,5 @@
-"""A small plan of sample_data/ for the framework tests: one DP rank (a single-process
-trainer), 4 samples per step, so a tiny model's steps on CPU take well under a second."""
+"""Small plans of sample_data/ for the framework tests: one or two DP ranks, 4 samples per
+step, so a tiny model's steps on CPU take well under a second."""
 
 from __future__ import annotations
 
@@ -12,12 +12,22 @@ from plan_builders import sample_index, sample_plan_config
 STEPS = 4
 
 
-@pytest.fixture(scope="session")
-def small_plan(tmp_path_factory) -> Path:
+def _plan(tmp_path_factory, dp_size: int) -> Path:
     from mds.planner.plan import build_plan
 
     config = sample_plan_config(sample_index(tmp_path_factory))
-    train = replace(config.train, steps=STEPS, dp_size=1, samples_per_step=4)
+    train = replace(config.train, steps=STEPS, dp_size=dp_size, samples_per_step=4)
     out = tmp_path_factory.mktemp("integrations") / "plan.mds"
     build_plan(replace(config, train=train), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def small_plan(tmp_path_factory) -> Path:
+    return _plan(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def small_plan_dp2(tmp_path_factory) -> Path:
+    """The same for two DP ranks (a two-process trainer)."""
+    return _plan(tmp_path_factory, 2)

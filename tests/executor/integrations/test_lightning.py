@@ -3,6 +3,12 @@ sample_data/; resuming from a mid-run checkpoint gives the uninterrupted run's b
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -81,3 +87,21 @@ def test_len_is_the_ranks_micro_batches_and_the_rank_is_the_trainers(plan, tmp_p
     assert (dm.executor.dp_rank, dm.executor.dp_size) == (trainer.global_rank, 1)
     assert trainer.estimated_stepping_batches == 1
     dm.teardown("fit")
+
+
+WORKER = Path(__file__).with_name("lightning_ddp_worker.py")
+
+
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
+def test_two_ddp_ranks_each_train_their_own_slice(small_plan_dp2, tmp_path):
+    """Lightning's DDP under torchrun: the DP rank is the trainer's global rank."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(WORKER), str(small_plan_dp2), str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2):
+        record = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        with open_executor(small_plan_dp2, rank) as ex:
+            expected = [[b["step"], b["micro_batch"], b["sample_id"].tolist()] for b in ex]
+        assert record["seen"] == expected[: 2 * ex.micro_batches]
