@@ -33,6 +33,7 @@ from mds.executor.errors import ConfigError, PlanError
 from mds.executor.executor import PlanExecutor
 from mds.executor.integrations.batches import PlanBatches
 from mds.executor.mesh import mesh_position
+from mds.executor.planfile import PlanReader
 
 __all__ = ["STATE_FILE", "PlanStateCallback", "PlanTrainer", "dp_coordinates", "hf_batch"]
 
@@ -111,15 +112,17 @@ class PlanTrainer(Trainer):
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
-        dp_rank, dp_size = dp_coordinates(self.accelerator)
-        self.executor = PlanExecutor(plan, dp_rank, dp_size=dp_size, **dict(executor_kwargs or {}))
+        with PlanReader(plan) as reader:
+            micro = reader.micro
         ga = self.args.gradient_accumulation_steps
-        if ga != self.executor.micro_batches or self.args.per_device_train_batch_size != 1:
+        if ga != micro or self.args.per_device_train_batch_size != 1:
             raise ConfigError(
-                f"{plan} has {self.executor.micro_batches} micro-batches per step: set "
-                f"gradient_accumulation_steps={self.executor.micro_batches} and "
+                f"{plan} has {micro} micro-batches per step: set "
+                f"gradient_accumulation_steps={micro} and "
                 "per_device_train_batch_size=1 (each batch is one packed micro-batch)"
             )
+        dp_rank, dp_size = dp_coordinates(self.accelerator)
+        self.executor = PlanExecutor(plan, dp_rank, dp_size=dp_size, **dict(executor_kwargs or {}))
         flash = flash_attn_kwargs
         self.plan_batches = PlanBatches(
             self.executor,

@@ -111,3 +111,35 @@ def test_an_empty_micro_batch_is_one_ignored_token():
     }
     batch = hf_batch(empty)
     assert batch["input_ids"].shape == (1, 1) and batch["labels"].tolist() == [[-100]]
+
+
+class _Parallelism:
+    def __init__(self, tp, cp):
+        self.tp_size, self.cp_size = tp, cp
+
+
+class _Accelerator:
+    """accelerate's Accelerator, as far as dp_coordinates reads it."""
+
+    def __init__(self, index, processes, parallelism=None):
+        self.process_index, self.num_processes = index, processes
+        self.parallelism_config = parallelism
+
+
+def test_the_dp_rank_is_accelerates_process_index_without_tp_and_cp_peers():
+    assert hf.dp_coordinates(_Accelerator(3, 4)) == (3, 4)
+    # accelerate's mesh varies tp fastest, then cp, then the data-parallel dimensions
+    tp2 = [hf.dp_coordinates(_Accelerator(i, 8, _Parallelism(2, 1))) for i in range(8)]
+    assert tp2 == [(0, 4), (0, 4), (1, 4), (1, 4), (2, 4), (2, 4), (3, 4), (3, 4)]
+    tp2cp2 = [hf.dp_coordinates(_Accelerator(i, 8, _Parallelism(2, 2)))[0] for i in range(8)]
+    assert tp2cp2 == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a_gradient_accumulation_other_than_the_plans_is_refused(plan, tmp_path):
+    from mds.executor import ConfigError
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_accumulation_steps=3, use_cpu=True, report_to=[]
+    )
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=2"):
+        PlanTrainer(model=tiny_llama(), args=args, plan=plan, executor_kwargs={"estimated": "fit"})

@@ -105,3 +105,36 @@ def test_two_ddp_ranks_each_train_their_own_slice(small_plan_dp2, tmp_path):
         with open_executor(small_plan_dp2, rank) as ex:
             expected = [[b["step"], b["micro_batch"], b["sample_id"].tolist()] for b in ex]
         assert record["seen"] == expected[: 2 * ex.micro_batches]
+
+
+class _Dim:
+    def __init__(self, rank, size):
+        self.rank, self.n = rank, size
+
+    def get_local_rank(self):
+        return self.rank
+
+    def size(self):
+        return self.n
+
+
+class _Mesh:
+    """A DeviceMesh as ModelParallelStrategy builds it, as far as dp_coordinates reads it."""
+
+    mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+    def __getitem__(self, name):
+        assert name == "data_parallel"
+        return _Dim(1, 2)
+
+
+def test_the_dp_rank_is_the_meshs_data_parallel_dimension_when_there_is_one():
+    from types import SimpleNamespace
+
+    from mds.executor.integrations.lightning import dp_coordinates
+
+    meshed = SimpleNamespace(strategy=SimpleNamespace(device_mesh=_Mesh()), global_rank=3)
+    assert dp_coordinates(meshed) == (1, 2)
+    plain = SimpleNamespace(strategy=SimpleNamespace(), global_rank=3, world_size=4)
+    assert dp_coordinates(plain) == (3, 4)
+    assert dp_coordinates(plain, tp=2) == (1, 2)
