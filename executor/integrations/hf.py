@@ -97,6 +97,8 @@ class PlanStateCallback(TrainerCallback):
 class PlanTrainer(Trainer):
     """A Trainer that trains on `plan`, this process's DP rank of it; no `train_dataset`.
 
+    Without `max_steps`, the run is the plan: one pass over it (`num_train_epochs` is set
+    to 1; the plan's steps are the optimizer steps and size the LR schedule).
     `executor_kwargs` (`tokenize=`, `estimated=`, `data_root=`, ...) go to `PlanExecutor`;
     `num_workers` > 0 fetches in DataLoader workers; `flash_attn_kwargs` adds the varlen
     metadata to every batch.
@@ -121,6 +123,8 @@ class PlanTrainer(Trainer):
                 f"gradient_accumulation_steps={micro} and "
                 "per_device_train_batch_size=1 (each batch is one packed micro-batch)"
             )
+        if self.args.max_steps <= 0:
+            self.args.num_train_epochs = 1  # the plan is the whole run: its steps are max_steps
         dp_rank, dp_size = dp_coordinates(self.accelerator)
         self.executor = PlanExecutor(plan, dp_rank, dp_size=dp_size, **dict(executor_kwargs or {}))
         flash = flash_attn_kwargs

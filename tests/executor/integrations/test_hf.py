@@ -38,10 +38,10 @@ def plan(small_plan):
     return small_plan
 
 
-def train(plan, out, seen, resume=None):
+def train(plan, out, seen, resume=None, max_steps=STEPS):
     args = TrainingArguments(
         output_dir=str(out),
-        max_steps=STEPS,
+        max_steps=max_steps,
         per_device_train_batch_size=1,
         gradient_accumulation_steps=2,
         save_steps=AT,
@@ -82,6 +82,15 @@ def test_resume_from_a_checkpoint_folder_gives_the_same_batches(plan, tmp_path):
     trainer = train(plan, tmp_path / "out", resumed, resume=str(checkpoint))
     assert resumed == expected[AT * 2 :]
     assert trainer.state.global_step == STEPS
+
+
+def test_without_max_steps_the_schedule_is_the_plans_length(plan, tmp_path):
+    """len() of the loader is the rank's micro-batches: the Trainer sizes max_steps and the
+    LR schedule from it (one optimizer step per plan step) and trains the whole plan."""
+    seen: list = []
+    trainer = train(plan, tmp_path / "out", seen, max_steps=-1)
+    assert trainer.state.max_steps == trainer.state.global_step == STEPS
+    assert len(seen) == STEPS * 2
 
 
 def test_packed_batch_equals_the_samples_run_one_by_one(plan):
