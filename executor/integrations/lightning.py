@@ -83,6 +83,11 @@ class PlanDataModule(pl.LightningDataModule):
             return
         if self.trainer is None:
             raise ConfigError("PlanDataModule needs a Trainer: pass it to trainer.fit(datamodule=)")
+        if self.trainer.max_steps == -1 and self.trainer.max_epochs != 1:
+            raise ConfigError(
+                "the plan is the whole run: give the Trainer max_steps, or max_epochs=1 for "
+                f"all of it (max_epochs is {self.trainer.max_epochs})"
+            )
         dp_rank, dp_size = dp_coordinates(self.trainer, **self.parallel)
         self.executor = PlanExecutor(self.plan, dp_rank, dp_size=dp_size, **self.executor_kwargs)
         self.batches = PlanBatches(

@@ -37,14 +37,15 @@ class TinyLM(pl.LightningModule):
         return torch.nn.functional.cross_entropy(logits, ids[1:])
 
     def configure_optimizers(self):
+        self.stepping = self.trainer.estimated_stepping_batches  # what LR schedulers size by
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def fit(plan, root, ckpt_path=None, **trainer_kwargs):
     dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
     model = TinyLM()
+    trainer_kwargs.setdefault("max_steps", STEPS)
     trainer = pl.Trainer(
-        max_steps=STEPS,
         accelerator="cpu",
         devices=1,
         accumulate_grad_batches=dm.micro_batches,
@@ -105,6 +106,19 @@ def test_two_ddp_ranks_each_train_their_own_slice(small_plan_dp2, tmp_path):
         with open_executor(small_plan_dp2, rank) as ex:
             expected = [[b["step"], b["micro_batch"], b["sample_id"].tolist()] for b in ex]
         assert record["seen"] == expected[: 2 * ex.micro_batches]
+
+
+def test_a_run_longer_than_one_pass_over_the_plan_is_refused(plan, tmp_path):
+    from mds.executor import ConfigError
+
+    dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
+    dm.trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False)  # 1000 epochs
+    with pytest.raises(ConfigError, match="max_epochs=1"):
+        dm.setup("fit")
+    # one epoch is the plan: its steps size the schedule, and all of them are trained
+    seen, trainer = fit(plan, tmp_path, max_steps=-1, max_epochs=1)
+    assert trainer.lightning_module.stepping == trainer.global_step == STEPS
+    assert len(seen) == STEPS * dm.micro_batches
 
 
 class _Dim:
