@@ -93,6 +93,7 @@ def test_len_is_the_ranks_micro_batches_and_the_rank_is_the_trainers(plan, tmp_p
 WORKER = Path(__file__).with_name("lightning_ddp_worker.py")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
 def test_two_ddp_ranks_each_train_their_own_slice(small_plan_dp2, tmp_path):
     """Lightning's DDP under torchrun: the DP rank is the trainer's global rank."""

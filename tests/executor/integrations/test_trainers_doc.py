@@ -45,6 +45,7 @@ def workdir(tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("title", "checkpoints"),
     [
