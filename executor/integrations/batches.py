@@ -21,9 +21,10 @@ class PlanBatches:
     passing each micro-batch through `collate`.
 
     `len()` is the number of micro-batches this rank yields over the whole plan (steps x
-    micro-batches, from the plan's first step), what LR schedulers size themselves by; it
-    does not shrink after a resume, since frameworks count the resumed run's batches from
-    the checkpoint's batch index. `state_dict()` is the executor state after the last batch
+    micro-batches), what LR schedulers size themselves by. It does not shrink after a
+    resume, since frameworks count the resumed run's batches from the checkpoint's batch
+    index, and for a plan re-planned from another at step K it counts from step 0 too: the
+    run's step counter goes on from K. `state_dict()` is the executor state after the last batch
     passed to `used()` (the last one yielded, when nothing calls `used`).
     """
 
@@ -43,8 +44,7 @@ class PlanBatches:
         self.tracks_use = False  # set once `used` is called: then yielding moves nothing
 
     def __len__(self) -> int:
-        ex = self.executor
-        return ex.total - ex.first_step * ex.micro_batches
+        return self.executor.total
 
     def __iter__(self) -> Iterator[Any]:
         ex = self.executor

@@ -134,15 +134,14 @@ class PlanTrainer(Trainer):
             collate=lambda mb: hf_batch(mb, flash_attn_kwargs=flash),
         )
         self.add_callback(PlanStateCallback(self.plan_batches))
-        self._resume_dir: Path | None = None
 
     def get_train_dataloader(self) -> PlanBatches:
         return self.plan_batches
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-        if resume_from_checkpoint:
+        if resume_from_checkpoint is True:  # the last one; the Trainer refuses when none
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
+        if isinstance(resume_from_checkpoint, str | os.PathLike):
             state_file = Path(resume_from_checkpoint) / STATE_FILE
             if not state_file.is_file():
                 raise PlanError(
@@ -156,7 +155,7 @@ class PlanTrainer(Trainer):
         count of batches to skip must agree with it."""
         ex = self.executor
         step, micro = ex.position
-        done = step * ex.micro_batches + micro - ex.first_step * ex.micro_batches
+        done = step * ex.micro_batches + micro  # len() counts from step 0, as the Trainer does
         if done != num_batches:
             raise PlanError(
                 f"the checkpoint's executor state is at step {step}, micro-batch {micro}, but "
