@@ -84,6 +84,18 @@ def test_resume_from_a_checkpoint_folder_gives_the_same_batches(plan, tmp_path):
     assert trainer.state.global_step == STEPS
 
 
+def test_a_checkpoint_resumes_on_a_plan_re_planned_at_its_step(plan, small_replan, tmp_path):
+    """Switching plans mid-run: the old plan's checkpoint at step AT starts the new plan."""
+    train(plan, tmp_path / "out", [])
+    resumed: list = []
+    checkpoint = tmp_path / "out" / f"checkpoint-{AT}"
+    trainer = train(small_replan, tmp_path / "out", resumed, resume=str(checkpoint))
+    with open_executor(small_replan, 0) as ex:
+        assert ex.first_step == AT
+        expected = [(b["step"], b["micro_batch"], b["sample_id"].tolist()) for b in ex]
+    assert resumed == expected and trainer.state.global_step == STEPS
+
+
 def test_without_max_steps_the_schedule_is_the_plans_length(plan, tmp_path):
     """len() of the loader is the rank's micro-batches: the Trainer sizes max_steps and the
     LR schedule from it (one optimizer step per plan step) and trains the whole plan."""

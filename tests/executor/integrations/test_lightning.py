@@ -79,6 +79,21 @@ def test_resume_from_a_mid_run_checkpoint_gives_the_same_batches(plan, tmp_path)
     assert trainer.global_step == STEPS
 
 
+def test_a_checkpoint_resumes_on_a_plan_re_planned_at_its_step(plan, small_replan, tmp_path):
+    """Switching plans mid-run: the old plan's checkpoint at step AT starts the new plan."""
+    every = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=AT, save_top_k=-1, filename="{step}"
+    )
+    fit(plan, tmp_path / "a", callbacks=[every])
+    resumed, trainer = fit(
+        small_replan, tmp_path / "b", ckpt_path=tmp_path / "ckpt" / f"step={AT}.ckpt"
+    )
+    with open_executor(small_replan, 0) as ex:
+        assert ex.first_step == AT
+        expected = [(b["step"], b["micro_batch"], b["sample_id"].tolist()) for b in ex]
+    assert resumed == expected and trainer.global_step == STEPS
+
+
 def test_len_is_the_ranks_micro_batches_and_the_rank_is_the_trainers(plan, tmp_path):
     dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=1)
