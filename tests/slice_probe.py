@@ -149,7 +149,8 @@ def _mapped_rss(prefixes: tuple[str, ...]) -> int:
 
 
 def preload() -> None:
-    """Import PRELOAD and every module of mds.executor (what the probe keeps out of its window)."""
+    """Import PRELOAD and every module of mds.executor but the framework adapters (what the
+    probe keeps out of its window)."""
     import importlib
     import pkgutil
 
@@ -161,7 +162,8 @@ def preload() -> None:
     import mds.executor
 
     for info in pkgutil.walk_packages(mds.executor.__path__, "mds.executor."):
-        importlib.import_module(info.name)
+        if not info.name.startswith("mds.executor.integrations"):  # framework adapters
+            importlib.import_module(info.name)
 
 
 def _child(job: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ PROJECT = PYPROJECT["project"]
 SIDES = {
     "package": (),
     "executor": ("train", "tokenizers"),
+    "executor/integrations": ("train", "tokenizers", "lightning", "hf", "megatron"),
     "planner": ("plan", "tokenizers"),
     "cli": ("plan",),
 }
@@ -57,10 +58,12 @@ def declared(extras: tuple[str, ...]) -> set[str]:
 
 def imported_modules(folder: Path, skip: set[str] = frozenset()) -> dict[str, str]:
     """Top-level module -> first file importing it, over every import in `folder` (a folder
-    or one file; but the files in `skip`), including those inside functions (the lazy ones)."""
+    or one file; but the files in `skip`), including those inside functions (the lazy ones),
+    less subfolders that are sides of their own."""
     found: dict[str, str] = {}
+    nested = [ROOT / side for side in SIDES if (ROOT / side).parent == folder]
     for path in sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]:
-        if str(path.relative_to(ROOT)) in skip:
+        if str(path.relative_to(ROOT)) in skip or any(path.is_relative_to(n) for n in nested):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
