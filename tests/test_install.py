@@ -25,7 +25,7 @@ PROJECT = PYPROJECT["project"]
 SIDES = {
     "package": (),
     "executor": ("train", "tokenizers"),
-    "planner": ("plan", "tokenizers"),
+    "planner": ("plan", "tokenizers", "ray"),
     "cli": ("plan",),
 }
 # What the training side must never load, and what the planning side must never load.
