@@ -32,6 +32,7 @@ RAY_INSTALL = "pip install 'mds-planner[ray]'"
 # Times Ray re-runs a task whose worker died (killed, out of memory, node lost). A task that
 # raises is never retried: bad input fails the same way every time.
 RAY_RETRIES = 3
+RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
 CANCEL_ROUNDS = 5  # times outstanding tasks are cancelled, CANCEL_WAIT seconds apart
 CANCEL_WAIT = 0.5
 
@@ -196,11 +197,19 @@ class RayEngine(Engine):
         self.workers = max(1, workers or cpus)
         self.remote = ray.remote(max_retries=RAY_RETRIES)(_call)
 
+    def map(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+    ) -> Iterator[Any]:
+        # A round trip to the cluster costs milliseconds: keep more tasks queued than CPUs.
+        return super().map(fn, items, window or RAY_WINDOW * self.workers)
+
     def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
         return self.remote.remote(fn, item)
 
     def _wait(self, handles: list) -> list[tuple[Any, Any]]:
-        ready, _ = self.ray.wait(handles, num_returns=1)
+        ready, rest = self.ray.wait(handles, num_returns=1)
+        if rest:  # and every other one already done, at no extra wait
+            ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         return [(ref, self._get(ref)) for ref in ready]
 
     def _get(self, ref: Any) -> Any:

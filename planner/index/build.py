@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -153,8 +154,19 @@ def _fingerprint(f: DataFile, mode: str) -> tuple[int, int, str, int]:
     return size, mtime, fp, nbytes
 
 
-def _fingerprint_batch(files: list[DataFile], mode: str) -> list[tuple[int, int, str, int]]:
-    """One engine task: the fingerprints of a batch of files."""
+def _fingerprint_batch(
+    files: list[DataFile], mode: str, driver: str | None = None
+) -> list[tuple[int, int, str, int]]:
+    """One engine task: the fingerprints of a batch of files. `driver`: the host that listed
+    them; on another host a listed file that is missing is a path this node does not share."""
+    host = socket.gethostname()
+    if driver is not None and driver != host:
+        for f in files:
+            if not storage.is_url(f.path) and not os.path.exists(f.path):
+                raise SourceDataError(
+                    f"{f.rel}: not visible on Ray node {host} ({f.path} is missing there); "
+                    "mount the data root at the same path on every node, or use an s3:// root"
+                )
     return [_fingerprint(f, mode) for f in files]
 
 
@@ -470,7 +482,7 @@ def _build_locked(
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
             batches = [
-                (all_files[i : i + FINGERPRINT_BATCH], config.fingerprint)
+                (all_files[i : i + FINGERPRINT_BATCH], config.fingerprint, socket.gethostname())
                 for i in range(0, len(all_files), FINGERPRINT_BATCH)
             ]
             fps = [fp for chunk in pool.map(_fingerprint_batch, batches) for fp in chunk]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -169,6 +170,28 @@ def test_a_killed_plan_worker_is_retried_with_the_same_bytes(
     build_plan(config, tmp_path / "ray.mds", engine=RAY)
     assert marker.exists()
     assert (tmp_path / "ray.mds").read_bytes() == (tmp_path / "local.mds").read_bytes()
+
+
+def test_a_node_that_cannot_see_a_file_names_it(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d/a.jsonl").write_text('{"n": 1}\n')
+    (files,) = [fs for _, fs in _discovered(tmp_path)]
+    (tmp_path / "d/a.jsonl").unlink()  # as on a node without the data root mounted
+    with pytest.raises(SourceDataError) as info:
+        build_mod._fingerprint_batch(files, "sampled", "the-driver-host")
+    assert str(info.value).startswith("d/a.jsonl: not visible on Ray node ")
+    assert "mount the data root at the same path on every node" in str(info.value)
+    # On the driver's own host a missing file is the usual error.
+    with pytest.raises(SourceDataError, match="cannot stat file"):
+        build_mod._fingerprint_batch(files, "sampled", socket.gethostname())
+
+
+def _discovered(root: Path):
+    from mds.planner.index.discover import discover
+
+    (root / "mds.toml").write_text('[[source]]\nname = "d"\npath = "d/*.jsonl"\ncount = "n"\n')
+    config = load_config(root / "mds.toml")
+    return [(spec, discover(spec, config.root)) for spec in config.sources]
 
 
 def test_a_failure_cancels_the_outstanding_ray_tasks(cluster):
