@@ -8,7 +8,7 @@ writes the same bytes whichever scheduled them. Ray is imported only when asked 
 
 from __future__ import annotations
 
-from collections import deque
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
@@ -80,9 +80,9 @@ class EngineSpec:
 
 
 class Engine:
-    """Runs fn(*item) for each item and yields the results in item order, with at most
-    `window` tasks in flight. The first task to fail ends the map with its error and
-    cancels the others."""
+    """Runs fn(*item) for each item with at most `window` tasks in flight (or done and not
+    yet handed out), yielding the results in item order or as they complete. The first task
+    to fail ends the map with its error and cancels the others."""
 
     name = "engine"
     workers = 1
@@ -92,29 +92,50 @@ class Engine:
     def map(
         self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
     ) -> Iterator[Any]:
-        window = max(1, window or 4 * self.workers)
-        source = iter(items)
-        pending: deque = deque()  # handles in item order
-        results: dict[Any, Any] = {}  # handle -> result, for those done ahead of the head
+        """fn(*item) per item, the results in item order."""
+        for _, result in self._run(fn, items, window, ordered=True):
+            yield result
+
+    def map_unordered(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """(position of the item, result) as tasks complete: a slow task does not hold the
+        others back."""
+        return self._run(fn, items, window, ordered=False)
+
+    def default_window(self) -> int:
+        return 4 * self.workers
+
+    def _run(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None, ordered: bool
+    ) -> Iterator[tuple[int, Any]]:
+        window = max(1, window or self.default_window())
+        source = enumerate(items)
+        pending: dict[Any, int] = {}  # handle -> position, for tasks not yet complete
+        done: dict[int, Any] = {}  # position -> result, complete but not yet handed out
+        head = 0  # the next position handed out, when ordered
         try:
             while True:
-                while len(pending) < window:
-                    item = next(source, None)
-                    if item is None:
+                while len(pending) + len(done) < window:
+                    nxt = next(source, None)
+                    if nxt is None:
                         break
-                    pending.append(self._submit(fn, item))
+                    pending[self._submit(fn, nxt[1])] = nxt[0]
+                if ordered and head in done:
+                    yield head, done.pop(head)
+                    head += 1
+                    continue
                 if not pending:
                     return
-                head = pending[0]
-                if head not in results:
-                    for handle, value in self._wait([h for h in pending if h not in results]):
-                        results[handle] = value
-                    continue
-                pending.popleft()
-                yield results.pop(head)
+                for handle, value in self._wait(list(pending)):
+                    i = pending.pop(handle)
+                    if ordered:
+                        done[i] = value
+                    else:
+                        yield i, value
         finally:
             if pending:
-                self._cancel([h for h in pending if h not in results])
+                self._cancel(list(pending))
 
     def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
         raise NotImplementedError
@@ -187,7 +208,13 @@ class RayEngine(Engine):
         self.started = False
         if not ray.is_initialized():
             try:
-                ray.init(address=address, log_to_driver=False, include_dashboard=False)
+                # Workers' output and Ray's INFO lines stay in Ray's logs, off the terminal.
+                ray.init(
+                    address=address,
+                    log_to_driver=False,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = address or "the default address"
                 line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
@@ -197,11 +224,9 @@ class RayEngine(Engine):
         self.workers = max(1, workers or cpus)
         self.remote = ray.remote(max_retries=RAY_RETRIES)(_call)
 
-    def map(
-        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
-    ) -> Iterator[Any]:
+    def default_window(self) -> int:
         # A round trip to the cluster costs milliseconds: keep more tasks queued than CPUs.
-        return super().map(fn, items, window or RAY_WINDOW * self.workers)
+        return RAY_WINDOW * self.workers
 
     def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
         return self.remote.remote(fn, item)

@@ -516,7 +516,8 @@ def _build_locked(
                     yield first, fs, ScanContext(spec, tokenizers[spec.name], **hooks)
 
             try:
-                for i, parts in enumerate(pool.map(_scan_task, units())):
+                # As they complete: parts are put in file order when a table is assembled.
+                for i, parts in pool.map_unordered(_scan_task, units()):
                     si, _, fs = tasks[i]
                     new_parts[si].extend(parts)
                     # what the scanner did not report chunk by chunk

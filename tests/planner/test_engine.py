@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from functools import partial
@@ -295,3 +296,24 @@ def test_missing_ray_is_one_clear_error(monkeypatch):
         f"--engine ray needs Ray, which is not installed: {engine_mod.RAY_INSTALL}"
     )
     assert engine_mod.RAY_INSTALL == "pip install 'mds-planner[ray]'"
+
+
+def test_unordered_map_is_not_held_back_by_a_slow_first_task():
+    release = threading.Event()
+
+    def task(i: int) -> int:
+        if i == 0:  # the first task finishes only once a later result has been handed out
+            assert release.wait(60)
+        return i
+
+    with open_engine(EngineSpec(), 2) as engine:
+        seen = []
+        for i, result in engine.map_unordered(task, [(i,) for i in range(6)], window=3):
+            assert result == i
+            seen.append(i)
+            release.set()
+        assert seen[0] != 0 and sorted(seen) == list(range(6))
+        release.clear()
+        assert list(engine.map(_square, [(i,) for i in range(9)], window=2)) == [
+            i * i for i in range(9)
+        ]
