@@ -64,7 +64,9 @@ class EngineSpec:
     """Which engine runs a command's parallel work (from the config, overridden by options)."""
 
     kind: str = "local"
-    address: str | None = None  # Ray only; None: Ray's default (RAY_ADDRESS, else a new local one)
+    # Ray only; None: Ray's default (RAY_ADDRESS, else the `ray start` cluster on this
+    # machine, else a new local one)
+    address: str | None = None
 
     def override(self, kind: str | None, address: str | None) -> EngineSpec:
         """The spec with command-line options applied; an --address alone implies Ray."""
@@ -112,6 +114,7 @@ class Engine:
         window = max(1, window or self.default_window())
         source = enumerate(items)
         pending: dict[Any, int] = {}  # handle -> position, for tasks not yet complete
+        self._pending = pending  # for close() after a failure outside the map
         done: dict[int, Any] = {}  # position -> result, complete but not yet handed out
         head = 0  # the next position handed out, when ordered
         try:
@@ -136,6 +139,7 @@ class Engine:
         finally:
             if pending:
                 self._cancel(list(pending))
+                pending.clear()
 
     def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
         raise NotImplementedError
@@ -148,8 +152,14 @@ class Engine:
     def _cancel(self, handles: list) -> None:
         raise NotImplementedError
 
+    _pending: dict[Any, int] = {}
+
     def close(self, wait: bool = True) -> None:
-        """Release the workers; `wait`: let running tasks finish (False after a failure)."""
+        """Release the workers; `wait`: let running tasks finish (False after a failure,
+        which cancels the tasks of a map the caller left unfinished)."""
+        if not wait and self._pending:
+            self._cancel(list(self._pending))
+            self._pending = {}
 
     def __enter__(self) -> Engine:
         return self
@@ -181,6 +191,7 @@ class LocalEngine(Engine):
             f.cancel()
 
     def close(self, wait: bool = True) -> None:
+        super().close(wait)
         # Processes are always joined (none is left behind); threads of a failed run are
         # not waited for: their scans stop at the next chunk.
         self.executor.shutdown(wait=wait or not self.in_process, cancel_futures=True)
@@ -268,6 +279,7 @@ class RayEngine(Engine):
                 return
 
     def close(self, wait: bool = True) -> None:
+        super().close(wait)
         if self.started:
             self.ray.shutdown()
             self.started = False

@@ -211,6 +211,14 @@ def test_a_failure_cancels_the_outstanding_ray_tasks(cluster):
     for ref in submitted[1:]:
         with pytest.raises(ray.exceptions.TaskCancelledError):
             ray.get(ref)
+    # A failure in the caller's own work (here, after the first result) cancels them too.
+    submitted.clear()
+    with pytest.raises(KeyboardInterrupt), engine:
+        for _ in engine.map(_fails_or_sleeps, [(i, 120.0 * (i > 1)) for i in range(1, 5)]):
+            raise KeyboardInterrupt
+    for ref in submitted[1:]:
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref)
 
 
 def test_ray_map_gives_results_in_item_order(cluster):
