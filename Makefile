@@ -51,6 +51,7 @@ bench: setup
 	$(BIN)/python bench/bench_peers.py --out build/bench
 	$(BIN)/python bench/bench_storage.py --out build/bench
 	$(BIN)/python bench/bench_calibrate.py --out build/bench
+	$(BIN)/python bench/bench_engine.py --out build/bench
 
 # Kill-and-resume soak: SIGKILL the 2-rank training example at SOAK_KILLS seeded random
 # moments and check that the final model trained on exactly the plan's samples.

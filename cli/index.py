@@ -68,6 +68,18 @@ def index_command(
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Files scanned in parallel."
     ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        metavar="local|ray",
+        help="Where the parallel work runs (default: the config's engine, else local).",
+    ),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        metavar="auto|local|ray://HOST:PORT",
+        help="Ray cluster to run on (implies --engine ray).",
+    ),
     full_fingerprint: bool = typer.Option(
         False, "--full-fingerprint", help="Hash every byte of every file instead of sampled blocks."
     ),
@@ -180,8 +192,11 @@ def index_command(
         cfg = replace(
             cfg, root=data_root.rstrip("/") if is_url(data_root) else Path(data_root).resolve()
         )
+    from mds.planner.engine import EngineSpec
+
+    spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
     with ByteProgress("indexing", enabled=not json_out) as bar:
-        summary = build_index(cfg, output, workers=workers, progress=bar)
+        summary = build_index(cfg, output, workers=workers, progress=bar, engine=spec)
     if json_out:
         print_json(summary.to_json())
         return

@@ -31,6 +31,18 @@ def plan_command(
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Chunks planned in parallel."
     ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        metavar="local|ray",
+        help="Where the parallel work runs (default: the config's engine, else local).",
+    ),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        metavar="auto|local|ray://HOST:PORT",
+        help="Ray cluster to run on (implies --engine ray).",
+    ),
     parent: Path | None = typer.Option(
         None,
         "--from",
@@ -82,9 +94,18 @@ def plan_command(
         output,
         [("config file", config), ("plan given to --from", parent), *index_inputs(cfg.index)],
     )
+    from mds.planner.engine import EngineSpec
+
+    spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
     with StepProgress("planning", enabled=not json_out) as bar:
         summary = build_plan(
-            cfg, output, workers=workers, progress=bar, parent=parent, at_step=at_step
+            cfg,
+            output,
+            workers=workers,
+            progress=bar,
+            parent=parent,
+            at_step=at_step,
+            engine=spec,
         )
     if json_out:
         print_json(summary.to_json())

@@ -15,6 +15,7 @@ from typing import Any
 
 from mds.executor.errors import ConfigError
 from mds.executor.storage import is_url
+from mds.planner.engine import check_address, check_engine
 
 __all__ = [
     "FORMATS",
@@ -35,7 +36,7 @@ INDEX_SOURCE_KEYS = ("name", "path", "format", "text", "keep", *LENGTH_KEYS)
 # Per-source keys owned by the planner; accepted here so one file configures every stage.
 PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "on_exhausted")
 TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan")
-INDEX_KEYS = ("root", "output", "workers", "fingerprint")
+INDEX_KEYS = ("root", "output", "workers", "fingerprint", "engine", "address")
 # Index columns, plus the columns `mds export` adds beside kept metadata.
 RESERVED_COLUMNS = (
     "file_id",
@@ -138,6 +139,8 @@ class IndexConfig:
     workers: int | None = None
     fingerprint: str = "sampled"
     path: Path | None = None
+    engine: str = "local"  # where the scans run: local or ray (planner/engine.py)
+    address: str | None = None  # the Ray cluster's address
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -298,6 +301,7 @@ def parse_config(
         raise ConfigError(
             f"{where}[index]: `fingerprint` must be one of {', '.join(FINGERPRINT_MODES)}, got {fingerprint!r}"
         )
+    engine, address = parse_engine(index, f"{where}[index]: ")
     tables = data.get("source", [])
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{where}no sources: add at least one [[source]] table")
@@ -314,8 +318,21 @@ def parse_config(
         workers=workers,
         fingerprint=fingerprint,
         path=path,
+        engine=engine,
+        address=address,
         raw=data,
     )
+
+
+def parse_engine(table: dict[str, Any], where: str) -> tuple[str, str | None]:
+    """A table's `engine` and `address` keys (shared by [index] and [plan])."""
+    engine = check_engine(table.get("engine", "local"), f"{where}`engine`")
+    address = table.get("address")
+    if address is not None:
+        check_address(address, f"{where}`address`")
+        if engine != "ray":
+            raise ConfigError(f'{where}`address` applies to engine = "ray" only')
+    return engine, address
 
 
 def load_config(path: str | Path) -> IndexConfig:

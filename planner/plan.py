@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
+import uuid
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import Fetch, PlanWriter, plan_id_of
 from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
+from mds.planner.engine import Engine, EngineSpec, open_engine
 from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.lock import output_lock
@@ -224,18 +223,24 @@ def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
     return out.astype(np.int64)
 
 
-# Worker-process plumbing: each worker builds its own Planner once.
-_WORKER: Planner | None = None
+# Worker plumbing: each worker (a local process or a Ray worker) builds the Planner of a
+# run once, keyed by the run's id, and plans that run's chunks with it.
+_WORKER: tuple[str, Planner] | None = None
 
 
-def _init_worker(config: PlanConfig) -> None:
+def _init_worker(run: str, config: PlanConfig) -> None:
     global _WORKER
-    _WORKER = Planner(config)
+    _WORKER = (run, Planner(config))
 
 
-def _run_chunk(state: MixState, end: int, counts: np.ndarray) -> ChunkResult:
+def _run_chunk(
+    run: str, config: PlanConfig, state: MixState, end: int, counts: np.ndarray
+) -> ChunkResult:
+    """The unit of work an engine runs: steps [state.step, end) of the run `run`."""
+    if _WORKER is None or _WORKER[0] != run:
+        _init_worker(run, config)
     assert _WORKER is not None
-    return _WORKER.plan_chunk(state, end, counts)
+    return _WORKER[1].plan_chunk(state, end, counts)
 
 
 def with_overrides(
@@ -285,29 +290,41 @@ def build_plan(
     progress: Any = None,
     parent: Path | None = None,
     at_step: int | None = None,
+    engine: EngineSpec | None = None,
 ) -> PlanSummary:
     """Plan every step of `config` into the file `output` (written atomically). With
     `parent` and `at_step` K, plan steps [K, steps) continuing the parent plan's cursors
-    (see planner/derive.py)."""
+    (see planner/derive.py). `engine`: where chunks are planned (default: the config's
+    [plan] engine, else local processes with more than one worker, else this process)."""
     started = time.perf_counter()
     output = Path(output).resolve()
+    engine = engine or EngineSpec(config.engine, config.address)
     with output_lock(output):
-        return _build_locked(config, output, workers, parent, at_step, progress, started)
+        return _build_locked(config, output, workers, parent, at_step, progress, started, engine)
 
 
-def _build_locked(config, output, workers, parent, at_step, progress, started) -> PlanSummary:
+def _build_locked(
+    config, output, workers, parent, at_step, progress, started, engine
+) -> PlanSummary:
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
     chunks = -(-train.steps // config.chunk_steps)
-    workers = max(1, min(workers or config.workers or 1, chunks, os.cpu_count() or 1))
-    # Workers start (and load the index) while this process runs the sequential pass.
+    workers = workers or config.workers
+    run = uuid.uuid4().hex
+    if engine.kind == "local":
+        workers = max(1, min(workers or 1, chunks, os.cpu_count() or 1))
+    elif workers:  # on Ray, None: as many chunks in flight as the cluster has CPUs
+        workers = min(workers, chunks)
+    # Local workers start (and load the index) while this process runs the sequential pass;
+    # Ray workers load it with their first chunk.
     pool = (
-        ProcessPoolExecutor(
-            workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(config,)
+        open_engine(
+            engine, workers, processes=True, initializer=_init_worker, initargs=(run, config)
         )
-        if workers > 1
+        if engine.kind != "local" or workers > 1
         else None
     )
+    failed = True
     try:
         planner = Planner(config)
         if parent is not None:
@@ -315,32 +332,35 @@ def _build_locked(config, output, workers, parent, at_step, progress, started) -
 
             assert at_step is not None
             planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
-        data, footer, stats_arr = _write(planner, output, pool, workers, progress)
+        data, footer, stats_arr = _write(planner, output, pool, run, progress)
+        failed = False
     finally:
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            pool.close(wait=not failed)
     plan_id = plan_id_of(data)
     return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
 
 
-def _chunks(planner: Planner, pool, workers: int, states: list[MixState]):
-    """Planned chunks in order. The sequential mixing pass runs here, one chunk ahead of
-    the workers, which get each chunk's counts with its start state."""
-    pending: deque = deque()
+def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixState]):
+    """Planned chunks in order. The sequential mixing pass runs here, ahead of the workers,
+    which get each chunk's counts with its start state."""
     states.append(planner.start_state())
-    for state, b, counts, after in planner.mix_chunks():
-        states.append(after)
-        if pool is None:
+    if pool is None:
+        for state, b, counts, after in planner.mix_chunks():
+            states.append(after)
             yield planner.plan_chunk(state, b, counts)
-        else:
-            pending.append(pool.submit(_run_chunk, state, b, counts))
-            if len(pending) > 2 * workers:
-                yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+        return
+
+    def units():
+        for state, b, counts, after in planner.mix_chunks():
+            states.append(after)
+            yield run, planner.config, state, b, counts
+
+    # _run_chunk is looked up here, at call time, so a test can wrap it.
+    yield from pool.map(_run_chunk, units(), window=2 * pool.workers + 1)
 
 
-def _write(planner: Planner, output: Path, pool, workers: int, progress):
+def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progress):
     """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
     train = planner.config.train
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
@@ -361,7 +381,7 @@ def _write(planner: Planner, output: Path, pool, workers: int, progress):
     stats, mixed = [], []
     states: list[MixState] = []
     try:
-        for result in _chunks(planner, pool, workers, states):
+        for result in _chunks(planner, pool, run, states):
             writer.add_chunk(result.start, result.end, result.blocks)
             stats.append(result.stats)
             mixed.append(result.source_samples)

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from mds.executor.errors import ConfigError
-from mds.planner.config import IndexConfig, _check_keys, load_config, parse_config
+from mds.planner.config import (
+    IndexConfig,
+    _check_keys,
+    load_config,
+    parse_config,
+    parse_engine,
+)
 from mds.planner.schedule import WeightSchedule, parse_schedule
 
 __all__ = [
@@ -40,7 +46,7 @@ COST_KEYS = ("a", "b", "c", "model", "expr", "source", "fit_error", "file")
 FIT_ERROR_KEYS = ("max", "median", "points")
 COST_SOURCES = ("calibrated",)
 MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
-PLAN_KEYS = ("index", "chunk_steps", "workers")
+PLAN_KEYS = ("index", "chunk_steps", "workers", "engine", "address")
 OVERLONG = ("error", "drop", "truncate")
 WEIGHT_BY = ("samples", "tokens")
 DEFAULT_CHUNK_STEPS = 256
@@ -118,6 +124,8 @@ class PlanConfig:
     chunk_steps: int = DEFAULT_CHUNK_STEPS
     workers: int | None = None
     path: Path | None = None
+    engine: str = "local"  # where chunks are planned: local or ray (planner/engine.py)
+    address: str | None = None  # the Ray cluster's address
 
     def canonical(self) -> dict[str, Any]:
         """The plan-relevant config in normalized form (stored in the plan header)."""
@@ -412,6 +420,7 @@ def parse_plan_config(
             )
     chunk_steps = _int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS)
     check_chunk_size(train, chunk_steps, f"{where}[plan]: ")
+    engine, address = parse_engine(plan, f"{where}[plan]: ")
     return PlanConfig(
         train=train,
         cost=cost,
@@ -420,6 +429,8 @@ def parse_plan_config(
         chunk_steps=chunk_steps,
         workers=_int(plan, "workers", f"{where}[plan]: "),
         path=path,
+        engine=engine,
+        address=address,
     )
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from mds.planner.atomic import (
     temp_sibling,
 )
 from mds.planner.config import IndexConfig, SourceSpec, resolve_format
+from mds.planner.engine import EngineSpec, open_engine
 from mds.planner.index.arrow import scan_arrow
 from mds.planner.index.discover import DataFile, discover
 from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
@@ -151,6 +152,22 @@ def _fingerprint(f: DataFile, mode: str) -> tuple[int, int, str, int]:
         fp = f"{fp}+{fingerprint(f.companion, mode).split(':', 1)[1]}"
         nbytes += stat_signature(f.companion)[0]
     return size, mtime, fp, nbytes
+
+
+def _fingerprint_batch(
+    files: list[DataFile], mode: str, driver: str | None = None
+) -> list[tuple[int, int, str, int]]:
+    """One engine task: the fingerprints of a batch of files. `driver`: the host that listed
+    them; on another host a listed file that is missing is a path this node does not share."""
+    host = socket.gethostname()
+    if driver is not None and driver != host:
+        for f in files:
+            if not storage.is_url(f.path) and not os.path.exists(f.path):
+                raise SourceDataError(
+                    f"{f.rel}: not visible on Ray node {host} ({f.path} is missing there); "
+                    "mount the data root at the same path on every node, or use an s3:// root"
+                )
+    return [_fingerprint(f, mode) for f in files]
 
 
 def _spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
@@ -397,8 +414,10 @@ def build_index(
     workers: int | None = None,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    engine: EngineSpec | None = None,
 ) -> IndexSummary:
-    """Index every source of `config` into `output` (see the module docstring)."""
+    """Index every source of `config` into `output` (see the module docstring). `engine`:
+    where the scans run (default: the config's [index] engine, else the local pool)."""
     started = clock()
     remote = storage.is_url(config.root)  # objects: listed once, read with range requests
     if remote and output is None and config.output is None:
@@ -407,7 +426,10 @@ def build_index(
             "directory with -o/--output or [index] `output`"
         )
     output = (output or config.output or (config.root / "index")).resolve()
-    workers = workers or config.workers or max(1, min(8, os.cpu_count() or 1))
+    engine = engine or EngineSpec(config.engine, config.address)
+    workers = workers or config.workers
+    if engine.kind == "local":  # on Ray, None: as many tasks in flight as the cluster has CPUs
+        workers = workers or max(1, min(8, os.cpu_count() or 1))
     progress = progress or Progress()
 
     check_output(
@@ -437,11 +459,13 @@ def build_index(
     )
     with output_lock(output):
         return _build_locked(
-            config, output, discovered, tokenizers, workers, progress, clock, started
+            config, output, discovered, tokenizers, workers, progress, clock, started, engine
         )
 
 
-def _build_locked(config, output, discovered, tokenizers, workers, progress, clock, started):
+def _build_locked(
+    config, output, discovered, tokenizers, workers, progress, clock, started, engine
+):
     """The part of build_index that writes, under the output's lock."""
     previous = _previous(output)
     created_dir = not output.exists()
@@ -455,19 +479,13 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
         output.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output, every=True)
         clean_stale_temps(output / TABLES, every=True)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
-            fps = [
-                fp
-                for chunk in pool.map(
-                    lambda fs: [_fingerprint(f, config.fingerprint) for f in fs],
-                    [
-                        all_files[i : i + FINGERPRINT_BATCH]
-                        for i in range(0, len(all_files), FINGERPRINT_BATCH)
-                    ],
-                )
-                for fp in chunk
+            batches = [
+                (all_files[i : i + FINGERPRINT_BATCH], config.fingerprint, socket.gethostname())
+                for i in range(0, len(all_files), FINGERPRINT_BATCH)
             ]
+            fps = [fp for chunk in pool.map(_fingerprint_batch, batches) for fp in chunk]
             plans: list[tuple[SourceSpec, str, list[_File]]] = []
             pos = 0
             for spec, files in discovered:
@@ -484,33 +502,32 @@ def _build_locked(config, output, discovered, tokenizers, workers, progress, clo
                 sum(len(fs) for _, _, fs in tasks),
             )
             new_parts: dict[int, list[_Part]] = {si: [] for si in range(len(plans))}
-            futures: dict[Future, tuple[int, int, list[_File]]] = {}
             stop = threading.Event()
-            try:
-                meters: dict[Future, _Meter] = {}
+            meters: list[_Meter | None] = []
+
+            def units() -> Iterator[tuple[int, list[_File], ScanContext]]:
                 for si, first, fs in tasks:
-                    meter = _Meter(progress)
-                    ctx = ScanContext(
-                        plans[si][0], tokenizers[plans[si][0].name], stop=stop, progress=meter
-                    )
-                    fut = pool.submit(_scan_task, first, fs, ctx)
-                    futures[fut], meters[fut] = (si, first, fs), meter
-                pending = set(futures)
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                    for fut in done:
-                        if fut.exception() is not None:
-                            raise fut.exception()  # type: ignore[misc]
-                        si, _, fs = futures.pop(fut)
-                        new_parts[si].extend(fut.result())
-                        # what the scanner did not report chunk by chunk
-                        rest = sum(f.nbytes for f in fs) - meters.pop(fut).reported
-                        progress.advance(max(rest, 0))
+                    spec = plans[si][0]
+                    # A scan in this process reports chunk by chunk and stops on `stop`; a
+                    # remote one reports when done and is cancelled by the engine.
+                    meter = _Meter(progress) if pool.in_process else None
+                    hooks = {"stop": stop, "progress": meter} if pool.in_process else {}
+                    meters.append(meter)
+                    yield first, fs, ScanContext(spec, tokenizers[spec.name], **hooks)
+
+            try:
+                # As they complete: parts are put in file order when a table is assembled.
+                for i, parts in pool.map_unordered(_scan_task, units()):
+                    si, _, fs = tasks[i]
+                    new_parts[si].extend(parts)
+                    # what the scanner did not report chunk by chunk
+                    meter = meters[i]
+                    rest = sum(f.nbytes for f in fs) - (meter.reported if meter else 0)
+                    progress.advance(max(rest, 0))
             except BaseException:
                 # Ctrl-C, SIGTERM or a failed file: queued scans never start and running
-                # ones stop at their next chunk, so the pool's exit does not wait for them.
+                # ones stop at their next chunk (or are cancelled on Ray).
                 stop.set()
-                pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
         for si, (spec, key, files) in enumerate(plans):

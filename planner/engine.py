@@ -1,0 +1,312 @@
+"""Where the parallel work of `mds index` and `mds plan` runs: a local pool (threads or
+processes, the default, needing nothing) or tasks on a Ray cluster.
+
+Both engines map the same module-level function over the same units of work (a group of
+files to scan, a chunk of steps to plan) and hand the results back in order, so the driver
+writes the same bytes whichever scheduled them. Ray is imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import dataclass
+from typing import Any
+
+from mds.executor.errors import ConfigError, MdsError
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineSpec",
+    "LocalEngine",
+    "RayEngine",
+    "check_address",
+    "check_engine",
+    "open_engine",
+]
+
+ENGINES = ("local", "ray")
+RAY_INSTALL = "pip install 'mds-planner[ray]'"
+# Times Ray re-runs a task whose worker died (killed, out of memory, node lost). A task that
+# raises is never retried: bad input fails the same way every time.
+RAY_RETRIES = 3
+RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
+CANCEL_ROUNDS = 5  # times outstanding tasks are cancelled, CANCEL_WAIT seconds apart
+CANCEL_WAIT = 0.5
+
+
+def check_engine(value: Any, where: str) -> str:
+    """`value` as an engine name; `where` names the key or option in the error."""
+    if value not in ENGINES:
+        raise ConfigError(f"{where} must be one of {', '.join(ENGINES)}, got {value!r}")
+    return value
+
+
+def check_address(value: Any, where: str) -> str:
+    """A Ray address: auto (a running cluster), local (start one here), ray://host:port
+    (Ray client) or host:port (a head node's GCS)."""
+    ok = isinstance(value, str) and (
+        value in ("auto", "local")
+        or (value.startswith("ray://") and len(value) > len("ray://"))
+        or (":" in value and value.rsplit(":", 1)[1].isdigit())
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where} must be auto, local, ray://host:port or host:port, got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine runs a command's parallel work (from the config, overridden by options)."""
+
+    kind: str = "local"
+    # Ray only; None: Ray's default (RAY_ADDRESS, else the `ray start` cluster on this
+    # machine, else a new local one)
+    address: str | None = None
+
+    def override(self, kind: str | None, address: str | None) -> EngineSpec:
+        """The spec with command-line options applied; an --address alone implies Ray."""
+        kind = check_engine(kind, "--engine") if kind is not None else None
+        if address is not None:
+            check_address(address, "--address")
+            if kind is None:
+                kind = "ray"
+        kind = kind or self.kind
+        if kind != "ray" and address is not None:
+            raise ConfigError("--address applies to --engine ray only")
+        return EngineSpec(kind, address if address is not None else self.address)
+
+
+class Engine:
+    """Runs fn(*item) for each item with at most `window` tasks in flight (or done and not
+    yet handed out), yielding the results in item order or as they complete. The first task
+    to fail ends the map with its error and cancels the others."""
+
+    name = "engine"
+    workers = 1
+    # Tasks run in this process and may share its objects (an Event, a progress callback).
+    in_process = False
+
+    def map(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+    ) -> Iterator[Any]:
+        """fn(*item) per item, the results in item order."""
+        for _, result in self._run(fn, items, window, ordered=True):
+            yield result
+
+    def map_unordered(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """(position of the item, result) as tasks complete: a slow task does not hold the
+        others back."""
+        return self._run(fn, items, window, ordered=False)
+
+    def default_window(self) -> int:
+        return 4 * self.workers
+
+    def _run(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None, ordered: bool
+    ) -> Iterator[tuple[int, Any]]:
+        window = max(1, window or self.default_window())
+        source = enumerate(items)
+        pending: dict[Any, int] = {}  # handle -> position, for tasks not yet complete
+        self._pending = pending  # for close() after a failure outside the map
+        done: dict[int, Any] = {}  # position -> result, complete but not yet handed out
+        head = 0  # the next position handed out, when ordered
+        try:
+            while True:
+                while len(pending) + len(done) < window:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        break
+                    pending[self._submit(fn, nxt[1])] = nxt[0]
+                if ordered and head in done:
+                    yield head, done.pop(head)
+                    head += 1
+                    continue
+                if not pending:
+                    return
+                for handle, value in self._wait(list(pending)):
+                    i = pending.pop(handle)
+                    if ordered:
+                        done[i] = value
+                    else:
+                        yield i, value
+        finally:
+            if pending:
+                self._cancel(list(pending))
+                pending.clear()
+
+    def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
+        raise NotImplementedError
+
+    def _wait(self, handles: list) -> list[tuple[Any, Any]]:
+        """Block until one or more of `handles` is done; their (handle, result) pairs. A
+        failed task raises its error here."""
+        raise NotImplementedError
+
+    def _cancel(self, handles: list) -> None:
+        raise NotImplementedError
+
+    _pending: dict[Any, int] = {}
+
+    def close(self, wait: bool = True) -> None:
+        """Release the workers; `wait`: let running tasks finish (False after a failure,
+        which cancels the tasks of a map the caller left unfinished)."""
+        if not wait and self._pending:
+            self._cancel(list(self._pending))
+            self._pending = {}
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(wait=exc_type is None)
+
+
+class LocalEngine(Engine):
+    """The embedded pool: a concurrent.futures executor (threads for scans, which release
+    the GIL; spawned processes for planning)."""
+
+    name = "local"
+
+    def __init__(self, executor: Executor, workers: int, in_process: bool):
+        self.executor = executor
+        self.workers = workers
+        self.in_process = in_process
+
+    def _submit(self, fn: Callable[..., Any], item: tuple) -> Future:
+        return self.executor.submit(fn, *item)
+
+    def _wait(self, handles: list[Future]) -> list[tuple[Future, Any]]:
+        done, _ = wait(handles, return_when=FIRST_COMPLETED)
+        return [(f, f.result()) for f in done]
+
+    def _cancel(self, handles: list[Future]) -> None:
+        for f in handles:
+            f.cancel()
+
+    def close(self, wait: bool = True) -> None:
+        super().close(wait)
+        # Processes are always joined (none is left behind); threads of a failed run are
+        # not waited for: their scans stop at the next chunk.
+        self.executor.shutdown(wait=wait or not self.in_process, cancel_futures=True)
+
+
+def _call(fn: Callable[..., Any], args: tuple) -> Any:
+    """What a Ray task runs: the unit of work, exactly as the local pool calls it."""
+    return fn(*args)
+
+
+class RayEngine(Engine):
+    """Tasks on a Ray cluster. Connects on creation (or uses the connection this process
+    already has); a task whose worker dies is retried, one that raises is not."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise MdsError(
+                f"--engine ray needs Ray, which is not installed: {RAY_INSTALL}"
+            ) from None
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            try:
+                # Workers' output and Ray's INFO lines stay in Ray's logs, off the terminal.
+                ray.init(
+                    address=address,
+                    log_to_driver=False,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = address or "the default address"
+                line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+                raise MdsError(f"cannot reach the Ray cluster at {where} ({line})") from None
+            self.started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = max(1, workers or cpus)
+        self.remote = ray.remote(max_retries=RAY_RETRIES)(_call)
+
+    def default_window(self) -> int:
+        # A round trip to the cluster costs milliseconds: keep more tasks queued than CPUs.
+        return RAY_WINDOW * self.workers
+
+    def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
+        return self.remote.remote(fn, item)
+
+    def _wait(self, handles: list) -> list[tuple[Any, Any]]:
+        ready, rest = self.ray.wait(handles, num_returns=1)
+        if rest:  # and every other one already done, at no extra wait
+            ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        return [(ref, self._get(ref)) for ref in ready]
+
+    def _get(self, ref: Any) -> Any:
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(ref)
+        except exceptions.RayTaskError as exc:
+            # The task's own error, unwrapped: the same one line as a local run.
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, MdsError | KeyboardInterrupt):
+                raise cause from None
+            raise
+        except exceptions.RayError as exc:
+            line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+            raise MdsError(f"a Ray task failed after {RAY_RETRIES} retries ({line})") from None
+
+    def _cancel(self, handles: list) -> None:
+        # force: a running task is stopped by ending its worker process (a gentle cancel
+        # does not interrupt a task blocked in I/O or in native code); queued ones never start.
+        # A cancel that reaches a task while it is being handed to a worker can be lost, so
+        # those still unfinished after a moment are cancelled again.
+        left = list(handles)
+        for _ in range(CANCEL_ROUNDS if left else 0):
+            for ref in left:
+                try:
+                    self.ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001, S110 - best effort: it may have just finished
+                    pass
+            _, left = self.ray.wait(left, num_returns=len(left), timeout=CANCEL_WAIT)
+            if not left:
+                return
+
+    def close(self, wait: bool = True) -> None:
+        super().close(wait)
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+
+
+def open_engine(
+    spec: EngineSpec,
+    workers: int | None,
+    *,
+    processes: bool = False,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple = (),
+) -> Engine:
+    """The engine `spec` names. Locally: `workers` threads, or spawned processes (each set
+    up by `initializer`). On Ray `workers` bounds the tasks in flight (None: the cluster's
+    CPUs); there a task sets itself up on first use, as Ray has no per-worker initializer."""
+    if spec.kind == "ray":
+        return RayEngine(spec.address, workers)
+    workers = workers or 1
+    if processes:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        pool: Executor = ProcessPoolExecutor(
+            workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
+        )
+        return LocalEngine(pool, workers, in_process=False)
+    from concurrent.futures import ThreadPoolExecutor
+
+    return LocalEngine(ThreadPoolExecutor(max_workers=workers), workers, in_process=True)
