@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, json_option, print_json
+from mds.cli.output import address_option, console, engine_option, json_option, print_json
 from mds.executor.errors import ConfigError
 
 __all__ = ["index_command"]
@@ -68,18 +68,8 @@ def index_command(
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Files scanned in parallel."
     ),
-    engine: str | None = typer.Option(
-        None,
-        "--engine",
-        metavar="local|ray",
-        help="Where the parallel work runs (default: the config's engine, else local).",
-    ),
-    address: str | None = typer.Option(
-        None,
-        "--address",
-        metavar="auto|local|ray://HOST:PORT",
-        help="Ray cluster to run on (implies --engine ray).",
-    ),
+    engine: str | None = engine_option(),
+    address: str | None = address_option(),
     full_fingerprint: bool = typer.Option(
         False, "--full-fingerprint", help="Hash every byte of every file instead of sampled blocks."
     ),

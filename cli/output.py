@@ -8,7 +8,16 @@ from typing import Any
 import typer
 from rich.console import Console
 
-__all__ = ["ERROR_EXIT", "console", "err_console", "json_option", "json_requested", "print_json"]
+__all__ = [
+    "ERROR_EXIT",
+    "address_option",
+    "console",
+    "engine_option",
+    "err_console",
+    "json_option",
+    "json_requested",
+    "print_json",
+]
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -33,6 +42,26 @@ def _remember_json(ctx: typer.Context, value: bool) -> bool:
 def json_option(help: str) -> Any:
     """The `--json` option of a command; with it, errors are printed as JSON on stdout too."""
     return typer.Option(False, "--json", help=help, callback=_remember_json, is_eager=True)
+
+
+def engine_option() -> Any:
+    """`--engine`: where a command's parallel work runs (mds index, mds plan)."""
+    return typer.Option(
+        None,
+        "--engine",
+        metavar="local|ray",
+        help="Where the parallel work runs (default: the config's engine, else local).",
+    )
+
+
+def address_option() -> Any:
+    """`--address`: the Ray cluster for `--engine ray`."""
+    return typer.Option(
+        None,
+        "--address",
+        metavar="auto|local|ray://HOST:PORT",
+        help="Ray cluster to run on (implies --engine ray).",
+    )
 
 
 def json_requested(ctx: typer.Context) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mds.cli.output import console, json_option, print_json
+from mds.cli.output import address_option, console, engine_option, json_option, print_json
 
 __all__ = ["plan_command"]
 
@@ -31,18 +31,8 @@ def plan_command(
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Chunks planned in parallel."
     ),
-    engine: str | None = typer.Option(
-        None,
-        "--engine",
-        metavar="local|ray",
-        help="Where the parallel work runs (default: the config's engine, else local).",
-    ),
-    address: str | None = typer.Option(
-        None,
-        "--address",
-        metavar="auto|local|ray://HOST:PORT",
-        help="Ray cluster to run on (implies --engine ray).",
-    ),
+    engine: str | None = engine_option(),
+    address: str | None = address_option(),
     parent: Path | None = typer.Option(
         None,
         "--from",

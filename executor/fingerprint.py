@@ -21,6 +21,16 @@ _BLOCKS = 16
 _FULL_READ = 8 << 20
 
 
+def _hash(f, size: int, mode: str, h) -> None:
+    """Feed `h` the size of open file `f` and its bytes: all of them, or the sampled ones."""
+    h.update(size.to_bytes(8, "little"))
+    if mode == "full":
+        while chunk := f.read(_FULL_READ):
+            h.update(chunk)
+    else:
+        _sampled(f, size, h)
+
+
 def _sampled(f, size: int, h) -> None:
     if size <= 2 * _EDGE + _BLOCKS * _BLOCK:
         h.update(f.read())
@@ -50,25 +60,13 @@ def fingerprint(path: str | os.PathLike, mode: str = "sampled") -> str:
     if storage.is_url(path):  # range reads of the object; errors name its URL
         with storage.open_input(path) as f:
             try:
-                size = f.size()
-                h.update(size.to_bytes(8, "little"))
-                if mode == "full":
-                    while chunk := f.read(_FULL_READ):
-                        h.update(chunk)
-                else:
-                    _sampled(f, size, h)
+                _hash(f, f.size(), mode, h)
             except OSError as exc:
                 raise storage.failure(str(path), "read", exc) from None
         return f"{mode}:{h.hexdigest()}"
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            h.update(size.to_bytes(8, "little"))
-            if mode == "full":
-                while chunk := f.read(_FULL_READ):
-                    h.update(chunk)
-            else:
-                _sampled(f, size, h)
+            _hash(f, os.fstat(f.fileno()).st_size, mode, h)
     except OSError as exc:
         raise SourceDataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
     return f"{mode}:{h.hexdigest()}"
