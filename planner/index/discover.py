@@ -23,7 +23,7 @@ from mds.executor.manifest import FORMAT as INDEX_FORMAT
 from mds.executor.manifest import MANIFEST
 from mds.planner.config import SourceSpec
 
-__all__ = ["DataFile", "detect_format", "discover", "is_index_dir"]
+__all__ = ["DataFile", "detect_format", "discover", "is_index_dir", "one_format"]
 
 _EXTENSIONS = (
     (".jsonl.zst", "jsonl.zst"),
@@ -266,11 +266,16 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
             found[resolved] = DataFile(
                 resolved, rel, fmt, companion.resolve() if companion else None
             )
-    files = sorted(found.values(), key=lambda f: f.rel)
+    return one_format(found.values(), where, "files")
+
+
+def one_format(found: Iterable[DataFile], where: str, what: str) -> list[DataFile]:
+    """A source's files in path order; a source reads one format, so several are refused."""
+    files = sorted(found, key=lambda f: f.rel)
     formats = sorted({f.format for f in files})
     if len(formats) > 1:
         raise ConfigError(
-            f"{where}files of several formats ({', '.join(formats)}); split them into sources "
+            f"{where}{what} of several formats ({', '.join(formats)}); split them into sources "
             "or narrow `path`"
         )
     return files

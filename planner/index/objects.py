@@ -18,7 +18,7 @@ from mds.executor import storage
 from mds.executor.errors import ConfigError
 from mds.executor.manifest import MANIFEST
 from mds.planner.config import SourceSpec
-from mds.planner.index.discover import DataFile, detect_format
+from mds.planner.index.discover import DataFile, detect_format, one_format
 
 __all__ = ["discover_objects", "listing"]
 
@@ -88,11 +88,4 @@ def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list
                     f"{where}{root}/{key}: {storage.NOT_FROM_OBJECTS.format(fmt=fmt)}"
                 )
             found[key] = DataFile(storage.join(root, key), key, fmt)  # type: ignore[arg-type]
-    files = sorted(found.values(), key=lambda f: f.rel)
-    formats = sorted({f.format for f in files})
-    if len(formats) > 1:
-        raise ConfigError(
-            f"{where}objects of several formats ({', '.join(formats)}); split them into sources "
-            "or narrow `path`"
-        )
-    return files
+    return one_format(found.values(), where, "objects")
