@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mds.executor.ahead import ReadAhead
-from mds.executor.batch import compact, expand, pack
+from mds.executor.batch import compact, expand
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.planfile import PlanReader, RankChunk
@@ -271,11 +271,7 @@ class PlanExecutor:
             block, lo, hi = self._slice(step, micro)
             self._check(block, lo, hi)
             tokens = self._catalog.fetch(block, lo, hi)
-        ids = block.ids[lo:hi]
-        sid, rows = self._catalog.locate(ids)
-        return compact(
-            tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro, narrow=narrow
-        )
+        return self._compact(block, lo, hi, tokens, step, micro, narrow)
 
     def _check(self, block: RankChunk, lo: int, hi: int) -> None:
         """Check the files samples [lo, hi) read, unless checked already or verify="none"."""
@@ -297,14 +293,17 @@ class PlanExecutor:
             self._check(block, first, bounds[-1][2])
             tokens = self._catalog.fetch(block, first, bounds[-1][2])
         return [
-            self._pack(block, lo, hi, tokens[lo - first : hi - first], step, m)
+            expand(self._compact(block, lo, hi, tokens[lo - first : hi - first], step, m))
             for m, (_b, lo, hi) in enumerate(bounds)
         ]
 
-    def _pack(self, block: RankChunk, lo: int, hi: int, tokens, step: int, micro: int):
+    def _compact(self, block: RankChunk, lo, hi, tokens, step, micro, narrow=False):
+        """Samples [lo, hi) of `block` as one micro-batch's numpy arrays (`batch.compact`)."""
         ids = block.ids[lo:hi]
         sid, rows = self._catalog.locate(ids)
-        return pack(tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro)
+        return compact(
+            tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro, narrow=narrow
+        )
 
     def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
         """Global sample ids of one of this rank's micro-batches, from the plan alone."""

@@ -159,6 +159,10 @@ class SourceCatalog:
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
         self._records: dict[tuple[int, int], Any] = {}  # (source id, file) -> its record
+        # cache_bytes bounds both kinds of decoded data: a quarter for rows read ahead
+        # (`Lookahead`), the rest for whole blocks (row groups, zstd frames).
+        ahead = cache_bytes // 4
+        self.ahead: Lookahead | None = Lookahead(ahead) if ahead else None
         self.reset()
 
     @property
@@ -166,14 +170,11 @@ class SourceCatalog:
         return [s.name for s in self.sources]
 
     def reset(self) -> None:
-        """Forget open files and cached blocks (a new process must not share descriptors).
-
-        `cache_bytes` bounds both kinds of decoded data: a quarter for rows read ahead
-        (`Lookahead`), the rest for whole blocks (row groups, zstd frames)."""
-        ahead = self.cache_bytes // 4
-        old = getattr(self, "ahead", None)
-        stride, follow = (old.stride, old.next_block) if old is not None else (1, None)
-        self.ahead: Lookahead | None = Lookahead(ahead, stride, follow) if ahead else None
+        """Forget open files, cached blocks and rows read ahead (a new process must not share
+        descriptors)."""
+        if self.ahead is not None:
+            self.ahead.clear()
+        ahead = self.ahead.max_bytes if self.ahead is not None else 0
         self._blocks = LRU(max_bytes=self.cache_bytes - ahead)
         self._files = LRU(max_items=self.max_open_files, on_evict=lambda _k, r: r.close())
 
