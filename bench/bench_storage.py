@@ -12,7 +12,9 @@ default 256 MiB block cache (which ends up holding the whole small corpus) and w
 small one (`--small-cache-mb`), where most reads miss as they do on a corpus far larger than
 the cache; every case starts cold (fresh executor, metadata cache cleared). The table reports the
 median per-step wait over the plan's steps, the median of `--repeat` rounds (the cases
-take turns within a round), and the ratio object store / local disk. The local server is
+take turns within a round), the ratio object store / local disk, and the range requests
+and megabytes per step the object store served (whatever the server, the request count
+is what a real network's latency multiplies). The local server is
 on loopback, so this measures the request path (HTTP, range reads, the block cache), not
 a real network's latency. Timings are reported, never asserted.
 
@@ -107,12 +109,13 @@ def _upload(local: Path, prefix: str) -> str:
 
 def _step_waits(
     plan: Path, root: str, read_ahead: int, cache_mb: int, compute_s: float
-) -> list[float]:
+) -> tuple[list[float], int, int]:
     """Per step, the seconds the loop waited for its micro-batches (fresh executor, cold
-    block cache of `cache_mb`)."""
-    from mds.executor import PlanExecutor, metacache
+    block cache of `cache_mb`); and the range requests made and bytes they returned."""
+    from mds.executor import PlanExecutor, metacache, ranges
 
     metacache.clear()  # every case starts cold: no footer parsed by an earlier one
+    requests, nbytes = ranges.counters.requests, ranges.counters.bytes
     waits: list[float] = []
     cache = cache_mb << 20
     with PlanExecutor(plan, 0, data_root=root, read_ahead=read_ahead, cache_bytes=cache) as ex:
@@ -125,7 +128,7 @@ def _step_waits(
                 wait += time.perf_counter() - t
                 time.sleep(compute_s)
             waits.append(wait)
-    return waits
+    return waits, ranges.counters.requests - requests, ranges.counters.bytes - nbytes
 
 
 def _name(case: tuple) -> str:
@@ -180,13 +183,17 @@ def main() -> None:
             ]
             rounds: dict[tuple, list[float]] = {c: [] for c in cases}
             firsts: dict[tuple, list[float]] = {c: [] for c in cases}
+            traffic: dict[tuple, tuple[float, float]] = {}
             for _ in range(args.repeat):
                 for case in cases:
                     where, ahead, cache = case
                     root = str(local) if where == "local" else url
-                    waits = _step_waits(plan, root, ahead, cache, args.compute_ms / 1000)
+                    waits, requests, nbytes = _step_waits(
+                        plan, root, ahead, cache, args.compute_ms / 1000
+                    )
                     rounds[case].append(1000 * statistics.median(waits))
                     firsts[case].append(1000 * waits[0])
+                    traffic[case] = (requests / args.steps, nbytes / args.steps / 1e6)
     finally:
         server.stop()
     med = {c: statistics.median(v) for c, v in rounds.items()}
@@ -197,8 +204,8 @@ def main() -> None:
         f"micro-batch; median per-step wait, median of {args.repeat} rounds)",
         "",
         "| block cache | read-ahead | local disk ms/step | s3 ms/step | s3 / local "
-        "| first step: local ms | s3 ms |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| first step: local ms | s3 ms | s3 requests/step | s3 MB/step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cache in (256, args.small_cache_mb):
         for ahead in (0, 1):
@@ -206,7 +213,11 @@ def main() -> None:
             label = "off (read_ahead=0)" if ahead == 0 else "on (read_ahead=1)"
             ratio = f"{s3 / lo:.2f}x" if lo > 0 else "n/a"
             cold = f"{first[('local', ahead, cache)]:.1f} | {first[('s3', ahead, cache)]:.1f}"
-            lines.append(f"| {cache} MiB | {label} | {lo:.2f} | {s3:.2f} | {ratio} | {cold} |")
+            requests, mb = traffic[("s3", ahead, cache)]
+            lines.append(
+                f"| {cache} MiB | {label} | {lo:.2f} | {s3:.2f} | {ratio} | {cold} "
+                f"| {requests:.1f} | {mb:.1f} |"
+            )
     table = "\n".join(lines) + "\n"
     write_report(
         args.out,
@@ -218,6 +229,7 @@ def main() -> None:
             "rounds_ms": {_name(c): v for c, v in rounds.items()},
             "median_ms": {_name(c): v for c, v in med.items()},
             "first_step_ms": {_name(c): v for c, v in first.items()},
+            "requests_and_mb_per_step": {_name(c): v for c, v in traffic.items()},
         },
     )
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.executor import megatron, metacache, storage
+from mds.executor import megatron, metacache, ranges, storage
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -33,13 +33,33 @@ Payload = np.ndarray | str
 
 
 class FileReader(Protocol):
-    """Payloads of one file: `fetch` returns them in request order; `close` frees the file."""
+    """Payloads of one file: `fetch` returns them in request order; `close` frees the file.
+
+    Of an object, `object` is its RangeFile and `spans` the byte spans a `fetch` of the same
+    rows would read that are not cached: fetched together with the other objects' spans
+    (ranges.prefetch) before the fetch. For a file, `object` is None.
+    """
+
+    object: ranges.RangeFile | None
+
+    def spans(
+        self, file_rows: np.ndarray, offsets: np.ndarray | None, lengths: np.ndarray | None
+    ) -> list[tuple[int, int]]: ...
 
     def fetch(
         self, file_rows: np.ndarray, offsets: np.ndarray | None, lengths: np.ndarray | None
     ) -> list[Payload]: ...
 
     def close(self) -> None: ...
+
+
+class _Reader:
+    """What every reader has: a file reader reads nothing ahead (`spans` is empty)."""
+
+    object: ranges.RangeFile | None = None
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        return []
 
 
 def open_reader(
@@ -229,7 +249,7 @@ def _row_starts(counts: list[int]) -> np.ndarray:
 # --- Parquet ----------------------------------------------------------------------------
 
 
-class _ColumnReader:
+class _ColumnReader(_Reader):
     """A column read in units of rows (row groups, record batches) that start at `starts`."""
 
     display: str
@@ -263,16 +283,40 @@ class _ParquetMeta:
         self.starts = _row_starts(counts)
         self.checked: set[tuple[str, str]] = set()
         self._sizes: dict[str, np.ndarray] = {}
+        self._spans: dict[str, list[list[tuple[int, int]]]] = {}
         self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
         self.nbytes += self.starts.nbytes
+
+    def _leaves(self, column: str) -> list[int]:
+        meta = self.metadata
+        paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
+        return [j for j, p in enumerate(paths) if p == column or p.startswith(column + ".")]
+
+    def chunk_spans(self, column: str) -> list[list[tuple[int, int]]]:
+        """Per row group, the byte spans [lo, hi) of top-level `column`'s column chunks
+        (dictionary page first, if any), from the footer: what reading it reads."""
+        spans = self._spans.get(column)
+        if spans is None:
+            leaves, meta = self._leaves(column), self.metadata
+            spans = []
+            for i in range(meta.num_row_groups):
+                group = []
+                for j in leaves:
+                    chunk = meta.row_group(i).column(j)
+                    lo = chunk.data_page_offset
+                    if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < lo:
+                        lo = chunk.dictionary_page_offset
+                    group.append((int(lo), int(lo + chunk.total_compressed_size)))
+                spans.append(group)
+            self._spans[column] = spans
+        return spans
 
     def column_sizes(self, column: str) -> np.ndarray:
         """Uncompressed bytes of top-level `column` in each row group, from the footer."""
         sizes = self._sizes.get(column)
         if sizes is None:
             meta = self.metadata
-            paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
-            leaves = [j for j, p in enumerate(paths) if p == column or p.startswith(column + ".")]
+            leaves = self._leaves(column)
             sizes = np.array(
                 [
                     sum(meta.row_group(i).column(j).total_uncompressed_size for j in leaves)
@@ -301,7 +345,11 @@ class ParquetReader(_ColumnReader):
         key = _version("parquet-footer", path, display)
         meta = metacache.get(key)
         try:
-            self._source = storage.open_input(path)  # an object: byte-range requests
+            if storage.is_url(path):  # an object: byte-range requests, staged per fetch
+                self.object = ranges.RangeFile(str(path), blocks)
+                self._source = self.object.arrow_file()
+            else:
+                self._source = storage.open_input(path)
         except OSError as exc:
             raise _cannot_open(display, exc) from None
         try:
@@ -345,6 +393,23 @@ class ParquetReader(_ColumnReader):
         if self.column not in schema.names:
             raise _missing_column(self.display, self.column, schema.names)
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        """The payload column's chunks in the row groups these rows need that the block
+        cache does not hold (far enough), for an object; nothing for a file."""
+        if self.object is None:
+            return []
+        rows = np.asarray(file_rows, dtype=np.int64)
+        rows = rows[(rows >= 0) & (rows < self.starts[-1])]
+        groups = np.searchsorted(self.starts, rows, side="right") - 1
+        chunks = self._meta.chunk_spans(self.column)
+        out: list[tuple[int, int]] = []
+        for i in np.unique(groups).tolist():
+            need = int(rows[groups == i].max() - self.starts[i]) + 1
+            block = self._blocks.get((self.path, "rg", i, self.column, self.kind))
+            if block is None or block.rows < need:
+                out.extend(chunks[i])
+        return out
 
     def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
         key = (self.path, "rg", i, self.column, self.kind)
@@ -398,6 +463,8 @@ class ParquetReader(_ColumnReader):
 
     def close(self) -> None:
         self._source.close()
+        if self.object is not None:
+            self.object.close()
 
 
 # --- Arrow IPC --------------------------------------------------------------------------
@@ -517,7 +584,7 @@ def _inner_line(raw: bytes, head: int, length: int, expected: int) -> bytes | No
     return raw[head : head + length]
 
 
-class _LineReader:
+class _LineReader(_Reader):
     """Lines located by (byte offset, byte length); subclasses read raw byte ranges.
 
     Each line is read with one byte either side, which must be a newline (or the start or
@@ -532,6 +599,10 @@ class _LineReader:
 
     def _read(self, starts: np.ndarray, sizes: np.ndarray, where) -> list[bytes]:
         raise NotImplementedError
+
+    def _around(self, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[lo, hi) of each line with the byte either side, within the data."""
+        return np.maximum(offsets - 1, 0), np.minimum(offsets + lengths + 1, self.size)
 
     def fetch(self, file_rows, offsets, lengths) -> list[Payload]:
         if offsets is None or lengths is None:
@@ -552,9 +623,7 @@ class _LineReader:
                 f"{self.display} {where(int(bad[0]))} is beyond the end of the {self.what} "
                 f"({self.size} bytes; file changed since indexing?)"
             )
-        ends = offsets + lengths
-        lo = np.maximum(offsets - 1, 0)
-        hi = np.minimum(ends + 1, self.size)
+        lo, hi = self._around(offsets, lengths)
         raws = self._read(lo, hi - lo, where)
         out = []
         for i, raw in enumerate(raws):
@@ -570,14 +639,14 @@ class _LineReader:
 
 class JsonlReader(_LineReader):
     """Lines of a plain JSONL file, one positioned read each; of an object, the blocks that
-    hold them, read together and kept in the block cache (storage.RangeFile)."""
+    hold them, read together and kept in the block cache (ranges.RangeFile)."""
 
     def __init__(self, path: Path, kind: str, column: str, display: str, blocks: LRU):
         self.kind, self.column, self.display = kind, column, display
-        self._fd, self._object = -1, None
+        self._fd = -1
         if storage.is_url(path):
-            self._object = storage.RangeFile(str(path), blocks)
-            self.size = self._object.size
+            self.object = ranges.RangeFile(str(path), blocks)
+            self.size = self.object.size
             return
         try:
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -585,14 +654,23 @@ class JsonlReader(_LineReader):
             raise _cannot_open(display, exc) from None
         self.size = os.fstat(self._fd).st_size
 
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        """The blocks holding these lines that the block cache lacks, for an object."""
+        if self.object is None or offsets is None or lengths is None:
+            return []
+        offsets = np.clip(np.asarray(offsets, dtype=np.int64), 0, self.size)
+        lengths = np.clip(np.asarray(lengths, dtype=np.int64), 0, self.size - offsets)
+        lo, hi = self._around(offsets, lengths)
+        return self.object.missing(lo.tolist(), (hi - lo).tolist())
+
     def _read(self, starts, sizes, where) -> list[bytes]:
-        if self._object is not None:
-            return self._object.read_ranges(starts, sizes)
+        if self.object is not None:
+            return self.object.read_ranges(starts, sizes)
         return [os.pread(self._fd, int(n), int(s)) for s, n in zip(starts, sizes, strict=True)]
 
     def close(self) -> None:
-        if self._object is not None:
-            self._object.close()
+        if self.object is not None:
+            self.object.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -630,7 +708,7 @@ def _relabel(exc: SourceDataError, path: Path, display: str) -> SourceDataError:
     return SourceDataError(display + text[len(prefix) - 2 :] if text.startswith(prefix) else text)
 
 
-class MegatronReader:
+class MegatronReader(_Reader):
     """Sequences of a Megatron `.bin`, located through its `.idx`, read with `pread`: opening
     and memory cost the same for ten sequences or a billion (see megatron.SequenceFile)."""
 

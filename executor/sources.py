@@ -26,6 +26,7 @@ from mds.executor.lookahead import Lookahead
 from mds.executor.lru import LRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.planfile import RankChunk
+from mds.executor.ranges import RangeFile, prefetch
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.storage import MOVED_HINT, given_root
 from mds.executor.tokenizer import load_tokenizer
@@ -318,6 +319,7 @@ class SourceCatalog:
         files = rec.file[missing]
         order = np.argsort(files, kind="stable")
         cuts = np.flatnonzero(np.diff(files[order])) + 1
+        reads = []
         for group in np.split(missing[order], cuts) if len(missing) else []:
             sid, fid, entry = rec.files[int(rec.file[group[0]])]
             s = self._source_of(sid)
@@ -325,17 +327,38 @@ class SourceCatalog:
             later = None
             if ahead is not None and s.fmt in _BLOCK_CODED:
                 later = ahead.later((sid, fid), entry, base, lo, hi)
-            read = self._read(block, s, fid, entry, group, later)
-            for j, payload in zip(group.tolist(), read, strict=False):
-                payloads[j - lo] = payload
-            if later is not None and len(read) > len(group):
-                ahead.keep(later.index.tolist(), read[len(group) :])  # type: ignore[union-attr]
+            reads.append((s, fid, entry, group, later))
+        staged = self._stage(block, reads)
+        try:
+            for s, fid, entry, group, later in reads:
+                read = self._read(block, s, fid, entry, group, later)
+                for j, payload in zip(group.tolist(), read, strict=False):
+                    payloads[j - lo] = payload
+                if later is not None and len(read) > len(group):
+                    ahead.keep(later.index.tolist(), read[len(group) :])  # type: ignore[union-attr]
+        finally:
+            for obj in staged:
+                obj.unstage()
         return self._all_tokens(block, lo, hi, payloads)
 
-    def _read(self, block: RankChunk, s: _Source, fid: int, entry, now: np.ndarray, later):
-        """Payloads of block samples `now`, then of `later` (one reader call). A problem
-        with a later sample is not this step's: it is raised when that sample's step reads
-        it, so a failed read is retried with this step's samples alone."""
+    def _stage(self, block: RankChunk, reads: list) -> list[RangeFile]:
+        """Fetch what the reads will need from objects in one go: every object's byte spans
+        (row groups, blocks the caches lack) as concurrent range requests, kept until the
+        fetch ends. Files need nothing: a local read costs no round trip."""
+        wants = []
+        for s, fid, entry, now, later in reads:
+            reader = self._reader(s, fid, entry)
+            if reader.object is None:
+                continue
+            spans = reader.spans(*self._where(block, s, now, later))
+            if spans:
+                wants.append((reader.object, spans))
+        prefetch(wants)
+        return [obj for obj, _spans in wants]
+
+    def _where(self, block: RankChunk, s: _Source, now: np.ndarray, later):
+        """(rows, byte offsets, byte lengths) in the file of block samples `now`, then of
+        `later`."""
         rec = block.fetch
         gids = block.ids[now].astype(np.int64)
         rows = rec.row[now].astype(np.int64)
@@ -348,6 +371,13 @@ class SourceCatalog:
             raise PlanError(
                 f"{self.plan_path}: corrupt plan (a sample's file is of another source)"
             )
+        return rows, offsets, lengths
+
+    def _read(self, block: RankChunk, s: _Source, fid: int, entry, now: np.ndarray, later):
+        """Payloads of block samples `now`, then of `later` (one reader call). A problem
+        with a later sample is not this step's: it is raised when that sample's step reads
+        it, so a failed read is retried with this step's samples alone."""
+        rows, offsets, lengths = self._where(block, s, now, later)
         reader = self._reader(s, fid, entry)
         try:
             if s.fmt in _JSONL:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -22,7 +20,6 @@ __all__ = [
     "DATA_ROOT_ENV",
     "MOVED_HINT",
     "ObjectStat",
-    "RangeFile",
     "exists",
     "filesystem",
     "given_root",
@@ -68,7 +65,6 @@ NOT_FROM_OBJECTS = (
     "{fmt} sources are not read from object storage yet (only parquet and jsonl); copy the "
     "files to a local or shared file system and point the data root there"
 )
-RANGE_BLOCK = 256 << 10  # unit of range reads, kept in the block cache
 
 
 def is_url(path: Any) -> bool:
@@ -200,85 +196,3 @@ def list_objects(url: str) -> list[tuple[str, int]]:
         if info.type == fs.FileType.File
     ]
     return sorted(out)
-
-
-class RangeFile:
-    """Byte ranges of one object, read in aligned blocks of RANGE_BLOCK bytes through the
-    shared, byte-bounded block cache: one call fetches the blocks it lacks, neighbours in
-    one request, so a step's lines of an object cost a few requests, and a block read
-    again while cached costs none."""
-
-    def __init__(self, url: str, blocks: Any):
-        self.url, self._blocks = url, blocks
-        self._file = open_input(url)
-        try:
-            self.size = int(self._file.size())
-        except OSError as exc:
-            raise failure(url, "stat", exc) from None
-
-    def read_ranges(self, starts: Any, sizes: Any) -> list[bytes]:
-        spans = [(int(s), int(n)) for s, n in zip(starts, sizes, strict=True)]
-        need = sorted(
-            {
-                b
-                for s, n in spans
-                if n > 0
-                for b in range(s // RANGE_BLOCK, (s + n - 1) // RANGE_BLOCK + 1)
-            }
-        )
-        have = {b: self._blocks.get((self.url, "range", b)) for b in need}
-        missing = [b for b in need if have[b] is None]
-        runs = _runs(missing)  # neighbouring blocks: one request; runs: requests in parallel
-        for (first, last), data in zip(runs, _parallel(self._read_run, runs), strict=True):
-            for b in range(first, last + 1):
-                piece = bytes(data[(b - first) * RANGE_BLOCK : (b - first + 1) * RANGE_BLOCK])
-                have[b] = piece
-                self._blocks.put((self.url, "range", b), piece, len(piece))
-        out = []
-        for s, n in spans:
-            if n <= 0:
-                out.append(b"")
-                continue
-            first, last = s // RANGE_BLOCK, (s + n - 1) // RANGE_BLOCK
-            joined = b"".join(have[b] for b in range(first, last + 1))
-            at = s - first * RANGE_BLOCK
-            out.append(joined[at : at + n])
-        return out
-
-    def _read_run(self, run: tuple[int, int]) -> bytes:
-        lo = run[0] * RANGE_BLOCK
-        hi = min((run[1] + 1) * RANGE_BLOCK, self.size)
-        try:
-            return self._file.read_at(hi - lo, lo)
-        except OSError as exc:
-            raise failure(self.url, "read", exc) from None
-
-    def close(self) -> None:
-        self._file.close()
-
-
-_REQUESTS = 8  # range requests of one call in flight at once
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _parallel(read: Callable[[Any], bytes], items: list) -> list[bytes]:
-    """`read` of every item, up to _REQUESTS at a time (a store answers requests in
-    parallel; their latency, not the bandwidth, bounds a step's scattered reads). The
-    pool is made per process: a forked DataLoader worker has none of its parent's threads."""
-    global _pool
-    if len(items) <= 1:
-        return [read(item) for item in items]
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(_REQUESTS, thread_name_prefix="mds-range"))
-    return list(_pool[1].map(read, items))
-
-
-def _runs(blocks: list[int]) -> list[tuple[int, int]]:
-    """Sorted block numbers as (first, last) runs of consecutive ones."""
-    runs: list[tuple[int, int]] = []
-    for b in blocks:
-        if runs and b == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], b)
-        else:
-            runs.append((b, b))
-    return runs

@@ -227,23 +227,23 @@ def test_formats_that_need_a_file_are_refused_in_object_storage(world, tmp_path)
 
 
 def test_range_reads_of_an_object_are_exact_and_cached(world, monkeypatch):
-    from mds.executor import storage
+    from mds.executor import ranges
     from mds.executor.lru import LRU
 
     top, store, _ = world
-    monkeypatch.setattr(storage, "RANGE_BLOCK", 64)  # many blocks, several runs per call
+    monkeypatch.setattr(ranges, "RANGE_BLOCK", 64)  # many blocks, several runs per call
     body = bytes(range(256)) * 40
     store.put("ranges/blob", body)
     blocks = LRU(max_bytes=1 << 20)
     requests: list[tuple[int, int]] = []
-    read_run = storage.RangeFile._read_run
+    read_run = ranges.RangeFile._read_run
 
     def counted(self, run):
         requests.append(run)
         return read_run(self, run)
 
-    monkeypatch.setattr(storage.RangeFile, "_read_run", counted)
-    f = storage.RangeFile(store.url("ranges/blob"), blocks)
+    monkeypatch.setattr(ranges.RangeFile, "_read_run", counted)
+    f = ranges.RangeFile(store.url("ranges/blob"), blocks)
     rng = np.random.default_rng(3)
     starts = rng.integers(0, len(body) - 300, 50)
     sizes = rng.integers(0, 300, 50)
