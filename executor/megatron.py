@@ -11,10 +11,12 @@ import secrets
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 
+from mds.executor import storage
 from mds.executor.errors import SourceDataError
 
 __all__ = [
@@ -49,7 +51,7 @@ _CHUNK = 1 << 20
 class MegatronIndex:
     """A parsed `.idx`: arrays are read-only views into a memory map of the file."""
 
-    path: Path
+    path: Path | str
     dtype: np.dtype
     sizes: np.ndarray  # int32[sequence_count], tokens per sequence
     pointers: np.ndarray  # int64[sequence_count], byte offset of each sequence in the .bin
@@ -83,6 +85,10 @@ def _read_header(path: Path) -> tuple[np.dtype, int, int, int]:
             file_size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise SourceDataError(f"{path}: cannot read Megatron index ({exc.strerror})") from None
+    return _parse_header(path, head, file_size)
+
+
+def _parse_header(path: Any, head: bytes, file_size: int) -> tuple[np.dtype, int, int, int]:
     if head[: len(MAGIC)] != MAGIC:
         raise SourceDataError(f"{path}: not a Megatron .idx file (bad magic)")
     if len(head) < HEADER_SIZE:
@@ -157,17 +163,37 @@ def _check_documents(path: Path, docs: np.ndarray, n_seq: int) -> None:
 
 
 def read_index(idx_path: str | os.PathLike[str]) -> MegatronIndex:
-    """Open and validate a `.idx`; raises SourceDataError naming the file and the problem."""
-    path = Path(idx_path)
-    dtype, n_seq, n_doc, file_size = _read_header(path)
+    """Open and validate a `.idx` (a file, memory-mapped, or an object, read whole with
+    range requests); raises SourceDataError naming the file and the problem."""
+    if storage.is_url(idx_path):
+        raw = _object_bytes(str(idx_path))
+        path: Any = idx_path
+        dtype, n_seq, n_doc, file_size = _parse_header(path, raw[:HEADER_SIZE], len(raw))
+        buffer: Any = np.frombuffer(raw, dtype=np.uint8)
+    else:
+        path = Path(idx_path)
+        dtype, n_seq, n_doc, file_size = _read_header(path)
+        buffer = None
     _check_length(path, n_seq, n_doc, file_size)
-    buffer = np.memmap(path, dtype=np.uint8, mode="r")
+    if buffer is None:
+        buffer = np.memmap(path, dtype=np.uint8, mode="r")
     sizes = np.frombuffer(buffer, dtype=_INT32, count=n_seq, offset=HEADER_SIZE)
     pointers = np.frombuffer(buffer, dtype=_INT64, count=n_seq, offset=HEADER_SIZE + 4 * n_seq)
     docs = np.frombuffer(buffer, dtype=_INT64, count=n_doc, offset=HEADER_SIZE + 12 * n_seq)
     _check_sizes_and_pointers(path, sizes, pointers, dtype.itemsize)
     _check_documents(path, docs, n_seq)
     return MegatronIndex(path, dtype, sizes, pointers, docs)
+
+
+def _object_bytes(url: str) -> bytes:
+    """The whole object, one request."""
+    from mds.executor.ranges import RangeFile
+
+    f = RangeFile(url, None)
+    try:
+        return f.read_at(f.size, 0)
+    finally:
+        f.close()
 
 
 class SequenceFile:
@@ -178,38 +204,65 @@ class SequenceFile:
     the .bin. Nothing is memory-mapped, so a process's memory follows the sequences it reads,
     not the size of the files (a map's page faults bring in whole page-cache folios, up to
     2 MiB each, which count as the process's resident memory).
+
+    Of objects (s3:// URLs) reads are range requests: the .idx through the block cache
+    `blocks` in aligned blocks, the .bin from the bytes staged for the fetch (`bin_spans`).
     """
 
-    def __init__(self, idx_path: Path, bin_path: Path):
-        self.idx_path, self.bin_path = Path(idx_path), Path(bin_path)
-        self.dtype, self.count, n_doc, file_size = _read_header(self.idx_path)
-        _check_length(self.idx_path, self.count, n_doc, file_size)
-        self._pointers_at = HEADER_SIZE + 4 * self.count
+    def __init__(self, idx_path: Path | str, bin_path: Path | str, blocks: Any = None):
+        objects = storage.is_url(idx_path)
+        self.idx_path: Any = idx_path if objects else Path(idx_path)
+        self.bin_path: Any = bin_path if objects else Path(bin_path)
         self._idx = self._bin = -1
+        self._objects: tuple[Any, Any] | None = None
         try:
-            self._idx = os.open(self.idx_path, os.O_RDONLY)
-            try:
-                self._bin = os.open(self.bin_path, os.O_RDONLY)
-            except OSError as exc:
-                raise SourceDataError(
-                    f"{self.bin_path}: cannot read Megatron data file ({exc.strerror})"
-                ) from None
-            self.bin_items = os.fstat(self._bin).st_size // self.dtype.itemsize
+            if objects:
+                from mds.executor.ranges import RangeFile
+
+                self._objects = (RangeFile(str(idx_path), blocks), None)
+                head = self._objects[0].read_at(HEADER_SIZE, 0)
+                info = _parse_header(idx_path, head, self._objects[0].size)
+                self._objects = (self._objects[0], RangeFile(str(bin_path), blocks))
+                bin_size = self._objects[1].size
+            else:
+                info = _read_header(self.idx_path)
+            self.dtype, self.count, n_doc, file_size = info
+            _check_length(self.idx_path, self.count, n_doc, file_size)
+            self._pointers_at = HEADER_SIZE + 4 * self.count
+            if not objects:
+                self._idx = os.open(self.idx_path, os.O_RDONLY)
+                try:
+                    self._bin = os.open(self.bin_path, os.O_RDONLY)
+                except OSError as exc:
+                    raise SourceDataError(
+                        f"{self.bin_path}: cannot read Megatron data file ({exc.strerror})"
+                    ) from None
+                bin_size = os.fstat(self._bin).st_size
+            self.bin_items = bin_size // self.dtype.itemsize
             if self.count:
                 last = self.count - 1
                 expected = self._pointer(last) + self._size(last) * self.dtype.itemsize
-                actual = os.fstat(self._bin).st_size
-                if actual != expected:
+                if bin_size != expected:
                     raise SourceDataError(
-                        f"{self.bin_path}: Megatron .bin is {actual} bytes but "
-                        f"{self.idx_path.name} implies {expected}"
+                        f"{self.bin_path}: Megatron .bin is {bin_size} bytes but "
+                        f"{_name(self.idx_path)} implies {expected}"
                     )
         except BaseException:
             self.close()
             raise
 
-    def _pread(self, fd: int, size: int, offset: int, path: Path) -> bytes:
-        data = os.pread(fd, size, offset)
+    @property
+    def bin_object(self) -> Any:
+        """The .bin's RangeFile, for an object; None for a file."""
+        return self._objects[1] if self._objects else None
+
+    def _pread(self, which: int, size: int, offset: int) -> bytes:
+        path = (self.idx_path, self.bin_path)[which]
+        if self._objects is not None:
+            f = self._objects[which]
+            data = f.read_ranges([offset], [size])[0] if which == 0 else f.read_at(size, offset)
+        else:
+            data = os.pread((self._idx, self._bin)[which], size, offset)
         if len(data) != size:
             raise SourceDataError(
                 f"{path}: truncated (read {len(data)} of {size} bytes at {offset})"
@@ -217,13 +270,27 @@ class SequenceFile:
         return data
 
     def _size(self, i: int) -> int:
-        return int.from_bytes(
-            self._pread(self._idx, 4, HEADER_SIZE + 4 * i, self.idx_path), "little", signed=True
-        )
+        return int.from_bytes(self._pread(0, 4, HEADER_SIZE + 4 * i), "little", signed=True)
 
     def _pointer(self, i: int) -> int:
-        raw = self._pread(self._idx, 8, self._pointers_at + 8 * i, self.idx_path)
+        raw = self._pread(0, 8, self._pointers_at + 8 * i)
         return int.from_bytes(raw, "little", signed=True)
+
+    def bin_spans(self, rows: list[int]) -> list[tuple[int, int]]:
+        """The .bin byte spans of sequences `rows` (those within the file), from the .idx."""
+        rows = [r for r in rows if 0 <= r < self.count]
+        if not rows or self._objects is None:
+            return []
+        idx = self._objects[0]
+        starts = [HEADER_SIZE + 4 * r for r in rows] + [self._pointers_at + 8 * r for r in rows]
+        raw = idx.read_ranges(starts, [4] * len(rows) + [8] * len(rows))
+        out = []
+        for k in range(len(rows)):
+            size = int.from_bytes(raw[k], "little", signed=True)
+            pointer = int.from_bytes(raw[len(rows) + k], "little", signed=True)
+            if size > 0 and pointer >= 0:
+                out.append((pointer, pointer + size * self.dtype.itemsize))
+        return out
 
     def read(self, i: int) -> np.ndarray:
         """Sequence `i` (0 <= i < count), as a fresh array of `dtype`."""
@@ -235,7 +302,7 @@ class SequenceFile:
             raise SourceDataError(
                 f"{self.idx_path}: sequence {i}: pointer {pointer} and size {size} leave the .bin"
             )
-        data = self._pread(self._bin, size * itemsize, pointer, self.bin_path)
+        data = self._pread(1, size * itemsize, pointer)
         return np.frombuffer(data, dtype=self.dtype.newbyteorder("<")).astype(self.dtype)
 
     def close(self) -> None:
@@ -243,18 +310,26 @@ class SequenceFile:
             if fd >= 0:
                 os.close(fd)
         self._idx = self._bin = -1
+        for f in self._objects or ():
+            if f is not None:
+                f.close()
+        self._objects = None
+
+
+def _name(path: Any) -> str:
+    return PurePosixPath(str(path)).name
 
 
 def check_bin(index: MegatronIndex, bin_path: str | os.PathLike[str]) -> None:
     """Raise SourceDataError unless the .bin has exactly the size the index implies."""
-    path = Path(bin_path)
+    path: Any = bin_path if storage.is_url(bin_path) else Path(bin_path)
     try:
-        size = path.stat().st_size
+        size = storage.stat(path).st_size
     except OSError as exc:
         raise SourceDataError(f"{path}: cannot read Megatron data file ({exc.strerror})") from None
     if size != index.bin_nbytes:
         raise SourceDataError(
-            f"{path}: Megatron .bin is {size} bytes but {index.path.name} implies "
+            f"{path}: Megatron .bin is {size} bytes but {_name(index.path)} implies "
             f"{index.bin_nbytes}"
         )
 

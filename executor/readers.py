@@ -714,15 +714,18 @@ class MegatronReader(_Reader):
 
     def __init__(self, path: Path, companion: Path, display: str, blocks: LRU | None = None):
         self.display = display
-        self._idx_display = str(PurePosixPath(display).with_name(companion.name))
+        self._idx_display = str(PurePosixPath(display).with_name(PurePosixPath(companion).name))
         self._paths = (path, companion)
         for p, shown in ((companion, self._idx_display), (path, display)):
-            if not p.exists():
+            if not storage.is_url(p) and not p.exists():
                 raise SourceDataError(f"{shown}: cannot open (No such file or directory)")
         try:
-            self._file: megatron.SequenceFile | None = megatron.SequenceFile(companion, path)
+            self._file: megatron.SequenceFile | None = megatron.SequenceFile(
+                companion, path, blocks
+            )
         except SourceDataError as exc:
             raise self._relabel(exc) from None
+        self.object = self._file.bin_object
         dtype = self._file.dtype
         if dtype.kind not in "iu":
             self.close()
@@ -732,6 +735,16 @@ class MegatronReader(_Reader):
         path, companion = self._paths
         exc = _relabel(exc, companion, self._idx_display)
         return _relabel(exc, path, self.display)
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        """The .bin spans of these sequences, for an object (their .idx entries are read
+        now, through the block cache)."""
+        if self._file is None or self.object is None:
+            return []
+        try:
+            return self._file.bin_spans(np.asarray(file_rows, dtype=np.int64).tolist())
+        except SourceDataError:
+            return []  # raised by the fetch, with the sequence it concerns
 
     def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
         assert self._file is not None, "fetch after close"

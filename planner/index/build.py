@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -696,6 +696,10 @@ def _file_entries(
 def _companion(f: DataFile, root: Path) -> dict[str, str]:
     if f.companion is None:
         return {}
+    if storage.is_url(f.companion):  # beside the .bin, as discovery paired them
+        return {
+            "index_path": str(PurePosixPath(f.rel).with_name(PurePosixPath(str(f.companion)).name))
+        }
     return {"index_path": f.companion.relative_to(root.resolve()).as_posix()}
 
 

@@ -15,7 +15,7 @@ import re
 from pathlib import PurePosixPath
 
 from mds.executor import storage
-from mds.executor.errors import ConfigError
+from mds.executor.errors import ConfigError, SourceDataError
 from mds.executor.manifest import MANIFEST
 from mds.planner.config import SourceSpec
 from mds.planner.index.discover import DataFile, detect_format, one_format
@@ -87,5 +87,21 @@ def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list
                 raise ConfigError(
                     f"{where}{root}/{key}: {storage.NOT_FROM_OBJECTS.format(fmt=fmt)}"
                 )
-            found[key] = DataFile(storage.join(root, key), key, fmt)  # type: ignore[arg-type]
+            companion = None
+            if fmt == "megatron":
+                key, companion = _megatron_pair(key, keys, root, where)
+            found[key] = DataFile(storage.join(root, key), key, fmt, companion)  # type: ignore[arg-type]
     return one_format(found.values(), where, "objects")
+
+
+def _megatron_pair(key: str, keys: tuple[str, ...], root: str, where: str) -> tuple[str, str]:
+    """The .bin key of a Megatron dataset and the URL of its .idx; both must exist."""
+    path = PurePosixPath(key)
+    ext = path.suffix if path.suffix.lower() in (".bin", ".idx") else ""
+    prefix = key[: len(key) - len(ext)]
+    for needed in (prefix + ".bin", prefix + ".idx"):
+        if needed not in keys:
+            raise SourceDataError(
+                f"{where}{root}/{needed}: missing (a Megatron dataset needs both .bin and .idx)"
+            )
+    return prefix + ".bin", str(storage.join(root, prefix + ".idx"))
