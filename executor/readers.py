@@ -685,6 +685,16 @@ class JsonlZstReader(_LineReader):
         self.kind, self.column, self.display = kind, column, display
         self._file = ZstdSeekFile(path, display, blocks)
         self.size = self._file.size
+        self.object = self._file.object
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        """The frames holding these lines that the block cache lacks, for an object."""
+        if self.object is None or offsets is None or lengths is None:
+            return []
+        offsets = np.clip(np.asarray(offsets, dtype=np.int64), 0, self.size)
+        lengths = np.clip(np.asarray(lengths, dtype=np.int64), 0, self.size - offsets)
+        lo, hi = self._around(offsets, lengths)
+        return self._file.spans(lo, hi - lo)
 
     @property
     def frames(self):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from mds.executor import metacache
+from mds.executor import metacache, storage
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 
@@ -67,15 +67,22 @@ class FrameTable:
         return int(np.searchsorted(self.starts, position, side="right")) - 1
 
 
-class _Slice:
-    """A read-only file-like window [start, start + size) of a file descriptor."""
+Pread = Callable[[int, int], bytes]  # (size, offset) -> bytes, short at the end of the data
 
-    def __init__(self, fd: int, start: int, size: int):
-        self._fd, self._pos, self._end = fd, start, start + size
+
+def _pread_of(fd: int) -> Pread:
+    return lambda n, pos: os.pread(fd, n, pos)
+
+
+class _Slice:
+    """A read-only file-like window [start, start + size) of a file or an object."""
+
+    def __init__(self, pread: Pread, start: int, size: int):
+        self._pread, self._pos, self._end = pread, start, start + size
 
     def read(self, n: int = -1) -> bytes:
         n = self._end - self._pos if n < 0 else min(n, self._end - self._pos)
-        data = os.pread(self._fd, n, self._pos) if n > 0 else b""
+        data = self._pread(n, self._pos) if n > 0 else b""
         self._pos += len(data)
         return data
 
@@ -107,10 +114,10 @@ def _truncated(display: str, n: int, pos: int) -> SourceDataError:
     )
 
 
-def _skip_blocks(fd: int, pos: int, file_size: int, display: str, n: int, start: int) -> int:
+def _skip_blocks(pread: Pread, pos: int, file_size: int, display: str, n: int, start: int) -> int:
     """Walk a frame's block headers from `pos`; return the offset after its last block."""
     while True:
-        head = os.pread(fd, 3, pos)
+        head = pread(3, pos)
         if len(head) < 3:
             raise _truncated(display, n, start)
         value = int.from_bytes(head, "little")
@@ -127,11 +134,13 @@ def _skip_blocks(fd: int, pos: int, file_size: int, display: str, n: int, start:
             return pos
 
 
-def _measure(dctx: zstandard.ZstdDecompressor, fd: int, start: int, size: int, where: str) -> int:
+def _measure(
+    dctx: zstandard.ZstdDecompressor, pread: Pread, start: int, size: int, where: str
+) -> int:
     """Decompressed size of a frame whose header does not record it: decompress and count."""
     total = 0
     try:
-        with dctx.stream_reader(_Slice(fd, start, size), read_across_frames=False) as reader:
+        with dctx.stream_reader(_Slice(pread, start, size), read_across_frames=False) as reader:
             while chunk := reader.read(_STREAM_READ):
                 total += len(chunk)
     except zstandard.ZstdError as exc:
@@ -139,13 +148,15 @@ def _measure(dctx: zstandard.ZstdDecompressor, fd: int, start: int, size: int, w
     return total
 
 
-def _walk(fd: int, file_size: int, display: str, dctx: zstandard.ZstdDecompressor) -> FrameTable:
+def _walk(
+    pread: Pread, file_size: int, display: str, dctx: zstandard.ZstdDecompressor
+) -> FrameTable:
     """Build the frame table; the walk must end exactly at the end of the file."""
     offsets, sizes, contents, known = [], [], [], []
     pos = skippable = 0
     while pos < file_size:
         n = len(offsets)
-        head = os.pread(fd, _MAX_HEADER, pos)
+        head = pread(_MAX_HEADER, pos)
         if len(head) < 4:
             raise _truncated(display, n, pos)
         magic = int.from_bytes(head[:4], "little")
@@ -161,13 +172,13 @@ def _walk(fd: int, file_size: int, display: str, dctx: zstandard.ZstdDecompresso
                 "corrupt, or not a zstd file)"
             )
         header, content, checksum = _frame_header(head, pos, display, n)
-        end = _skip_blocks(fd, pos + header, file_size, display, n, pos) + (4 if checksum else 0)
+        end = _skip_blocks(pread, pos + header, file_size, display, n, pos) + (4 if checksum else 0)
         if end > file_size:
             raise _truncated(display, n, pos)
         known.append(content is not None)
         if content is None:
             where = f"{display}: corrupt zstd frame {n} at byte {pos}"
-            content = _measure(dctx, fd, pos, end - pos, where)
+            content = _measure(dctx, pread, pos, end - pos, where)
         offsets.append(pos)
         sizes.append(end - pos)
         contents.append(content)
@@ -196,7 +207,7 @@ def read_frame_table(path: str | os.PathLike[str], display: str | None = None) -
     display = display or str(path)
     fd = _open(Path(path), display)
     try:
-        return _walk(fd, os.fstat(fd).st_size, display, zstandard.ZstdDecompressor())
+        return _walk(_pread_of(fd), os.fstat(fd).st_size, display, zstandard.ZstdDecompressor())
     finally:
         os.close(fd)
 
@@ -206,13 +217,28 @@ class ZstdSeekFile:
 
     Decompressed frames go into `blocks` under (path, "frame", i). A frame larger than the
     cache can hold is stream-decompressed up to the furthest byte a call needs, every call.
+
+    Of an object (s3:// URL) reads are range requests: the frame table is walked over
+    windows of _WALK_READ bytes read in order (one pass over the object, once per process
+    while `metacache` keeps the table), a frame is read from the bytes staged for the fetch
+    (`spans`) or with one request.
     """
 
-    def __init__(self, path: Path, display: str, blocks: LRU):
+    def __init__(self, path: Path | str, display: str, blocks: LRU):
         self.path, self.display, self._blocks = path, display, blocks
         self._dctx = zstandard.ZstdDecompressor()
-        self._fd = _open(path, display)
-        st = os.fstat(self._fd)
+        self._fd, self.object = -1, None
+        if storage.is_url(path):
+            from mds.executor.ranges import RangeFile
+
+            st = storage.stat(path)
+            self.object = RangeFile(str(path), blocks)
+            self._pread: Pread = lambda n, pos: self.object.read_at(n, pos)  # type: ignore[union-attr]
+            walk: Pread = _Window(self.object.read_at)
+        else:
+            self._fd = _open(Path(path), display)
+            st = os.fstat(self._fd)
+            self._pread = walk = _pread_of(self._fd)
         # The frame table is kept in `metacache` (in `blocks` if larger than that cache)
         # apart from the handle, keyed by the file's identity and version: reopening the
         # file does not walk its headers again.
@@ -220,12 +246,22 @@ class ZstdSeekFile:
         table = metacache.lookup(key, blocks)
         if table is None:
             try:
-                table = _walk(self._fd, st.st_size, display, self._dctx)
+                table = _walk(walk, st.st_size, display, self._dctx)
             except BaseException:
                 self.close()
                 raise
             metacache.keep(key, table, table.nbytes, blocks)
         self.table = table
+
+    def spans(self, offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+        """File byte spans of the frames these stream ranges touch that the block cache
+        lacks (for staging an object's reads)."""
+        out = []
+        for frame in sorted(self._pieces(offsets, lengths)):
+            if (self.path, "frame", frame) not in self._blocks:
+                lo = int(self.table.offsets[frame])
+                out.append((lo, lo + int(self.table.sizes[frame])))
+        return out
 
     @property
     def size(self) -> int:
@@ -236,6 +272,9 @@ class ZstdSeekFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self.object is not None:
+            self.object.close()
+            self.object = None
 
     def read_ranges(self, offsets: np.ndarray, lengths: np.ndarray, where: Where) -> list[bytes]:
         """Bytes [offset, offset + length) of the stream for each request, in request order.
@@ -294,9 +333,7 @@ class ZstdSeekFile:
         if data is not None:
             return data
         size = self.table.content_size(frame)
-        compressed = os.pread(
-            self._fd, int(self.table.sizes[frame]), int(self.table.offsets[frame])
-        )
+        compressed = self._pread(int(self.table.sizes[frame]), int(self.table.offsets[frame]))
         try:
             data = self._dctx.decompress(compressed, max_output_size=size)
         except zstandard.ZstdError as exc:
@@ -314,7 +351,7 @@ class ZstdSeekFile:
         """
         spans = _merge(sorted((lo, hi) for _, lo, hi in requests))
         got: dict[int, bytes] = {}
-        source = _Slice(self._fd, int(self.table.offsets[frame]), int(self.table.sizes[frame]))
+        source = _Slice(self._pread, int(self.table.offsets[frame]), int(self.table.sizes[frame]))
         position = 0
         try:
             with self._dctx.stream_reader(source, read_across_frames=False) as reader:
@@ -332,6 +369,22 @@ class ZstdSeekFile:
             span = starts[int(np.searchsorted(starts, lo, side="right")) - 1]
             out.append(got[span][lo - span : hi - span])
         return out
+
+
+_WALK_READ = 8 << 20
+
+
+class _Window:
+    """Reads in order through a window of _WALK_READ bytes: walking an object's frame and
+    block headers costs a request per window, not one per header."""
+
+    def __init__(self, read_at: Pread):
+        self._read_at, self._lo, self._data = read_at, 0, b""
+
+    def __call__(self, n: int, pos: int) -> bytes:
+        if not (self._lo <= pos and pos + n <= self._lo + len(self._data)):
+            self._lo, self._data = pos, self._read_at(max(n, _WALK_READ), pos)
+        return self._data[pos - self._lo : pos - self._lo + n]
 
 
 def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import write_megatron
+from builders import jsonl_bytes, write_megatron, write_zst
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from s3_store import s3_server
@@ -124,6 +124,48 @@ def test_a_changed_megatron_bin_object_is_an_error_naming_it(megatron, store):
         with pytest.raises(
             DataChangedError, match=r"math/part0_text_document.bin: content changed"
         ):
+            _run(s3, 0, verify="full")  # the store's mtime has whole seconds
+    finally:
+        store.put(key, original)
+
+
+@pytest.fixture(scope="module")
+def zst(store, tmp_path_factory):
+    top = tmp_path_factory.mktemp("zst")
+    rng = np.random.default_rng(3)
+    for part in range(2):
+        records = [
+            {"ids": rng.integers(0, 500, int(rng.integers(3, 60))).tolist()} for _ in range(60)
+        ]
+        write_zst(top / "local" / "code" / f"code-{part}.jsonl.zst", jsonl_bytes(records), frames=4)
+    url = store.upload(top / "local", "zst")
+    sources = _source("code", "code/*.jsonl.zst", 'tokens = "ids"')
+    local = _index_and_plan(top, "local", str(top / "local"), sources)
+    s3 = _index_and_plan(top, "s3", url, sources)
+    return top, url, local, s3
+
+
+def test_zstd_jsonl_objects_index_and_replay_as_local_files(zst):
+    top, url, local, s3 = zst
+    _same_index(top, "local", "s3")
+    for rank in range(2):
+        expected = _run(local, rank)
+        assert _run(s3, rank) == expected
+        assert _run(s3, rank, read_ahead=0, cache_bytes=1 << 10) == expected
+        assert _run(local, rank, data_root=url) == expected
+
+
+def test_a_missing_or_changed_zstd_object_is_an_error_naming_it(zst, store):
+    _top, _url, _local, s3 = zst
+    key = "zst/code/code-1.jsonl.zst"
+    original = store.get(key)
+    try:
+        store.delete(key)
+        with pytest.raises(DataChangedError, match=r"code/code-1.jsonl.zst: missing"):
             _run(s3, 0)
+        store.put(key, original[:-3] + bytes(b ^ 0xFF for b in original[-3:]))
+        # verify="full": the store's mtime has whole seconds, the rewrite may keep it
+        with pytest.raises(DataChangedError, match=r"code/code-1.jsonl.zst: content changed"):
+            _run(s3, 0, verify="full")
     finally:
         store.put(key, original)

@@ -216,11 +216,11 @@ def test_a_server_that_hangs_times_out_with_the_url(world, monkeypatch):
 
 def test_formats_that_need_a_file_are_refused_in_object_storage(world, tmp_path):
     top, store, _ = world
-    store.put("zst/code.jsonl.zst", b"\x28\xb5\x2f\xfd")
-    config = tmp_path / "zst.toml"
+    store.put("arrow/code.arrow", b"ARROW1")
+    config = tmp_path / "arrow.toml"
     config.write_text(
-        f'[index]\nroot = "{store.url("zst")}"\n\n[[source]]\nname = "code"\n'
-        'path = "*.jsonl.zst"\ntokens = "ids"\n',
+        f'[index]\nroot = "{store.url("arrow")}"\n\n[[source]]\nname = "code"\n'
+        'path = "*.arrow"\ntokens = "ids"\n',
         encoding="utf-8",
     )
     one_error_line(mds("index", config, "-o", tmp_path / "i"), "not read from object storage")
