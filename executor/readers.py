@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.executor import megatron, metacache, ranges, storage
+from mds.executor import ipc_ranges, megatron, metacache, ranges, storage
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -75,8 +75,6 @@ def open_reader(
     """Open the reader for a manifest source `fmt`; SourceDataError if the file is unusable."""
     if payload_kind not in PAYLOAD_KINDS:
         raise ValueError(f"unknown payload kind {payload_kind!r} (expected one of {PAYLOAD_KINDS})")
-    if storage.is_url(path) and fmt not in storage.OBJECT_FORMATS:
-        raise SourceDataError(f"{path}: {storage.NOT_FROM_OBJECTS.format(fmt=fmt)}")
     if fmt == "megatron":
         if companion is None or payload_kind != "token_ids":
             raise ValueError("a Megatron reader needs the .idx companion and token_ids payloads")
@@ -85,6 +83,8 @@ def open_reader(
         raise ValueError(f"a {fmt} reader needs the payload column")
     if fmt == "parquet":
         return ParquetReader(path, payload_kind, column, blocks, display)
+    if fmt == "arrow" and storage.is_url(path):
+        return ArrowObjectReader(str(path), payload_kind, column, blocks, display)
     if fmt == "arrow":
         return ArrowReader(path, payload_kind, column, display)
     if fmt == "jsonl":
@@ -522,6 +522,61 @@ class ArrowReader(_ColumnReader):
     def close(self) -> None:
         self._get = None
         self._map.close()
+
+
+class ArrowObjectReader(_ColumnReader):
+    """Rows of an Arrow IPC file or stream in object storage: its batches are listed once
+    by a walk of the message headers (kept in `metacache` per version of the object), and
+    a batch is one range read, decoded into the block cache (payload column only)."""
+
+    def __init__(self, url: str, kind: str, column: str, blocks: LRU, display: str):
+        self.path, self.kind, self.column, self.display = url, kind, column, display
+        self._blocks = blocks
+        key = _version("arrow-batches", url, display)  # type: ignore[arg-type]
+        self.object = ranges.RangeFile(url, blocks)
+        try:
+            table = metacache.get(key)
+            if table is None:
+                table = ipc_ranges.read_batch_table(self.object.read_at, self.object.size, display)
+                metacache.put(key, table, table.nbytes)
+            schema = table.schema
+            if column not in schema.names:
+                raise _missing_column(display, column, schema.names)
+            _check_column_type(schema.field(column).type, kind, column, display)
+        except BaseException:
+            self.close()
+            raise
+        self._table, self._index = table, schema.get_field_index(column)
+        self.starts = _row_starts(table.rows.tolist())
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        """The messages of the batches these rows need that the block cache lacks."""
+        rows = np.asarray(file_rows, dtype=np.int64)
+        rows = rows[(rows >= 0) & (rows < self.starts[-1])]
+        out = []
+        for i in np.unique(np.searchsorted(self.starts, rows, side="right") - 1).tolist():
+            if (self.path, "batch", i, self.column, self.kind) not in self._blocks:
+                lo = int(self._table.offsets[i])
+                out.append((lo, lo + int(self._table.sizes[i])))
+        return out
+
+    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+        key = (self.path, "batch", i, self.column, self.kind)
+        block = self._blocks.get(key)
+        if block is None:
+            try:
+                batch = ipc_ranges.read_batch(self._table, i, self.object.read_at)  # type: ignore[union-attr]
+                block = _block(batch.column(self._index), self.kind, own=True)
+            except (OSError, pa.ArrowException) as exc:
+                raise SourceDataError(
+                    f"{self.display} row {row} (record batch {i}): cannot read ({_first_line(exc)})"
+                ) from None
+            self._blocks.put(key, block, block.nbytes)
+        return block
+
+    def close(self) -> None:
+        if self.object is not None:
+            self.object.close()
 
 
 # --- JSONL and JSONL.zst ----------------------------------------------------------------

@@ -60,11 +60,6 @@ def given_root(argument: str | os.PathLike | None) -> tuple[str | None, str]:
 SCHEMES = ("s3://",)
 TIMEOUT_ENV, ATTEMPTS_ENV = "MDS_S3_TIMEOUT", "MDS_S3_ATTEMPTS"
 _DEFAULT_TIMEOUT, _DEFAULT_ATTEMPTS = 20.0, 4
-OBJECT_FORMATS = ("parquet", "jsonl", "jsonl.zst", "megatron")  # read with range requests
-NOT_FROM_OBJECTS = (
-    "{fmt} sources are not read from object storage yet (only parquet, jsonl, jsonl.zst and "
-    "megatron); copy the files to a local or shared file system and point the data root there"
-)
 
 
 def is_url(path: Any) -> bool:

@@ -4,8 +4,7 @@ One listing of the prefix (a few requests per thousand objects) gives every key 
 a source's `path` patterns are matched against the keys relative to the root: a key, a
 glob (`*`, `?`, `**` across directories) or a directory prefix (every data object under it).
 As on a file system, hidden names (a part starting with ".") and anything inside an mds
-index (a directory holding manifest.json) are never data. Only formats read with byte-range
-requests are accepted (storage.OBJECT_FORMATS).
+index (a directory holding manifest.json) are never data; a Megatron .bin needs its .idx.
 """
 
 from __future__ import annotations
@@ -82,10 +81,6 @@ def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list
             if fmt is None:
                 raise ConfigError(
                     f"{where}cannot tell the format of {root}/{key} from its name; set `format`"
-                )
-            if fmt not in storage.OBJECT_FORMATS:
-                raise ConfigError(
-                    f"{where}{root}/{key}: {storage.NOT_FROM_OBJECTS.format(fmt=fmt)}"
                 )
             companion = None
             if fmt == "megatron":

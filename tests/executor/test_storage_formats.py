@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
-from builders import jsonl_bytes, write_megatron, write_zst
+from builders import jsonl_bytes, write_arrow, write_megatron, write_zst
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from s3_store import s3_server
@@ -166,6 +167,50 @@ def test_a_missing_or_changed_zstd_object_is_an_error_naming_it(zst, store):
         store.put(key, original[:-3] + bytes(b ^ 0xFF for b in original[-3:]))
         # verify="full": the store's mtime has whole seconds, the rewrite may keep it
         with pytest.raises(DataChangedError, match=r"code/code-1.jsonl.zst: content changed"):
+            _run(s3, 0, verify="full")
+    finally:
+        store.put(key, original)
+
+
+@pytest.fixture(scope="module", params=["file", "stream"])
+def arrow(request, store, tmp_path_factory):
+    top = tmp_path_factory.mktemp(f"arrow-{request.param}")
+    rng = np.random.default_rng(4)
+    for part in range(2):
+        rows = [rng.integers(0, 500, int(rng.integers(3, 60))).tolist() for _ in range(70)]
+        table = pa.table({"tokens": rows, "lang": ["en", "de"] * 35})
+        write_arrow(
+            top / "local" / "books" / f"data-{part}.arrow",
+            pa.Table.from_batches(table.to_batches(max_chunksize=16)),  # 5 record batches
+            stream=request.param == "stream",
+        )
+    url = store.upload(top / "local", f"arrow-{request.param}")
+    sources = _source("books", "books/*.arrow", 'tokens = "tokens"\nkeep = ["lang"]')
+    local = _index_and_plan(top, "local", str(top / "local"), sources)
+    s3 = _index_and_plan(top, "s3", url, sources)
+    return top, url, local, s3, request.param
+
+
+def test_arrow_objects_index_and_replay_as_local_files(arrow):
+    top, url, local, s3, _kind = arrow
+    _same_index(top, "local", "s3")
+    for rank in range(2):
+        expected = _run(local, rank)
+        assert _run(s3, rank) == expected
+        assert _run(s3, rank, read_ahead=0, cache_bytes=1 << 10) == expected
+        assert _run(local, rank, data_root=url) == expected
+
+
+def test_a_missing_or_changed_arrow_object_is_an_error_naming_it(arrow, store):
+    _top, _url, _local, s3, kind = arrow
+    key = f"arrow-{kind}/books/data-1.arrow"
+    original = store.get(key)
+    try:
+        store.delete(key)
+        with pytest.raises(DataChangedError, match=r"books/data-1.arrow: missing"):
+            _run(s3, 0)
+        store.put(key, original[:-40] + bytes(b ^ 0x55 for b in original[-40:]))
+        with pytest.raises(DataChangedError, match=r"books/data-1.arrow: content changed"):
             _run(s3, 0, verify="full")
     finally:
         store.put(key, original)

@@ -214,18 +214,6 @@ def test_a_server_that_hangs_times_out_with_the_url(world, monkeypatch):
             _run(top / "s3.mds", 0)
 
 
-def test_formats_that_need_a_file_are_refused_in_object_storage(world, tmp_path):
-    top, store, _ = world
-    store.put("arrow/code.arrow", b"ARROW1")
-    config = tmp_path / "arrow.toml"
-    config.write_text(
-        f'[index]\nroot = "{store.url("arrow")}"\n\n[[source]]\nname = "code"\n'
-        'path = "*.arrow"\ntokens = "ids"\n',
-        encoding="utf-8",
-    )
-    one_error_line(mds("index", config, "-o", tmp_path / "i"), "not read from object storage")
-
-
 def test_range_reads_of_an_object_are_exact_and_cached(world, monkeypatch):
     from mds.executor import ranges
     from mds.executor.lru import LRU
