@@ -17,7 +17,13 @@ def plan_command(
         metavar="CONFIG",
         help="TOML config with [train], [cost] and weighted [[source]] tables.",
     ),
-    output: Path = typer.Option(..., "--output", "-o", metavar="FILE", help="Plan file to write."),
+    output: str = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Plan file to write (or an s3:// URL: uploaded as one object when complete).",
+    ),
     index: Path | None = typer.Option(
         None,
         "--index",
@@ -77,20 +83,23 @@ def plan_command(
     if (parent is None) != (at_step is None):
         raise ConfigError("--from and --at-step go together: the old plan and the step K")
     cfg = with_overrides(load_plan_config(config), steps=steps, dp_size=dp_size, index=index)
+    from mds.executor.storage import is_url
     from mds.planner.outputs import check_output, index_inputs
 
-    check_output(
-        "-o",
-        output,
-        [("config file", config), ("plan given to --from", parent), *index_inputs(cfg.index)],
-    )
+    target: Path | str = output if is_url(output) else Path(output)
+    if isinstance(target, Path):
+        check_output(
+            "-o",
+            target,
+            [("config file", config), ("plan given to --from", parent), *index_inputs(cfg.index)],
+        )
     from mds.planner.engine import EngineSpec
 
     spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
     with StepProgress("planning", enabled=not json_out) as bar:
         summary = build_plan(
             cfg,
-            output,
+            target,
             workers=workers,
             progress=bar,
             parent=parent,

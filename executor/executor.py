@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mds.executor import storage
 from mds.executor.ahead import ReadAhead
 from mds.executor.batch import compact, expand
 from mds.executor.errors import ConfigError, PlanError
@@ -84,7 +85,7 @@ class PlanExecutor:
         )
         if _integer(read_ahead, "read_ahead") < 0:
             raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
-        self.plan_path = Path(plan)
+        self.plan_path: Any = str(plan) if storage.is_url(plan) else Path(plan)
         self._reader = PlanReader(self.plan_path)
         try:
             self._setup(

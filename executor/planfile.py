@@ -32,7 +32,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mds.executor.errors import PlanError
+from mds.executor import storage
+from mds.executor.errors import PlanError, SourceDataError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -259,16 +260,31 @@ class PlanReader:
     """Random access to a plan: the footer, then only the (chunk, rank) blocks asked for."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        # A plan in object storage (s3://) is read with range requests: the footer, then
+        # the blocks asked for, as from a file.
+        self.path: Any = str(path) if storage.is_url(path) else Path(path)
+        self._object: Any = None
+        self._pid = os.getpid()
         try:
-            self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+            if storage.is_url(path):
+                self._object = self._open_object()
+                self._f: BinaryIO | None = None
+            else:
+                self._f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         except OSError as exc:
             raise PlanError(f"{self.path}: cannot open plan ({exc.strerror or exc})") from None
+        except SourceDataError as exc:
+            raise PlanError(f"cannot open plan: {exc}") from None
         try:
             self._load()
         except BaseException:
-            self._f.close()
+            self.close()
             raise
+
+    def _open_object(self) -> Any:
+        from mds.executor.ranges import RangeFile
+
+        return RangeFile(self.path, None)
 
     def _fail(self, what: str) -> PlanError:
         return PlanError(f"{self.path}: {what}")
@@ -278,14 +294,25 @@ class PlanReader:
             raise self._fail(
                 f"corrupt plan: a reference points outside the file ({offset}+{size} > {self.size})"
             )
-        # pread: no shared file position, so threads and forked workers can share the reader.
-        data = os.pread(self._f.fileno(), size, offset)
+        if self._object is not None:
+            if self._pid != os.getpid():  # a forked worker opens its own connection
+                self._object, self._pid = self._open_object(), os.getpid()
+            try:
+                data = self._object.read_at(size, offset)
+            except SourceDataError as exc:
+                raise PlanError(f"cannot read plan: {exc}") from None
+        else:
+            # pread: no shared file position, so threads and forked workers can share it.
+            data = os.pread(self._f.fileno(), size, offset)  # type: ignore[union-attr]
         if len(data) != size:
             raise self._fail("truncated plan file")
         return data
 
     def _load(self) -> None:
-        self.size = os.fstat(self._f.fileno()).st_size
+        if self._object is not None:
+            self.size = self._object.size
+        else:
+            self.size = os.fstat(self._f.fileno()).st_size  # type: ignore[union-attr]
         if self.size < _HEAD.size + _TRAILER.size:
             raise self._fail("not an mds plan (file too short; truncated?)")
         magic, version, flags = _HEAD.unpack(self._read(0, _HEAD.size))
@@ -356,7 +383,10 @@ class PlanReader:
         return self.chunks[-1][1] if self.chunks else self.first_step
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
+        if self._object is not None:
+            self._object.close()
 
     def __enter__(self) -> PlanReader:
         return self

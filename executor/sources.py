@@ -98,7 +98,12 @@ def _data_root(plan_path: Path, recorded: str, given: str | os.PathLike | None) 
         return root.absolute()
     if storage.is_url(recorded):
         return recorded.rstrip("/")
-    root = Path(os.path.normpath(plan_path.absolute().parent / recorded))
+    if storage.is_url(plan_path) and not os.path.isabs(recorded):  # beside a plan's object
+        return storage.resolve_under(storage.parent_url(str(plan_path)), recorded)
+    if storage.is_url(plan_path):
+        root = Path(recorded)
+    else:
+        root = Path(os.path.normpath(plan_path.absolute().parent / recorded))
     if not root.is_dir():
         raise ConfigError(
             f"{plan_path}: its data root was expected at {root} (recorded relative to the "

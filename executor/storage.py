@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import posixpath
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,6 +28,9 @@ __all__ = [
     "join",
     "list_objects",
     "open_input",
+    "parent_url",
+    "put_file",
+    "resolve_under",
     "stat",
 ]
 
@@ -191,3 +195,31 @@ def list_objects(url: str) -> list[tuple[str, int]]:
         if info.type == fs.FileType.File
     ]
     return sorted(out)
+
+
+def put_file(local: str | os.PathLike, url: str) -> None:
+    """Upload a local file as the object `url`. An object appears only when its upload
+    completes (a single PUT, or a multipart upload's completion), so a reader sees the old
+    object or the new one whole, never a part; a failed upload leaves no new object."""
+    try:
+        with filesystem().open_output_stream(_key(url)) as out, open(local, "rb") as f:
+            while piece := f.read(8 << 20):
+                out.write(piece)
+    except OSError as exc:
+        raise failure(url, "write", exc) from None
+
+
+def parent_url(url: str) -> str:
+    """The "directory" of an object's URL (everything before its last /)."""
+    return url.rstrip("/").rsplit("/", 1)[0]
+
+
+def resolve_under(base: str, rel: str) -> str:
+    """`rel` (a POSIX path, maybe with ..) relative to the URL prefix `base`; a URL or an
+    absolute path is returned as it is."""
+    if is_url(rel) or rel.startswith("/"):
+        return rel
+    scheme, rest = base.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    joined = posixpath.normpath(posixpath.join("/", key, rel)).lstrip("/")
+    return f"{scheme}://{bucket}/{joined}".rstrip("/")

@@ -9,6 +9,7 @@ and written in order.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mds.executor import storage
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import Fetch, PlanWriter, plan_id_of
 from mds.planner.atomic import clean_stale_temps, temp_sibling
@@ -297,14 +299,30 @@ def build_plan(
     (see planner/derive.py). `engine`: where chunks are planned (default: the config's
     [plan] engine, else local processes with more than one worker, else this process)."""
     started = time.perf_counter()
-    output = Path(output).resolve()
     engine = engine or EngineSpec(config.engine, config.address)
+    if storage.is_url(output):
+        return _build_to_object(config, str(output), workers, parent, at_step, progress, engine)
+    output = Path(output).resolve()
     with output_lock(output):
         return _build_locked(config, output, workers, parent, at_step, progress, started, engine)
 
 
+def _build_to_object(config, url, workers, parent, at_step, progress, engine) -> PlanSummary:
+    """Plan into a local temporary file, then upload it as one object: an object appears
+    whole when its upload completes, so a failed run leaves no plan, nor a partial one,
+    at `url`. The recorded paths are those of the plan's place, `url`."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mds-plan-") as tmp:
+        local = Path(tmp) / url.rsplit("/", 1)[-1]
+        summary = _build_locked(
+            config, local, workers, parent, at_step, progress, started, engine, place=url
+        )
+        storage.put_file(local, url)
+    return replace(summary, path=url, seconds=time.perf_counter() - started)
+
+
 def _build_locked(
-    config, output, workers, parent, at_step, progress, started, engine
+    config, output, workers, parent, at_step, progress, started, engine, place=None
 ) -> PlanSummary:
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
@@ -332,7 +350,7 @@ def _build_locked(
 
             assert at_step is not None
             planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
-        data, footer, stats_arr = _write(planner, output, pool, run, progress)
+        data, footer, stats_arr = _write(planner, output, pool, run, progress, place)
         failed = False
     finally:
         if pool is not None:
@@ -360,8 +378,9 @@ def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixSta
     yield from pool.map(_run_chunk, units(), window=2 * pool.workers + 1)
 
 
-def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progress):
-    """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
+def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progress, place=None):
+    """Plan every chunk (in `pool` when given) and write the file; returns footer bytes.
+    `place`: where the plan will live if not at `output` (an object's URL)."""
     train = planner.config.train
     id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
     try:  # a PlanWriter that fails to start removes its temporary itself
@@ -394,7 +413,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
         writer.add_section("cursor_consumed", np.stack([s.consumed for s in states]))
         writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
         writer.add_section("cursor_target", np.stack([s.target for s in states]))
-        footer = _footer(planner, output, states[-1], stats_arr)
+        footer = _footer(planner, place or output, states[-1], stats_arr)
         data = writer.commit(footer)
     except BaseException as exc:
         writer.abort()
@@ -425,7 +444,9 @@ def index_sources(manifest: IndexManifest) -> list[dict[str, Any]]:
     return out
 
 
-def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) -> dict[str, Any]:
+def _footer(
+    planner: Planner, output: Path | str, final: MixState, stats: np.ndarray
+) -> dict[str, Any]:
     config, manifest = planner.config, planner.manifest
     peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
     sources = []
@@ -449,7 +470,7 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
         "config": config.canonical(),
         "index": {
             "fingerprint": manifest.fingerprint,
-            "path": os.path.relpath(manifest.path, output.parent),
+            "path": _relative(str(manifest.path), output),
             "sources": index_sources(manifest),
         },
         "sources": sources,
@@ -465,7 +486,15 @@ def _footer(planner: Planner, output: Path, final: MixState, stats: np.ndarray) 
     }
 
 
-def _fetch_facts(planner: Planner, output: Path) -> dict[str, Any]:
+def _relative(path: str, plan: Path | str) -> str:
+    """`path` as a plan at `plan` records it: relative to the plan's directory when both
+    are files; absolute (or a URL) when the plan is an object."""
+    if storage.is_url(path) or storage.is_url(plan):
+        return path if storage.is_url(path) else os.path.abspath(path)
+    return os.path.relpath(path, Path(plan).parent)
+
+
+def _fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
     """What the executor needs besides the blocks' records: the data root (relative to the
     plan's directory, as the index's path is, so the bytes do not depend on where the
     tree lies), and for each planned source how to read and tokenize it."""
@@ -473,7 +502,10 @@ def _fetch_facts(planner: Planner, output: Path) -> dict[str, Any]:
     sources = {}
     for pool in planner.pools:
         sources[pool.name] = source_facts(manifest.source(pool.name))
-    return {"root": recorded_root(manifest.data["root"], output.parent), "sources": sources}
+    root = manifest.data["root"]
+    if storage.is_url(output):
+        return {"root": _relative(root, output), "sources": sources}
+    return {"root": recorded_root(root, Path(output).parent), "sources": sources}
 
 
 def _summary(

@@ -1,0 +1,125 @@
+"""Plans (and indexes) in object storage, against a real S3-protocol server on 127.0.0.1
+(moto): `mds plan -o s3://...` uploads the plan as one object once it is complete, the
+executor replays it with range reads, and a missing plan object or a failed upload is one
+line naming the URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from builders import write_jsonl, write_parquet
+from cli_helpers import mds, one_error_line
+from executor_builders import batch_digest
+from s3_store import BUCKET, free_port, s3_server
+
+from mds.executor import PlanExecutor
+from mds.executor.errors import PlanError
+from mds.executor.storage import DATA_ROOT_ENV
+
+CONFIG = """
+[index]
+root = "{root}"
+
+[[source]]
+name = "web"
+path = "web/*.parquet"
+tokens = "tokens"
+weight = 0.6
+
+[[source]]
+name = "forum"
+path = "forum.jsonl"
+tokens = "ids"
+weight = 0.4
+
+[train]
+steps = 8
+dp_size = 2
+micro_batches = 2
+samples_per_step = 8
+max_tokens_per_micro_batch = 400
+seed = 5
+
+[plan]
+chunk_steps = 3
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    top = tmp_path_factory.mktemp("outputs")
+    rng = np.random.default_rng(6)
+    for part in range(2):
+        rows = [rng.integers(0, 500, int(rng.integers(4, 60))).tolist() for _ in range(30)]
+        write_parquet(top / "data" / "web" / f"part-{part}.parquet", {"tokens": rows})
+    lines = [{"ids": rng.integers(0, 500, int(rng.integers(3, 40))).tolist()} for _ in range(40)]
+    write_jsonl(top / "data" / "forum.jsonl", lines)
+    with pytest.MonkeyPatch.context() as patch, s3_server(patch) as store:
+        patch.delenv(DATA_ROOT_ENV, raising=False)
+        url = store.upload(top / "data", "corpus")
+        for name, root in (("local", str(top / "data")), ("s3", url)):
+            config = top / f"{name}.toml"
+            config.write_text(CONFIG.format(root=root), encoding="utf-8")
+            assert mds("index", config, "-o", top / f"{name}-index").exit_code == 0
+            out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
+            assert out.exit_code == 0, out.output
+        yield top, store, url
+
+
+def _run(plan, rank: int, **kwargs) -> list[str]:
+    with PlanExecutor(plan, rank, **kwargs) as ex:
+        return [batch_digest(b) for b in ex]
+
+
+@pytest.mark.parametrize("data", ["local", "s3"])
+def test_a_plan_written_to_object_storage_replays_with_range_reads(world, data):
+    top, store, _url = world
+    target = f"s3://{BUCKET}/plans/{data}/plan.mds"
+    out = mds("plan", top / f"{data}.toml", "-o", target, "--index", top / f"{data}-index")
+    assert out.exit_code == 0, out.output
+    assert target in out.output
+    for rank in range(2):
+        expected = _run(top / f"{data}.mds", rank)
+        assert _run(target, rank) == expected
+        with PlanExecutor(target, rank) as ex:  # resume from a state saved mid-run
+            it = iter(ex)
+            for _ in range(5):
+                next(it)
+            state = ex.state_dict()
+        with PlanExecutor(target, rank) as ex:
+            ex.load_state_dict(state)
+            assert [batch_digest(b) for b in ex] == expected[5:]
+
+
+def test_dataloader_workers_read_a_plan_object(world):
+    top, _store, _url = world
+    target = f"s3://{BUCKET}/plans/workers/plan.mds"
+    assert mds("plan", top / "s3.toml", "-o", target, "--index", top / "s3-index").exit_code == 0
+    expected = _run(top / "s3.mds", 0)
+    with PlanExecutor(target, 0) as ex:
+        next(iter(ex))
+        ex.seek(0)
+        assert [batch_digest(b) for b in ex.dataloader(num_workers=2)] == expected
+
+
+def test_a_missing_plan_object_is_an_error_naming_it(world):
+    target = f"s3://{BUCKET}/plans/none/plan.mds"
+    with pytest.raises(PlanError, match=rf"{target}: missing"):
+        PlanExecutor(target, 0)
+
+
+def test_a_failed_upload_names_the_url_and_leaves_no_plan(world, monkeypatch):
+    top, store, _url = world
+    target = f"s3://{BUCKET}/plans/failed/plan.mds"
+    with monkeypatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        one_error_line(
+            mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
+            target,
+            "cannot write",
+        )
+    listed = store.client.list_objects_v2(Bucket=BUCKET, Prefix="plans/failed/")
+    assert listed.get("KeyCount", 0) == 0
+    assert not list(Path(top).glob("**/.plan.mds.tmp-*"))
