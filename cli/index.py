@@ -58,12 +58,13 @@ def index_command(
     config: Path | None = typer.Argument(
         None, metavar="CONFIG", help="TOML config with [[source]] tables.", show_default=False
     ),
-    output: Path | None = typer.Option(
+    output: str | None = typer.Option(
         None,
         "--output",
         "-o",
-        metavar="DIR",
-        help="Index directory to write (default: [index].output, else <root>/index).",
+        metavar="DIR|URL",
+        help="Index directory to write, or an s3:// prefix (default: [index].output, else "
+        "<root>/index).",
     ),
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Files scanned in parallel."
@@ -176,9 +177,9 @@ def index_command(
 
     if full_fingerprint:
         cfg = replace(cfg, fingerprint="full")
-    if data_root is not None:
-        from mds.executor.storage import is_url
+    from mds.executor.storage import is_url
 
+    if data_root is not None:
         cfg = replace(
             cfg, root=data_root.rstrip("/") if is_url(data_root) else Path(data_root).resolve()
         )
@@ -186,7 +187,8 @@ def index_command(
 
     spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
     with ByteProgress("indexing", enabled=not json_out) as bar:
-        summary = build_index(cfg, output, workers=workers, progress=bar, engine=spec)
+        target = output if output is None or is_url(output) else Path(output)
+        summary = build_index(cfg, target, workers=workers, progress=bar, engine=spec)
     if json_out:
         print_json(summary.to_json())
         return

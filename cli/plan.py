@@ -24,11 +24,11 @@ def plan_command(
         metavar="FILE",
         help="Plan file to write (or an s3:// URL: uploaded as one object when complete).",
     ),
-    index: Path | None = typer.Option(
+    index: str | None = typer.Option(
         None,
         "--index",
-        metavar="DIR",
-        help="Index directory (default: [plan].index, else [index].output).",
+        metavar="DIR|URL",
+        help="Index directory or s3:// prefix (default: [plan].index, else [index].output).",
     ),
     steps: int | None = typer.Option(None, "--steps", metavar="N", help="Override [train] steps."),
     dp_size: int | None = typer.Option(
@@ -91,7 +91,11 @@ def plan_command(
         check_output(
             "-o",
             target,
-            [("config file", config), ("plan given to --from", parent), *index_inputs(cfg.index)],
+            [
+                ("config file", config),
+                ("plan given to --from", parent),
+                *([] if is_url(cfg.index) else index_inputs(cfg.index)),
+            ],
         )
     from mds.planner.engine import EngineSpec
 

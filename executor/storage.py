@@ -19,6 +19,8 @@ from mds.executor.errors import ConfigError, SourceDataError
 
 __all__ = [
     "DATA_ROOT_ENV",
+    "delete",
+    "get_bytes",
     "MOVED_HINT",
     "ObjectStat",
     "exists",
@@ -207,6 +209,25 @@ def put_file(local: str | os.PathLike, url: str) -> None:
                 out.write(piece)
     except OSError as exc:
         raise failure(url, "write", exc) from None
+
+
+def delete(url: str) -> None:
+    """Remove the object `url` (gone already is fine)."""
+    try:
+        filesystem().delete_file(_key(url))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise failure(url, "delete", exc) from None
+
+
+def get_bytes(url: str) -> bytes:
+    """The whole object `url`, one request."""
+    try:
+        with filesystem().open_input_file(_key(url)) as f:
+            return f.read()
+    except OSError as exc:
+        raise failure(url, "read", exc) from None
 
 
 def parent_url(url: str) -> str:

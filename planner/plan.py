@@ -26,7 +26,7 @@ from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.engine import Engine, EngineSpec, open_engine
 from mds.planner.fetch import FetchTable, source_facts
-from mds.planner.index.manifest import IndexManifest, read_manifest
+from mds.planner.index.manifest import IndexManifest, download_index, read_manifest
 from mds.planner.lock import output_lock
 from mds.planner.mixing import Mixer, MixState
 from mds.planner.outputs import recorded_root
@@ -106,6 +106,7 @@ class Planner:
         self.config = config
         self.start = start
         self.lineage = lineage
+        self.index_place: str | None = None  # the index's URL when read from object storage
         self.manifest = manifest or read_manifest(config.index)
         self.pools: list[SourcePool] = load_pools(config, self.manifest)
         self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
@@ -249,11 +250,12 @@ def with_overrides(
     config: PlanConfig,
     steps: int | None = None,
     dp_size: int | None = None,
-    index: Path | None = None,
+    index: Path | str | None = None,
 ) -> PlanConfig:
     """Apply --steps / --dp-size / --index and re-check what they affect."""
     if index is not None:
-        config = replace(config, index=Path(index).resolve())
+        where = str(index).rstrip("/") if storage.is_url(index) else Path(index).resolve()
+        config = replace(config, index=where)
     train = config.train
     if steps is not None:
         if steps < 1:
@@ -293,21 +295,44 @@ def build_plan(
     parent: Path | None = None,
     at_step: int | None = None,
     engine: EngineSpec | None = None,
+    index_place: str | None = None,
 ) -> PlanSummary:
     """Plan every step of `config` into the file `output` (written atomically). With
     `parent` and `at_step` K, plan steps [K, steps) continuing the parent plan's cursors
     (see planner/derive.py). `engine`: where chunks are planned (default: the config's
-    [plan] engine, else local processes with more than one worker, else this process)."""
+    [plan] engine, else local processes with more than one worker, else this process).
+    An index in object storage (config.index an s3:// URL) is downloaded to a temporary
+    directory first; `output` may be an s3:// URL too (see _build_to_object)."""
     started = time.perf_counter()
     engine = engine or EngineSpec(config.engine, config.address)
+    if storage.is_url(config.index):
+        with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
+            url = str(config.index)
+            local = replace(config, index=download_index(url, Path(tmp) / "index"))
+            return build_plan(
+                local,
+                output,
+                workers=workers,
+                progress=progress,
+                parent=parent,
+                at_step=at_step,
+                engine=engine,
+                index_place=url,
+            )
     if storage.is_url(output):
-        return _build_to_object(config, str(output), workers, parent, at_step, progress, engine)
+        return _build_to_object(
+            config, str(output), workers, parent, at_step, progress, engine, index_place
+        )
     output = Path(output).resolve()
     with output_lock(output):
-        return _build_locked(config, output, workers, parent, at_step, progress, started, engine)
+        return _build_locked(
+            config, output, workers, parent, at_step, progress, started, engine, None, index_place
+        )
 
 
-def _build_to_object(config, url, workers, parent, at_step, progress, engine) -> PlanSummary:
+def _build_to_object(
+    config, url, workers, parent, at_step, progress, engine, index_place
+) -> PlanSummary:
     """Plan into a local temporary file, then upload it as one object: an object appears
     whole when its upload completes, so a failed run leaves no plan, nor a partial one,
     at `url`. The recorded paths are those of the plan's place, `url`."""
@@ -315,14 +340,14 @@ def _build_to_object(config, url, workers, parent, at_step, progress, engine) ->
     with tempfile.TemporaryDirectory(prefix="mds-plan-") as tmp:
         local = Path(tmp) / url.rsplit("/", 1)[-1]
         summary = _build_locked(
-            config, local, workers, parent, at_step, progress, started, engine, place=url
+            config, local, workers, parent, at_step, progress, started, engine, url, index_place
         )
         storage.put_file(local, url)
     return replace(summary, path=url, seconds=time.perf_counter() - started)
 
 
 def _build_locked(
-    config, output, workers, parent, at_step, progress, started, engine, place=None
+    config, output, workers, parent, at_step, progress, started, engine, place, index_place
 ) -> PlanSummary:
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
@@ -345,6 +370,7 @@ def _build_locked(
     failed = True
     try:
         planner = Planner(config)
+        planner.index_place = index_place
         if parent is not None:
             from mds.planner.derive import derive_start
 
@@ -470,7 +496,7 @@ def _footer(
         "config": config.canonical(),
         "index": {
             "fingerprint": manifest.fingerprint,
-            "path": _relative(str(manifest.path), output),
+            "path": planner.index_place or _relative(str(manifest.path), output),
             "sources": index_sources(manifest),
         },
         "sources": sources,

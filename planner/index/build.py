@@ -418,6 +418,8 @@ def build_index(
 ) -> IndexSummary:
     """Index every source of `config` into `output` (see the module docstring). `engine`:
     where the scans run (default: the config's [index] engine, else the local pool)."""
+    if output is not None and storage.is_url(output):
+        return _build_to_objects(config, str(output), workers, progress, clock, engine)
     started = clock()
     remote = storage.is_url(config.root)  # objects: listed once, read with range requests
     if remote and output is None and config.output is None:
@@ -461,6 +463,35 @@ def build_index(
         return _build_locked(
             config, output, discovered, tokenizers, workers, progress, clock, started, engine
         )
+
+
+def _build_to_objects(config, url, workers, progress, clock, engine) -> IndexSummary:
+    """Index into a local temporary directory, then upload it under the prefix `url`: the
+    tables first (named by their content, so a table of the index in place is never
+    changed), the manifest last, each one object. An object appears only when its upload
+    completes, so readers see the old manifest or the new one, and a failed run leaves the
+    old index valid. Tables the new manifest no longer names are removed after it. The
+    index in place is not reused: every file is scanned."""
+    import tempfile
+
+    url = url.rstrip("/")
+    started = clock()
+    with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
+        local = Path(tmp) / "index"
+        summary = build_index(
+            config, local, workers=workers, progress=progress, clock=clock, engine=engine
+        )
+        manifest = read_manifest(local)
+        live = {str(e["table"]) for e in manifest.sources}
+        for rel in sorted(live):
+            storage.put_file(local / rel, f"{url}/{rel}")
+        storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+    for key, _size in storage.list_objects(f"{url}/{TABLES}"):
+        if f"{TABLES}/{key}" not in live:
+            storage.delete(f"{url}/{TABLES}/{key}")
+    summary.path = url
+    summary.seconds = clock() - started
+    return summary
 
 
 def _build_locked(

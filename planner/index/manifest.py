@@ -28,6 +28,7 @@ from mds.planner.atomic import atomic_path
 
 __all__ = [
     "FORMAT",
+    "download_index",
     "MANIFEST",
     "VERSION",
     "IndexManifest",
@@ -144,3 +145,22 @@ def write_manifest(path: Path, manifest: dict[str, Any], files: list[Iterable[di
                 out.write("".join(buffer).encode("ascii"))
                 buffer, size = [], 0
         out.write("".join(buffer).encode("ascii"))
+
+
+def download_index(url: str, local: Path) -> Path:
+    """Copy the index under the prefix `url` to the directory `local`: the manifest first
+    (the commit point: it names the tables of one complete index), then the tables it
+    names, each checked against its checksum when it is read."""
+    from mds.executor import storage
+
+    local.mkdir(parents=True)
+    url = url.rstrip("/")
+    manifest_url = f"{url}/{MANIFEST}"
+    if not storage.exists(manifest_url):
+        raise IndexFormatError(f"{url}: no index there ({MANIFEST} missing); run `mds index`")
+    (local / MANIFEST).write_bytes(storage.get_bytes(manifest_url))
+    for entry in read_manifest(local).sources:
+        rel = str(entry["table"])
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(storage.get_bytes(f"{url}/{rel}"))
+    return local

@@ -5,6 +5,7 @@ line naming the URL."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,75 @@ def test_a_failed_upload_names_the_url_and_leaves_no_plan(world, monkeypatch):
     listed = store.client.list_objects_v2(Bucket=BUCKET, Prefix="plans/failed/")
     assert listed.get("KeyCount", 0) == 0
     assert not list(Path(top).glob("**/.plan.mds.tmp-*"))
+
+
+@pytest.mark.parametrize("data", ["local", "s3"])
+def test_an_index_written_to_object_storage_plans_the_same_batches(world, data):
+    top, store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/{data}"
+    out = mds("index", top / f"{data}.toml", "-o", prefix, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["index"] == prefix
+    local = json.loads((top / f"{data}-index" / "manifest.json").read_text())
+    remote = json.loads(store.get(f"indexes/{data}/manifest.json"))
+    assert remote["fingerprint"] == local["fingerprint"]  # the same index, by content
+    plan = top / f"{data}-from-s3-index.mds"
+    out = mds("plan", top / f"{data}.toml", "-o", plan, "--index", prefix)
+    assert out.exit_code == 0, out.output
+    with PlanExecutor(plan, 0) as ex:
+        assert ex._reader.footer["index"]["path"] == prefix
+    assert _run(plan, 0) == _run(top / f"{data}.mds", 0)
+    target = f"{prefix}/plan.mds"  # both in the store
+    assert mds("plan", top / f"{data}.toml", "-o", target, "--index", prefix).exit_code == 0
+    assert _run(target, 1) == _run(top / f"{data}.mds", 1)
+
+
+def test_a_re_index_replaces_the_manifest_last_and_drops_unnamed_tables(world, monkeypatch):
+    top, store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/again"
+    assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
+    store.put("indexes/again/sources/stale-0000.parquet", b"old")
+    order: list[str] = []
+    from mds.executor import storage
+
+    put = storage.put_file
+    monkeypatch.setattr(
+        storage, "put_file", lambda local, url: (order.append(url), put(local, url))
+    )
+    assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
+    assert order[-1] == f"{prefix}/manifest.json" and len(order) == 3  # two tables, manifest
+    keys = [
+        o["Key"]
+        for o in store.client.list_objects_v2(Bucket=BUCKET, Prefix="indexes/again/")["Contents"]
+    ]
+    assert "indexes/again/sources/stale-0000.parquet" not in keys
+
+
+def test_a_failed_index_upload_keeps_the_index_in_place(world, monkeypatch):
+    top, store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/kept"
+    assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
+    before = store.get("indexes/kept/manifest.json")
+    from mds.executor import storage
+    from mds.executor.errors import SourceDataError
+
+    def fail_manifest(local, url):
+        if url.endswith("manifest.json"):
+            raise SourceDataError(f"{url}: cannot write after 2 attempts (test)")
+        return put(local, url)
+
+    put = storage.put_file
+    monkeypatch.setattr(storage, "put_file", fail_manifest)
+    one_error_line(mds("index", top / "s3.toml", "-o", prefix), f"{prefix}/manifest.json")
+    assert store.get("indexes/kept/manifest.json") == before
+    monkeypatch.undo()
+    assert mds("plan", top / "local.toml", "-o", top / "kept.mds", "--index", prefix).exit_code == 0
+
+
+def test_a_prefix_without_an_index_is_an_error_naming_it(world, tmp_path):
+    top, _store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/none"
+    one_error_line(
+        mds("plan", top / "local.toml", "-o", tmp_path / "p.mds", "--index", prefix),
+        f"{prefix}: no index there",
+    )
