@@ -63,13 +63,14 @@ def given_root(argument: str | os.PathLike | None) -> tuple[str | None, str]:
 # (MDS_S3_TIMEOUT seconds) and is retried with bounded backoff (MDS_S3_ATTEMPTS attempts in
 # all); what still fails is a SourceDataError naming the object's URL.
 
-SCHEMES = ("s3://",)
+SCHEMES = ("s3://", "gs://")
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # the Google client libraries' variable
 TIMEOUT_ENV, ATTEMPTS_ENV = "MDS_S3_TIMEOUT", "MDS_S3_ATTEMPTS"
 _DEFAULT_TIMEOUT, _DEFAULT_ATTEMPTS = 20.0, 4
 
 
 def is_url(path: Any) -> bool:
-    """Whether `path` names an object in a store (s3://bucket/key) rather than a file."""
+    """Whether `path` names an object in a store (s3:// or gs://bucket/key), not a file."""
     return isinstance(path, str) and path.startswith(SCHEMES)
 
 
@@ -110,16 +111,40 @@ def _s3(endpoint: str | None, region: str | None, timeout: float, tries: int) ->
     )
 
 
-def filesystem() -> Any:
-    """The S3 filesystem for the current environment (cached per endpoint and settings)."""
+@functools.lru_cache(maxsize=8)
+def _gcs(emulator: str | None, timeout: float, tries: int) -> Any:
+    from datetime import timedelta
+
+    from pyarrow import fs
+
+    # The GCS client retries for a time, not a count: the requests' time budget in all.
+    limit = timedelta(seconds=timeout * tries)
+    if emulator:  # a local emulator: plain HTTP, no credentials
+        scheme, _, host = emulator.rpartition("://")
+        return fs.GcsFileSystem(
+            anonymous=True,
+            endpoint_override=host.rstrip("/"),
+            scheme=scheme or "http",
+            retry_time_limit=limit,
+        )
+    return fs.GcsFileSystem(retry_time_limit=limit)
+
+
+def filesystem(url: str = "s3://") -> Any:
+    """The filesystem of the store `url` is in, for the current environment (cached per
+    endpoint and settings). gs://: Google's default credentials chain (application default
+    credentials, GOOGLE_APPLICATION_CREDENTIALS, the metadata server), or the emulator that
+    $STORAGE_EMULATOR_HOST names, without credentials."""
+    timeout = _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+    if str(url).startswith("gs://"):
+        return _gcs(os.environ.get(GCS_EMULATOR_ENV, "").strip() or None, timeout, attempts())
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    timeout = _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
     return _s3(endpoint or None, region or None, timeout, attempts())
 
 
 def _key(url: str) -> str:
-    """bucket/key, as pyarrow's S3 filesystem names an object."""
+    """bucket/key, as pyarrow's S3 and GCS filesystems name an object."""
     return url.split("://", 1)[1].strip("/")
 
 
@@ -128,6 +153,9 @@ def failure(url: str, what: str, exc: BaseException) -> SourceDataError:
         return SourceDataError(f"{url}: missing (no such object)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     n = attempts()
+    if url.startswith("gs://"):
+        limit = n * _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+        return SourceDataError(f"{url}: cannot {what} after retrying for {limit:g} s ({text})")
     return SourceDataError(f"{url}: cannot {what} after {n} attempt{'s' * (n > 1)} ({text})")
 
 
@@ -148,7 +176,7 @@ def stat(path: str | os.PathLike) -> os.stat_result | ObjectStat:
     from pyarrow import fs
 
     try:
-        info = filesystem().get_file_info(_key(str(path)))
+        info = filesystem(str(path)).get_file_info(_key(str(path)))
     except OSError as exc:
         raise failure(str(path), "stat", exc) from None
     if info.type != fs.FileType.File:
@@ -175,7 +203,7 @@ def open_input(path: str | os.PathLike) -> Any:
     if not is_url(path):
         return pa.OSFile(os.fspath(path))
     try:
-        return filesystem().open_input_file(_key(str(path)))
+        return filesystem(str(path)).open_input_file(_key(str(path)))
     except OSError as exc:
         raise failure(str(path), "open", exc) from None
 
@@ -186,7 +214,7 @@ def list_objects(url: str) -> list[tuple[str, int]]:
 
     prefix = _key(url)
     try:
-        infos = filesystem().get_file_info(fs.FileSelector(prefix, recursive=True))
+        infos = filesystem(url).get_file_info(fs.FileSelector(prefix, recursive=True))
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -204,7 +232,7 @@ def put_file(local: str | os.PathLike, url: str) -> None:
     completes (a single PUT, or a multipart upload's completion), so a reader sees the old
     object or the new one whole, never a part; a failed upload leaves no new object."""
     try:
-        with filesystem().open_output_stream(_key(url)) as out, open(local, "rb") as f:
+        with filesystem(url).open_output_stream(_key(url)) as out, open(local, "rb") as f:
             while piece := f.read(8 << 20):
                 out.write(piece)
     except OSError as exc:
@@ -214,7 +242,7 @@ def put_file(local: str | os.PathLike, url: str) -> None:
 def delete(url: str) -> None:
     """Remove the object `url` (gone already is fine)."""
     try:
-        filesystem().delete_file(_key(url))
+        filesystem(url).delete_file(_key(url))
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -224,7 +252,7 @@ def delete(url: str) -> None:
 def get_bytes(url: str) -> bytes:
     """The whole object `url`, one request."""
     try:
-        with filesystem().open_input_file(_key(url)) as f:
+        with filesystem(url).open_input_file(_key(url)) as f:
             return f.read()
     except OSError as exc:
         raise failure(url, "read", exc) from None

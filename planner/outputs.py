@@ -63,6 +63,8 @@ def index_inputs(index: Path | None) -> list[tuple[str, Path | None]]:
         return []
     import json
 
+    from mds.executor.storage import is_url
+
     index = Path(index)
     out: list[tuple[str, Path | None]] = [
         ("index directory", index),
@@ -70,7 +72,7 @@ def index_inputs(index: Path | None) -> list[tuple[str, Path | None]]:
     ]
     try:
         data = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
-        if str(data["root"]).startswith("s3://"):
+        if is_url(data["root"]):
             return out  # objects are never an output's path
         root = Path(data["root"])
         for source in data["sources"]:

@@ -1,0 +1,123 @@
+"""Google Cloud Storage (gs://) end to end, against a GCS emulator started by the tests on
+127.0.0.1: index objects, plan, replay 2 ranks as from local files, a plan and an index
+written to the store, a missing or changed object and a server that is down (one line
+naming the URL, after bounded retries)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from builders import write_jsonl, write_parquet
+from cli_helpers import mds, one_error_line
+from executor_builders import batch_digest
+from gcs_store import gcs_server
+
+from mds.executor import PlanExecutor
+from mds.executor.errors import DataChangedError, PlanError, SourceDataError
+from mds.executor.storage import DATA_ROOT_ENV
+
+CONFIG = """
+[index]
+root = "{root}"
+
+[[source]]
+name = "web"
+path = "web/*.parquet"
+tokens = "tokens"
+weight = 0.6
+
+[[source]]
+name = "forum"
+path = "forum"
+tokens = "ids"
+weight = 0.4
+
+[train]
+steps = 8
+dp_size = 2
+micro_batches = 2
+samples_per_step = 8
+max_tokens_per_micro_batch = 400
+seed = 9
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    top = tmp_path_factory.mktemp("gcs")
+    rng = np.random.default_rng(12)
+    for part in range(2):
+        rows = [rng.integers(0, 500, int(rng.integers(4, 60))).tolist() for _ in range(30)]
+        write_parquet(
+            top / "local" / "web" / f"part-{part}.parquet", {"tokens": rows}, row_group_size=7
+        )
+    lines = [{"ids": rng.integers(0, 500, int(rng.integers(3, 40))).tolist()} for _ in range(40)]
+    write_jsonl(top / "local" / "forum" / "forum.jsonl", lines)
+    with pytest.MonkeyPatch.context() as patch, gcs_server(patch) as store:
+        patch.delenv(DATA_ROOT_ENV, raising=False)
+        url = store.upload(top / "local", "corpus")
+        for name, root in (("gs", url), ("local", str(top / "local"))):
+            config = top / f"{name}.toml"
+            config.write_text(CONFIG.format(root=root), encoding="utf-8")
+            out = mds("index", config, "-o", top / f"{name}-index")
+            assert out.exit_code == 0, out.output
+            out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
+            assert out.exit_code == 0, out.output
+        yield top, store, url
+
+
+def _run(plan, rank: int, **kwargs) -> list[str]:
+    with PlanExecutor(plan, rank, **kwargs) as ex:
+        return [batch_digest(b) for b in ex]
+
+
+def test_gcs_objects_index_and_replay_as_local_files(world):
+    top, _store, url = world
+    gs = json.loads((top / "gs-index" / "manifest.json").read_text())
+    local = json.loads((top / "local-index" / "manifest.json").read_text())
+    assert gs["root"] == url and gs["fingerprint"] == local["fingerprint"]
+    for rank in range(2):
+        expected = _run(top / "local.mds", rank)
+        assert _run(top / "gs.mds", rank) == expected
+        assert _run(top / "gs.mds", rank, read_ahead=0, cache_bytes=1 << 10) == expected
+        assert _run(top / "local.mds", rank, data_root=url) == expected
+
+
+def test_an_index_and_a_plan_in_gcs(world):
+    top, store, _url = world
+    prefix = "gs://mds-test/indexes/corpus"
+    assert mds("index", top / "gs.toml", "-o", prefix).exit_code == 0
+    keys = store.keys("indexes/corpus/")
+    assert keys[0] == "indexes/corpus/manifest.json"
+    assert [k.split("/")[3].split("-")[0] for k in keys[1:]] == ["forum", "web"]
+    target = "gs://mds-test/plans/plan.mds"
+    out = mds("plan", top / "gs.toml", "-o", target, "--index", prefix)
+    assert out.exit_code == 0, out.output
+    assert _run(target, 1) == _run(top / "local.mds", 1)
+
+
+def test_a_missing_or_changed_gcs_object_is_an_error_naming_it(world):
+    top, store, url = world
+    key = "corpus/forum/forum.jsonl"
+    original = store.get(key)
+    try:
+        store.delete(key)
+        with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: missing"):
+            _run(top / "gs.mds", 0)
+        one_error_line(mds("verify", top / "gs.mds"), "forum/forum.jsonl: missing")
+        store.put(key, original + b'{"ids": [1]}\n')
+        with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: size changed"):
+            _run(top / "gs.mds", 0)
+    finally:
+        store.put(key, original)
+    with pytest.raises(PlanError, match=r"gs://mds-test/plans/none.mds: missing"):
+        PlanExecutor("gs://mds-test/plans/none.mds", 0)
+
+
+def test_a_gcs_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch):
+    top, _store, url = world
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens
+    with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after retrying for 2 s"):
+        _run(top / "gs.mds", 0)
