@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from mds.cli.output import console, json_option, print_json
@@ -20,12 +18,17 @@ _ERRORS: dict[str, type[MdsError]] = {
 
 
 def verify_command(
-    plan: Path = typer.Argument(..., metavar="PLAN", help="Plan file written by `mds plan`."),
+    plan: str = typer.Argument(
+        ..., metavar="PLAN", help="Plan file written by `mds plan` (or an s3:// or gs:// URL)."
+    ),
     full: bool = typer.Option(
         False, "--full", help="Recompute source files' content fingerprints (reads every file)."
     ),
-    index: Path | None = typer.Option(
-        None, "--index", metavar="DIR", help="Index directory (default: the one the plan names)."
+    index: str | None = typer.Option(
+        None,
+        "--index",
+        metavar="DIR|URL",
+        help="Index directory or prefix (default: the one the plan names).",
     ),
     data_root: str | None = typer.Option(
         None,

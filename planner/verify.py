@@ -95,6 +95,8 @@ def verify_plan(
     mtime alone differs) unless `full`, which recomputes every content fingerprint. The
     files are looked for under `data_root`, else $MDS_DATA_ROOT, else the index's root.
     """
+    if is_url(plan) or (index is not None and is_url(index)) or _index_url(plan, index):
+        return _verify_copies(plan, index=index, full=full, data_root=data_root)
     result = VerifyResult(Path(plan), full)
     given, _ = given_root(data_root)
     result.data_root = _root(given) if given is not None else None
@@ -117,6 +119,57 @@ def verify_plan(
         if footer is not None and manifest is not None and _passed(result, "index fingerprint"):
             _verify_fetch(result, manifest)
     return result
+
+
+def _index_url(plan: str | os.PathLike, index: str | os.PathLike | None) -> bool:
+    """Whether a local plan, verified against the index it names, names one in a store."""
+    if index is not None or is_url(plan):
+        return False
+    try:
+        with PlanReader(plan) as reader:
+            return is_url(str(_plan_index(reader.footer).get("path", "")))
+    except MdsError:
+        return False  # reported by the plan file check
+
+
+def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
+    """Verify a plan, or against an index, in object storage: copied to a temporary
+    directory first (every byte of a plan and of an index's tables is checked anyway);
+    the result names them by their URLs."""
+    import tempfile
+
+    from mds.executor.storage import get_bytes
+    from mds.planner.index.manifest import download_index
+
+    with tempfile.TemporaryDirectory(prefix="mds-verify-") as tmp:
+        local = Path(plan)
+        if is_url(plan):
+            local = Path(tmp) / "plan.mds"
+            try:
+                local.write_bytes(get_bytes(str(plan)))
+            except MdsError as exc:
+                result = VerifyResult(plan, full)  # type: ignore[arg-type]
+                result.add("plan file", "plan", str(exc), "")
+                return result
+        where = index
+        if where is None:
+            try:
+                with PlanReader(local) as reader:
+                    where = str(_plan_index(reader.footer).get("path", "")) or None
+            except PlanError:
+                where = None
+        if where is not None and index is None and is_url(plan) and not os.path.isabs(where):
+            from mds.executor.storage import parent_url, resolve_under
+
+            where = resolve_under(parent_url(str(plan)), str(where))  # beside the plan object
+        copy = where
+        if where is not None and is_url(where):
+            copy = download_index(str(where), Path(tmp) / "index")
+        result = verify_plan(local, index=copy, full=full, data_root=data_root)
+        result.plan = plan  # type: ignore[assignment]
+        if where is not None:
+            result.index = where  # type: ignore[assignment]
+        return result
 
 
 def _root(root: str) -> Path | str:

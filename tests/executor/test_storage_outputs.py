@@ -196,3 +196,25 @@ def test_a_prefix_without_an_index_is_an_error_naming_it(world, tmp_path):
         mds("plan", top / "local.toml", "-o", tmp_path / "p.mds", "--index", prefix),
         f"{prefix}: no index there",
     )
+
+
+def test_mds_verify_checks_a_plan_and_an_index_in_object_storage(world):
+    top, store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/verified"
+    target = f"{prefix}/plan.mds"
+    assert mds("index", top / "s3.toml", "-o", prefix).exit_code == 0
+    assert mds("plan", top / "s3.toml", "-o", target, "--index", prefix).exit_code == 0
+    out = mds("verify", target, "--json")
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["plan"] == target and report["index"] == prefix and report["ok"]
+    local = top / "verified.mds"  # a local plan made from the index in the store
+    assert mds("plan", top / "s3.toml", "-o", local, "--index", prefix).exit_code == 0
+    assert mds("verify", local).exit_code == 0
+    original = store.get("corpus/forum.jsonl")
+    try:
+        store.put("corpus/forum.jsonl", original + b"\n")
+        one_error_line(mds("verify", target), target, "forum.jsonl: size changed")
+    finally:
+        store.put("corpus/forum.jsonl", original)
+    one_error_line(mds("verify", f"{prefix}/none.mds"), f"{prefix}/none.mds: missing")
