@@ -1,8 +1,8 @@
-"""Byte ranges of objects (s3://), read the way a store answers best: many requests in
+"""Byte ranges of objects (s3://, gs://), read the way a store answers best: many requests in
 flight at once, neighbouring ranges joined into one request.
 
 A step touches a few byte spans of each of several objects (Parquet column chunks, JSONL
-blocks, zstd frames). Issued one after another, their latencies add up; so the executor
+blocks, zstd frames, Arrow record batches, Megatron sequences). Issued one after another, their latencies add up; so the executor
 first asks each reader which spans it will read (`spans`), fetches all of them together
 (`prefetch`: every object's spans, up to `REQUESTS` requests in flight), and the readers
 then decode from those staged bytes. Staged bytes live until the fetch ends (`unstage`);

@@ -6,6 +6,10 @@ row group, Arrow record batch, zstd frame) so one call decodes each unit at most
 keeps decoded units in the shared `blocks` cache. Every problem with the data raises
 SourceDataError naming the file (as `display`) and the row or line. A reader, like the
 cache, serves one thread at a time.
+
+Of an object (s3://, gs://) every format is read by byte ranges (ranges.RangeFile): a
+reader says which spans a fetch will need (`spans`), the catalog fetches every object's
+spans together, and the reader decodes from those bytes as it would from a file.
 """
 
 from __future__ import annotations

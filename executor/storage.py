@@ -19,12 +19,12 @@ from mds.executor.errors import ConfigError, SourceDataError
 
 __all__ = [
     "DATA_ROOT_ENV",
-    "delete",
-    "get_bytes",
     "MOVED_HINT",
     "ObjectStat",
+    "delete",
     "exists",
     "filesystem",
+    "get_bytes",
     "given_root",
     "is_url",
     "join",
