@@ -83,8 +83,8 @@ def calibrate_command(
     """Time forward+backward of a model on this device and fit the [cost] table to it.
 
     Each grid point is one packed micro-batch (k samples of length L, plus a few mixed ones);
-    the fit is seconds = a*sum(L) + b*sum(L^2) + c per micro-batch, least squares on
-    relative error. The printed table can be pasted into the config, or written with -o and
+    the fit is seconds = a*sum(L) + b*sum(L^2) + d per sample + c per micro-batch, least
+    squares on relative error. The printed table can be pasted into the config, or written with -o and
     referenced as `[cost] file = "cost.toml"`.
 
     Example:
