@@ -35,6 +35,7 @@ __all__ = [
     "micro_batch_inputs",
     "pick_clock",
     "pick_device",
+    "pick_statistic",
     "time_grid",
     "time_micro_batch",
     "torch_info",
@@ -209,6 +210,7 @@ class Calibration:
     threads: int = 0
     clock: str = "wall"
     extra: dict[str, Any] = field(default_factory=dict)
+    statistic: str = "median"
 
     def cost_table(self) -> str:
         """A `[cost]` table to paste into the config or reference with `[cost] file`."""
@@ -218,7 +220,8 @@ class Calibration:
             "[cost]\n"
             f"# mds calibrate: {self.model} on {self.device} (torch {self.torch_version}, "
             f"threads = {self.threads}, {self.clock} clock)\n"
-            f"# {err['points']} micro-batches, median of {self.repeats} repeats, seed {self.seed}; "
+            f"# {err['points']} micro-batches, {self.statistic} of {self.repeats} repeats, "
+            f"seed {self.seed}; "
             "a: seconds per token, b: per token^2, c: per micro-batch, d: per sample\n"
             'source = "calibrated"\n'
             f"a = {f.a:.6g}\n"
@@ -238,6 +241,7 @@ class Calibration:
             "threads": self.threads,
             "clock": self.clock,
             "repeats": self.repeats,
+            "statistic": self.statistic,
             "seed": self.seed,
             "cost": {
                 "source": "calibrated",
@@ -291,6 +295,15 @@ def forward_backward(model: Any, ids: Any, cu: Any) -> None:
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+# How a point's timed rounds become its time: the median, or the minimum (on a shared
+# machine other work only adds time, so the fastest round is the least disturbed).
+STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "min": min}
+
+
+def pick_statistic(name: str) -> Callable[[list[float]], float]:
+    if name not in STATISTICS:
+        raise ConfigError(f"--statistic must be median or min, got {name!r}")
+    return STATISTICS[name]
 
 
 def pick_clock(clock: str, device: str) -> str:
