@@ -2,7 +2,7 @@
 
 A micro-batch holding n samples of lengths L1..Ln is modelled as
     seconds = a * sum(Li) + b * sum(Li^2) + d * n + c
-(d: the per-sample overhead, e.g. one attention call per sample in varlen attention; c: the
+(d: the per-sample overhead, e.g. an attention call per sample or its padded last tile; c: the
 per-micro-batch overhead: kernel launches, norms and the head outside attention). The fit is
 a least-squares fit of relative error (each point weighted by 1/seconds, since timings span
 orders of magnitude), with a, b, c, d >= 0: the best of the fits over every subset of the
