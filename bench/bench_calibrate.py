@@ -41,7 +41,17 @@ SAMPLES_PER_STEP = 64
 CAL_LENGTHS = (32, 64, 128, 256, 512, 1024)
 PLANS = ("mds-calibrated", "mds-flop", "random", "round-robin")
 BASELINES = ("random", "round-robin")
-MODELS = ("calibrated", "retimed", "flop", "default")
+# calibrated: the fit the mds-calibrated plans were made with; same-rounds: the same grid
+# timed in the measurement's rounds, fitted the same way; no-d: that fit without the
+# per-sample term d (the three-term model a, b, c).
+MODELS = ("calibrated", "same-rounds", "no-d", "flop", "default")
+MODEL_NAMES = {
+    "calibrated": "calibrated",
+    "same-rounds": "calibrated, same rounds",
+    "no-d": "same rounds, no d",
+    "flop": "FLOP formula",
+    "default": "default",
+}
 # (plan tag, D) -> mds inspect's predicted speedup vs naive: (per-sample costs, counting c)
 INSPECT: dict[tuple[str, int], tuple[float, float | None]] = {}
 
@@ -138,12 +148,13 @@ def naive_steps(samples: list[list[int]], dp: int, how: str) -> list:
     return out
 
 
-def predicted(plan: list, a: float, b: float, c: float) -> float:
-    """Sum over steps of the slowest rank's predicted time (c per non-empty micro-batch)."""
+def predicted(plan: list, a: float, b: float, c: float, d: float) -> float:
+    """Sum over steps of the slowest rank's predicted time (c per non-empty micro-batch,
+    d per sample)."""
     total = 0.0
     for ranks in plan:
         total += max(
-            sum(c + sum(a * x + b * x * x for x in mb) for mb in rank if mb) for rank in ranks
+            sum(c + sum(a * x + b * x * x + d for x in mb) for mb in rank if mb) for rank in ranks
         )
     return total
 
@@ -152,16 +163,17 @@ def measure(model, plans: dict, grid: list, repeats: int, clock: str, seed: int)
     """Per plan: per step, the slowest rank's time, a rank's time being the sum of its
     micro-batches' times; and the calibration grid's times measured alongside. Every
     distinct micro-batch of every plan and of the grid is timed once per round, in a seeded
-    random order (calibrate.time_grid), median of `repeats` rounds, so load on the machine
-    spreads over all plans and the grid alike."""
+    random order (calibrate.time_grid), the minimum of `repeats` rounds (other work on the
+    machine only adds time), so load on the machine spreads over all plans and the grid
+    alike."""
     from mds.planner.calibrate import time_grid
 
     unique = sorted({tuple(mb) for plan in plans.values() for ranks in plan for rank in ranks
                      for mb in rank if mb} | {tuple(mb) for mb in grid})  # fmt: skip
     print(f"  {len(unique)} distinct micro-batches x {repeats} rounds", file=sys.stderr)
     seconds = time_grid(
-        model, unique, vocab=SHAPE["vocab"], repeats=repeats, warmup=0, seed=seed,
-        device="cpu", clock=clock,
+        model, unique, vocab=SHAPE["vocab"], repeats=repeats, warmup=1, seed=seed,
+        device="cpu", clock=clock, statistic=min,
     )  # fmt: skip
     timed = dict(zip(unique, seconds, strict=True))
     steps = {
@@ -246,7 +258,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("build/bench"))
     ap.add_argument("--data", type=Path, default=Path("build/bench-data/calibrate"))
     ap.add_argument("--steps", type=int, default=6, help="steps measured per plan")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per micro-batch (median)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds per micro-batch (minimum)")
     ap.add_argument("--dp", type=int, nargs="*", default=[2, 8])
     ap.add_argument("--no-torchrun", action="store_true", help="skip the 2-rank torchrun run")
     ap.add_argument("--dist-child", type=Path, help=argparse.SUPPRESS)
@@ -274,26 +286,27 @@ def main() -> None:
     grid = cal.calibration_grid(CAL_LENGTHS, CAPACITY, mixed=4, seed=0)
     seconds = cal.time_grid(
         model, grid, vocab=SHAPE["vocab"], repeats=args.repeats, warmup=1, seed=0,
-        device="cpu", clock=clock,
+        device="cpu", clock=clock, statistic=min,
     )  # fmt: skip
     fit = cal.fit_cost(grid, seconds)
     cal_seconds = time.perf_counter() - started
     print(
-        f"calibrated in {cal_seconds:.0f}s: a={fit.a:.4g} b={fit.b:.4g} c={fit.c:.4g}, "
+        f"calibrated in {cal_seconds:.0f}s: a={fit.a:.4g} b={fit.b:.4g} c={fit.c:.4g} "
+        f"d={fit.d:.4g}, "
         f"fit error max {fit.max_error:.1%} median {fit.median_error:.1%}",
         file=sys.stderr,
     )
     calibrated = {
-        "source": "calibrated", "a": fit.a, "b": fit.b, "c": fit.c,
+        "source": "calibrated", "a": fit.a, "b": fit.b, "c": fit.c, "d": fit.d,
         "fit_error": fit.fit_error(),
     }  # fmt: skip
     flop_cost = {"model": {"layers": SHAPE["layers"], "hidden": SHAPE["hidden"],
                            "vocab": SHAPE["vocab"]}}  # fmt: skip
     flop = parse_cost(flop_cost, "")
     coeffs = {
-        "calibrated": (fit.a, fit.b, fit.c),
-        "flop": (flop.a, flop.b, 0.0),
-        "default": (DEFAULT_A, DEFAULT_B, 0.0),
+        "calibrated": (fit.a, fit.b, fit.c, fit.d),
+        "flop": (flop.a, flop.b, 0.0, 0.0),
+        "default": (DEFAULT_A, DEFAULT_B, 0.0, 0.0),
     }
 
     by_dp = {}
@@ -318,10 +331,13 @@ def main() -> None:
     measure_seconds = time.perf_counter() - started
     # The same grid, re-timed in the measurement's rounds: a fit under the same machine load.
     refit = cal.fit_cost(grid, grid_again)
-    coeffs["retimed"] = (refit.a, refit.b, refit.c)
+    nod = cal.fit_cost(grid, grid_again, per_sample=False)
+    coeffs["same-rounds"] = (refit.a, refit.b, refit.c, refit.d)
+    coeffs["no-d"] = (nod.a, nod.b, nod.c, 0.0)
     print(
-        f"re-timed grid: a={refit.a:.4g} b={refit.b:.4g} c={refit.c:.4g}, fit error max "
-        f"{refit.max_error:.1%} median {refit.median_error:.1%}",
+        f"re-timed grid: a={refit.a:.4g} b={refit.b:.4g} c={refit.c:.4g} d={refit.d:.4g}, "
+        f"fit error max {refit.max_error:.1%} median {refit.median_error:.1%}; without d: "
+        f"max {nod.max_error:.1%} median {nod.median_error:.1%}",
         file=sys.stderr,
     )
     results = {}
@@ -340,7 +356,8 @@ def main() -> None:
     if dist_plans is not None and not args.no_torchrun:
         print("torchrun: 2 ranks (gloo)", file=sys.stderr)
         dist = run_torchrun(dist_plans, work, max(1, args.repeats - 1))
-    table = render(results, dist, fit, refit, coeffs, args)
+    fits = {"calibrated": fit, "same-rounds": refit, "no-d": nod}
+    table = render(results, dist, fits, coeffs, grid, grid_again, args)
     data = {
         "shape": SHAPE,
         "steps": args.steps,
@@ -354,6 +371,7 @@ def main() -> None:
             "a": fit.a,
             "b": fit.b,
             "c": fit.c,
+            "d": fit.d,
             "fit_error": fit.fit_error(),
             "points": [[list(mb), s] for mb, s in zip(grid, seconds, strict=True)],
             "retimed": [[list(mb), s] for mb, s in zip(grid, grid_again, strict=True)],
@@ -361,7 +379,14 @@ def main() -> None:
                 "a": refit.a,
                 "b": refit.b,
                 "c": refit.c,
+                "d": refit.d,
                 "fit_error": refit.fit_error(),
+            },
+            "retimed_fit_no_d": {
+                "a": nod.a,
+                "b": nod.b,
+                "c": nod.c,
+                "fit_error": nod.fit_error(),
             },
             "seconds": cal_seconds,
         },  # fmt: skip
@@ -369,33 +394,108 @@ def main() -> None:
         "results": {str(k): v for k, v in results.items()},
         "torchrun": dist,
         "measure_seconds": measure_seconds,
+        "load_average": os.getloadavg(),
         "inspect": {f"{tag}/{dp}": v for (tag, dp), v in INSPECT.items()},
+        "summary": summary(results),
     }
     write_report(args.out, "calibrate", table, data)
 
 
-def render(results: dict, dist: dict | None, fit, refit, coeffs: dict, args) -> str:
+def ratios(results: dict) -> dict[str, list[float]]:
+    """Per cost model, predicted / measured speedup over the rows of the main table (each
+    mds plan against each naive plan, for every D)."""
+    out: dict[str, list[float]] = {m: [] for m in MODELS}
+    for r in results.values():
+        meas = r["measured_total"]
+        for plan in ("mds-calibrated", "mds-flop"):
+            for base in BASELINES:
+                m = meas[base] / meas[plan]
+                for model in MODELS:
+                    p = r["predicted_total"][model]
+                    out[model].append(p[base] / p[plan] / m)
+    return out
+
+
+def summary(results: dict) -> dict[str, dict]:
+    """Per cost model: range and mean absolute error of predicted / measured speedup, and in
+    how many rows it is closer to measured than the FLOP formula."""
+    rs = ratios(results)
+    flop = [abs(x - 1) for x in rs["flop"]]
+    return {
+        m: {
+            "min": min(v),
+            "max": max(v),
+            "mean_abs_error": statistics.fmean(abs(x - 1) for x in v),
+            "closer_than_flop": sum(abs(x - 1) < f for x, f in zip(v, flop, strict=True)),
+            "rows": len(v),
+        }
+        for m, v in rs.items()
+    }
+
+
+def residuals_by_count(grid: list, seconds: list, fits: dict) -> list[str]:
+    """The fits' signed relative errors on the grid, grouped by samples per micro-batch."""
+    groups = [(1, 1), (2, 4), (5, 16), (17, 10**9)]
+    lines = [
+        "| samples per micro-batch | points | " + " | ".join(
+            f"{MODEL_NAMES[m]}: mean error | max abs." for m in ("same-rounds", "no-d")
+        ) + " |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    for lo, hi in groups:
+        idx = [i for i, mb in enumerate(grid) if lo <= len(mb) <= hi]
+        if not idx:
+            continue
+        row = [f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi < 10**9 else f">= {lo}"), str(len(idx))]
+        for m in ("same-rounds", "no-d"):
+            err = [(fits[m].predict(grid[i]) - seconds[i]) / seconds[i] for i in idx]
+            row += [f"{statistics.fmean(err):+.1%}", f"{max(abs(e) for e in err):.1%}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def render(results, dist, fits, coeffs, grid, grid_again, args) -> str:
+    fit, refit, nod = fits["calibrated"], fits["same-rounds"], fits["no-d"]
+    summ = summary(results)
     lines = [
         f"Cost model vs measured step time: built-in GPT {SHAPE}, {args.steps} steps of "
         f"{SAMPLES_PER_STEP} samples, {MICRO} micro-batches per rank, CPU time of 1 thread, "
-        f"median of {args.repeats} rounds per distinct micro-batch.",
+        f"minimum of {args.repeats} rounds per distinct micro-batch. Load average at the end: "
+        + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        + ".",
         "",
         f"Calibrated: a = {fit.a:.4g} s/token, b = {fit.b:.4g} s/token^2, c = {fit.c:.4g} "
-        f"s/micro-batch; fit error max {fit.max_error:.1%}, median {fit.median_error:.1%} over "
-        f"{len(fit.rel_errors)} micro-batches (timed before planning; the mds-calibrated "
-        f"plans use it). Re-timed: the same grid timed again in the measurement's rounds, "
-        f"a = {refit.a:.4g}, b = {refit.b:.4g}, c = {refit.c:.4g}; fit error max "
-        f"{refit.max_error:.1%}, median {refit.median_error:.1%}. FLOP formula: "
-        f"a = {coeffs['flop'][0]:.4g}, b = {coeffs['flop'][1]:.4g}. Default: a = 1, "
-        "b = 1/24576.",
+        f"s/micro-batch, d = {fit.d:.4g} s/sample; fit error max {fit.max_error:.1%}, median "
+        f"{fit.median_error:.1%} over {len(fit.rel_errors)} micro-batches (timed before "
+        "planning; the mds-calibrated plans use it). Same rounds: the same grid timed again in "
+        f"the measurement's rounds, a = {refit.a:.4g}, b = {refit.b:.4g}, c = {refit.c:.4g}, "
+        f"d = {refit.d:.4g}; fit error max {refit.max_error:.1%}, median "
+        f"{refit.median_error:.1%}. Same rounds without d: a = {nod.a:.4g}, b = {nod.b:.4g}, "
+        f"c = {nod.c:.4g}; fit error max {nod.max_error:.1%}, median {nod.median_error:.1%}. "
+        f"FLOP formula: a = {coeffs['flop'][0]:.4g}, b = {coeffs['flop'][1]:.4g}. Default: "
+        "a = 1, b = 1/24576.",
+        "",
+        "Predicted / measured speedup over the rows below, per cost model:",
+        "",
+        "| cost model | range | mean abs. error | closer than the FLOP formula |",
+        "|---|---:|---:|---:|",
+    ]
+    for m in MODELS:
+        x = summ[m]
+        closer = "-" if m == "flop" else f"{x['closer_than_flop']} of {x['rows']}"
+        lines.append(
+            f"| {MODEL_NAMES[m]} | {x['min']:.3f} - {x['max']:.3f} | "
+            f"{x['mean_abs_error']:.1%} | {closer} |"
+        )
+    lines += [
         "",
         "Speedup of each mds plan over each naive plan of the same samples (sum over steps of "
         "the slowest rank's time); predicted by each cost model, and predicted / measured:",
         "",
-        "| D | plan | vs | measured | calibrated | ratio | re-timed | ratio | FLOP formula "
-        "| ratio | default | ratio |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        "| D | plan | vs | measured | "
+        + " | ".join(f"{MODEL_NAMES[m]} | ratio" for m in MODELS) + " |",
+        "|---:|---|---|---:|" + "---:|---:|" * len(MODELS),
+    ]  # fmt: skip
     for dp, r in results.items():
         meas = r["measured_total"]
         for plan in ("mds-calibrated", "mds-flop"):
@@ -411,18 +511,24 @@ def render(results: dict, dist: dict | None, fit, refit, coeffs: dict, args) -> 
         "",
         "Step time, calibrated predictions vs measured (sum over steps, seconds):",
         "",
-        "| D | plan | measured s | calibrated s | ratio | re-timed s | ratio |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| D | plan | measured s | calibrated s | ratio | same rounds s | ratio "
+        "| same rounds, no d s | ratio |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dp, r in results.items():
         for plan in PLANS:
             m = r["measured_total"][plan]
-            p = r["predicted_total"]["calibrated"][plan]
-            q = r["predicted_total"]["retimed"][plan]
-            lines.append(
-                f"| {dp} | {plan} | {m:.3f} | {p:.3f} | {p / m:.3f} | {q:.3f} | {q / m:.3f} |"
-            )
+            row = [str(dp), plan, f"{m:.3f}"]
+            for model in ("calibrated", "same-rounds", "no-d"):
+                p = r["predicted_total"][model][plan]
+                row += [f"{p:.3f}", f"{p / m:.3f}"]
+            lines.append("| " + " | ".join(row) + " |")
     lines += [
+        "",
+        "Fit error on the grid timed in the measurement's rounds, by samples per micro-batch "
+        "(signed: predicted / measured - 1):",
+        "",
+        *residuals_by_count(grid, grid_again, fits),
         "",
         "`mds inspect`'s own prediction for the mds-calibrated plan (its naive baseline is a "
         "seeded random deal of the same samples, like `random`, though not the same deal):",

@@ -65,7 +65,12 @@ def calibrate_command(
     mixed: int = typer.Option(
         4, "--mixed", min=0, help="Extra micro-batches of mixed, seeded lengths."
     ),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed runs per point (median)."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed runs per point."),
+    statistic: str = typer.Option(
+        "median",
+        "--statistic",
+        help="A point's time from its runs: median, or min (least disturbed by other work).",
+    ),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed runs per point first."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the inputs, weights and grid."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA if present), cpu, cuda:N."),
@@ -83,8 +88,8 @@ def calibrate_command(
     """Time forward+backward of a model on this device and fit the [cost] table to it.
 
     Each grid point is one packed micro-batch (k samples of length L, plus a few mixed ones);
-    the fit is seconds = a*sum(L) + b*sum(L^2) + c per micro-batch, least squares on
-    relative error. The printed table can be pasted into the config, or written with -o and
+    the fit is seconds = a*sum(L) + b*sum(L^2) + d per sample + c per micro-batch, least
+    squares on relative error. The printed table can be pasted into the config, or written with -o and
     referenced as `[cost] file = "cost.toml"`.
 
     Example:
@@ -115,6 +120,7 @@ def calibrate_command(
         torch.set_num_threads(threads)
     dev = cal.pick_device(device)
     clk = cal.pick_clock(clock, dev)
+    reduce = cal.pick_statistic(statistic)
     torch.manual_seed(seed)
     net = build_packed_gpt(shape, seed=seed) if model is None else cal.load_model(model)
     with _progress(f"timing {what}", enabled=not json_out) as bar:
@@ -129,6 +135,7 @@ def calibrate_command(
             device=dev,
             clock=clk,
             advance=bar.advance,
+            statistic=reduce,
         )
     version, nthreads = cal.torch_info()
     result = cal.Calibration(
@@ -142,6 +149,7 @@ def calibrate_command(
         torch_version=version,
         threads=nthreads,
         clock=clk,
+        statistic=statistic,
     )
     table = result.cost_table()
     if output is not None:

@@ -295,7 +295,9 @@ def cost_unit(cost: dict[str, Any]) -> str:
     coefficients, or the user's expression."""
     if "expr" in cost:
         return str(cost["expr"])
-    return "FLOPs" if cost.get("origin") == "model" else "a*L + b*L^2"
+    if cost.get("origin") == "model":
+        return "FLOPs"
+    return "a*L + b*L^2 + d" if cost.get("d") else "a*L + b*L^2"
 
 
 COST_LABELS = {
@@ -311,6 +313,8 @@ def cost_text(cost: dict[str, Any], kind: str) -> str:
     if kind == "expr" or "expr" in cost:
         return f"SQL expression: {cost['expr']}"
     text = f"{COST_LABELS.get(kind, kind)}: a = {_value(cost['a'])}, b = {_value(cost['b'])}"
+    if cost.get("d"):
+        text += f", d = {_value(cost['d'])} per sample"
     if cost.get("c"):
         text += f", c = {_value(cost['c'])} per micro-batch"
     fit = cost.get("fit_error")

@@ -1,12 +1,13 @@
-"""Calibrate the cost model on a real model: time micro-batches, fit a*L + b*L^2 + c.
+"""Calibrate the cost model on a real model: time micro-batches, fit a*L + b*L^2 + d + c.
 
-A micro-batch holding samples of lengths L1..Ln is modelled as
-    seconds = a * sum(Li) + b * sum(Li^2) + c
-(c: the per-micro-batch overhead: kernel launches, norms and the head outside attention).
-The fit is a least-squares fit of relative error (each point weighted by 1/seconds, since
-timings span orders of magnitude), with a, b, c >= 0: the best of the fits over every subset
-of the three terms whose coefficients all come out non-negative (an exact NNLS for three
-unknowns). torch is imported inside the timing functions only.
+A micro-batch holding n samples of lengths L1..Ln is modelled as
+    seconds = a * sum(Li) + b * sum(Li^2) + d * n + c
+(d: the per-sample overhead, e.g. an attention call per sample or its padded last tile; c: the
+per-micro-batch overhead: kernel launches, norms and the head outside attention). The fit is
+a least-squares fit of relative error (each point weighted by 1/seconds, since timings span
+orders of magnitude), with a, b, c, d >= 0: the best of the fits over every subset of the
+four terms whose coefficients all come out non-negative (an exact NNLS for four unknowns).
+torch is imported inside the timing functions only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "micro_batch_inputs",
     "pick_clock",
     "pick_device",
+    "pick_statistic",
     "time_grid",
     "time_micro_batch",
     "torch_info",
@@ -42,12 +44,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CostFit:
-    """Fitted coefficients (seconds per token, per token^2, per micro-batch) and fit error."""
+    """Fitted coefficients (seconds per token, per token^2, per micro-batch, per sample) and
+    fit error."""
 
     a: float
     b: float
     c: float
     rel_errors: tuple[float, ...]  # |predicted - measured| / measured, per grid point
+    d: float = 0.0
 
     @property
     def max_error(self) -> float:
@@ -59,7 +63,12 @@ class CostFit:
 
     def predict(self, lengths: Sequence[int]) -> float:
         """Predicted seconds of one micro-batch holding samples of these lengths."""
-        return self.a * sum(lengths) + self.b * sum(x * x for x in lengths) + self.c
+        return (
+            self.a * sum(lengths)
+            + self.b * sum(x * x for x in lengths)
+            + self.d * len(lengths)
+            + self.c
+        )
 
     def fit_error(self) -> dict[str, Any]:
         return {
@@ -70,15 +79,22 @@ class CostFit:
 
 
 def _features(micro_batches: Sequence[Sequence[int]]) -> np.ndarray:
-    x = np.zeros((len(micro_batches), 3), dtype=np.float64)
+    """Columns of the fit, in the order a, b, c, d: sum(L), sum(L^2), 1, n."""
+    x = np.zeros((len(micro_batches), 4), dtype=np.float64)
     for i, lengths in enumerate(micro_batches):
         arr = np.asarray(lengths, dtype=np.float64)
-        x[i] = (arr.sum(), (arr * arr).sum(), 1.0)
+        x[i] = (arr.sum(), (arr * arr).sum(), 1.0, arr.size)
     return x
 
 
-def fit_cost(micro_batches: Sequence[Sequence[int]], seconds: Sequence[float]) -> CostFit:
-    """Fit seconds ~ a*sum(L) + b*sum(L^2) + c with a, b, c >= 0 (module docstring)."""
+def fit_cost(
+    micro_batches: Sequence[Sequence[int]], seconds: Sequence[float], per_sample: bool = True
+) -> CostFit:
+    """Fit seconds ~ a*sum(L) + b*sum(L^2) + c + d*n with a, b, c, d >= 0 (module docstring);
+    `per_sample=False` fixes d = 0 (the three-term model).
+
+    Subsets whose columns are linearly dependent are skipped (e.g. c and d when every
+    micro-batch holds one sample): their split between the dependent terms is arbitrary."""
     if len(micro_batches) != len(seconds):
         raise ConfigError(
             f"calibration: {len(micro_batches)} micro-batches but {len(seconds)} timings"
@@ -106,26 +122,28 @@ def fit_cost(micro_batches: Sequence[Sequence[int]], seconds: Sequence[float]) -
     scale = np.abs(xw).max(axis=0)
     scale[scale == 0] = 1.0
     best: tuple[float, np.ndarray] | None = None
-    for k in range(3, 0, -1):
-        for cols in itertools.combinations(range(3), k):
+    terms = x.shape[1]
+    usable = range(terms if per_sample else terms - 1)
+    for k in range(len(usable), 0, -1):
+        for cols in itertools.combinations(usable, k):
             sub = xw[:, cols] / scale[list(cols)]
-            coef, *_ = np.linalg.lstsq(sub, yw, rcond=None)
-            if (coef < 0).any():
+            coef, _, rank, _ = np.linalg.lstsq(sub, yw, rcond=None)
+            if rank < k or (coef < 0).any():
                 continue
-            full = np.zeros(3)
+            full = np.zeros(terms)
             full[list(cols)] = coef / scale[list(cols)]
             sse = float(((xw @ full - yw) ** 2).sum())
             if best is None or sse < best[0] * (1 - 1e-12):
                 best = (sse, full)
     assert best is not None  # a single term with positive times always has coef > 0
-    a, b, c = (float(v) for v in best[1])
+    a, b, c, d = (float(v) for v in best[1])
     if a == 0 and b == 0:
         raise ConfigError(
             "calibration: the fitted time does not grow with sample length (a = b = 0, the "
             "per-micro-batch overhead hides the model's work); time longer samples (--lengths)"
         )
     rel = np.abs(x @ best[1] - y) / y
-    return CostFit(a=a, b=b, c=c, rel_errors=tuple(float(v) for v in rel))
+    return CostFit(a=a, b=b, c=c, d=d, rel_errors=tuple(float(v) for v in rel))
 
 
 def calibration_grid(
@@ -192,6 +210,7 @@ class Calibration:
     threads: int = 0
     clock: str = "wall"
     extra: dict[str, Any] = field(default_factory=dict)
+    statistic: str = "median"
 
     def cost_table(self) -> str:
         """A `[cost]` table to paste into the config or reference with `[cost] file`."""
@@ -201,12 +220,14 @@ class Calibration:
             "[cost]\n"
             f"# mds calibrate: {self.model} on {self.device} (torch {self.torch_version}, "
             f"threads = {self.threads}, {self.clock} clock)\n"
-            f"# {err['points']} micro-batches, median of {self.repeats} repeats, seed {self.seed}; "
-            "a: seconds per token, b: per token^2, c: per micro-batch\n"
+            f"# {err['points']} micro-batches, {self.statistic} of {self.repeats} repeats, "
+            f"seed {self.seed}; "
+            "a: seconds per token, b: per token^2, c: per micro-batch, d: per sample\n"
             'source = "calibrated"\n'
             f"a = {f.a:.6g}\n"
             f"b = {f.b:.6g}\n"
             f"c = {f.c:.6g}\n"
+            f"d = {f.d:.6g}\n"
             f"fit_error = {{ max = {err['max']}, median = {err['median']}, "
             f"points = {err['points']} }}\n"
         )
@@ -220,12 +241,14 @@ class Calibration:
             "threads": self.threads,
             "clock": self.clock,
             "repeats": self.repeats,
+            "statistic": self.statistic,
             "seed": self.seed,
             "cost": {
                 "source": "calibrated",
                 "a": f.a,
                 "b": f.b,
                 "c": f.c,
+                "d": f.d,
                 "fit_error": f.fit_error(),
             },
             "points": [
@@ -272,6 +295,15 @@ def forward_backward(model: Any, ids: Any, cu: Any) -> None:
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+# How a point's timed rounds become its time: the median, or the minimum (on a shared
+# machine other work only adds time, so the fastest round is the least disturbed).
+STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "min": min}
+
+
+def pick_statistic(name: str) -> Callable[[list[float]], float]:
+    if name not in STATISTICS:
+        raise ConfigError(f"--statistic must be median or min, got {name!r}")
+    return STATISTICS[name]
 
 
 def pick_clock(clock: str, device: str) -> str:
@@ -317,8 +349,10 @@ def time_grid(
     device: str,
     clock: str = "wall",
     advance: Callable[[int], None] | None = None,
+    statistic: Callable[[list[float]], float] = statistics.median,
 ) -> list[float]:
-    """Median seconds of each grid micro-batch; inputs seeded by (seed, point).
+    """Median seconds (or `statistic` of the rounds) of each grid micro-batch; inputs seeded
+    by (seed, point).
 
     Repeats go in rounds over the whole grid (after `warmup` untimed rounds), each round in
     a seeded random order, so a slow spell of a shared machine lands on every point alike
@@ -340,7 +374,7 @@ def time_grid(
             if advance is not None:
                 advance(1)
     model.zero_grad(set_to_none=True)
-    return [statistics.median(t) for t in times]
+    return [statistic(t) for t in times]
 
 
 def torch_info() -> tuple[str, int]:

@@ -70,26 +70,31 @@ class AllRows(_Column):
 
 
 class LengthCosts(_Column):
-    """Raw costs a*L + b*L*L (float64) of each position, from the pool's lengths."""
+    """Raw costs a*L + b*L*L (+ d, a per-sample constant, when set) (float64) of each
+    position, from the pool's lengths."""
 
     dtype = np.dtype(np.float64)
 
-    def __init__(self, lengths: np.ndarray, a: float, b: float):
+    def __init__(self, lengths: np.ndarray, a: float, b: float, d: float = 0.0):
         super().__init__(len(lengths))
-        self.lengths, self.a, self.b = lengths, a, b
+        self.lengths, self.a, self.b, self.d = lengths, a, b, d
+
+    def _cost(self, L):
+        # d = 0 adds nothing, not even a rounding step: costs without it keep their bits.
+        cost = self.a * L + self.b * L * L
+        return cost + self.d if self.d else cost
 
     def __getitem__(self, pos) -> np.ndarray:
-        L = np.asarray(self.lengths[pos], dtype=np.float64)
-        return self.a * L + self.b * L * L
+        return self._cost(np.asarray(self.lengths[pos], dtype=np.float64))
 
     def max(self) -> float:
-        """The largest raw cost. With a, b >= 0 each rounded operation of a*L + b*L*L is
-        non-decreasing in L >= 0, so that is the cost of the longest sample."""
+        """The largest raw cost. With a, b, d >= 0 each rounded operation of a*L + b*L*L + d
+        is non-decreasing in L >= 0, so that is the cost of the longest sample."""
         if not self._n:
             raise ValueError("max of an empty pool's costs")
-        if self.a >= 0 and self.b >= 0:
+        if self.a >= 0 and self.b >= 0 and self.d >= 0:
             L = np.float64(self.lengths.max())  # the same float64 operations as __getitem__
-            return float(self.a * L + self.b * L * L)
+            return float(self._cost(L))
         return max(float(self[a : a + _BLOCK].max()) for a in range(0, self._n, _BLOCK))
 
 

@@ -87,7 +87,10 @@ def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) 
         expr = sql_expr(str(cost["expr"]), "the plan's [cost] expr")
         return signed_ints(frame).with_columns(expr.cast(pl.Float64).alias("cost"))["cost"]
     L = n.cast(pl.Float64)
-    return frame.select((cost["a"] * L + cost["b"] * L * L).alias("cost"))["cost"]
+    raw = cost["a"] * L + cost["b"] * L * L
+    if cost.get("d"):  # the per-sample constant, only in plans whose [cost] sets it
+        raw = raw + cost["d"]
+    return frame.select(raw.alias("cost"))["cost"]
 
 
 def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.DataFrame:

@@ -2,8 +2,9 @@
 
 The batch is one row of T tokens holding several samples back to back, delimited by
 `cu_seqlens` (flash-attn's convention: [0, L1, L1+L2, ..., T], int32). Attention is causal and
-per sample (each sample attends only to itself), so a micro-batch costs sum(a*L + b*L^2),
-not a*T + b*T^2 as a dense mask over the packed row would. torch is imported on first use:
+per sample (each sample attends only to itself, in one attention call per sample: the
+per-sample overhead `d` of the cost model), so a micro-batch costs sum(a*L + b*L^2 + d), not
+a*T + b*T^2 as a dense mask over the packed row would. torch is imported on first use:
 the planner and the CLI import this module without it.
 """
 

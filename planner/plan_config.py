@@ -42,7 +42,7 @@ TRAIN_KEYS = (
     "overlong",
     "weight_by",
 )
-COST_KEYS = ("a", "b", "c", "model", "expr", "source", "fit_error", "file")
+COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file")
 FIT_ERROR_KEYS = ("max", "median", "points")
 COST_SOURCES = ("calibrated",)
 MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
@@ -80,11 +80,13 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class CostSpec:
-    """Per-sample cost: `a*L + b*L^2` (L = n_tokens), or an SQL expression over index columns.
+    """Per-sample cost: `a*L + b*L^2 + d` (L = n_tokens), or an SQL expression over index
+    columns.
 
-    `c` is a per-micro-batch constant (from `mds calibrate`): recorded in the plan and used
-    for predicted step times, not for balancing, since every rank runs the same number of
-    micro-batches. `fit_error` is the calibration's {max, median, points}."""
+    `d` is a per-sample constant (from `mds calibrate`: e.g. one attention call per sample),
+    part of every sample's cost. `c` is a per-micro-batch constant: recorded in the plan and
+    used for predicted step times, not for balancing, since every rank runs the same number
+    of micro-batches. `fit_error` is the calibration's {max, median, points}."""
 
     a: float = DEFAULT_A
     b: float = DEFAULT_B
@@ -92,6 +94,7 @@ class CostSpec:
     origin: str = "default"  # "default" | "given" | "model" | "expr" | "calibrated"
     c: float = 0.0
     fit_error: dict[str, Any] | None = None
+    d: float = 0.0
 
     def describe(self) -> dict[str, Any]:
         if self.expr is not None:
@@ -100,6 +103,8 @@ class CostSpec:
         # Only present when set, so plans of configs without them keep their bytes.
         if self.c:
             out["c"] = self.c
+        if self.d:
+            out["d"] = self.d
         if self.fit_error is not None:
             out["fit_error"] = dict(self.fit_error)
         return out
@@ -284,7 +289,7 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
     if len(given) > 1:
         raise ConfigError(f"{where}use one of `a`/`b`, `model` or `expr`; got {', '.join(given)}")
     if given and given[0] != "a/b":
-        extra = [k for k in ("c", "source", "fit_error") if k in table]
+        extra = [k for k in ("c", "d", "source", "fit_error") if k in table]
         if extra:
             raise ConfigError(f"{where}`{extra[0]}` goes with `a`/`b`, not with `{given[0]}`")
     if "expr" in table:
@@ -311,11 +316,12 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
         a = 72.0 * layers * hidden * hidden + 6.0 * hidden * vocab
         b = (6.0 if causal else 12.0) * layers * hidden
         return CostSpec(a=a, b=b, origin="model")
-    a, b, c = _float(table, "a", where), _float(table, "b", where), _float(table, "c", where)
+    a, b = _float(table, "a", where), _float(table, "b", where)
+    c, d = _float(table, "c", where), _float(table, "d", where)
     if a is None and b is None:
-        if c is not None or "source" in table or "fit_error" in table:
-            key = "c" if c is not None else ("source" if "source" in table else "fit_error")
-            raise ConfigError(f"{where}`{key}` needs `a` and `b`")
+        extra = [k for k in ("c", "d", "source", "fit_error") if k in table]
+        if extra:
+            raise ConfigError(f"{where}`{extra[0]}` needs `a` and `b`")
         return CostSpec()
     a, b = a or 0.0, b or 0.0
     if a == 0 and b == 0:
@@ -324,13 +330,13 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
     if source is None:
         if "fit_error" in table:
             raise ConfigError(f'{where}`fit_error` needs `source = "calibrated"`')
-        return CostSpec(a=a, b=b, origin="given", c=c or 0.0)
+        return CostSpec(a=a, b=b, origin="given", c=c or 0.0, d=d or 0.0)
     if source not in COST_SOURCES:
         raise ConfigError(
             f"{where}`source` must be one of {', '.join(COST_SOURCES)}, got {source!r}"
         )
     fit = _fit_error(table.get("fit_error"), where)
-    return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, fit_error=fit)
+    return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, d=d or 0.0, fit_error=fit)
 
 
 def _fit_error(value: Any, where: str) -> dict[str, Any]:

@@ -80,7 +80,7 @@ def _costs(
 ) -> np.ndarray | LengthCosts:
     """Per eligible row, float64. `rows`: the eligible rows of `table` (None: all of them)."""
     if cost.expr is None:
-        return LengthCosts(lengths, cost.a, cost.b)
+        return LengthCosts(lengths, cost.a, cost.b, cost.d)
     where = f"[cost] `expr` (source '{name}')"
     expr = sql_expr(cost.expr, where)
     frame = table.lazy()

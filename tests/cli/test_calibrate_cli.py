@@ -27,16 +27,18 @@ def test_calibrate_writes_a_cost_table(tmp_path):
     assert table["source"] == "calibrated"
     assert table["fit_error"]["points"] == 7  # 16 x 1..16, 256 x 1, one mixed
     cost = parse_cost(table, "")
-    assert cost.origin == "calibrated" and cost.c == table["c"]
+    assert cost.origin == "calibrated" and cost.c == table["c"] and cost.d == table["d"]
+    assert "median of 1 repeats" in result.stdout
     assert "fit error over 7 micro-batches" in result.stderr
     assert 'file = "' in result.stderr
 
 
 def test_calibrate_json(tmp_path):
-    result = mds("calibrate", *TINY, *GRID, "--json", "--seed", "3")
+    result = mds("calibrate", *TINY, *GRID, "--json", "--seed", "3", "--statistic", "min")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["cost"]["source"] == "calibrated"
+    assert data["cost"]["source"] == "calibrated" and data["statistic"] == "min"
+    assert data["cost"]["d"] >= 0
     assert data["device"] == "cpu" and data["clock"] == "cpu" and data["seed"] == 3
     assert [p["lengths"] for p in data["points"]][:2] == [[16], [16, 16]]
     assert data["output"] is None
@@ -53,6 +55,7 @@ def test_calibrate_json(tmp_path):
         (("--model", "no_such_module_xyz:build"), ("--model", "cannot import")),
         (("--device", "tpu"), ("--device must be auto, cpu or cuda",)),
         (("--clock", "tsc"), ("--clock must be auto, wall or cpu",)),
+        (("--statistic", "mean"), ("--statistic must be median or min",)),
         (("--hidden", "10", "--heads", "4"), ("--hidden (10) must be a multiple of --heads (4)",)),
     ],
 )

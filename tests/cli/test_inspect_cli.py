@@ -527,6 +527,7 @@ def test_plan_names_its_cost_model(built, tmp_path):
         ({"a": 1.0, "b": 0.5, "origin": "default"}, "default", "default (FLOP formula, causal, hidden 4096): a = 1, b = 0.5"),
         ({"a": 2.0, "b": 0.5, "origin": "given"}, "typed", "typed a, b: a = 2, b = 0.5"),
         ({"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0}, "typed", "typed a, b: a = 2, b = 0.5, c = 3 per micro-batch"),
+        ({"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0, "d": 0.7}, "typed", "typed a, b: a = 2, b = 0.5, d = 0.7 per sample, c = 3 per micro-batch"),
         ({"expr": "n_tokens * 2"}, "expr", "SQL expression: n_tokens * 2"),
     ],
 )  # fmt: skip

@@ -16,8 +16,8 @@ from mds.planner.plan_config import parse_cost
 GRID = cal.calibration_grid([32, 64, 256, 1024], 2048, mixed=3, seed=1)
 
 
-def synthetic(a: float, b: float, c: float, grid=GRID) -> list[float]:
-    return [a * sum(mb) + b * sum(x * x for x in mb) + c for mb in grid]
+def synthetic(a: float, b: float, c: float, grid=GRID, d: float = 0.0) -> list[float]:
+    return [a * sum(mb) + b * sum(x * x for x in mb) + d * len(mb) + c for mb in grid]
 
 
 @pytest.mark.parametrize(
@@ -31,11 +31,38 @@ def test_fit_recovers_exact_coefficients(a, b, c):
     assert min(fit.a, fit.b, fit.c) >= 0
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "c", "d"),
+    [(6e-5, 9e-8, 2e-3, 7e-4), (4e-5, 1e-7, 0.0, 8e-4), (1e-4, 0.0, 0.0, 1e-3)],
+)
+def test_fit_recovers_a_per_sample_overhead(a, b, c, d):
+    seconds = synthetic(a, b, c, d=d)
+    fit = cal.fit_cost(GRID, seconds)
+    for got, want in ((fit.a, a), (fit.b, b), (fit.c, c), (fit.d, d)):
+        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15)
+    assert fit.max_error < 1e-9
+    assert all(
+        math.isclose(fit.predict(mb), s, rel_tol=1e-9) for mb, s in zip(GRID, seconds, strict=True)
+    )
+    # The three-term model cannot express it: many short samples cost more than it predicts.
+    three = cal.fit_cost(GRID, seconds, per_sample=False)
+    assert three.d == 0 and three.max_error > 0.05
+    many = max(range(len(GRID)), key=lambda i: len(GRID[i]))
+    assert three.predict(GRID[many]) < seconds[many]
+
+
+def test_fit_without_sample_count_variety_keeps_d_zero():
+    # One sample per micro-batch: d and c are the same column, so d is not fitted.
+    grid = [(16,), (32,), (64,), (128,)]
+    fit = cal.fit_cost(grid, [1e-4 * x + 2e-3 for (x,) in grid])
+    assert fit.d == 0 and math.isclose(fit.c, 2e-3, rel_tol=1e-9) and fit.max_error < 1e-9
+
+
 def test_fit_never_negative():
     # A large overhead makes the unconstrained fit want b < 0: the fit keeps every term >= 0.
     grid = [(10,), (20,), (40,), (10, 10), (80,)]
     fit = cal.fit_cost(grid, [1.0, 1.1, 1.2, 1.1, 1.3])
-    assert min(fit.a, fit.b, fit.c) >= 0 and fit.a > 0
+    assert min(fit.a, fit.b, fit.c, fit.d) >= 0 and fit.a > 0
 
 
 def test_fit_refuses_a_cost_that_ignores_length():
@@ -140,14 +167,34 @@ def test_time_grid_and_cost_table():
     assert len(seconds) == len(grid) and all(s >= 0 for s in seconds)
     assert sum(seen) == 3 * len(grid)
     assert all(p.grad is None for p in model.parameters())
-    seconds = synthetic(1e-4, 1e-7, 1e-3, grid)  # a tiny model's times are all overhead
+    # a tiny model's times are all overhead
+    seconds = synthetic(1e-4, 1e-7, 1e-3, grid, d=5e-4)
     result = cal.Calibration("tiny", "cpu", 2, 0, grid, seconds, cal.fit_cost(grid, seconds))
     table = tomllib.loads(result.cost_table())["cost"]
     cost = parse_cost(table, "")
     assert cost.origin == "calibrated"
-    assert (cost.a, cost.b, cost.c) == pytest.approx((result.fit.a, result.fit.b, result.fit.c))
+    f = result.fit
+    assert (cost.a, cost.b, cost.c, cost.d) == pytest.approx((f.a, f.b, f.c, f.d))
     data = result.to_json()
     assert data["cost"]["fit_error"]["points"] == len(grid) == len(data["points"])
+    assert data["cost"]["d"] == f.d
+
+
+def test_time_grid_statistic():
+    grid = cal.calibration_grid([4, 8], 16, mixed=0, seed=0)
+    model = build_packed_gpt(GptShape(layers=1, hidden=8, heads=2, vocab=16))
+    rounds = []
+
+    def record(times):
+        rounds.append(list(times))
+        return min(times)
+
+    seconds = cal.time_grid(
+        model, grid, vocab=16, repeats=3, warmup=0, seed=0, device="cpu", clock="cpu",
+        statistic=record,
+    )  # fmt: skip
+    assert len(rounds) == len(grid) and all(len(r) == 3 for r in rounds)
+    assert seconds == [min(r) for r in rounds]
 
 
 def test_time_grid_needs_repeats():

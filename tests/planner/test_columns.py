@@ -54,6 +54,17 @@ def test_length_costs_equal_the_whole_column():
         assert costs.dtype == np.float64 and len(costs) == 5
 
 
+def test_length_costs_add_the_per_sample_constant():
+    lengths = np.array([5, 1, 4096, 77, 3], dtype=np.int32)
+    costs = LengthCosts(lengths, 3.0, 0.5, d=100.0)
+    whole = eager_costs(lengths, 3.0, 0.5) + 100.0
+    assert np.array_equal(np.asarray(costs), whole) and costs.max() == whole.max()
+    # d = 0 leaves the costs bit for bit as without it
+    assert np.array_equal(
+        np.asarray(LengthCosts(lengths, 3.0, 0.5, 0.0)), eager_costs(lengths, 3.0, 0.5)
+    )
+
+
 def test_quantized_costs_equal_the_whole_column():
     lengths = np.array([5, 1, 4096, 77, 0], dtype=np.int32)
     for raw in (LengthCosts(lengths, 1.0, 0.001), np.array([0.0, 1e-9, 2.5, 1.0, 0.0])):

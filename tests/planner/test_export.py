@@ -167,6 +167,22 @@ def test_truncated_samples_cost_their_capped_length(tmp_path):
     assert set(long["cost_units"].to_list()) == {2**40}  # the largest cost
 
 
+def test_per_sample_constant_is_in_every_cost(tmp_path):
+    data = synthetic(
+        tmp_path,
+        {"a": {"lengths": [5, 10, 20], "weight": 1}, "b": {"lengths": [7], "weight": 1}},
+        TRAIN,
+        cost={"a": 2.0, "b": 0.5, "d": 100.0},
+    )
+    build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
+    with PlanReader(tmp_path / "p.mds") as reader:
+        assert reader.footer["config"]["cost"]["d"] == 100.0
+    frame = plan_frame(tmp_path / "p.mds")
+    want = {2.0 * n + 0.5 * n * n + 100.0 for n in frame["n_tokens"].to_list()}
+    assert set(frame["cost"].to_list()) == want
+    assert max(frame["cost_units"].to_list()) == 2**40  # the largest cost, d included
+
+
 def test_constant_cost_expression(tmp_path):
     data = synthetic(
         tmp_path,

@@ -336,6 +336,17 @@ def test_cost_typed_c_and_unchanged_canonical(tmp_path):
     assert cost.describe() == {"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0}
 
 
+def test_cost_per_sample_constant(tmp_path):
+    cost = parse(tmp_path, cost={"a": 2, "b": 0.5, "d": 7}).cost
+    assert (cost.d, cost.c) == (7.0, 0.0)
+    assert cost.describe() == {"a": 2.0, "b": 0.5, "origin": "given", "d": 7.0}
+    cost = parse(tmp_path, cost={**CALIBRATED, "d": 0.0008}).cost
+    assert (cost.origin, cost.c, cost.d) == ("calibrated", 0.0015, 0.0008)
+    assert cost.describe()["d"] == 0.0008
+    # d = 0 is the same cost as no d: the canonical cost (and the plan's bytes) do not change.
+    assert "d" not in parse(tmp_path, cost={"a": 2, "b": 0.5, "d": 0}).cost.describe()
+
+
 def test_cost_file_reference(tmp_path):
     from mds.planner.calibrate import Calibration, CostFit
 
@@ -362,6 +373,11 @@ def test_cost_file_reference(tmp_path):
         ({"source": "calibrated"}, "`source` needs `a` and `b`"),
         ({"expr": "n_tokens", "c": 1}, "`c` goes with `a`/`b`, not with `expr`"),
         ({"a": 1, "c": -1}, "`c` must be a finite number >= 0"),
+        ({"d": 1}, "`d` needs `a` and `b`"),
+        ({"expr": "n_tokens", "d": 1}, "`d` goes with `a`/`b`, not with `expr`"),
+        ({"model": {"layers": 2, "hidden": 8}, "d": 1}, "`d` goes with `a`/`b`, not with `model`"),
+        ({"a": 1, "d": -1}, "`d` must be a finite number >= 0"),
+        ({"a": 1, "d": "1e-3"}, "`d` must be a finite number >= 0"),
         ({"file": "cost.toml", "a": 1}, "`file` stands for the whole table; remove `a`"),
         ({"file": 3}, "`file` must be a path string"),
         ({"file": "missing.toml"}, "`file`: cannot read"),
