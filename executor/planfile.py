@@ -40,9 +40,11 @@ __all__ = [
     "PlanReader",
     "PlanWriter",
     "FETCH_COLUMNS",
+    "EncodedChunk",
     "Fetch",
     "RankChunk",
     "checksum",
+    "encode_chunk",
     "plan_id_of",
 ]
 
@@ -160,6 +162,35 @@ def decode_fetch(data: memoryview, n: int) -> Fetch:
     return Fetch(*columns, files=files)
 
 
+@dataclass(frozen=True)
+class EncodedChunk:
+    """One chunk's rank blocks as the file stores them, with their checksums: made where
+    the chunk is planned (a worker process), so the writer only copies bytes."""
+
+    count_width: int  # bytes per micro-batch sample count
+    payloads: list[bytes]  # per rank
+    checksums: list[bytes]  # per rank, checksum() of its payload
+
+
+def encode_chunk(
+    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]], steps: int, micro: int, id_width: int
+) -> EncodedChunk:
+    """The blocks of a chunk of `steps` steps: per rank (counts [steps, micro], global ids,
+    fetch records), encoded with `id_width`-byte ids."""
+    peak = max((int(c.max(initial=0)) for c, _, _ in blocks), default=0)
+    width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
+    payloads = []
+    for counts, ids, fetch in blocks:
+        assert counts.shape == (steps, micro)
+        assert int(counts.sum()) == len(ids)
+        payloads.append(
+            counts.astype(_COUNT_DTYPES[width]).tobytes()
+            + encode_ids(ids, id_width)
+            + encode_fetch(fetch, len(ids))
+        )
+    return EncodedChunk(width, payloads, [checksum(data) for data in payloads])
+
+
 class PlanWriter:
     """Writes a plan to a temporary file; `commit()` renames it into place."""
 
@@ -185,32 +216,29 @@ class PlanWriter:
         self._sections: dict[str, dict[str, Any]] = {}
 
     def add_chunk(
-        self, step_start: int, step_end: int, blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]
+        self,
+        step_start: int,
+        step_end: int,
+        blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | EncodedChunk,
     ) -> None:
-        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records)."""
-        assert len(blocks) == self.dp
-        peak = max((int(c.max(initial=0)) for c, _, _ in blocks), default=0)
-        width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
-        payloads = []
-        for counts, ids, fetch in blocks:
-            assert counts.shape == (step_end - step_start, self.micro)
-            assert int(counts.sum()) == len(ids)
-            payloads.append(
-                counts.astype(_COUNT_DTYPES[width]).tobytes()
-                + encode_ids(ids, self.id_width)
-                + encode_fetch(fetch, len(ids))
-            )
+        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records),
+        or the chunk as encode_chunk made it with this plan's geometry."""
+        if not isinstance(blocks, EncodedChunk):
+            blocks = encode_chunk(blocks, step_end - step_start, self.micro, self.id_width)
+        assert len(blocks.payloads) == self.dp
         dir_offset = self._f.tell()
         directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
-        offset = dir_offset + directory.nbytes
-        for r, data in enumerate(payloads):
-            directory[r] = (offset, len(data), checksum(data))
-            offset += len(data)
+        sizes = np.array([len(data) for data in blocks.payloads], dtype=np.uint64)
+        directory["offset"] = dir_offset + directory.nbytes + np.cumsum(sizes) - sizes
+        directory["size"] = sizes
+        directory["checksum"] = blocks.checksums
         dir_bytes = directory.tobytes()
         self._f.write(dir_bytes)
-        for data in payloads:
+        for data in blocks.payloads:
             self._f.write(data)
-        self._chunks.append([step_start, step_end, dir_offset, checksum(dir_bytes).hex(), width])
+        self._chunks.append(
+            [step_start, step_end, dir_offset, checksum(dir_bytes).hex(), blocks.count_width]
+        )
 
     def add_section(self, name: str, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()

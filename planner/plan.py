@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from mds.executor.errors import ConfigError, PlanError
-from mds.executor.planfile import Fetch, PlanWriter, plan_id_of
+from mds.executor.planfile import EncodedChunk, Fetch, PlanWriter, encode_chunk, plan_id_of
 from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
-from mds.planner.engine import Engine, EngineSpec, open_engine
+from mds.planner.engine import Engine, EngineSpec, fork_shares_memory, open_engine
 from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, read_manifest
 from mds.planner.lock import output_lock
@@ -55,7 +55,7 @@ class ChunkResult:
 
     start: int
     end: int
-    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]
+    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | EncodedChunk  # encoded in workers
     stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
     source_samples: np.ndarray  # [steps, sources] int64
 
@@ -81,6 +81,8 @@ class PlanSummary:
     stronger_baseline: str  # "naive" or "interleave": the one whose max rank cost is lower
     seconds: float
     sources: list[dict[str, Any]] = field(default_factory=list)
+    workers: int = 1  # processes (or Ray tasks in flight) that planned chunks; 1: this one
+    notice: str | None = None  # why fewer workers were used than asked for
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -110,6 +112,11 @@ class Planner:
         self.mixer = Mixer(config, self.pools, self.streams)
         self.fetch = FetchTable(self.manifest, self.pools)
         self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
+
+    @property
+    def id_width(self) -> int:
+        """Bytes per global sample id in the plan file."""
+        return max(1, (max(self.total_rows - 1, 1).bit_length() + 7) // 8)
 
     @property
     def first_step(self) -> int:
@@ -236,11 +243,18 @@ def _init_worker(run: str, config: PlanConfig) -> None:
 def _run_chunk(
     run: str, config: PlanConfig, state: MixState, end: int, counts: np.ndarray
 ) -> ChunkResult:
-    """The unit of work an engine runs: steps [state.step, end) of the run `run`."""
+    """The unit of work an engine runs: steps [state.step, end) of the run `run`, its
+    blocks encoded here (the writer then only copies bytes)."""
     if _WORKER is None or _WORKER[0] != run:
         _init_worker(run, config)
     assert _WORKER is not None
-    return _WORKER[1].plan_chunk(state, end, counts)
+    planner = _WORKER[1]
+    result = planner.plan_chunk(state, end, counts)
+    train = planner.config.train
+    result.blocks = encode_chunk(
+        result.blocks, end - state.step, train.micro_batches, planner.id_width
+    )
+    return result
 
 
 def with_overrides(
@@ -309,22 +323,31 @@ def _build_locked(
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
     chunks = -(-train.steps // config.chunk_steps)
-    workers = workers or config.workers
+    asked = workers or config.workers or 1
     run = uuid.uuid4().hex
+    notice = None
     if engine.kind == "local":
-        workers = max(1, min(workers or 1, chunks, os.cpu_count() or 1))
-    elif workers:  # on Ray, None: as many chunks in flight as the cluster has CPUs
-        workers = min(workers, chunks)
-    # Local workers start (and load the index) while this process runs the sequential pass;
-    # Ray workers load it with their first chunk.
+        workers = max(1, min(asked, chunks, os.cpu_count() or 1))
+        if asked > 1 and chunks == 1:
+            notice = (
+                f"1 of {asked} workers used: the plan's {train.steps} steps are one chunk "
+                f"(chunk_steps = {config.chunk_steps}); a smaller chunk_steps plans in parallel"
+            )
+    else:  # on Ray, None: as many chunks in flight as the cluster has CPUs
+        workers = min(workers, chunks) if workers else workers
+    # Local workers are forked once this process has loaded the index, and share its pages;
+    # where fork is not available they are spawned now and load the index while this
+    # process does. Ray workers load it with their first chunk.
+    fork = engine.kind == "local" and workers > 1 and fork_shares_memory()
     pool = (
         open_engine(
             engine, workers, processes=True, initializer=_init_worker, initargs=(run, config)
         )
-        if engine.kind != "local" or workers > 1
+        if engine.kind != "local" or (workers > 1 and not fork)
         else None
     )
     failed = True
+    global _WORKER
     try:
         planner = Planner(config)
         if parent is not None:
@@ -332,13 +355,28 @@ def _build_locked(
 
             assert at_step is not None
             planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
+        if fork:
+            _WORKER = (run, planner)  # what every forked worker starts with
+            pool = open_engine(engine, workers, processes=True, fork=True)
+            _WORKER = None
         data, footer, stats_arr = _write(planner, output, pool, run, progress)
         failed = False
     finally:
+        _WORKER = None
         if pool is not None:
             pool.close(wait=not failed)
     plan_id = plan_id_of(data)
-    return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
+    used = pool.workers if pool is not None else 1
+    return _summary(
+        output,
+        plan_id,
+        planner,
+        stats_arr,
+        footer,
+        time.perf_counter() - started,
+        workers=used,
+        notice=notice,
+    )
 
 
 def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixState]):
@@ -363,7 +401,6 @@ def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixSta
 def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progress):
     """Plan every chunk (in `pool` when given) and write the file; returns footer bytes."""
     train = planner.config.train
-    id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
     try:  # a PlanWriter that fails to start removes its temporary itself
         output.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output)
@@ -372,7 +409,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
             temp_sibling(output),
             dp_size=train.dp_size,
             micro_batches=train.micro_batches,
-            id_width=id_width,
+            id_width=planner.id_width,
         )
     except OSError as exc:
         raise _cannot_write(output, exc) from exc
@@ -477,7 +514,14 @@ def _fetch_facts(planner: Planner, output: Path) -> dict[str, Any]:
 
 
 def _summary(
-    output: Path, plan_id: str, planner: Planner, stats: np.ndarray, footer, seconds: float
+    output: Path,
+    plan_id: str,
+    planner: Planner,
+    stats: np.ndarray,
+    footer,
+    seconds: float,
+    workers: int = 1,
+    notice: str | None = None,
 ) -> PlanSummary:
     col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
@@ -507,4 +551,6 @@ def _summary(
         stronger_baseline="interleave" if inter_total < naive_total else "naive",
         seconds=seconds,
         sources=footer["sources"],
+        workers=workers,
+        notice=notice,
     )
