@@ -27,9 +27,9 @@ from plan_builders import (
     synthetic,
 )
 
+import mds.planner.plan as plan_mod
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import PlanReader, PlanWriter
-import mds.planner.plan as plan_mod
 from mds.planner.engine import fork_shares_memory
 from mds.planner.export import plan_frame
 from mds.planner.mixing import MixState
