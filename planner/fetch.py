@@ -72,6 +72,15 @@ class FetchTable:
     def records(self, ids: np.ndarray) -> Fetch:
         """Fetch records of `ids` (global ids of planned samples), in their order; the file
         list holds each file once, sorted by (source, file)."""
+        columns, files = self.chunk_records(ids, np.array([0, len(ids)]))
+        return Fetch(*columns, files=files[0])
+
+    def chunk_records(
+        self, ids: np.ndarray, bounds: np.ndarray
+    ) -> tuple[list[np.ndarray], list[list[tuple[int, int, dict[str, Any]]]]]:
+        """records(ids[bounds[k]:bounds[k + 1]]) for every block k, computed for all of `ids`
+        at once (a chunk's blocks: one set of numpy passes, not one per DP rank): the
+        columns of Fetch for all of `ids`, and each block's file list."""
         n = len(ids)
         ids = ids.astype(np.int64, copy=False)
         keys = np.zeros(n, dtype=np.int64)
@@ -82,7 +91,7 @@ class FetchTable:
         which = np.searchsorted(self._bases, ids, side="right") - 1
         for k in np.unique(which).tolist():
             src = self._sources[k]
-            pick = np.flatnonzero(which == k)
+            pick = np.flatnonzero(which == k) if len(self._sources) > 1 else slice(None)
             rows = ids[pick] - src.pool.base
             by_row = src.pool.by_row
             fid = np.searchsorted(src.first_rows, rows, side="right") - 1
@@ -94,10 +103,29 @@ class FetchTable:
                 length[pick] = by_row["length"][rows]
             else:
                 row_in[pick] = rows - src.first_rows[fid]
-        unique, local = np.unique(keys, return_inverse=True)
+        # Each block's files: the distinct (block, file) pairs, by block and then by key.
+        files = np.unique(keys)
+        key_of = np.searchsorted(files, keys)
+        blocks, F = len(bounds) - 1, max(len(files), 1)
+        block = np.repeat(np.arange(blocks, dtype=np.int64), np.diff(bounds))
+        pair = block * F + key_of
+        if blocks * F <= 4 * n + 1024:  # a table of every (block, file): no sort
+            seen = np.bincount(pair, minlength=blocks * F) > 0
+            pairs = np.flatnonzero(seen)
+            local = (np.cumsum(seen) - 1)[pair]
+        else:
+            pairs, local = np.unique(pair, return_inverse=True)
+            local = local.reshape(-1)
+        local = local.astype(np.int64)
+        first = np.searchsorted(pairs, np.arange(blocks + 1, dtype=np.int64) * F)
+        local -= first[block]
         by_sid = {f.sid: f for f in self._sources}
-        files = [
+        entries = [
             (sid, fid, by_sid[sid].entry(fid))
-            for sid, fid in ((int(u) >> 32, int(u) & 0xFFFFFFFF) for u in unique)
+            for sid, fid in ((int(u) >> 32, int(u) & 0xFFFFFFFF) for u in files)
         ]
-        return Fetch(local.astype(np.int64), row_in, tokens, offset, length, files)
+        which_file = (pairs % F).tolist()
+        files_of = [
+            [entries[f] for f in which_file[first[b] : first[b + 1]]] for b in range(blocks)
+        ]
+        return [local, row_in, tokens, offset, length], files_of

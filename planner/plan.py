@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from mds.executor.errors import ConfigError, PlanError
-from mds.executor.planfile import EncodedChunk, Fetch, PlanWriter, encode_chunk, plan_id_of
+from mds.executor.planfile import (
+    ChunkBlocks,
+    EncodedChunk,
+    PlanWriter,
+    encode_chunk,
+    plan_id_of,
+)
 from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.engine import Engine, EngineSpec, fork_shares_memory, open_engine
@@ -55,7 +61,7 @@ class ChunkResult:
 
     start: int
     end: int
-    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | EncodedChunk  # encoded in workers
+    blocks: ChunkBlocks | EncodedChunk  # per rank (counts, ids, fetch); encoded in workers
     stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
     source_samples: np.ndarray  # [steps, sources] int64
 
@@ -173,9 +179,9 @@ class Planner:
             cost[step_of, slot] = pool.costs[pos]
         steps = np.arange(a, end)
         assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
-        blocks = [
-            (c, ids, self.fetch.records(ids)) for c, ids in _blocks(assign, gid, valid, T, D, M)
-        ]
+        per_cell, ids, bounds = _blocks(assign, gid, valid, T, D, M)
+        columns, files = self.fetch.chunk_records(ids, bounds)
+        blocks = ChunkBlocks(per_cell, ids, bounds, columns, files)
         return ChunkResult(
             a,
             end,
@@ -187,8 +193,9 @@ class Planner:
 
 def _blocks(
     assign, gid: np.ndarray, valid: np.ndarray, T: int, D: int, M: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per rank: sample counts [T, M] and global ids in (step, micro-batch, slot) order."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample counts [D, T, M], the global ids by rank and then in (step, micro-batch,
+    slot) order, and where each rank's ids start and end in them ([D + 1])."""
     t, j = np.nonzero(valid)
     r, m = assign.rank[t, j], assign.micro[t, j]
     cell = (r * T + t) * M + m
@@ -196,7 +203,7 @@ def _blocks(
     ids = gid[t, j][order]
     per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
     bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
-    return [(per_cell[k], ids[bounds[k] : bounds[k + 1]]) for k in range(D)]
+    return per_cell, ids, bounds
 
 
 def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
