@@ -255,6 +255,12 @@ def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
         # (counted in every process) of the planning process and its workers, in MB.
         "peak_pss_mb": {str(k): max(m["pss_mb"] for m in v) for k, v in memory.items()},
         "peak_rss_mb": {str(k): max(m["rss_mb"] for m in v) for k, v in memory.items()},
+        # CPU time (all processes) per sample, median of the runs: what a busy machine
+        # does not inflate as much as the wall time.
+        "cpu_us_per_sample": {
+            str(k): statistics.median(m["cpu_seconds"] for m in v) / samples * 1e6
+            for k, v in memory.items()
+        },
     }
 
 
@@ -290,7 +296,7 @@ def _memory_mb(pid: int) -> dict[str, float]:
 
 def run_child(job: dict) -> tuple[float, dict[str, float]]:
     """One build_plan in a fresh process: its seconds (timed there) and the peak summed
-    memory of it and its workers, sampled every 50 ms."""
+    memory of it and its workers, sampled every 50 ms, with the CPU seconds they used."""
     cmd = [sys.executable, __file__, "--child", json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = {"pss_mb": 0.0, "rss_mb": 0.0}
@@ -301,34 +307,46 @@ def run_child(job: dict) -> tuple[float, dict[str, float]]:
     out = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:
         raise SystemExit(f"planning child failed ({proc.returncode}): {job}")
-    return float(json.loads(out.strip().splitlines()[-1])["seconds"]), peak
+    done = json.loads(out.strip().splitlines()[-1])
+    return float(done["seconds"]), {**peak, "cpu_seconds": float(done["cpu_seconds"])}
 
 
 def child(job: dict) -> None:
     """The --child side of run_child: plan once, print the seconds."""
     index = make_index(Path(job["data"]), job["rows"], job["profile"])
     config = plan_config(index, job["steps"], job["chunk_steps"], job["dp"], job["per_step"])
-    t0 = time.perf_counter()
+    import resource
+
+    def cpu() -> float:
+        return sum(
+            u.ru_utime + u.ru_stime
+            for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        )
+
+    c0, t0 = cpu(), time.perf_counter()
     build_plan(config, Path(job["out"]), workers=job["workers"])
-    print(json.dumps({"seconds": time.perf_counter() - t0}))
+    seconds = time.perf_counter() - t0  # the workers have been joined: their CPU counts
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu() - c0}))
 
 
 def render(r: dict) -> str:
-    pss, rss = r["peak_pss_mb"], r["peak_rss_mb"]
+    pss, rss, cpu = r["peak_pss_mb"], r["peak_rss_mb"], r["cpu_us_per_sample"]
     ratio = r["ratio_mds"]
     lpt, naive, inter = r["ratio_greedy_lpt"], r["ratio_naive"], r["ratio_interleave"]
     rows = [
-        "| method | samples/s | peak PSS / RSS (MB) | mean ratio | p99 ratio | max ratio |",
-        "|---|---:|---:|---:|---:|---:|",
-        f"| mds (2 workers) | {r['samples_per_s_2_workers']:,.0f} | {pss['2']:,.0f} / {rss['2']:,.0f} "
+        "| method | samples/s | CPU us/sample | peak PSS / RSS (MB) | mean ratio | p99 ratio "
+        "| max ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| mds (2 workers) | {r['samples_per_s_2_workers']:,.0f} | {cpu['2']:.2f} "
+        f"| {pss['2']:,.0f} / {rss['2']:,.0f} "
         f"| {ratio['mean']:.4f} | {ratio['p99']:.4f} | {ratio['max']:.4f} |",
-        f"| mds (1 worker) | {r['samples_per_s_1_worker']:,.0f} | {pss['1']:,.0f} / {rss['1']:,.0f} "
-        "| same plan | | |",
+        f"| mds (1 worker) | {r['samples_per_s_1_worker']:,.0f} | {cpu['1']:.2f} "
+        f"| {pss['1']:,.0f} / {rss['1']:,.0f} | same plan | | |",
         f"| greedy LPT (balancing only, no capacity) | {r['greedy_lpt_samples_per_s']:,.0f} | - "
-        f"| {lpt['mean']:.4f} | {lpt['p99']:.4f} | {lpt['max']:.4f} |",
-        f"| naive sharding (random deal) | - | - | {naive['mean']:.4f} | {naive['p99']:.4f} "
+        f"| - | {lpt['mean']:.4f} | {lpt['p99']:.4f} | {lpt['max']:.4f} |",
+        f"| naive sharding (random deal) | - | - | - | {naive['mean']:.4f} | {naive['p99']:.4f} "
         f"| {naive['max']:.4f} |",
-        f"| in-order interleaving | - | - | {inter['mean']:.4f} | {inter['p99']:.4f} "
+        f"| in-order interleaving | - | - | - | {inter['mean']:.4f} | {inter['p99']:.4f} "
         f"| {inter['max']:.4f} |",
     ]
     head = (
