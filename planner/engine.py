@@ -332,11 +332,17 @@ def _forked_pool(workers: int) -> Executor:
     alive here are frozen out of the garbage collector first, so the children's
     collections do not write to (and so copy) the pages they share with this process."""
     import gc
+    import sys
     import warnings
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
+    # A child flushes the standard streams it inherits when it ends: empty them first, or
+    # what this process had buffered would be written once more per worker.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
     gc.freeze()
     try:
         with warnings.catch_warnings():
