@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -178,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         help="samples per case of the balance table (and per call in the per-rank scaling)",
     )
     parser.add_argument("--no-plans", action="store_true", help="only the balance tables")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
 
     results = []
     if not args.no_plans:
@@ -204,12 +210,24 @@ def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     samples = steps * per_step
     runs: dict[int, list[float]] = {1: [], 2: []}
+    memory: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     plan_path = args.out / f"bench-plan-{profile}-d{dp}.mds"
     for _ in range(args.repeat):
         for workers in (1, 2):
-            t0 = time.perf_counter()
-            build_plan(config, plan_path, workers=workers)
-            runs[workers].append(time.perf_counter() - t0)
+            job = {
+                "data": str(args.data),
+                "rows": args.rows,
+                "profile": profile,
+                "steps": steps,
+                "chunk_steps": chunk_steps,
+                "dp": dp,
+                "per_step": per_step,
+                "workers": workers,
+                "out": str(plan_path),
+            }
+            seconds, peak = run_child(job)
+            runs[workers].append(seconds)
+            memory[workers].append(peak)
     with PlanReader(plan_path) as reader:
         stats = reader.section("stats")
         columns = reader.footer["stats_columns"]
@@ -233,18 +251,103 @@ def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
         "ratio_naive": summarize(base["naive"]),
         "ratio_interleave": summarize(base["interleave"]),
         "runs_seconds": {str(k): v for k, v in runs.items()},
+        # Peak over the run of the summed PSS (shared pages counted once) and summed RSS
+        # (counted in every process) of the planning process and its workers, in MB.
+        "peak_pss_mb": {str(k): max(m["pss_mb"] for m in v) for k, v in memory.items()},
+        "peak_rss_mb": {str(k): max(m["rss_mb"] for m in v) for k, v in memory.items()},
+        # CPU time (all processes) per sample, median of the runs: what a busy machine
+        # does not inflate as much as the wall time.
+        "cpu_us_per_sample": {
+            str(k): statistics.median(m["cpu_seconds"] for m in v) / samples * 1e6
+            for k, v in memory.items()
+        },
     }
 
 
+def _children(pid: int) -> list[int]:
+    """`pid` and all its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _memory_mb(pid: int) -> dict[str, float]:
+    """Summed PSS and RSS of `pid` and its descendants, in MB (smaps_rollup)."""
+    total = {"pss_mb": 0.0, "rss_mb": 0.0}
+    for p in _children(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    key = {"Pss:": "pss_mb", "Rss:": "rss_mb"}.get(line.split(":")[0] + ":")
+                    if key:
+                        total[key] += int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    return total
+
+
+def run_child(job: dict) -> tuple[float, dict[str, float]]:
+    """One build_plan in a fresh process: its seconds (timed there) and the peak summed
+    memory of it and its workers, sampled every 50 ms, with the CPU seconds they used."""
+    cmd = [sys.executable, __file__, "--child", json.dumps(job)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    peak = {"pss_mb": 0.0, "rss_mb": 0.0}
+    while proc.poll() is None:
+        now = _memory_mb(proc.pid)
+        peak = {k: max(peak[k], now[k]) for k in peak}
+        time.sleep(0.05)
+    out = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode:
+        raise SystemExit(f"planning child failed ({proc.returncode}): {job}")
+    done = json.loads(out.strip().splitlines()[-1])
+    return float(done["seconds"]), {**peak, "cpu_seconds": float(done["cpu_seconds"])}
+
+
+def child(job: dict) -> None:
+    """The --child side of run_child: plan once, print the seconds."""
+    index = make_index(Path(job["data"]), job["rows"], job["profile"])
+    config = plan_config(index, job["steps"], job["chunk_steps"], job["dp"], job["per_step"])
+    import resource
+
+    def cpu() -> float:
+        return sum(
+            u.ru_utime + u.ru_stime
+            for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        )
+
+    c0, t0 = cpu(), time.perf_counter()
+    build_plan(config, Path(job["out"]), workers=job["workers"])
+    seconds = time.perf_counter() - t0  # the workers have been joined: their CPU counts
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu() - c0}))
+
+
 def render(r: dict) -> str:
+    pss, rss, cpu = r["peak_pss_mb"], r["peak_rss_mb"], r["cpu_us_per_sample"]
+    ratio = r["ratio_mds"]
+    lpt, naive, inter = r["ratio_greedy_lpt"], r["ratio_naive"], r["ratio_interleave"]
     rows = [
-        "| method | samples/s | mean ratio | p99 ratio | max ratio |",
-        "|---|---:|---:|---:|---:|",
-        f"| mds (2 workers) | {r['samples_per_s_2_workers']:,.0f} | {r['ratio_mds']['mean']:.4f} | {r['ratio_mds']['p99']:.4f} | {r['ratio_mds']['max']:.4f} |",
-        f"| mds (1 worker) | {r['samples_per_s_1_worker']:,.0f} | same plan | | |",
-        f"| greedy LPT (balancing only, no capacity) | {r['greedy_lpt_samples_per_s']:,.0f} | {r['ratio_greedy_lpt']['mean']:.4f} | {r['ratio_greedy_lpt']['p99']:.4f} | {r['ratio_greedy_lpt']['max']:.4f} |",
-        f"| naive sharding (random deal) | - | {r['ratio_naive']['mean']:.4f} | {r['ratio_naive']['p99']:.4f} | {r['ratio_naive']['max']:.4f} |",
-        f"| in-order interleaving | - | {r['ratio_interleave']['mean']:.4f} | {r['ratio_interleave']['p99']:.4f} | {r['ratio_interleave']['max']:.4f} |",
+        "| method | samples/s | CPU us/sample | peak PSS / RSS (MB) | mean ratio | p99 ratio "
+        "| max ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| mds (2 workers) | {r['samples_per_s_2_workers']:,.0f} | {cpu['2']:.2f} "
+        f"| {pss['2']:,.0f} / {rss['2']:,.0f} "
+        f"| {ratio['mean']:.4f} | {ratio['p99']:.4f} | {ratio['max']:.4f} |",
+        f"| mds (1 worker) | {r['samples_per_s_1_worker']:,.0f} | {cpu['1']:.2f} "
+        f"| {pss['1']:,.0f} / {rss['1']:,.0f} | same plan | | |",
+        f"| greedy LPT (balancing only, no capacity) | {r['greedy_lpt_samples_per_s']:,.0f} | - "
+        f"| - | {lpt['mean']:.4f} | {lpt['p99']:.4f} | {lpt['max']:.4f} |",
+        f"| naive sharding (random deal) | - | - | - | {naive['mean']:.4f} | {naive['p99']:.4f} "
+        f"| {naive['max']:.4f} |",
+        f"| in-order interleaving | - | - | - | {inter['mean']:.4f} | {inter['p99']:.4f} "
+        f"| {inter['max']:.4f} |",
     ]
     head = (
         f"## mds plan, {r['profile']} lengths: {r['steps']} steps x {r['samples_per_step']} samples, D={r['dp_size']}, "
@@ -253,7 +356,9 @@ def render(r: dict) -> str:
     foot = (
         f"\nplan size: {r['bytes_per_sample']:.3f} bytes/sample. Ratio = slowest rank's cost / "
         "max(total/D, largest sample). Targets: >= 2M samples/s on 2 cores, mean ratio <= 1.005, "
-        "<= 4 bytes/sample. Baselines are computed on the same samples (first chunks).\n"
+        "<= 4 bytes/sample. Baselines are computed on the same samples (first chunks). Each "
+        "planning run is a fresh process; peak memory sums it and its workers (PSS counts "
+        "shared pages once, RSS in every process).\n"
     )
     return head + "\n".join(rows) + "\n" + foot
 

@@ -113,6 +113,8 @@ def plan_command(
     if json_out:
         print_json(summary.to_json())
         return
+    if summary.notice:
+        console.print(f"note: {summary.notice}", soft_wrap=True)
     _print_summary(summary)
 
 
@@ -154,4 +156,5 @@ def _print_summary(s) -> None:
             f"{entry['epochs']:.3f}",
         )
     console.print(src)
-    console.print(f"planned in {s.seconds:.2f}s")
+    who = f" by {s.workers} workers" if s.workers > 1 else ""
+    console.print(f"planned in {s.seconds:.2f}s{who}")

@@ -41,9 +41,12 @@ __all__ = [
     "PlanReader",
     "PlanWriter",
     "FETCH_COLUMNS",
+    "ChunkBlocks",
+    "EncodedChunk",
     "Fetch",
     "RankChunk",
     "checksum",
+    "encode_chunk",
     "plan_id_of",
 ]
 
@@ -161,6 +164,119 @@ def decode_fetch(data: memoryview, n: int) -> Fetch:
     return Fetch(*columns, files=files)
 
 
+@dataclass(frozen=True)
+class ChunkBlocks:
+    """One chunk's rank blocks held as chunk-wide arrays, rank after rank: what a planner
+    makes, and what encode_chunk encodes with a fixed number of numpy passes whatever
+    the number of ranks. Indexing gives rank k's (counts, ids, Fetch), as a list of
+    blocks would."""
+
+    counts: np.ndarray  # [D, steps, micro_batches]
+    ids: np.ndarray  # every rank's ids, rank after rank
+    bounds: np.ndarray  # [D + 1]: rank k's samples are [bounds[k], bounds[k + 1])
+    columns: list[np.ndarray]  # the FETCH_COLUMNS, each aligned with ids
+    files: list[list[tuple[int, int, dict[str, Any]]]]  # per rank, its Fetch.files
+
+    @classmethod
+    def of(cls, blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]) -> ChunkBlocks:
+        sizes = [len(ids) for _, ids, _ in blocks]
+        bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+        columns = [
+            np.concatenate([np.asarray(getattr(f, name)) for _, _, f in blocks] or [[]])
+            for name in FETCH_COLUMNS
+        ]
+        return cls(
+            np.stack([c for c, _, _ in blocks]) if blocks else np.zeros((0, 0, 0), np.int64),
+            np.concatenate([ids for _, ids, _ in blocks] or [[]]),
+            bounds,
+            columns,
+            [f.files for _, _, f in blocks],
+        )
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, k: int) -> tuple[np.ndarray, np.ndarray, Fetch]:
+        lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
+        return (
+            self.counts[k],
+            self.ids[lo:hi],
+            Fetch(*(c[lo:hi] for c in self.columns), files=self.files[k]),
+        )
+
+
+@dataclass(frozen=True)
+class EncodedChunk:
+    """One chunk's rank blocks as the file stores them, with their checksums: made where
+    the chunk is planned (a worker process), so the writer only copies bytes."""
+
+    count_width: int  # bytes per micro-batch sample count
+    payloads: list[bytes]  # per rank
+    checksums: list[bytes]  # per rank, checksum() of its payload
+
+
+def _widths(column: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """width_of() of every block's part of `column` (non-negative), [blocks]."""
+    blocks = len(bounds) - 1
+    peak = np.zeros(blocks, dtype=np.uint64)
+    filled = np.flatnonzero(bounds[1:] > bounds[:-1])
+    if filled.size:
+        # Empty blocks are left out, so each reduced segment is exactly one block's part.
+        peak[filled] = np.maximum.reduceat(column.astype(np.uint64), bounds[filled])
+    out = np.zeros(blocks, dtype=np.int64)
+    for k in range(8):
+        out += peak >= np.uint64(1) << np.uint64(8 * k)
+    return out
+
+
+def encode_chunk(
+    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | ChunkBlocks,
+    steps: int,
+    micro: int,
+    id_width: int,
+) -> EncodedChunk:
+    """The blocks of a chunk of `steps` steps: per rank (counts [steps, micro], global ids,
+    fetch records), encoded with `id_width`-byte ids. Each column is encoded once for the
+    whole chunk at each width some block needs; a block's bytes are slices of those."""
+    if not isinstance(blocks, ChunkBlocks):
+        blocks = ChunkBlocks.of(blocks)
+    dp, bounds = len(blocks), blocks.bounds
+    assert blocks.counts.shape == (dp, steps, micro)
+    sizes = np.diff(bounds)
+    assert np.array_equal(blocks.counts.reshape(dp, -1).sum(axis=1), sizes)
+    peak = int(blocks.counts.max(initial=0))
+    width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
+    counts = blocks.counts.astype(_COUNT_DTYPES[width]).reshape(dp, -1)
+    ids = memoryview(encode_ids(blocks.ids, id_width))
+    widths, encoded = [], []
+    for c in blocks.columns:
+        assert len(c) == len(blocks.ids), "one fetch record per sample"
+        assert int(c.min(initial=0)) >= 0
+        w = _widths(c, bounds)
+        widths.append(w.tolist())
+        encoded.append({int(x): memoryview(encode_ids(c, int(x))) for x in np.unique(w) if x})
+    fragments: dict[tuple[int, int, int], str] = {}
+    payloads = []
+    for k in range(dp):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        items = []
+        for s, f, entry in blocks.files[k]:
+            key = (s, f, id(entry))
+            if key not in fragments:
+                fragments[key] = json.dumps(
+                    [int(s), int(f), entry], sort_keys=True, separators=(",", ":")
+                )
+            items.append(fragments[key])
+        files = ("[" + ",".join(items) + "]").encode()
+        ws = [w[k] for w in widths]
+        parts = [counts[k].tobytes(), ids[lo * id_width : hi * id_width]]
+        parts.append(_FETCH_HEAD.pack(*ws, len(files)))
+        parts += [enc[w][lo * w : hi * w] for enc, w in zip(encoded, ws, strict=True) if w]
+        parts.append(files)
+        payloads.append(b"".join(parts))
+    return EncodedChunk(width, payloads, [checksum(data) for data in payloads])
+
+
 class PlanWriter:
     """Writes a plan to a temporary file; `commit()` renames it into place."""
 
@@ -186,32 +302,29 @@ class PlanWriter:
         self._sections: dict[str, dict[str, Any]] = {}
 
     def add_chunk(
-        self, step_start: int, step_end: int, blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]
+        self,
+        step_start: int,
+        step_end: int,
+        blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | ChunkBlocks | EncodedChunk,
     ) -> None:
-        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records)."""
-        assert len(blocks) == self.dp
-        peak = max((int(c.max(initial=0)) for c, _, _ in blocks), default=0)
-        width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
-        payloads = []
-        for counts, ids, fetch in blocks:
-            assert counts.shape == (step_end - step_start, self.micro)
-            assert int(counts.sum()) == len(ids)
-            payloads.append(
-                counts.astype(_COUNT_DTYPES[width]).tobytes()
-                + encode_ids(ids, self.id_width)
-                + encode_fetch(fetch, len(ids))
-            )
+        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records),
+        or the chunk as encode_chunk made it with this plan's geometry."""
+        if not isinstance(blocks, EncodedChunk):
+            blocks = encode_chunk(blocks, step_end - step_start, self.micro, self.id_width)
+        assert len(blocks.payloads) == self.dp
         dir_offset = self._f.tell()
         directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
-        offset = dir_offset + directory.nbytes
-        for r, data in enumerate(payloads):
-            directory[r] = (offset, len(data), checksum(data))
-            offset += len(data)
+        sizes = np.array([len(data) for data in blocks.payloads], dtype=np.uint64)
+        directory["offset"] = dir_offset + directory.nbytes + np.cumsum(sizes) - sizes
+        directory["size"] = sizes
+        directory["checksum"] = blocks.checksums
         dir_bytes = directory.tobytes()
         self._f.write(dir_bytes)
-        for data in payloads:
+        for data in blocks.payloads:
             self._f.write(data)
-        self._chunks.append([step_start, step_end, dir_offset, checksum(dir_bytes).hex(), width])
+        self._chunks.append(
+            [step_start, step_end, dir_offset, checksum(dir_bytes).hex(), blocks.count_width]
+        )
 
     def add_section(self, name: str, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()

@@ -24,6 +24,7 @@ __all__ = [
     "RayEngine",
     "check_address",
     "check_engine",
+    "fork_shares_memory",
     "open_engine",
 ]
 
@@ -285,6 +286,15 @@ class RayEngine(Engine):
             self.started = False
 
 
+def fork_shares_memory() -> bool:
+    """Whether local worker processes can be forked from this one and so share its loaded
+    memory (copy-on-write pages): on Linux. Elsewhere fork is unsafe (macOS) or missing."""
+    import sys
+    from multiprocessing import get_all_start_methods
+
+    return sys.platform.startswith("linux") and "fork" in get_all_start_methods()
+
+
 def open_engine(
     spec: EngineSpec,
     workers: int | None,
@@ -292,10 +302,13 @@ def open_engine(
     processes: bool = False,
     initializer: Callable[..., None] | None = None,
     initargs: tuple = (),
+    fork: bool = False,
 ) -> Engine:
     """The engine `spec` names. Locally: `workers` threads, or spawned processes (each set
-    up by `initializer`). On Ray `workers` bounds the tasks in flight (None: the cluster's
-    CPUs); there a task sets itself up on first use, as Ray has no per-worker initializer."""
+    up by `initializer`), or with `fork` processes forked here at once, which share what
+    this process has loaded and need no set-up. On Ray `workers` bounds the tasks in
+    flight (None: the cluster's CPUs); there a task sets itself up on first use, as Ray
+    has no per-worker initializer."""
     if spec.kind == "ray":
         return RayEngine(spec.address, workers)
     workers = workers or 1
@@ -303,6 +316,8 @@ def open_engine(
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
 
+        if fork:
+            return LocalEngine(_forked_pool(workers), workers, in_process=False)
         pool: Executor = ProcessPoolExecutor(
             workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
         )
@@ -310,3 +325,35 @@ def open_engine(
     from concurrent.futures import ThreadPoolExecutor
 
     return LocalEngine(ThreadPoolExecutor(max_workers=workers), workers, in_process=True)
+
+
+def _forked_pool(workers: int) -> Executor:
+    """A process pool whose workers are forked now, from the calling thread. The objects
+    alive here are frozen out of the garbage collector first, so the children's
+    collections do not write to (and so copy) the pages they share with this process."""
+    import gc
+    import sys
+    import warnings
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
+    # A child flushes the standard streams it inherits when it ends: empty them first, or
+    # what this process had buffered would be written once more per worker.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when a process with threads forks (a lock another thread
+            # holds stays locked in the child). The workers run numpy code only, and take
+            # no lock that this process's threads (Polars' pool, a progress bar) use.
+            warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
+            pool.submit(int).result()  # with fork, the first task starts every worker
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        gc.unfreeze()
+    return pool

@@ -68,25 +68,43 @@ class FetchTable:
         found.sort(key=lambda f: f.pool.base)
         self._sources = found
         self._bases = np.array([f.pool.base for f in found], dtype=np.int64)
+        # Every planned file numbered in (source, file) order: file_base[k] + file index.
+        by_sid = sorted(range(len(found)), key=lambda k: found[k].sid)
+        sizes = np.array([len(found[k].files) for k in by_sid], dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        self._file_base = np.zeros(len(found), dtype=np.int64)
+        self._file_base[by_sid] = starts
+        self._file_starts, self._file_owner = starts, np.array(by_sid, dtype=np.int64)
+        self._files = int(sizes.sum())
 
     def records(self, ids: np.ndarray) -> Fetch:
         """Fetch records of `ids` (global ids of planned samples), in their order; the file
         list holds each file once, sorted by (source, file)."""
+        columns, files = self.chunk_records(ids, np.array([0, len(ids)]))
+        return Fetch(*columns, files=files[0])
+
+    def chunk_records(
+        self, ids: np.ndarray, bounds: np.ndarray
+    ) -> tuple[list[np.ndarray], list[list[tuple[int, int, dict[str, Any]]]]]:
+        """records(ids[bounds[k]:bounds[k + 1]]) for every block k, computed for all of `ids`
+        at once (a chunk's blocks: one set of numpy passes, not one per DP rank): the
+        columns of Fetch for all of `ids`, and each block's file list."""
         n = len(ids)
         ids = ids.astype(np.int64, copy=False)
-        keys = np.zeros(n, dtype=np.int64)
+        gfile = np.zeros(n, dtype=np.int64)  # the planned-file number of each sample
         row_in = np.zeros(n, dtype=np.int64)
         tokens = np.zeros(n, dtype=np.int64)
         offset = np.zeros(n, dtype=np.int64)
         length = np.zeros(n, dtype=np.int64)
         which = np.searchsorted(self._bases, ids, side="right") - 1
-        for k in np.unique(which).tolist():
+        present = np.bincount(which, minlength=len(self._sources)) if n else []
+        for k in np.flatnonzero(present).tolist():
             src = self._sources[k]
-            pick = np.flatnonzero(which == k)
+            pick = np.flatnonzero(which == k) if len(self._sources) > 1 else slice(None)
             rows = ids[pick] - src.pool.base
             by_row = src.pool.by_row
             fid = np.searchsorted(src.first_rows, rows, side="right") - 1
-            keys[pick] = (src.sid << 32) | fid
+            gfile[pick] = self._file_base[k] + fid
             tokens[pick] = by_row["n_tokens"][rows]
             if src.jsonl:
                 row_in[pick] = by_row["file_row"][rows]
@@ -94,10 +112,36 @@ class FetchTable:
                 length[pick] = by_row["length"][rows]
             else:
                 row_in[pick] = rows - src.first_rows[fid]
-        unique, local = np.unique(keys, return_inverse=True)
-        by_sid = {f.sid: f for f in self._sources}
-        files = [
-            (sid, fid, by_sid[sid].entry(fid))
-            for sid, fid in ((int(u) >> 32, int(u) & 0xFFFFFFFF) for u in unique)
+        # The files named, in (source, file) order, and each sample's place among them.
+        if self._files <= 4 * n + 1024:  # a table of every planned file: no sort
+            seen = np.bincount(gfile, minlength=self._files) > 0
+            files = np.flatnonzero(seen)
+            key_of = (np.cumsum(seen) - 1)[gfile]
+        else:
+            files, key_of = np.unique(gfile, return_inverse=True)
+            key_of = key_of.reshape(-1)
+        # Each block's files: the distinct (block, file) pairs, by block and then by file.
+        blocks, F = len(bounds) - 1, max(len(files), 1)
+        block = np.repeat(np.arange(blocks, dtype=np.int64), np.diff(bounds))
+        pair = block * F + key_of
+        if blocks * F <= 4 * n + 1024:  # a table of every (block, file): no sort
+            seen = np.bincount(pair, minlength=blocks * F) > 0
+            pairs = np.flatnonzero(seen)
+            local = (np.cumsum(seen) - 1)[pair]
+        else:
+            pairs, local = np.unique(pair, return_inverse=True)
+            local = local.reshape(-1)
+        local = local.astype(np.int64)
+        first = np.searchsorted(pairs, np.arange(blocks + 1, dtype=np.int64) * F)
+        local -= first[block]
+        owner = self._file_owner[np.searchsorted(self._file_starts, files, side="right") - 1]
+        entries = []
+        for k, g in zip(owner.tolist(), files.tolist(), strict=True):
+            src = self._sources[k]
+            fid = g - int(self._file_base[k])
+            entries.append((src.sid, fid, src.entry(fid)))
+        which_file = (pairs % F).tolist()
+        files_of = [
+            [entries[f] for f in which_file[first[b] : first[b + 1]]] for b in range(blocks)
         ]
-        return Fetch(local.astype(np.int64), row_in, tokens, offset, length, files)
+        return [local, row_in, tokens, offset, length], files_of

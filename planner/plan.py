@@ -21,10 +21,16 @@ import numpy as np
 
 from mds.executor import storage
 from mds.executor.errors import ConfigError, PlanError
-from mds.executor.planfile import Fetch, PlanWriter, plan_id_of
+from mds.executor.planfile import (
+    ChunkBlocks,
+    EncodedChunk,
+    PlanWriter,
+    encode_chunk,
+    plan_id_of,
+)
 from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
-from mds.planner.engine import Engine, EngineSpec, open_engine
+from mds.planner.engine import Engine, EngineSpec, fork_shares_memory, open_engine
 from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, download_index, read_manifest
 from mds.planner.lock import output_lock
@@ -57,7 +63,7 @@ class ChunkResult:
 
     start: int
     end: int
-    blocks: list[tuple[np.ndarray, np.ndarray, Fetch]]
+    blocks: ChunkBlocks | EncodedChunk  # per rank (counts, ids, fetch); encoded in workers
     stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
     source_samples: np.ndarray  # [steps, sources] int64
 
@@ -83,6 +89,8 @@ class PlanSummary:
     stronger_baseline: str  # "naive" or "interleave": the one whose max rank cost is lower
     seconds: float
     sources: list[dict[str, Any]] = field(default_factory=list)
+    workers: int = 1  # processes (or Ray tasks in flight) that planned chunks; 1: this one
+    notice: str | None = None  # why fewer workers were used than asked for
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -113,6 +121,11 @@ class Planner:
         self.mixer = Mixer(config, self.pools, self.streams)
         self.fetch = FetchTable(self.manifest, self.pools)
         self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
+
+    @property
+    def id_width(self) -> int:
+        """Bytes per global sample id in the plan file."""
+        return max(1, (max(self.total_rows - 1, 1).bit_length() + 7) // 8)
 
     @property
     def first_step(self) -> int:
@@ -169,9 +182,9 @@ class Planner:
             cost[step_of, slot] = pool.costs[pos]
         steps = np.arange(a, end)
         assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
-        blocks = [
-            (c, ids, self.fetch.records(ids)) for c, ids in _blocks(assign, gid, valid, T, D, M)
-        ]
+        per_cell, ids, bounds = _blocks(assign, gid, valid, T, D, M)
+        columns, files = self.fetch.chunk_records(ids, bounds)
+        blocks = ChunkBlocks(per_cell, ids, bounds, columns, files)
         return ChunkResult(
             a,
             end,
@@ -183,8 +196,9 @@ class Planner:
 
 def _blocks(
     assign, gid: np.ndarray, valid: np.ndarray, T: int, D: int, M: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per rank: sample counts [T, M] and global ids in (step, micro-batch, slot) order."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample counts [D, T, M], the global ids by rank and then in (step, micro-batch,
+    slot) order, and where each rank's ids start and end in them ([D + 1])."""
     t, j = np.nonzero(valid)
     r, m = assign.rank[t, j], assign.micro[t, j]
     cell = (r * T + t) * M + m
@@ -192,7 +206,7 @@ def _blocks(
     ids = gid[t, j][order]
     per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
     bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
-    return [(per_cell[k], ids[bounds[k] : bounds[k + 1]]) for k in range(D)]
+    return per_cell, ids, bounds
 
 
 def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
@@ -239,11 +253,18 @@ def _init_worker(run: str, config: PlanConfig) -> None:
 def _run_chunk(
     run: str, config: PlanConfig, state: MixState, end: int, counts: np.ndarray
 ) -> ChunkResult:
-    """The unit of work an engine runs: steps [state.step, end) of the run `run`."""
+    """The unit of work an engine runs: steps [state.step, end) of the run `run`, its
+    blocks encoded here (the writer then only copies bytes)."""
     if _WORKER is None or _WORKER[0] != run:
         _init_worker(run, config)
     assert _WORKER is not None
-    return _WORKER[1].plan_chunk(state, end, counts)
+    planner = _WORKER[1]
+    result = planner.plan_chunk(state, end, counts)
+    train = planner.config.train
+    result.blocks = encode_chunk(
+        result.blocks, end - state.step, train.micro_batches, planner.id_width
+    )
+    return result
 
 
 def with_overrides(
@@ -352,22 +373,31 @@ def _build_locked(
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
     chunks = -(-train.steps // config.chunk_steps)
-    workers = workers or config.workers
+    asked = workers or config.workers or 1
     run = uuid.uuid4().hex
+    notice = None
     if engine.kind == "local":
-        workers = max(1, min(workers or 1, chunks, os.cpu_count() or 1))
-    elif workers:  # on Ray, None: as many chunks in flight as the cluster has CPUs
-        workers = min(workers, chunks)
-    # Local workers start (and load the index) while this process runs the sequential pass;
-    # Ray workers load it with their first chunk.
+        workers = max(1, min(asked, chunks, os.cpu_count() or 1))
+        if asked > 1 and chunks == 1:
+            notice = (
+                f"1 of {asked} workers used: the plan's {train.steps} steps are one chunk "
+                f"(chunk_steps = {config.chunk_steps}); a smaller chunk_steps plans in parallel"
+            )
+    else:  # on Ray, None: as many chunks in flight as the cluster has CPUs
+        workers = min(workers, chunks) if workers else workers
+    # Local workers are forked once this process has loaded the index, and share its pages;
+    # where fork is not available they are spawned now and load the index while this
+    # process does. Ray workers load it with their first chunk.
+    fork = engine.kind == "local" and workers > 1 and fork_shares_memory()
     pool = (
         open_engine(
             engine, workers, processes=True, initializer=_init_worker, initargs=(run, config)
         )
-        if engine.kind != "local" or workers > 1
+        if engine.kind != "local" or (workers > 1 and not fork)
         else None
     )
     failed = True
+    global _WORKER
     try:
         planner = Planner(config)
         planner.index_place = index_place
@@ -376,13 +406,28 @@ def _build_locked(
 
             assert at_step is not None
             planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
+        if fork:
+            _WORKER = (run, planner)  # what every forked worker starts with
+            pool = open_engine(engine, workers, processes=True, fork=True)
+            _WORKER = None
         data, footer, stats_arr = _write(planner, output, pool, run, progress, place)
         failed = False
     finally:
+        _WORKER = None
         if pool is not None:
             pool.close(wait=not failed)
     plan_id = plan_id_of(data)
-    return _summary(output, plan_id, planner, stats_arr, footer, time.perf_counter() - started)
+    used = pool.workers if pool is not None else 1
+    return _summary(
+        output,
+        plan_id,
+        planner,
+        stats_arr,
+        footer,
+        time.perf_counter() - started,
+        workers=used,
+        notice=notice,
+    )
 
 
 def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixState]):
@@ -408,7 +453,6 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
     """Plan every chunk (in `pool` when given) and write the file; returns footer bytes.
     `place`: where the plan will live if not at `output` (an object's URL)."""
     train = planner.config.train
-    id_width = max(1, (max(planner.total_rows - 1, 1).bit_length() + 7) // 8)
     try:  # a PlanWriter that fails to start removes its temporary itself
         output.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output)
@@ -417,7 +461,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
             temp_sibling(output),
             dp_size=train.dp_size,
             micro_batches=train.micro_batches,
-            id_width=id_width,
+            id_width=planner.id_width,
         )
     except OSError as exc:
         raise _cannot_write(output, exc) from exc
@@ -535,7 +579,14 @@ def _fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
 
 
 def _summary(
-    output: Path, plan_id: str, planner: Planner, stats: np.ndarray, footer, seconds: float
+    output: Path,
+    plan_id: str,
+    planner: Planner,
+    stats: np.ndarray,
+    footer,
+    seconds: float,
+    workers: int = 1,
+    notice: str | None = None,
 ) -> PlanSummary:
     col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
@@ -565,4 +616,6 @@ def _summary(
         stronger_baseline="interleave" if inter_total < naive_total else "naive",
         seconds=seconds,
         sources=footer["sources"],
+        workers=workers,
+        notice=notice,
     )

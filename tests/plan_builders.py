@@ -160,8 +160,8 @@ def golden_summary(workdir: Path) -> dict[str, Any]:
     """What tests/golden/sample_plan.json holds: copy sample_data to workdir/data with fixed
     mtimes (the plan records each file's size and mtime), index it into workdir/index, plan
     into workdir/plan.mds (fixed relative layout: the footer stores the index's and the
-    data's paths relative to the plan), and return the `mds plan --json` summary minus path
-    and seconds, plus sha256."""
+    data's paths relative to the plan), and return the `mds plan --json` summary minus path,
+    seconds and how it ran (workers, notice), plus sha256."""
     from mds.planner.plan import build_plan, with_overrides
 
     workdir = Path(workdir)
@@ -175,7 +175,7 @@ def golden_summary(workdir: Path) -> dict[str, Any]:
     config = with_overrides(load_plan_config(data / SAMPLE_CONFIG.name), index=index)
     summary = build_plan(config, plan, workers=1).to_json()
     out = json.loads(json.dumps(summary))  # exactly what `--json` prints, parsed back
-    del out["path"], out["seconds"]
+    del out["path"], out["seconds"], out["workers"], out["notice"]
     out["sha256"] = hashlib.sha256(plan.read_bytes()).hexdigest()
     return out
 

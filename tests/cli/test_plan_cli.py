@@ -100,6 +100,19 @@ def test_workers_option_gives_the_same_plan(planned, index, tmp_path):
     assert (tmp_path / "p.mds").read_bytes() == out.read_bytes()
 
 
+def test_a_single_chunk_plan_notes_the_unused_workers(index, tmp_path):
+    args = ("plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index, "-j", "2")
+    one = ("--steps", "8")  # one chunk of the sample config's chunk_steps
+    result = mds(*args, *one, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["workers"] == 1 and "1 of 2 workers used" in summary["notice"]
+    result = mds(*args, *one)
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "chunk_steps" in notes[0]
+
+
 def test_export(planned, tmp_path):
     out, summary = planned
     target = tmp_path / "plan.parquet"

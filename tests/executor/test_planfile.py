@@ -17,11 +17,13 @@ from mds.executor.planfile import (
     FETCH_COLUMNS,
     FORMAT_VERSION,
     MAGIC,
+    ChunkBlocks,
     Fetch,
     PlanReader,
     PlanWriter,
     checksum,
     decode_ids,
+    encode_chunk,
     encode_fetch,
     encode_ids,
     width_of,
@@ -87,6 +89,37 @@ def block_bytes(counts, ids, id_width, count_dtype="u1") -> bytes:
         + encode_ids(ids, id_width)
         + encode_fetch(fetch_of(ids), len(ids))
     )
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), dp=st.integers(1, 6), top=st.sampled_from([1, 300, 2**40]))
+def test_encode_chunk_gives_each_block_as_encoded_alone(seed, dp, top):
+    """The chunk-wide encoder: per rank, exactly the counts, ids and fetch part encoded on
+    their own (column widths per rank, empty ranks, shared file records)."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for _ in range(dp):
+        counts = rng.integers(0, 3, (2, MICRO)) * int(rng.integers(0, 2))  # some ranks empty
+        ids = rng.integers(0, top, int(counts.sum()), dtype=np.uint64)
+        blocks.append((counts, ids, fetch_of(ids)))
+    width = max(1, int(rng.integers(1, 9)))
+    ids_top = max((int(b[1].max(initial=0)) for b in blocks), default=0)
+    width = max(width, (ids_top.bit_length() + 7) // 8)
+    for given_as in (blocks, ChunkBlocks.of(blocks)):
+        encoded = encode_chunk(given_as, 2, MICRO, width)
+        assert encoded.count_width == 1
+        for k, (counts, ids, fetch) in enumerate(blocks):
+            alone = (
+                counts.astype("u1").tobytes()
+                + encode_ids(ids, width)
+                + encode_fetch(fetch, len(ids))
+            )
+            assert encoded.payloads[k] == alone
+            assert encoded.checksums[k] == checksum(alone)
+    chunk = ChunkBlocks.of(blocks)
+    for k, (counts, ids, fetch) in enumerate(blocks):
+        c, i, f = chunk[k]
+        assert np.array_equal(c, counts) and np.array_equal(i, ids) and f.files == fetch.files
 
 
 def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None):

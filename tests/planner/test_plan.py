@@ -6,6 +6,7 @@ independent re-computations from the plan file and from `mds export`'s frame.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections import Counter
 from dataclasses import replace
@@ -26,8 +27,10 @@ from plan_builders import (
     synthetic,
 )
 
+import mds.planner.plan as plan_mod
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import PlanReader, PlanWriter
+from mds.planner.engine import fork_shares_memory
 from mds.planner.export import plan_frame
 from mds.planner.mixing import MixState
 from mds.planner.plan import STAT_COLUMNS, Planner, build_plan, with_overrides
@@ -375,6 +378,32 @@ def test_two_workers_give_the_same_bytes(sample, tmp_path):
     s = build_plan(sample.config, tmp_path / "w2.mds", workers=2)
     assert (tmp_path / "w2.mds").read_bytes() == sample.path.read_bytes()
     assert s.plan_id == sample.plan_id
+    assert s.workers == min(2, os.cpu_count() or 1) and s.notice is None
+    assert sample.summary.workers == 1
+
+
+@pytest.mark.skipif(not fork_shares_memory(), reason="workers are spawned here")
+def test_forked_workers_plan_with_the_loaded_index(sample, tmp_path, monkeypatch):
+    """The workers share the pools this process loaded: none builds a Planner of its own."""
+
+    def refuse(run, config):
+        raise AssertionError("a worker loaded the index again")
+
+    monkeypatch.setattr(plan_mod, "_init_worker", refuse)
+    config = replace(sample.config, chunk_steps=7)
+    build_plan(config, tmp_path / "one.mds", workers=1)
+    build_plan(config, tmp_path / "two.mds", workers=2)
+    assert (tmp_path / "two.mds").read_bytes() == (tmp_path / "one.mds").read_bytes()
+
+
+def test_a_single_chunk_plan_says_it_could_not_use_the_workers(sample, tmp_path):
+    config = replace(sample.config, chunk_steps=sample.config.train.steps)
+    s = build_plan(config, tmp_path / "one.mds", workers=2)
+    assert s.workers == 1
+    assert s.notice is not None and "1 of 2 workers used" in s.notice and "chunk_steps" in s.notice
+    assert s.to_json()["notice"] == s.notice
+    assert build_plan(config, tmp_path / "again.mds", workers=1).notice is None
+    assert (tmp_path / "one.mds").read_bytes() == (tmp_path / "again.mds").read_bytes()
 
 
 @pytest.mark.parametrize("chunk_steps", [1, 5, 64, 1000])
