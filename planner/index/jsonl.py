@@ -356,8 +356,9 @@ class _Behind:
 
 # --- one pass over a local file ---------------------------------------------------------
 
-_SAMPLE_LINES = 1000  # lines of the first chunk whose inferred types the one pass assumes
-_SAMPLE_BYTES = 1 << 20
+# Samples of the first chunk whose inferred types the one pass tries, in turn: (lines, bytes
+# beyond the first line). The larger one is for fields missing from the first lines.
+_SAMPLES = ((100, 64 << 10), (10_000, 4 << 20))
 
 
 def _chunk_bounds(ends: np.ndarray, size: int, chunk_bytes: int) -> tuple[int, int]:
@@ -379,48 +380,30 @@ def _chunk_bounds(ends: np.ndarray, size: int, chunk_bytes: int) -> tuple[int, i
     return (size if first is None else first), last
 
 
-def _sample_end(ends: np.ndarray, first: int) -> int:
-    """End of the sample whose types the one pass trusts: whole lines of the first chunk,
-    at most _SAMPLE_LINES of them and (beyond the first line) _SAMPLE_BYTES."""
-    n = min(int(np.searchsorted(ends, first)), _SAMPLE_LINES)  # LFs inside the first chunk
+def _sample_end(ends: np.ndarray, first: int, lines: int, nbytes: int) -> int:
+    """End of a sample: whole lines of the first chunk, at most `lines` of them and (beyond
+    the first line) `nbytes`."""
+    n = min(int(np.searchsorted(ends, first)), lines)  # LFs inside the first chunk
     if n == 0:
         return first
-    n = min(n, max(int(np.searchsorted(ends, _SAMPLE_BYTES)), 1))
+    n = min(n, max(int(np.searchsorted(ends, nbytes)), 1))
     return int(ends[n - 1]) + 1
 
 
-def _map_lines(file: DataFile, chunk_bytes: int):
-    """(size, starts, lengths, blank, sample bytes) of a local plain file, or None where
-    the one pass does not apply (an empty file, or a last chunk with bare-CR line ends)."""
-    with open(file.path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return None
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            arr = np.frombuffer(mm, dtype=np.uint8)
-            try:
-                ends = _newlines(arr)
-                first, last = _chunk_bounds(ends, size, chunk_bytes)
-                if (not len(ends) or ends[-1] < last) and _BARE_CR.search(mm, last):
-                    return None
-                starts, lengths = _spans(ends, size)
-                blank = _blank(mm, starts, lengths)
-                sample = mm[: _sample_end(ends, first)]
-            finally:
-                del arr
-    return size, starts, lengths, blank, sample
-
-
-def _settled_schema(sample: pl.DataFrame, spec, loose: str | None) -> dict | None:
+def _settled_schema(sample: bytes, spec, loose: str | None) -> dict | None:
     """The schema to parse the whole file with, if the sample's types are the ones the
     chunked scan would infer from its first chunk whenever the whole file then parses: a
     string inferred for the measured text stays one whatever else the chunk holds (Polars
     makes mixed values text), and a strict Categorical, Int64 or Boolean parse accepts only
     values of that type. None for any other type (the chunked scan handles those)."""
+    try:
+        schema = pl.read_ndjson(sample, infer_schema_length=None).schema
+    except (pl.exceptions.PolarsError, ValueError, RuntimeError):
+        return None
     strict = {}
     count = spec.length.column if spec.length.kind == "count" else None
     for f in spec.columns():
-        dtype = sample.schema.get(f, pl.Null)
+        dtype = schema.get(f, pl.Null)
         if f == loose and dtype == pl.String:
             strict[f] = pl.String
         elif f != loose and dtype == pl.String and f != count:
@@ -430,6 +413,34 @@ def _settled_schema(sample: pl.DataFrame, spec, loose: str | None) -> dict | Non
         else:
             return None
     return strict
+
+
+def _map_lines(file: DataFile, chunk_bytes: int, spec, loose: str | None):
+    """(size, starts, lengths, blank, schema) of a local plain file, or None where the one
+    pass does not apply (an empty file, a last chunk with bare-CR line ends, no settled
+    schema)."""
+    with open(file.path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            arr = np.frombuffer(mm, dtype=np.uint8)
+            try:
+                ends = _newlines(arr)
+            finally:
+                del arr
+            first, last = _chunk_bounds(ends, size, chunk_bytes)
+            if (not len(ends) or ends[-1] < last) and _BARE_CR.search(mm, last):
+                return None
+            for lines, nbytes in _SAMPLES:
+                strict = _settled_schema(mm[: _sample_end(ends, first, lines, nbytes)], spec, loose)
+                if strict is not None:
+                    break
+            else:
+                return None
+            starts, lengths = _spans(ends, size)
+            blank = _blank(mm, starts, lengths)
+    return size, starts, lengths, blank, strict
 
 
 def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.DataFrame | None:
@@ -444,20 +455,14 @@ def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.Da
     loose = column if kind == "estimate" else None
     ctx.check_stop()
     try:
-        lines = _map_lines(file, ctx.chunk_bytes)
+        lines = _map_lines(file, ctx.chunk_bytes, spec, loose)
     except (OSError, ValueError):
         return None
     if lines is None:
         return None
-    size, starts, lengths, blank, sample = lines
+    size, starts, lengths, blank, strict = lines
     idx = np.flatnonzero(~blank)
     if len(idx) == 0:
-        return None
-    try:
-        strict = _settled_schema(pl.read_ndjson(sample, infer_schema_length=None), spec, loose)
-    except (pl.exceptions.PolarsError, ValueError, RuntimeError):
-        return None
-    if strict is None:
         return None
     if kind == "estimate":
         assert spec.length.estimate is not None
