@@ -478,6 +478,13 @@ def minmax(values: Iterable[float]) -> tuple[float, float]:
     return min(items), max(items)
 
 
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # not available on this platform
+        return None
+
+
 def markdown(results: list[dict[str, Any]], info: dict[str, Any]) -> str:
     lines = [
         f"# mds index benchmark (scale {info['scale']:g})",
@@ -491,6 +498,9 @@ def markdown(results: list[dict[str, Any]], info: dict[str, Any]) -> str:
         "",
         f"- Median of {info['repeat']} runs after one warm-up, workers={info['workers']}, "
         f"{info['cpus']} CPUs; page cache warm (not dropped: that needs root).",
+        "- Load average (1 min) before / after: "
+        + " / ".join("n/a" if v is None else f"{v:g}" for v in info["load_average"])
+        + ".",
         "- MB = 10^6 bytes of the source files on disk; `ours/baseline` is the throughput "
         "ratio (> 1: ours is faster).",
         '- Baselines: `pl.scan_parquet(files).select("n_tokens")`, '
@@ -546,6 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     root.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     results = []
+    load_before = load_average()
     for ds in (BY_NAME[n] for n in args.datasets):
         seconds = generate(ds, root, args.scale, args.workers)
         print(f"{ds.name}: " + (f"generated in {seconds:.1f} s" if seconds else "cached data"))
@@ -562,6 +573,9 @@ def main(argv: list[str] | None = None) -> None:
         "pyarrow": pa.__version__,
         "numpy": np.__version__,
         "data": str(root),
+        # 1-minute load average before and after: other work on the machine slows both
+        # columns, and a serial step of ours more than a query that spreads over the cores.
+        "load_average": [load_before, load_average()],
     }
     table = markdown(results, info)
     write_report(out, "index", table, {**info, "results": results})

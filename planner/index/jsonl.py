@@ -1,7 +1,10 @@
-"""Scan JSONL and zstd-compressed JSONL in bounded chunks: byte offsets plus lengths.
+"""Scan JSONL and zstd-compressed JSONL: byte offsets plus lengths.
 
-Each chunk ends at a newline; Polars parses it in one call. If Polars rejects a chunk, a
-line-by-line pass finds the exact line and the reason, so errors name file and line.
+A local plain file whose fields have settled types is scanned in one pass: its lines are
+found in the memory-mapped bytes and Polars streams the file once with a fixed schema.
+Anything else, and any file that pass declines, is read in bounded chunks that end at a
+newline, each parsed by Polars in one call; if Polars rejects a chunk, a line-by-line pass
+finds the exact line and the reason, so errors name file and line. Both give the same rows.
 Offsets are positions in the (decompressed) byte stream; `length` excludes the newline.
 """
 
@@ -9,8 +12,11 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import BinaryIO
 
 import numpy as np
@@ -26,6 +32,7 @@ from mds.planner.index.lengths import (
     MAX_TOKENS,
     check_column_type,
     checked_lengths,
+    estimate_expr,
     text_lengths,
 )
 from mds.planner.index.scan import ScanContext, first_line
@@ -89,11 +96,27 @@ def _chunks(stream, chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
         carry = buf[cut + 1 :]
 
 
-def _line_spans(chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
-    arr = np.frombuffer(chunk, dtype=np.uint8)
-    ends = np.flatnonzero(arr == 10)
-    if not chunk.endswith(b"\n"):
-        ends = np.append(ends, len(chunk))
+_NEWLINE_BLOCK = 1 << 20
+
+
+def _newlines(arr: np.ndarray) -> np.ndarray:
+    """Positions of the LF bytes, compared a block at a time so the mask stays in cache."""
+    found = [
+        np.flatnonzero(arr[at : at + _NEWLINE_BLOCK] == 10) + at
+        for at in range(0, len(arr), _NEWLINE_BLOCK)
+    ]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _line_spans(chunk) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of each line of a bytes-like buffer; the last may end without LF."""
+    return _spans(_newlines(np.frombuffer(chunk, dtype=np.uint8)), len(chunk))
+
+
+def _spans(ends: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of each line of `size` bytes with LFs at `ends`."""
+    if not len(ends) or ends[-1] != size - 1:
+        ends = np.append(ends, size)
     starts = np.empty_like(ends)
     starts[:1] = 0
     starts[1:] = ends[:-1] + 1
@@ -293,10 +316,13 @@ def _first_offender(values: pl.Series) -> int:
     return next((i for i, v in enumerate(rows) if v not in (None, [])), 0)
 
 
+_BARE_CR = re.compile(rb"\r[ \t\r]*[^\s]")
+
+
 def _cr_only(chunk: bytes, file: DataFile) -> None:
     """Refuse a file whose lines end in a bare CR (classic Mac OS): read as one line it would
     fail far from the cause. A chunk holds no LF only when the whole rest of the file has none."""
-    if b"\n" not in chunk and re.search(rb"\r[ \t\r]*[^\s]", chunk):
+    if b"\n" not in chunk and _BARE_CR.search(chunk):
         raise SourceDataError(
             f"{file.rel}: lines end in a bare CR (classic Mac OS line endings), which JSONL "
             "does not support; convert them to LF (or CRLF)"
@@ -304,8 +330,193 @@ def _cr_only(chunk: bytes, file: DataFile) -> None:
 
 
 def scan_jsonl(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
-    """Per line: position, raw length; per chunk the measured text is dropped at once, so
-    memory is bounded by one chunk plus the index columns."""
+    """Per line: position, raw length, n_tokens and the kept fields. The measured text is
+    dropped as it is parsed, so memory is bounded by a chunk plus the index columns."""
+    reported = [0]
+    frame = _scan_mapped(file, ctx, reported)
+    if frame is not None:
+        return frame
+    if reported[0] and ctx.progress is not None:  # the chunked scan reports from the start
+        ctx = replace(ctx, progress=_Behind(ctx.progress, reported[0]))
+    return _scan_chunked(file, ctx)
+
+
+class _Behind:
+    """A progress callback that swallows the first `skip` bytes (already reported)."""
+
+    def __init__(self, progress: Callable[[int], None], skip: int):
+        self._progress, self._skip = progress, skip
+
+    def __call__(self, nbytes: int) -> None:
+        passed = min(nbytes, self._skip)
+        self._skip -= passed
+        if nbytes > passed:
+            self._progress(nbytes - passed)
+
+
+# --- one pass over a local file ---------------------------------------------------------
+
+# Samples of the first chunk whose inferred types the one pass tries, in turn: (lines, bytes
+# beyond the first line). The larger one is for fields missing from the first lines.
+_SAMPLES = ((100, 64 << 10), (10_000, 4 << 20))
+
+
+def _chunk_bounds(ends: np.ndarray, size: int, chunk_bytes: int) -> tuple[int, int]:
+    """Where `_chunks` ends the first chunk of a regular file of `size` bytes with LFs at
+    `ends`, and where it starts the last (reads of a file give full blocks until EOF)."""
+    first, last, base, pos = None, 0, 0, 0
+    while pos < size:
+        pos = min(pos + chunk_bytes, size)
+        if pos - base < chunk_bytes:
+            continue
+        k = int(np.searchsorted(ends, pos)) - 1  # the last LF before pos
+        if k < 0 or ends[k] < base:
+            continue
+        if first is None:
+            first = int(ends[k]) + 1
+        last, base = base, int(ends[k]) + 1
+    if base < size:
+        last = base
+    return (size if first is None else first), last
+
+
+def _sample_end(ends: np.ndarray, first: int, lines: int, nbytes: int) -> int:
+    """End of a sample: whole lines of the first chunk, at most `lines` of them and (beyond
+    the first line) `nbytes`."""
+    n = min(int(np.searchsorted(ends, first)), lines)  # LFs inside the first chunk
+    if n == 0:
+        return first
+    n = min(n, max(int(np.searchsorted(ends, nbytes)), 1))
+    return int(ends[n - 1]) + 1
+
+
+def _settled_schema(sample: bytes, spec, loose: str | None) -> dict | None:
+    """The schema to parse the whole file with, if the sample's types are the ones the
+    chunked scan would infer from its first chunk whenever the whole file then parses: a
+    string inferred for the measured text stays one whatever else the chunk holds (Polars
+    makes mixed values text), and a strict Categorical, Int64 or Boolean parse accepts only
+    values of that type. None for any other type (the chunked scan handles those)."""
+    try:
+        schema = pl.read_ndjson(sample, infer_schema_length=None).schema
+    except (pl.exceptions.PolarsError, ValueError, RuntimeError):
+        return None
+    strict = {}
+    count = spec.length.column if spec.length.kind == "count" else None
+    for f in spec.columns():
+        dtype = schema.get(f, pl.Null)
+        if f == loose and dtype == pl.String:
+            strict[f] = pl.String
+        elif f != loose and dtype == pl.String and f != count:
+            strict[f] = pl.Categorical
+        elif f != loose and (dtype == pl.Int64 or (dtype == pl.Boolean and f != count)):
+            strict[f] = dtype
+        else:
+            return None
+    return strict
+
+
+def _map_lines(file: DataFile, chunk_bytes: int, spec, loose: str | None):
+    """(size, starts, lengths, blank, schema) of a local plain file, or None where the one
+    pass does not apply (an empty file, a last chunk with bare-CR line ends, no settled
+    schema)."""
+    with open(file.path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            arr = np.frombuffer(mm, dtype=np.uint8)
+            try:
+                ends = _newlines(arr)
+            finally:
+                del arr
+            first, last = _chunk_bounds(ends, size, chunk_bytes)
+            if (not len(ends) or ends[-1] < last) and _BARE_CR.search(mm, last):
+                return None
+            for lines, nbytes in _SAMPLES:
+                strict = _settled_schema(mm[: _sample_end(ends, first, lines, nbytes)], spec, loose)
+                if strict is not None:
+                    break
+            else:
+                return None
+            starts, lengths = _spans(ends, size)
+            blank = _blank(mm, starts, lengths)
+    return size, starts, lengths, blank, strict
+
+
+def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.DataFrame | None:
+    """The one-pass scan of a local plain file: the rows `_scan_chunked` gives, or None when
+    it cannot be sure of that (other length kinds, unsettled types, any parse problem); the
+    chunked scan then runs and names any error. `reported[0]`: bytes told to ctx.progress."""
+    spec = ctx.spec
+    kind, column = spec.length.kind, spec.length.column
+    if storage.is_url(file.path) or file.format != "jsonl" or kind not in ("estimate", "count"):
+        return None
+    assert column is not None
+    loose = column if kind == "estimate" else None
+    ctx.check_stop()
+    try:
+        lines = _map_lines(file, ctx.chunk_bytes, spec, loose)
+    except (OSError, ValueError):
+        return None
+    if lines is None:
+        return None
+    size, starts, lengths, blank, strict = lines
+    idx = np.flatnonzero(~blank)
+    if len(idx) == 0:
+        return None
+    if kind == "estimate":
+        assert spec.length.estimate is not None
+        n_tokens = estimate_expr(pl.col(column), spec.length.estimate)
+    else:
+        n_tokens = pl.col(column).alias("n_tokens")
+    used = [column, *spec.keep]
+    query = pl.scan_ndjson(file.path, schema=strict).select(
+        n_tokens,
+        *[
+            pl.col(c).cast(pl.String) if strict[c] == pl.Categorical else pl.col(c)
+            for c in spec.keep
+        ],
+        # A field only parsed is still parsed: a projected-out one would skip its type check.
+        *[
+            pl.col(f).is_null().alias(f"__parsed_{i}")
+            for i, f in enumerate(strict)
+            if f not in used
+        ],
+    )
+    ends = starts[idx] + lengths[idx] + 1  # where the file has been read up to, by row
+    step = max(1, int(len(idx) * ctx.chunk_bytes / size))
+    parts, done = [], 0
+    try:
+        for part in query.collect_batches(chunk_size=step):
+            ctx.check_stop()
+            parts.append(part)
+            done += part.height
+            if done > len(idx):
+                return None
+            if done:
+                at = min(int(ends[done - 1]), size)
+                ctx.advance(at - reported[0])
+                reported[0] = max(at, reported[0])
+    except (pl.exceptions.PolarsError, ValueError, RuntimeError):
+        return None
+    if done != len(idx):
+        return None
+    ctx.advance(size - reported[0])
+    reported[0] = size
+    parsed = pl.concat(parts).select("n_tokens", *spec.keep)
+    frame = pl.DataFrame(
+        {"file_row": idx.astype(np.int64), "offset": starts[idx], "length": lengths[idx]}
+    ).hstack(parsed)
+    rows = frame["file_row"]
+    checked = checked_lengths(frame["n_tokens"], lambda i: f"{file.rel} line {int(rows[i]) + 1}")
+    return frame.with_columns(checked)
+
+
+# --- bounded chunks: any file, and the exact line of any error ---------------------------
+
+
+def _scan_chunked(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
+    """Chunk by chunk: a chunk's measured text is dropped as soon as it is measured."""
     spec = ctx.spec
     fields = list(spec.columns())
     column = spec.length.column
@@ -465,7 +676,7 @@ def scan_jsonl_batch(
         if data is None:
             return None
         if data and not data.endswith(b"\n"):
-            if b"\n" not in data and re.search(rb"\r[ \t\r]*[^\s]", data):
+            if b"\n" not in data and _BARE_CR.search(data):
                 return None  # bare-CR line endings: refused by the file's own scan
             data += b"\n"  # the last line ends at EOF, as in a scan of the file alone
         contents.append(data)

@@ -13,9 +13,15 @@ import polars as pl
 
 from mds.executor.errors import SourceDataError
 from mds.executor.tokenizer import load_tokenizer
-from mds.planner.config import LengthSpec
+from mds.planner.config import Estimate, LengthSpec
 
-__all__ = ["check_column_type", "checked_lengths", "load_tokenizer", "text_lengths"]
+__all__ = [
+    "check_column_type",
+    "checked_lengths",
+    "estimate_expr",
+    "load_tokenizer",
+    "text_lengths",
+]
 
 MAX_TOKENS = 2**32 - 1
 TOKENIZE_BATCH = 4096
@@ -63,10 +69,14 @@ def text_lengths(
         assert tokenizer_path is not None
         return _tokenize(texts, str(tokenizer_path), done)
     assert length.kind == "estimate" and length.estimate is not None
-    sizes = texts.str.len_bytes() if length.estimate.unit == "bytes" else texts.str.len_chars()
-    return (
-        (sizes.cast(pl.Float64) / length.estimate.divisor).ceil().cast(pl.Int64).alias("n_tokens")
-    )
+    return texts.to_frame("text").select(estimate_expr(pl.col("text"), length.estimate))["n_tokens"]
+
+
+def estimate_expr(text: pl.Expr, estimate: Estimate) -> pl.Expr:
+    """The labelled estimate ceil(len / divisor) of a text expression, as Int64 `n_tokens`
+    (one definition for eager columns and lazy scans)."""
+    sizes = text.str.len_bytes() if estimate.unit == "bytes" else text.str.len_chars()
+    return (sizes.cast(pl.Float64) / estimate.divisor).ceil().cast(pl.Int64).alias("n_tokens")
 
 
 def checked_lengths(n: pl.Series, where: Callable[[int], str]) -> pl.Series:
