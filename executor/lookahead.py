@@ -70,13 +70,16 @@ class _Block:
 
 @dataclass
 class Later:
-    """Later samples of one file: rank-wide indices and where each is in the file."""
+    """Later samples of one file: rank-wide indices and where each is in the file.
+    `complete`: they are all of this process's samples after the current ones that read
+    the file, to the end of the plan (so a block decoded for them is not needed again)."""
 
     index: np.ndarray
     gid: np.ndarray
     row: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    complete: bool = False
 
     def __len__(self) -> int:
         return len(self.index)
@@ -102,9 +105,11 @@ class Lookahead:
         self._kept: dict[int, tuple[Any, int]] = {}
         self._next = 0  # rank-wide index after the last sample taken
         self._fetches = 0  # since the window started
+        self._ended = False  # the window's last block is the plan's last
 
     def clear(self) -> None:
         self._window, self._kept, self.nbytes, self._next, self._fetches = [], {}, 0, 0, 0
+        self._ended = False
 
     # --- the window -------------------------------------------------------------------------
 
@@ -131,6 +136,7 @@ class Lookahead:
             self.next_block = None
             return False
         if block is None:
+            self._ended = True
             return False
         self._window.append(_Block(block, last.end, last.micro_end))
         return True
@@ -192,6 +198,7 @@ class Lookahead:
         file `key` (source, file) with the same record `entry`, are built by this process,
         are not kept yet and lie within the byte budget."""
         parts: list[tuple[_Block, np.ndarray]] = []
+        complete = False
         if self.max_bytes > 0:
             start = base + hi
             end = self._horizon(start)
@@ -218,17 +225,20 @@ class Lookahead:
                     taken += len(js)
                     if taken == cap:
                         break
+            # nothing beyond the horizon, and every sample up to it taken (or kept already)
+            complete = taken < cap and self._ended and end >= self._window[-1].end
         rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
         cat = np.concatenate
         if not rec:
             empty = np.zeros(0, dtype=np.int64)
-            return Later(empty, empty, empty, empty, empty)
+            return Later(empty, empty, empty, empty, empty, complete)
         return Later(
             index=cat([js + b for _r, _i, js, b in rec]),
             gid=cat([ids[js].astype(np.int64) for _r, ids, js, _b in rec]),
             row=cat([r.row[js].astype(np.int64) for r, _i, js, _b in rec]),
             offset=cat([r.offset[js].astype(np.int64) for r, _i, js, _b in rec]),
             length=cat([r.length[js].astype(np.int64) for r, _i, js, _b in rec]),
+            complete=complete,
         )
 
     def keep(self, index: list[int], payloads: list[Any]) -> None:

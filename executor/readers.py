@@ -137,12 +137,14 @@ def _missing_column(display: str, column: str, names: list[str]) -> SourceDataEr
 class _TokenBlock:
     """A list<int> column of one block as numpy offsets and values, so a row is a slice.
 
-    `own`: copy the values out of Arrow's memory (a decoded Parquet row group: the Arrow
-    buffers are freed at once and `nbytes` is exactly what stays); otherwise keep views
-    (a memory-mapped Arrow file: nothing is copied).
+    `own`: copy the values out of Arrow's memory (a decoded Parquet row group kept in the
+    block cache: the Arrow buffers are freed at once and `nbytes` is exactly what stays);
+    otherwise keep views. `views`: rows are handed out as views (a memory-mapped Arrow
+    file: nothing is copied); otherwise each row is a copy of its own, so a payload never
+    holds on to a whole block (a Parquet row group read once and not cached).
     """
 
-    def __init__(self, array: pa.Array, own: bool):
+    def __init__(self, array: pa.Array, own: bool, views: bool = False):
         offsets = array.offsets.to_numpy()
         values = array.values  # the whole child; the offsets index into it
         if own:  # keep only the values the rows use, offsets relative to them
@@ -156,7 +158,7 @@ class _TokenBlock:
         self.values = np.array(values.to_numpy(), copy=True) if own else values.to_numpy()
         self.nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
         self.rows = len(array)
-        self.copy = own
+        self.copy = not views
         self.nbytes = self.offsets.nbytes + self.values.nbytes
         for mask in (self.bad_values, self.nulls):
             self.nbytes += mask.nbytes if mask is not None else 0
@@ -192,10 +194,12 @@ class _TextBlock:
         return values
 
 
-def _block(array: pa.Array | pa.ChunkedArray, kind: str, own: bool) -> _TokenBlock | _TextBlock:
+def _block(
+    array: pa.Array | pa.ChunkedArray, kind: str, own: bool, views: bool = False
+) -> _TokenBlock | _TextBlock:
     if isinstance(array, pa.ChunkedArray):
         array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
-    return _TokenBlock(array, own) if kind == "token_ids" else _TextBlock(array)
+    return _TokenBlock(array, own, views) if kind == "token_ids" else _TextBlock(array)
 
 
 def _gather(
@@ -236,15 +240,22 @@ class _ColumnReader:
     column: str
     starts: np.ndarray
 
-    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
+    def fetch(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> list[Payload]:
+        """Payloads of `file_rows`; `keep=False`: the caller will not ask again for rows of
+        the units these rows are in, so units decoded for them are not cached."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return _gather(rows, self.starts, self._unit, self._where)
+
+        def unit(i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+            return self._unit(i, need, row, keep)
+
+        return _gather(rows, self.starts, unit, self._where)
 
     def _where(self, row: int) -> str:
         return f"{self.display} row {row}: column '{self.column}'"
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
-        """Unit `i`, holding at least its first `need` rows (`row`: one asked, for errors)."""
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
+        """Unit `i`, holding at least its first `need` rows (`row`: one asked, for errors;
+        `keep`: whether a decoded unit is worth caching)."""
         raise NotImplementedError
 
 
@@ -346,9 +357,14 @@ class ParquetReader(_ColumnReader):
             raise _missing_column(self.display, self.column, schema.names)
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
         key = (self.path, "rg", i, self.column, self.kind)
         block = self._blocks.get(key)
+        if (block is None or block.rows < need) and not keep:
+            # Not to be asked again: decode up to the last row asked and copy out only the
+            # rows asked (`_TokenBlock.take`), not the whole group.
+            whole = int(self.starts[i + 1] - self.starts[i])
+            return self._read(i, need, whole, row, own=False)
         if block is None or block.rows < need:
             # While the cache has room, the whole row group is decoded: it stays to serve
             # later rows. Once the cache is full, a first read decodes only up to the last
@@ -372,8 +388,11 @@ class ParquetReader(_ColumnReader):
         size = int(self._meta.column_sizes(self.column)[i])
         return cache.nbytes + size <= cache.max_bytes
 
-    def _read(self, i: int, need: int, whole: int, row: int) -> _TokenBlock | _TextBlock:
-        """The first `need` (or more) rows of row group `i`, copied out of Arrow."""
+    def _read(
+        self, i: int, need: int, whole: int, row: int, own: bool = True
+    ) -> _TokenBlock | _TextBlock:
+        """The first `need` (or more) rows of row group `i`, copied out of Arrow (`own`), or
+        kept there with each row copied as it is taken."""
         column = None
         file = self._parquet(self._meta.metadata)
         try:
@@ -388,7 +407,7 @@ class ParquetReader(_ColumnReader):
             if column is None or len(column) < need:
                 column = file.read_row_group(i, columns=[self.column], use_threads=False)
                 column = column.column(0)
-            return _block(column, self.kind, own=True)
+            return _block(column, self.kind, own=own)
         except (OSError, pa.ArrowException) as exc:
             raise SourceDataError(
                 f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
@@ -444,9 +463,9 @@ class ArrowReader(_ColumnReader):
         self._index = schema.get_field_index(self.column)
         self.starts = _row_starts(counts)
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
         try:
-            return _block(self._get(i).column(self._index), self.kind, own=False)
+            return _block(self._get(i).column(self._index), self.kind, own=False, views=True)
         except (OSError, pa.ArrowException) as exc:
             raise SourceDataError(
                 f"{self.display} row {row} (record batch {i}): cannot read ({_first_line(exc)})"

@@ -352,6 +352,9 @@ class SourceCatalog:
         try:
             if s.fmt in _JSONL:
                 return reader.fetch(rows, offsets, lengths)
+            if s.fmt == "parquet" and later is not None and later.complete:
+                # no later sample of this process reads the file: its row groups need no caching
+                return reader.fetch(rows, keep=False)  # type: ignore[call-arg]
             return reader.fetch(rows)
         except SourceDataError:
             if later is None or not len(later):
