@@ -300,15 +300,18 @@ class ParquetReader(_ColumnReader):
 
     The parsed footer is kept in `metacache`, apart from the handle and the decoded blocks:
     reopening a file after its handle was evicted costs an open, not another footer parse
-    or schema check. The reader holds the file descriptor only; each decode wraps it in a
-    `pq.ParquetFile` that is closed straight after (an open `ParquetFile` keeps its last
-    column chunk's bytes, ~0.4 MB a file here). A decoded row group keeps only the payload
-    column, as numpy arrays.
+    or schema check. A local file's reader holds one `pq.ParquetFile` without pre-buffering
+    (which keeps no column bytes between decodes); an object's wraps the handle in a
+    pre-buffering `pq.ParquetFile` per decode (one coalesced request), closed straight after
+    (an open one keeps its last column chunk's bytes, ~0.4 MB a file here). A decoded row
+    group keeps only the payload column, as numpy arrays.
     """
 
     def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
         self.path, self.kind, self.column, self.display = path, kind, column, display
         self._blocks = blocks
+        self._held: pq.ParquetFile | None = None
+        self._local = not storage.is_url(path)
         key = _version("parquet-footer", path, display)
         meta = metacache.get(key)
         try:
@@ -325,7 +328,10 @@ class ParquetReader(_ColumnReader):
                 try:
                     meta = _ParquetMeta(file.metadata)
                 finally:
-                    file.close()
+                    if self._local:
+                        self._held = file
+                    else:
+                        file.close()
                 if key is not None:
                     metacache.put(key, meta, meta.nbytes)
             if (column, kind) not in meta.checked:
@@ -340,7 +346,7 @@ class ParquetReader(_ColumnReader):
     def _parquet(self, metadata: pq.FileMetaData | None) -> pq.ParquetFile:
         """A ParquetFile over the descriptor held (closing it leaves the descriptor open)."""
         try:
-            return pq.ParquetFile(self._source, metadata=metadata, pre_buffer=True)
+            return pq.ParquetFile(self._source, metadata=metadata, pre_buffer=not self._local)
         except OSError as exc:
             if exc.errno is not None:
                 raise _cannot_open(self.display, exc) from None
@@ -394,7 +400,12 @@ class ParquetReader(_ColumnReader):
         """The first `need` (or more) rows of row group `i`, copied out of Arrow (`own`), or
         kept there with each row copied as it is taken."""
         column = None
-        file = self._parquet(self._meta.metadata)
+        if self._held is None:
+            file = self._parquet(self._meta.metadata)
+            if self._local:
+                self._held = file
+        else:
+            file = self._held
         try:
             if need < whole:
                 batches = file.iter_batches(
@@ -413,9 +424,13 @@ class ParquetReader(_ColumnReader):
                 f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
             ) from None
         finally:
-            file.close()
+            if file is not self._held:
+                file.close()
 
     def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         self._source.close()
 
 
