@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -259,6 +260,16 @@ class RangeFile:
 
 _REQUESTS = 8  # range requests of one call in flight at once
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()  # the threads reading a step's files may both make the pool
+
+
+def _new_pool_lock_in_child() -> None:
+    global _pool_lock
+    _pool_lock = threading.Lock()  # a lock held by another thread at fork stays held
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_pool_lock_in_child)
 
 
 def _parallel(read: Callable[[Any], bytes], items: list) -> list[bytes]:
@@ -268,9 +279,13 @@ def _parallel(read: Callable[[Any], bytes], items: list) -> list[bytes]:
     global _pool
     if len(items) <= 1:
         return [read(item) for item in items]
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(_REQUESTS, thread_name_prefix="mds-range"))
-    return list(_pool[1].map(read, items))
+    pool = _pool
+    if pool is None or pool[0] != os.getpid():
+        with _pool_lock:
+            if _pool is None or _pool[0] != os.getpid():
+                _pool = (os.getpid(), ThreadPoolExecutor(_REQUESTS, thread_name_prefix="mds-range"))
+            pool = _pool
+    return list(pool[1].map(read, items))
 
 
 def _runs(blocks: list[int]) -> list[tuple[int, int]]:
