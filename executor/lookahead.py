@@ -4,9 +4,9 @@ too and kept until their step, so a block is decoded about once per window of st
 instead of once per sample. Only a plan knows which rows come later.
 
 The window is bounded by bytes, not by plan chunks: a file's later rows are taken only as
-far ahead as the planned token counts of all this rank's samples in between fit the
-budget (4 bytes a token), so rows for the nearest steps are never crowded out by rows
-needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
+far ahead as the planned sizes of all this rank's samples in between (4 bytes a token and
+112 an array), kept or not, fit the budget together, so rows for the nearest steps are
+never crowded out by rows needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
 them. One decode takes at most 256 later rows (the nearest): taking a row costs a few
 microseconds, so a decode's rows ahead cost about what the decode does. The first fetch of
 a run (or after a seek) takes at most 16, and the cap doubles with each fetch, so the time
@@ -27,6 +27,7 @@ from mds.executor.planfile import RankChunk
 __all__ = ["Later", "Lookahead"]
 
 BYTES_PER_TOKEN = 4
+_PAYLOAD_HEADER = 112  # a kept array's bytes beyond its tokens (`_payload_bytes`)
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
 MAX_LATER = 256  # later rows taken with one decode at most
 FIRST_LATER = 16  # ... and with the first fetch's decodes; the cap doubles each fetch
@@ -56,7 +57,8 @@ class _Block:
         counts = b.counts.ravel().astype(np.int64)
         self.micro = np.repeat(np.arange(counts.size, dtype=np.int64) + self.micro_base, counts)
         self.reach = np.zeros(len(b.ids) + 1, dtype=np.int64)
-        np.cumsum(rec.tokens.astype(np.int64) * BYTES_PER_TOKEN, out=self.reach[1:])
+        planned = rec.tokens.astype(np.int64) * BYTES_PER_TOKEN + _PAYLOAD_HEADER
+        np.cumsum(planned, out=self.reach[1:])
         self.files = {(sid, fid): f for f, (sid, fid, _e) in enumerate(rec.files)}
 
     @property
@@ -142,8 +144,12 @@ class Lookahead:
         return True
 
     def _horizon(self, start: int) -> int:
-        """The rank-wide index up to which samples after `start` fit the byte budget left."""
-        budget = self.max_bytes - self.nbytes
+        """The rank-wide index up to which the samples after `start` fit the byte budget
+        together. Rows kept already are among them (every kept row lies before the horizon
+        of the fetch that took it, and horizons only move forward), so they are not counted
+        twice: counting them shrank the window as it filled, and a file's later rows past
+        the shrunken horizon cost another decode."""
+        budget = self.max_bytes
         for w in self._window_from(start):
             j = max(start - w.base, 0)
             room = budget + int(w.reach[j])
@@ -259,5 +265,5 @@ class Lookahead:
 def _payload_bytes(payload: Any) -> int:
     """Memory a payload holds: a numpy array's buffer or a str's characters, plus headers."""
     if isinstance(payload, np.ndarray):
-        return payload.nbytes + 112
+        return payload.nbytes + _PAYLOAD_HEADER
     return len(payload) + 64 if isinstance(payload, (str, bytes)) else 64
