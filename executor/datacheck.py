@@ -40,26 +40,46 @@ def safe_path(root: Path | str, rel: Any, where: str) -> Path | str:
     assert isinstance(root, Path)
     pure = PurePosixPath(rel)
     path = root.joinpath(*pure.parts)
-    # A symlink inside the root may still point outside it: follow links, then compare.
-    try:
-        inside = path.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL byte
-        raise ValueError(
-            f"{where}: path {rel!r} cannot be resolved ({exc}); refused, not read"
-        ) from None
-    if not inside:
-        raise ValueError(
-            f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
-        )
+    linked, mode = _links_below(root, pure.parts)
+    if linked:
+        # A symlink inside the root may still point outside it: follow links, then compare.
+        try:
+            inside = path.resolve().is_relative_to(root.resolve())
+        except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL byte
+            raise ValueError(
+                f"{where}: path {rel!r} cannot be resolved ({exc}); refused, not read"
+            ) from None
+        if not inside:
+            raise ValueError(
+                f"{where}: path {rel!r} leads outside the index root {root}; refused, not read"
+            )
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            mode = None
     # Opening a FIFO or a device can block or never end: only regular files are read (a
     # missing file is left to the checks and readers, which name it).
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        mode = None
     if mode is not None and not stat.S_ISREG(mode):
         raise ValueError(f"{where}: path {rel!r} is not a regular file; refused, not read")
     return path
+
+
+def _links_below(root: Path, parts: tuple[str, ...]) -> tuple[bool, int | None]:
+    """Whether a part of root/parts (which has no `..`) may be a symlink, else the file's
+    mode (None if missing): without links the path stays inside the root, known from one
+    lstat per part instead of resolving both paths from /."""
+    path, mode = os.fspath(root), None
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:  # missing (or unreadable): no link below it is followed either
+            return False, None
+        except ValueError:  # a NUL byte: the resolving path says so
+            return True, None
+        if stat.S_ISLNK(mode):
+            return True, None
+    return False, mode
 
 
 def entry_paths(root: Path | str, item: Any, where: str) -> tuple[Any, Any]:

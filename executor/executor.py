@@ -53,7 +53,8 @@ class PlanExecutor:
     built in a background thread ahead of the one iterated (0: none); each step's samples
     are read together, one reader call per file. `cache_bytes`: the decoded data a process
     keeps, whole blocks (row groups, zstd frames) and rows read ahead for this rank's later
-    samples from the blocks it decodes (0: neither).
+    samples from the blocks it decodes (0: neither). `read_threads`: threads that read a
+    step's files side by side (1: the building thread alone); batches are the same.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class PlanExecutor:
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
         read_ahead: int = 1,
+        read_threads: int = 2,
     ):
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
@@ -82,6 +84,7 @@ class PlanExecutor:
             cache_bytes=cache_bytes,
             max_open_files=max_open_files,
             read_ahead=read_ahead,
+            read_threads=read_threads,
         )
         if _integer(read_ahead, "read_ahead") < 0:
             raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
@@ -89,7 +92,14 @@ class PlanExecutor:
         self._reader = PlanReader(self.plan_path)
         try:
             self._setup(
-                dp_rank, dp_size, data_root, tokenize, estimated, cache_bytes, max_open_files
+                dp_rank,
+                dp_size,
+                data_root,
+                tokenize,
+                estimated,
+                cache_bytes,
+                max_open_files,
+                read_threads,
             )
             self._verify = verify
             if verify == "full":
@@ -101,7 +111,17 @@ class PlanExecutor:
             self._reader.close()
             raise
 
-    def _setup(self, dp_rank, dp_size, data_root, tokenize, estimated, cache_bytes, max_open_files):
+    def _setup(
+        self,
+        dp_rank,
+        dp_size,
+        data_root,
+        tokenize,
+        estimated,
+        cache_bytes,
+        max_open_files,
+        read_threads,
+    ):
         reader = self._reader
         dp_rank = _integer(dp_rank, "dp_rank")
         if dp_size is not None:
@@ -130,6 +150,7 @@ class PlanExecutor:
             estimated=estimated,
             cache_bytes=cache_bytes,
             max_open_files=max_open_files,
+            read_threads=_integer(read_threads, "read_threads"),
         )
         self.source_names = self._catalog.names
         self.mesh: MeshPosition | None = None

@@ -4,9 +4,9 @@ too and kept until their step, so a block is decoded about once per window of st
 instead of once per sample. Only a plan knows which rows come later.
 
 The window is bounded by bytes, not by plan chunks: a file's later rows are taken only as
-far ahead as the planned token counts of all this rank's samples in between fit the
-budget (4 bytes a token), so rows for the nearest steps are never crowded out by rows
-needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
+far ahead as the planned sizes of all this rank's samples in between (4 bytes a token and
+112 an array), kept or not, fit the budget together, so rows for the nearest steps are
+never crowded out by rows needed last. Later chunks' blocks are loaded (and checksum-checked) as the window reaches
 them. One decode takes at most 256 later rows (the nearest): taking a row costs a few
 microseconds, so a decode's rows ahead cost about what the decode does. The first fetch of
 a run (or after a seek) takes at most 16, and the cap doubles with each fetch, so the time
@@ -27,6 +27,7 @@ from mds.executor.planfile import RankChunk
 __all__ = ["Later", "Lookahead"]
 
 BYTES_PER_TOKEN = 4
+_PAYLOAD_HEADER = 112  # a kept array's bytes beyond its tokens (`_payload_bytes`)
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
 MAX_LATER = 256  # later rows taken with one decode at most
 FIRST_LATER = 16  # ... and with the first fetch's decodes; the cap doubles each fetch
@@ -56,7 +57,8 @@ class _Block:
         counts = b.counts.ravel().astype(np.int64)
         self.micro = np.repeat(np.arange(counts.size, dtype=np.int64) + self.micro_base, counts)
         self.reach = np.zeros(len(b.ids) + 1, dtype=np.int64)
-        np.cumsum(rec.tokens.astype(np.int64) * BYTES_PER_TOKEN, out=self.reach[1:])
+        planned = rec.tokens.astype(np.int64) * BYTES_PER_TOKEN + _PAYLOAD_HEADER
+        np.cumsum(planned, out=self.reach[1:])
         self.files = {(sid, fid): f for f, (sid, fid, _e) in enumerate(rec.files)}
 
     @property
@@ -70,13 +72,16 @@ class _Block:
 
 @dataclass
 class Later:
-    """Later samples of one file: rank-wide indices and where each is in the file."""
+    """Later samples of one file: rank-wide indices and where each is in the file.
+    `complete`: they are all of this process's samples after the current ones that read
+    the file, to the end of the plan (so a block decoded for them is not needed again)."""
 
     index: np.ndarray
     gid: np.ndarray
     row: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    complete: bool = False
 
     def __len__(self) -> int:
         return len(self.index)
@@ -102,9 +107,11 @@ class Lookahead:
         self._kept: dict[int, tuple[Any, int]] = {}
         self._next = 0  # rank-wide index after the last sample taken
         self._fetches = 0  # since the window started
+        self._ended = False  # the window's last block is the plan's last
 
     def clear(self) -> None:
         self._window, self._kept, self.nbytes, self._next, self._fetches = [], {}, 0, 0, 0
+        self._ended = False
 
     # --- the window -------------------------------------------------------------------------
 
@@ -131,13 +138,18 @@ class Lookahead:
             self.next_block = None
             return False
         if block is None:
+            self._ended = True
             return False
         self._window.append(_Block(block, last.end, last.micro_end))
         return True
 
     def _horizon(self, start: int) -> int:
-        """The rank-wide index up to which samples after `start` fit the byte budget left."""
-        budget = self.max_bytes - self.nbytes
+        """The rank-wide index up to which the samples after `start` fit the byte budget
+        together. Rows kept already are among them (every kept row lies before the horizon
+        of the fetch that took it, and horizons only move forward), so they are not counted
+        twice: counting them shrank the window as it filled, and a file's later rows past
+        the shrunken horizon cost another decode."""
+        budget = self.max_bytes
         for w in self._window_from(start):
             j = max(start - w.base, 0)
             room = budget + int(w.reach[j])
@@ -192,6 +204,7 @@ class Lookahead:
         file `key` (source, file) with the same record `entry`, are built by this process,
         are not kept yet and lie within the byte budget."""
         parts: list[tuple[_Block, np.ndarray]] = []
+        complete = False
         if self.max_bytes > 0:
             start = base + hi
             end = self._horizon(start)
@@ -218,17 +231,20 @@ class Lookahead:
                     taken += len(js)
                     if taken == cap:
                         break
+            # nothing beyond the horizon, and every sample up to it taken (or kept already)
+            complete = taken < cap and self._ended and end >= self._window[-1].end
         rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
         cat = np.concatenate
         if not rec:
             empty = np.zeros(0, dtype=np.int64)
-            return Later(empty, empty, empty, empty, empty)
+            return Later(empty, empty, empty, empty, empty, complete)
         return Later(
             index=cat([js + b for _r, _i, js, b in rec]),
             gid=cat([ids[js].astype(np.int64) for _r, ids, js, _b in rec]),
             row=cat([r.row[js].astype(np.int64) for r, _i, js, _b in rec]),
             offset=cat([r.offset[js].astype(np.int64) for r, _i, js, _b in rec]),
             length=cat([r.length[js].astype(np.int64) for r, _i, js, _b in rec]),
+            complete=complete,
         )
 
     def keep(self, index: list[int], payloads: list[Any]) -> None:
@@ -249,5 +265,5 @@ class Lookahead:
 def _payload_bytes(payload: Any) -> int:
     """Memory a payload holds: a numpy array's buffer or a str's characters, plus headers."""
     if isinstance(payload, np.ndarray):
-        return payload.nbytes + 112
+        return payload.nbytes + _PAYLOAD_HEADER
     return len(payload) + 64 if isinstance(payload, (str, bytes)) else 64

@@ -2,17 +2,19 @@
 
 The executor keeps three: open file readers (by count; evicting one closes it), decoded
 blocks such as Parquet row groups and zstd frames (by bytes), and parsed file metadata
-(by bytes, `metacache`). Not thread-safe.
+(by bytes, `metacache`). `LRU` is not thread-safe; `LockedLRU` is (the block cache, which
+the threads reading a step's files share).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["LRU", "version_key"]
+__all__ = ["LRU", "LockedLRU", "version_key"]
 
 
 def version_key(kind: str, path: Any, st: os.stat_result) -> tuple:
@@ -116,3 +118,32 @@ class LRU:
     def _evicted(self, key: Hashable, value: Any) -> None:
         if self._on_evict is not None:
             self._on_evict(key, value)
+
+
+class LockedLRU(LRU):
+    """An `LRU` whose operations are atomic: several threads may get and put at once.
+    (A new process must make its own: a lock held by a thread at fork stays held.)"""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        with self._lock:
+            return super().get(key)
+
+    def put(self, key: Hashable, value: Any, nbytes: int = 0) -> None:
+        with self._lock:
+            super().put(key, value, nbytes)
+
+    def resize(self, max_bytes: int | None) -> None:
+        with self._lock:
+            super().resize(max_bytes)
+
+    def pop(self, key: Hashable) -> Any:
+        with self._lock:
+            return super().pop(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            super().clear()

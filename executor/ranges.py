@@ -247,6 +247,17 @@ def _coalesce(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()  # the threads reading a step's files may both make the pool
+
+
+def _new_locks_in_child() -> None:
+    global _pool_lock, _counted
+    # a lock another thread held at fork stays held in the child
+    _pool_lock, _counted = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def _parallel(read: Callable[[Any], Any], items: list) -> list:
@@ -256,9 +267,13 @@ def _parallel(read: Callable[[Any], Any], items: list) -> list:
     global _pool
     if len(items) <= 1:
         return [read(item) for item in items]
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(REQUESTS, thread_name_prefix="mds-range"))
-    return list(_pool[1].map(read, items))
+    pool = _pool
+    if pool is None or pool[0] != os.getpid():
+        with _pool_lock:
+            if _pool is None or _pool[0] != os.getpid():
+                _pool = (os.getpid(), ThreadPoolExecutor(REQUESTS, thread_name_prefix="mds-range"))
+            pool = _pool
+    return list(pool[1].map(read, items))
 
 
 def _runs(blocks: list[int]) -> list[tuple[int, int]]:

@@ -161,12 +161,14 @@ def _missing_column(display: str, column: str, names: list[str]) -> SourceDataEr
 class _TokenBlock:
     """A list<int> column of one block as numpy offsets and values, so a row is a slice.
 
-    `own`: copy the values out of Arrow's memory (a decoded Parquet row group: the Arrow
-    buffers are freed at once and `nbytes` is exactly what stays); otherwise keep views
-    (a memory-mapped Arrow file: nothing is copied).
+    `own`: copy the values out of Arrow's memory (a decoded Parquet row group kept in the
+    block cache: the Arrow buffers are freed at once and `nbytes` is exactly what stays);
+    otherwise keep views. `views`: rows are handed out as views (a memory-mapped Arrow
+    file: nothing is copied); otherwise each row is a copy of its own, so a payload never
+    holds on to a whole block (a Parquet row group read once and not cached).
     """
 
-    def __init__(self, array: pa.Array, own: bool):
+    def __init__(self, array: pa.Array, own: bool, views: bool = False):
         offsets = array.offsets.to_numpy()
         values = array.values  # the whole child; the offsets index into it
         if own:  # keep only the values the rows use, offsets relative to them
@@ -180,14 +182,19 @@ class _TokenBlock:
         self.values = np.array(values.to_numpy(), copy=True) if own else values.to_numpy()
         self.nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
         self.rows = len(array)
-        self.copy = own
+        self.copy = not views
         self.nbytes = self.offsets.nbytes + self.values.nbytes
         for mask in (self.bad_values, self.nulls):
             self.nbytes += mask.nbytes if mask is not None else 0
 
     def take(self, local: np.ndarray, rows: np.ndarray, where: Callable[[int], str]) -> list:
-        out = []
         offsets, values = self.offsets, self.values
+        if self.nulls is None and self.bad_values is None:  # nothing to check row by row
+            starts, ends = offsets[local].tolist(), offsets[local + 1].tolist()
+            if self.copy:
+                return [values[a:b].copy() for a, b in zip(starts, ends, strict=True)]
+            return [values[a:b] for a, b in zip(starts, ends, strict=True)]
+        out = []
         for i, r in zip(local.tolist(), rows.tolist(), strict=True):
             if self.nulls is not None and self.nulls[i]:
                 raise SourceDataError(f"{where(r)} is null")
@@ -216,10 +223,12 @@ class _TextBlock:
         return values
 
 
-def _block(array: pa.Array | pa.ChunkedArray, kind: str, own: bool) -> _TokenBlock | _TextBlock:
+def _block(
+    array: pa.Array | pa.ChunkedArray, kind: str, own: bool, views: bool = False
+) -> _TokenBlock | _TextBlock:
     if isinstance(array, pa.ChunkedArray):
         array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
-    return _TokenBlock(array, own) if kind == "token_ids" else _TextBlock(array)
+    return _TokenBlock(array, own, views) if kind == "token_ids" else _TextBlock(array)
 
 
 def _gather(
@@ -260,15 +269,22 @@ class _ColumnReader(_Reader):
     column: str
     starts: np.ndarray
 
-    def fetch(self, file_rows, offsets=None, lengths=None) -> list[Payload]:
+    def fetch(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> list[Payload]:
+        """Payloads of `file_rows`; `keep=False`: the caller will not ask again for rows of
+        the units these rows are in, so units decoded for them are not cached."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return _gather(rows, self.starts, self._unit, self._where)
+
+        def unit(i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+            return self._unit(i, need, row, keep)
+
+        return _gather(rows, self.starts, unit, self._where)
 
     def _where(self, row: int) -> str:
         return f"{self.display} row {row}: column '{self.column}'"
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
-        """Unit `i`, holding at least its first `need` rows (`row`: one asked, for errors)."""
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
+        """Unit `i`, holding at least its first `need` rows (`row`: one asked, for errors;
+        `keep`: whether a decoded unit is worth caching)."""
         raise NotImplementedError
 
 
@@ -337,15 +353,18 @@ class ParquetReader(_ColumnReader):
 
     The parsed footer is kept in `metacache`, apart from the handle and the decoded blocks:
     reopening a file after its handle was evicted costs an open, not another footer parse
-    or schema check. The reader holds the file descriptor only; each decode wraps it in a
-    `pq.ParquetFile` that is closed straight after (an open `ParquetFile` keeps its last
-    column chunk's bytes, ~0.4 MB a file here). A decoded row group keeps only the payload
-    column, as numpy arrays.
+    or schema check. A local file's reader holds one `pq.ParquetFile` without pre-buffering
+    (which keeps no column bytes between decodes); an object's wraps the handle in a
+    pre-buffering `pq.ParquetFile` per decode (one coalesced request), closed straight after
+    (an open one keeps its last column chunk's bytes, ~0.4 MB a file here). A decoded row
+    group keeps only the payload column, as numpy arrays.
     """
 
     def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
         self.path, self.kind, self.column, self.display = path, kind, column, display
         self._blocks = blocks
+        self._held: pq.ParquetFile | None = None
+        self._local = not storage.is_url(path)
         key = _version("parquet-footer", path, display)
         meta = metacache.get(key)
         try:
@@ -366,7 +385,10 @@ class ParquetReader(_ColumnReader):
                 try:
                     meta = _ParquetMeta(file.metadata)
                 finally:
-                    file.close()
+                    if self._local:
+                        self._held = file
+                    else:
+                        file.close()
                 if key is not None:
                     metacache.put(key, meta, meta.nbytes)
             if (column, kind) not in meta.checked:
@@ -381,7 +403,7 @@ class ParquetReader(_ColumnReader):
     def _parquet(self, metadata: pq.FileMetaData | None) -> pq.ParquetFile:
         """A ParquetFile over the descriptor held (closing it leaves the descriptor open)."""
         try:
-            return pq.ParquetFile(self._source, metadata=metadata, pre_buffer=True)
+            return pq.ParquetFile(self._source, metadata=metadata, pre_buffer=not self._local)
         except OSError as exc:
             if exc.errno is not None:
                 raise _cannot_open(self.display, exc) from None
@@ -415,9 +437,14 @@ class ParquetReader(_ColumnReader):
                 out.extend(chunks[i])
         return out
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
         key = (self.path, "rg", i, self.column, self.kind)
         block = self._blocks.get(key)
+        if (block is None or block.rows < need) and not keep:
+            # Not to be asked again: decode up to the last row asked and copy out only the
+            # rows asked (`_TokenBlock.take`), not the whole group.
+            whole = int(self.starts[i + 1] - self.starts[i])
+            return self._read(i, need, whole, row, own=False)
         if block is None or block.rows < need:
             # While the cache has room, the whole row group is decoded: it stays to serve
             # later rows. Once the cache is full, a first read decodes only up to the last
@@ -441,10 +468,18 @@ class ParquetReader(_ColumnReader):
         size = int(self._meta.column_sizes(self.column)[i])
         return cache.nbytes + size <= cache.max_bytes
 
-    def _read(self, i: int, need: int, whole: int, row: int) -> _TokenBlock | _TextBlock:
-        """The first `need` (or more) rows of row group `i`, copied out of Arrow."""
+    def _read(
+        self, i: int, need: int, whole: int, row: int, own: bool = True
+    ) -> _TokenBlock | _TextBlock:
+        """The first `need` (or more) rows of row group `i`, copied out of Arrow (`own`), or
+        kept there with each row copied as it is taken."""
         column = None
-        file = self._parquet(self._meta.metadata)
+        if self._held is None:
+            file = self._parquet(self._meta.metadata)
+            if self._local:
+                self._held = file
+        else:
+            file = self._held
         try:
             if need < whole:
                 batches = file.iter_batches(
@@ -457,15 +492,19 @@ class ParquetReader(_ColumnReader):
             if column is None or len(column) < need:
                 column = file.read_row_group(i, columns=[self.column], use_threads=False)
                 column = column.column(0)
-            return _block(column, self.kind, own=True)
+            return _block(column, self.kind, own=own)
         except (OSError, pa.ArrowException) as exc:
             raise SourceDataError(
                 f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
             ) from None
         finally:
-            file.close()
+            if file is not self._held:
+                file.close()
 
     def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         self._source.close()
         if self.object is not None:
             self.object.close()
@@ -515,9 +554,9 @@ class ArrowReader(_ColumnReader):
         self._index = schema.get_field_index(self.column)
         self.starts = _row_starts(counts)
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
         try:
-            return _block(self._get(i).column(self._index), self.kind, own=False)
+            return _block(self._get(i).column(self._index), self.kind, own=False, views=True)
         except (OSError, pa.ArrowException) as exc:
             raise SourceDataError(
                 f"{self.display} row {row} (record batch {i}): cannot read ({_first_line(exc)})"

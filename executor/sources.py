@@ -11,8 +11,11 @@ manifest is read, so a rank's memory and start-up follow its slice, not the corp
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +23,16 @@ import numpy as np
 
 from mds.executor import storage
 from mds.executor.datacheck import entry_paths, file_problem
-from mds.executor.errors import ConfigError, DataChangedError, PlanError, SourceDataError
+from mds.executor.errors import (
+    ConfigError,
+    DataChangedError,
+    MdsError,
+    PlanError,
+    SourceDataError,
+)
 from mds.executor.fingerprint import fingerprint
 from mds.executor.lookahead import Lookahead
-from mds.executor.lru import LRU
+from mds.executor.lru import LRU, LockedLRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.planfile import RankChunk
 from mds.executor.ranges import RangeFile, prefetch
@@ -125,9 +134,13 @@ class SourceCatalog:
         estimated: str = "error",
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
+        read_threads: int = 2,
     ):
         if not isinstance(max_open_files, int) or max_open_files < 1:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
+        if isinstance(read_threads, bool) or not isinstance(read_threads, int) or read_threads < 1:
+            raise ConfigError(f"read_threads={read_threads!r} must be an integer >= 1")
+        self.read_threads = read_threads
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ConfigError(f"cache_bytes={cache_bytes!r} must be an integer >= 0")
         if estimated not in ESTIMATED:
@@ -181,13 +194,23 @@ class SourceCatalog:
         if self.ahead is not None:
             self.ahead.clear()
         ahead = self.ahead.max_bytes if self.ahead is not None else 0
-        self._blocks = LRU(max_bytes=self.cache_bytes - ahead)
-        self._files = LRU(max_items=self.max_open_files, on_evict=lambda _k, r: r.close())
+        self._blocks = LockedLRU(max_bytes=self.cache_bytes - ahead)
+        # Open readers, by count. Threads reading a step's files share them: a reader
+        # evicted while a thread reads it is closed when that thread is done with it.
+        self._files = LRU(max_items=self.max_open_files, on_evict=self._retire)
+        self._files_lock = threading.Lock()
+        self._busy: dict[FileReader, int] = {}  # reader -> reads in progress
+        self._retired: set[FileReader] = set()  # evicted while busy: closed when idle
+        self._pool: ThreadPoolExecutor | None = None  # a parent's threads are not a child's
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self.ahead is not None:
             self.ahead.clear()
-        self._files.clear()
+        with self._files_lock:
+            self._files.clear()
         self._blocks.clear()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -324,42 +347,92 @@ class SourceCatalog:
         files = rec.file[missing]
         order = np.argsort(files, kind="stable")
         cuts = np.flatnonzero(np.diff(files[order])) + 1
-        reads = []
+        reads: list[tuple[np.ndarray, Any, Callable[[], list] | Exception]] = []
+        stage: list[tuple[_Source, int, Any, np.ndarray, Any]] = []  # object reads to prefetch
         for group in np.split(missing[order], cuts) if len(missing) else []:
             sid, fid, entry = rec.files[int(rec.file[group[0]])]
-            s = self._source_of(sid)
-            self._same_record(s, fid, entry)
+            try:
+                s = self._source_of(sid)
+                self._same_record(s, fid, entry)
+            except PlanError as exc:  # raised when the files before it were read, as in order
+                reads.append((group, None, exc))
+                continue
             later = None
             if ahead is not None and s.fmt in _BLOCK_CODED:
                 later = ahead.later((sid, fid), entry, base, lo, hi)
-            reads.append((s, fid, entry, group, later))
-        staged = self._stage(block, reads)
+            reads.append((group, later, partial(self._read, block, s, fid, entry, group, later)))
+            stage.append((s, fid, entry, group, later))
+        staged = self._stage(block, stage)
         try:
-            for s, fid, entry, group, later in reads:
-                read = self._read(block, s, fid, entry, group, later)
-                for j, payload in zip(group.tolist(), read, strict=False):
-                    payloads[j - lo] = payload
-                if later is not None and len(read) > len(group):
-                    ahead.keep(later.index.tolist(), read[len(group) :])  # type: ignore[union-attr]
+            results = self._run([r for _g, _l, r in reads])
         finally:
             for obj in staged:
                 obj.unstage()
+        for (group, later, _r), read in zip(reads, results, strict=True):
+            if isinstance(read, Exception):
+                raise read  # the first file's problem, in file order, whichever thread met it
+            for j, payload in zip(group.tolist(), read, strict=False):
+                payloads[j - lo] = payload
+            if later is not None and len(read) > len(group):
+                ahead.keep(later.index.tolist(), read[len(group) :])  # type: ignore[union-attr]
         return self._all_tokens(block, lo, hi, payloads)
 
     def _stage(self, block: RankChunk, reads: list) -> list[RangeFile]:
         """Fetch what the reads will need from objects in one go: every object's byte spans
         (row groups, blocks the caches lack) as concurrent range requests, kept until the
-        fetch ends. Files need nothing: a local read costs no round trip."""
+        fetch ends. Files need nothing: a local read costs no round trip. A file that cannot
+        be opened here is left to its read, which raises its error in file order."""
+        if not storage.is_url(self.root):
+            return []
         wants = []
         for s, fid, entry, now, later in reads:
-            reader = self._reader(s, fid, entry)
-            if reader.object is None:
+            try:
+                reader = self._reader(s, fid, entry)
+            except MdsError:
                 continue
-            spans = reader.spans(*self._where(block, s, now, later))
-            if spans:
-                wants.append((reader.object, spans))
+            try:
+                if reader.object is not None:
+                    spans = reader.spans(*self._where(block, s, now, later))
+                    if spans:
+                        wants.append((reader.object, spans))
+            except MdsError:
+                pass
+            finally:
+                self._release(reader)
         prefetch(wants)
         return [obj for obj, _spans in wants]
+
+    def _run(self, reads: list[Callable[[], list] | Exception]) -> list[list | Exception]:
+        """The result (or exception) of each read, in order. With `read_threads` > 1 the reads
+        are shared among threads (this one included): Parquet and zstd decoding release the
+        GIL, so a step that reads many files decodes them side by side."""
+        out: list[list | Exception] = [None] * len(reads)  # type: ignore[list-item]
+        threads = min(self.read_threads, sum(callable(r) for r in reads))
+
+        def share(k: int) -> None:
+            for i in range(k, len(reads), threads):
+                read = reads[i]
+                if not callable(read):
+                    out[i] = read
+                    continue
+                try:
+                    out[i] = read()
+                except Exception as exc:  # handed back in order; any other error stops all
+                    out[i] = exc
+
+        if threads <= 1:
+            threads = 1
+            share(0)
+            return out
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.read_threads - 1, thread_name_prefix="mds-read")
+        others = [self._pool.submit(share, k) for k in range(1, threads)]
+        try:
+            share(0)
+        finally:
+            for future in others:
+                future.result()
+        return out
 
     def _where(self, block: RankChunk, s: _Source, now: np.ndarray, later):
         """(rows, byte offsets, byte lengths) in the file of block samples `now`, then of
@@ -387,10 +460,15 @@ class SourceCatalog:
         try:
             if s.fmt in _JSONL:
                 return reader.fetch(rows, offsets, lengths)
+            if s.fmt == "parquet" and later is not None and later.complete:
+                # no later sample of this process reads the file: its row groups need no caching
+                return reader.fetch(rows, keep=False)  # type: ignore[call-arg]
             return reader.fetch(rows)
         except SourceDataError:
             if later is None or not len(later):
                 raise
+        finally:
+            self._release(reader)
         return self._read(block, s, fid, entry, now, None)
 
     def _all_tokens(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
@@ -406,8 +484,12 @@ class SourceCatalog:
         return out
 
     def _reader(self, s: _Source, file_id: int, entry: dict[str, Any]) -> FileReader:
+        """The open reader of a file (opened if need be), marked busy until `_release`."""
         key = (s.sid, file_id)
-        reader = self._files.get(key)
+        with self._files_lock:
+            reader = self._files.get(key)
+            if reader is not None:
+                self._busy[reader] = self._busy.get(reader, 0) + 1
         if reader is None:
             where = f"{s.name} files[{file_id}]"
             try:
@@ -427,8 +509,28 @@ class SourceCatalog:
                 )
             except ValueError as exc:  # facts no reader takes (a forged plan)
                 raise PlanError(f"{self.plan_path}: corrupt plan ({where}: {exc})") from None
-            self._files.put(key, reader)
+            with self._files_lock:
+                self._busy[reader] = 1
+                self._files.put(key, reader)
         return reader
+
+    def _release(self, reader: FileReader) -> None:
+        """A read of `reader` is done: close it if it was evicted meanwhile."""
+        with self._files_lock:
+            left = self._busy.pop(reader) - 1
+            if left:
+                self._busy[reader] = left
+            elif reader in self._retired:
+                self._retired.discard(reader)
+                reader.close()
+
+    def _retire(self, _key: Any, reader: FileReader) -> None:
+        """The open-file cache lets go of `reader` (under `_files_lock`): closed now, or when
+        the threads reading it are done."""
+        if reader in self._busy:
+            self._retired.add(reader)
+        else:
+            reader.close()
 
     def _tokens(
         self, s: _Source, entry: dict[str, Any], row: int, file_row: int, planned: int, payload

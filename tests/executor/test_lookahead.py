@@ -43,9 +43,9 @@ def _decodes(plan, monkeypatch, **kwargs) -> list[tuple[str, int]]:
     calls: list[tuple[str, int]] = []
     real = readers_module.ParquetReader._read
 
-    def counted(self, i, need, whole, row):
+    def counted(self, i, need, whole, row, own=True):
         calls.append((str(self.path), i))
-        return real(self, i, need, whole, row)
+        return real(self, i, need, whole, row, own)
 
     with monkeypatch.context() as m:
         m.setattr(readers_module.ParquetReader, "_read", counted)
@@ -98,10 +98,10 @@ def test_a_later_rows_problem_is_raised_at_its_own_step(plan, monkeypatch, read_
     step, path, row = _bad_row_at_a_later_step(plan)
     real = readers_module.ParquetReader.fetch
 
-    def fetch(self, file_rows, offsets=None, lengths=None):
+    def fetch(self, file_rows, offsets=None, lengths=None, keep=True):
         if str(self.path).endswith(path) and row in np.asarray(file_rows).tolist():
             raise SourceDataError(f"{path} row {row}: unreadable")
-        return real(self, file_rows, offsets, lengths)
+        return real(self, file_rows, offsets, lengths, keep)
 
     monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
     expected = uninterrupted(plan, 0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from mds.executor.lru import LRU
+from mds.executor.lru import LRU, LockedLRU
 
 
 def _recording(**bounds) -> tuple[LRU, list]:
@@ -138,3 +140,22 @@ def test_resize_evicts_to_the_new_bound():
     assert "d" in cache
     with pytest.raises(ValueError):
         cache.resize(-1)
+
+
+def test_locked_lru_stays_within_its_bound_under_threads():
+    cache = LockedLRU(max_bytes=1000)
+
+    def work(t: int) -> None:
+        for i in range(2000):
+            cache.put((t, i % 50), i, 10 + i % 7)
+            cache.get((t, (i * 7) % 50))
+            if i % 13 == 0:
+                cache.pop((t, i % 50))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    held = sum(size for _value, size in cache._entries.values())
+    assert cache.nbytes == held <= 1000

@@ -850,3 +850,25 @@ def test_parquet_room_is_judged_by_the_payload_column_alone(tmp_path):
     assert_payloads_equal(reader.fetch(np.array([3]), None, None), [rows[3]])
     assert blocks.get((reader.path, "rg", 0, "tokens", "token_ids")).rows == 50
     reader.close()
+
+
+@pytest.mark.parametrize("kind", ["token_ids", "text"])
+def test_parquet_rows_not_to_be_asked_again_are_read_without_caching(tmp_path, kind):
+    table, rows = _token_table(100)
+    texts = [f"row {i}" for i in range(100)]
+    table = table.append_column("text", pa.array(texts))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=25)
+    column, expected = ("tokens", rows) if kind == "token_ids" else ("text", texts)
+    blocks = LRU(max_bytes=1 << 20)
+    reader = reader_for("parquet", tmp_path / "t.parquet", kind, column, blocks)
+    order = shuffled_with_repeats(100, seed=5)
+    got = reader.fetch(order, None, None, keep=False)
+    assert_payloads_equal(got, [expected[r] for r in order.tolist()])
+    assert len(blocks) == 0
+    if kind == "token_ids":  # each row a copy of its own, not a view of the decoded group
+        assert all(p.base is None for p in got)
+    reader.fetch(np.array([3]), None, None)  # cached as before
+    got = reader.fetch(np.array([3, 60]), None, None, keep=False)
+    assert_payloads_equal(got, [expected[3], expected[60]])
+    assert len(blocks) == 1  # the cached group serves; the other is read and not kept
+    reader.close()
