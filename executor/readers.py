@@ -603,7 +603,7 @@ class ArrowObjectReader(_ColumnReader):
                 out.append((lo, lo + int(self._table.sizes[i])))
         return out
 
-    def _unit(self, i: int, need: int, row: int) -> _TokenBlock | _TextBlock:
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
         key = (self.path, "batch", i, self.column, self.kind)
         block = self._blocks.get(key)
         if block is None:
