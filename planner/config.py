@@ -135,7 +135,7 @@ class IndexConfig:
 
     root: Path
     sources: tuple[SourceSpec, ...]
-    output: Path | None = None
+    output: Path | str | None = None  # a directory, or an s3:// / gs:// prefix
     workers: int | None = None
     fingerprint: str = "sampled"
     path: Path | None = None
@@ -165,6 +165,13 @@ def _string(table: dict[str, Any], key: str, where: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{where}`{key}` must be a non-empty string, got {value!r}")
     return value
+
+
+def place(base: Path, text: str | None) -> Path | str | None:
+    """A config path resolved against the config's directory; a URL stays as it is."""
+    if not text:
+        return None
+    return text.rstrip("/") if is_url(text) else (base / text).resolve()
 
 
 def _strings(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
@@ -290,7 +297,7 @@ def parse_config(
     root_text = _string(index, "root", f"{where}[index]: ") or "."
     # An s3:// root stays a URL (its objects are listed and read with range requests).
     root = root_text.rstrip("/") if is_url(root_text) else (base / root_text).resolve()
-    output = _string(index, "output", f"{where}[index]: ")
+    output = _string(index, "output", f"{where}[index]: ")  # a directory or an s3:// prefix
     workers = index.get("workers")
     if workers is not None and (
         not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
@@ -314,7 +321,7 @@ def parse_config(
     return IndexConfig(
         root=root,  # type: ignore[arg-type]
         sources=tuple(sources),
-        output=(base / output).resolve() if output else None,
+        output=place(base, output),
         workers=workers,
         fingerprint=fingerprint,
         path=path,

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from mds.executor.errors import ConfigError
+from mds.executor.storage import is_url
 from mds.planner.config import (
     IndexConfig,
     _check_keys,
     load_config,
     parse_config,
     parse_engine,
+    place,
 )
 from mds.planner.schedule import WeightSchedule, parse_schedule
 
@@ -125,7 +127,7 @@ class PlanConfig:
     train: TrainSpec
     cost: CostSpec
     sources: tuple[MixSpec, ...]
-    index: Path
+    index: Path | str  # a directory, or an s3:// / gs:// prefix
     chunk_steps: int = DEFAULT_CHUNK_STEPS
     workers: int | None = None
     path: Path | None = None
@@ -409,11 +411,9 @@ def parse_plan_config(
     _check_keys(plan, PLAN_KEYS, f"{where}[plan]: ")
     index = plan.get("index")
     if index is not None and (not isinstance(index, str) or not index):
-        raise ConfigError(f"{where}[plan]: `index` must be a path string")
+        raise ConfigError(f"{where}[plan]: `index` must be a path or URL string")
     # An s3:// root has no default index beside it: [index] output or --index names it.
-    index_dir = (
-        (base / index) if index else (index_config.output or Path(index_config.root) / "index")
-    )
+    index_dir = place(base, index) or index_config.output or Path(index_config.root) / "index"
     sources = []
     for i, table in enumerate(data.get("source", [])):
         sources.append(parse_mix(table, f"{where}[[source]] #{i + 1} ('{table.get('name')}'): "))
@@ -431,7 +431,7 @@ def parse_plan_config(
         train=train,
         cost=cost,
         sources=tuple(sources),
-        index=Path(index_dir).resolve(),
+        index=index_dir if is_url(index_dir) else Path(index_dir).resolve(),
         chunk_steps=chunk_steps,
         workers=_int(plan, "workers", f"{where}[plan]: "),
         path=path,

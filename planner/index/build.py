@@ -418,6 +418,7 @@ def build_index(
 ) -> IndexSummary:
     """Index every source of `config` into `output` (see the module docstring). `engine`:
     where the scans run (default: the config's [index] engine, else the local pool)."""
+    output = output or config.output
     if output is not None and storage.is_url(output):
         return _build_to_objects(config, str(output), workers, progress, clock, engine)
     started = clock()
@@ -427,7 +428,7 @@ def build_index(
             f"the data root {config.root} is in object storage: give the index a local "
             "directory with -o/--output or [index] `output`"
         )
-    output = (output or config.output or (config.root / "index")).resolve()
+    output = (output or (config.root / "index")).resolve()
     engine = engine or EngineSpec(config.engine, config.address)
     workers = workers or config.workers
     if engine.kind == "local":  # on Ray, None: as many tasks in flight as the cluster has CPUs

@@ -218,3 +218,22 @@ def test_mds_verify_checks_a_plan_and_an_index_in_object_storage(world):
     finally:
         store.put("corpus/forum.jsonl", original)
     one_error_line(mds("verify", f"{prefix}/none.mds"), f"{prefix}/none.mds: missing")
+
+
+def test_config_keys_name_an_index_in_object_storage(world):
+    """[index] output and [plan] index take a URL as they take a directory: `mds index` and
+    `mds plan` then need no -o/--index to find it."""
+    top, store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/by-config"
+    config = top / "by-config.toml"
+    text = (top / "local.toml").read_text()
+    text = text.replace("[index]\n", f'[index]\noutput = "{prefix}/"\n', 1)
+    config.write_text(text.replace("[plan]\n", f'[plan]\nindex = "{prefix}"\n', 1))
+    out = mds("index", config, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["index"] == prefix
+    assert store.get("indexes/by-config/manifest.json")
+    plan = top / "by-config.mds"
+    out = mds("plan", config, "-o", plan)
+    assert out.exit_code == 0, out.output
+    assert _run(plan, 0) == _run(top / "local.mds", 0)

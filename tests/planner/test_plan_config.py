@@ -70,7 +70,7 @@ def test_index_location(tmp_path):
     assert parse(tmp_path, index={"output": "out/idx"}).index == (tmp_path / "out/idx").resolve()
     cfg = parse(tmp_path, index={"output": "out/idx"}, plan={"index": "other"})
     assert cfg.index == (tmp_path / "other").resolve()
-    with pytest.raises(ConfigError, match=r"\[plan\]: `index` must be a path string"):
+    with pytest.raises(ConfigError, match=r"\[plan\]: `index` must be a path or URL string"):
         parse(tmp_path, plan={"index": 3})
 
 
