@@ -702,6 +702,16 @@ class _LineReader(_Reader):
         """[lo, hi) of each line with the byte either side, within the data."""
         return np.maximum(offsets - 1, 0), np.minimum(offsets + lengths + 1, self.size)
 
+    def _spans_around(self, offsets, lengths) -> tuple[np.ndarray, np.ndarray] | None:
+        """(starts, sizes) of these lines with the byte either side, clipped to the data,
+        for an object's staged reads; None for a file."""
+        if self.object is None or offsets is None or lengths is None:
+            return None
+        offsets = np.clip(np.asarray(offsets, dtype=np.int64), 0, self.size)
+        lengths = np.clip(np.asarray(lengths, dtype=np.int64), 0, self.size - offsets)
+        lo, hi = self._around(offsets, lengths)
+        return lo, hi - lo
+
     def fetch(self, file_rows, offsets, lengths) -> list[Payload]:
         if offsets is None or lengths is None:
             raise ValueError("JSONL readers need the byte offsets and lengths of the lines")
@@ -754,12 +764,8 @@ class JsonlReader(_LineReader):
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The blocks holding these lines that the block cache lacks, for an object."""
-        if self.object is None or offsets is None or lengths is None:
-            return []
-        offsets = np.clip(np.asarray(offsets, dtype=np.int64), 0, self.size)
-        lengths = np.clip(np.asarray(lengths, dtype=np.int64), 0, self.size - offsets)
-        lo, hi = self._around(offsets, lengths)
-        return self.object.missing(lo.tolist(), (hi - lo).tolist())
+        around = self._spans_around(offsets, lengths)
+        return [] if around is None else self.object.missing(*(a.tolist() for a in around))
 
     def _read(self, starts, sizes, where) -> list[bytes]:
         if self.object is not None:
@@ -787,12 +793,8 @@ class JsonlZstReader(_LineReader):
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The frames holding these lines that the block cache lacks, for an object."""
-        if self.object is None or offsets is None or lengths is None:
-            return []
-        offsets = np.clip(np.asarray(offsets, dtype=np.int64), 0, self.size)
-        lengths = np.clip(np.asarray(lengths, dtype=np.int64), 0, self.size - offsets)
-        lo, hi = self._around(offsets, lengths)
-        return self._file.spans(lo, hi - lo)
+        around = self._spans_around(offsets, lengths)
+        return [] if around is None else self._file.spans(*around)
 
     @property
     def frames(self):
