@@ -13,10 +13,9 @@ import pyarrow as pa
 import pytest
 from builders import jsonl_bytes, write_arrow, write_megatron, write_zst
 from cli_helpers import mds, one_error_line
-from executor_builders import batch_digest
 from s3_store import s3_server
+from store_corpus import assert_replays_as_local, index_and_plan, replay
 
-from mds.executor import PlanExecutor
 from mds.executor.errors import DataChangedError
 from mds.executor.storage import DATA_ROOT_ENV
 
@@ -43,18 +42,7 @@ def store():
 
 
 def _index_and_plan(top: Path, name: str, root: str, sources: str) -> Path:
-    config = top / f"{name}.toml"
-    config.write_text(f'[index]\nroot = "{root}"\n\n{sources}\n{PLAN}', encoding="utf-8")
-    out = mds("index", config, "-o", top / f"{name}-index")
-    assert out.exit_code == 0, out.output
-    out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
-    assert out.exit_code == 0, out.output
-    return top / f"{name}.mds"
-
-
-def _run(plan: Path, rank: int, **kwargs) -> list[str]:
-    with PlanExecutor(plan, rank, **kwargs) as ex:
-        return [batch_digest(b) for b in ex]
+    return index_and_plan(top, name, f'[index]\nroot = "{root}"\n\n{sources}\n{PLAN}')
 
 
 def _same_index(top: Path, a: str, b: str) -> None:
@@ -91,11 +79,7 @@ def test_megatron_objects_index_and_replay_as_local_files(megatron):
     _same_index(top, "local", "s3")
     manifest = json.loads((top / "s3-index" / "manifest.json").read_text())
     assert manifest["sources"][0]["files"][0]["index_path"] == "math/part0_text_document.idx"
-    for rank in range(2):
-        expected = _run(local, rank)
-        assert _run(s3, rank) == expected
-        assert _run(s3, rank, read_ahead=0, cache_bytes=1 << 10) == expected
-        assert _run(local, rank, data_root=url) == expected
+    assert_replays_as_local(local, s3, url)
 
 
 def test_a_missing_megatron_idx_object_is_an_error_naming_it(megatron, store):
@@ -105,7 +89,7 @@ def test_a_missing_megatron_idx_object_is_an_error_naming_it(megatron, store):
     try:
         store.delete(key)
         with pytest.raises(DataChangedError, match=r"math/part1_text_document.idx: missing"):
-            _run(s3, 0)
+            replay(s3, 0)
         one_error_line(
             mds("index", top / "s3.toml", "-o", top / "broken-index"),
             f"{url}/math/part1_text_document.idx: missing",
@@ -125,7 +109,7 @@ def test_a_changed_megatron_bin_object_is_an_error_naming_it(megatron, store):
         with pytest.raises(
             DataChangedError, match=r"math/part0_text_document.bin: content changed"
         ):
-            _run(s3, 0, verify="full")  # the store's mtime has whole seconds
+            replay(s3, 0, verify="full")  # the store's mtime has whole seconds
     finally:
         store.put(key, original)
 
@@ -149,11 +133,7 @@ def zst(store, tmp_path_factory):
 def test_zstd_jsonl_objects_index_and_replay_as_local_files(zst):
     top, url, local, s3 = zst
     _same_index(top, "local", "s3")
-    for rank in range(2):
-        expected = _run(local, rank)
-        assert _run(s3, rank) == expected
-        assert _run(s3, rank, read_ahead=0, cache_bytes=1 << 10) == expected
-        assert _run(local, rank, data_root=url) == expected
+    assert_replays_as_local(local, s3, url)
 
 
 def test_a_missing_or_changed_zstd_object_is_an_error_naming_it(zst, store):
@@ -163,11 +143,11 @@ def test_a_missing_or_changed_zstd_object_is_an_error_naming_it(zst, store):
     try:
         store.delete(key)
         with pytest.raises(DataChangedError, match=r"code/code-1.jsonl.zst: missing"):
-            _run(s3, 0)
+            replay(s3, 0)
         store.put(key, original[:-3] + bytes(b ^ 0xFF for b in original[-3:]))
         # verify="full": the store's mtime has whole seconds, the rewrite may keep it
         with pytest.raises(DataChangedError, match=r"code/code-1.jsonl.zst: content changed"):
-            _run(s3, 0, verify="full")
+            replay(s3, 0, verify="full")
     finally:
         store.put(key, original)
 
@@ -194,11 +174,7 @@ def arrow(request, store, tmp_path_factory):
 def test_arrow_objects_index_and_replay_as_local_files(arrow):
     top, url, local, s3, _kind = arrow
     _same_index(top, "local", "s3")
-    for rank in range(2):
-        expected = _run(local, rank)
-        assert _run(s3, rank) == expected
-        assert _run(s3, rank, read_ahead=0, cache_bytes=1 << 10) == expected
-        assert _run(local, rank, data_root=url) == expected
+    assert_replays_as_local(local, s3, url)
 
 
 def test_a_missing_or_changed_arrow_object_is_an_error_naming_it(arrow, store):
@@ -208,9 +184,9 @@ def test_a_missing_or_changed_arrow_object_is_an_error_naming_it(arrow, store):
     try:
         store.delete(key)
         with pytest.raises(DataChangedError, match=r"books/data-1.arrow: missing"):
-            _run(s3, 0)
+            replay(s3, 0)
         store.put(key, original[:-40] + bytes(b ^ 0x55 for b in original[-40:]))
         with pytest.raises(DataChangedError, match=r"books/data-1.arrow: content changed"):
-            _run(s3, 0, verify="full")
+            replay(s3, 0, verify="full")
     finally:
         store.put(key, original)

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from builders import write_jsonl, write_parquet
 from cli_helpers import mds, one_error_line
-from executor_builders import batch_digest
 from gcs_store import gcs_server
+from store_corpus import assert_replays_as_local, index_and_plan, replay, write_corpus
 
 from mds.executor import PlanExecutor
 from mds.executor.errors import DataChangedError, PlanError, SourceDataError
@@ -47,30 +45,13 @@ seed = 9
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     top = tmp_path_factory.mktemp("gcs")
-    rng = np.random.default_rng(12)
-    for part in range(2):
-        rows = [rng.integers(0, 500, int(rng.integers(4, 60))).tolist() for _ in range(30)]
-        write_parquet(
-            top / "local" / "web" / f"part-{part}.parquet", {"tokens": rows}, row_group_size=7
-        )
-    lines = [{"ids": rng.integers(0, 500, int(rng.integers(3, 40))).tolist()} for _ in range(40)]
-    write_jsonl(top / "local" / "forum" / "forum.jsonl", lines)
+    write_corpus(top / "local", 12)
     with pytest.MonkeyPatch.context() as patch, gcs_server(patch) as store:
         patch.delenv(DATA_ROOT_ENV, raising=False)
         url = store.upload(top / "local", "corpus")
         for name, root in (("gs", url), ("local", str(top / "local"))):
-            config = top / f"{name}.toml"
-            config.write_text(CONFIG.format(root=root), encoding="utf-8")
-            out = mds("index", config, "-o", top / f"{name}-index")
-            assert out.exit_code == 0, out.output
-            out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
-            assert out.exit_code == 0, out.output
+            index_and_plan(top, name, CONFIG.format(root=root))
         yield top, store, url
-
-
-def _run(plan, rank: int, **kwargs) -> list[str]:
-    with PlanExecutor(plan, rank, **kwargs) as ex:
-        return [batch_digest(b) for b in ex]
 
 
 def test_gcs_objects_index_and_replay_as_local_files(world):
@@ -78,11 +59,7 @@ def test_gcs_objects_index_and_replay_as_local_files(world):
     gs = json.loads((top / "gs-index" / "manifest.json").read_text())
     local = json.loads((top / "local-index" / "manifest.json").read_text())
     assert gs["root"] == url and gs["fingerprint"] == local["fingerprint"]
-    for rank in range(2):
-        expected = _run(top / "local.mds", rank)
-        assert _run(top / "gs.mds", rank) == expected
-        assert _run(top / "gs.mds", rank, read_ahead=0, cache_bytes=1 << 10) == expected
-        assert _run(top / "local.mds", rank, data_root=url) == expected
+    assert_replays_as_local(top / "local.mds", top / "gs.mds", url)
 
 
 def test_an_index_and_a_plan_in_gcs(world):
@@ -95,7 +72,7 @@ def test_an_index_and_a_plan_in_gcs(world):
     target = "gs://mds-test/plans/plan.mds"
     out = mds("plan", top / "gs.toml", "-o", target, "--index", prefix)
     assert out.exit_code == 0, out.output
-    assert _run(target, 1) == _run(top / "local.mds", 1)
+    assert replay(target, 1) == replay(top / "local.mds", 1)
 
 
 def test_a_missing_or_changed_gcs_object_is_an_error_naming_it(world):
@@ -105,11 +82,11 @@ def test_a_missing_or_changed_gcs_object_is_an_error_naming_it(world):
     try:
         store.delete(key)
         with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: missing"):
-            _run(top / "gs.mds", 0)
+            replay(top / "gs.mds", 0)
         one_error_line(mds("verify", top / "gs.mds"), "forum/forum.jsonl: missing")
         store.put(key, original + b'{"ids": [1]}\n')
         with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: size changed"):
-            _run(top / "gs.mds", 0)
+            replay(top / "gs.mds", 0)
     finally:
         store.put(key, original)
     with pytest.raises(PlanError, match=r"gs://mds-test/plans/none.mds: missing"):
@@ -120,4 +97,4 @@ def test_a_gcs_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch
     top, _store, url = world
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens
     with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after retrying for 2 s"):
-        _run(top / "gs.mds", 0)
+        replay(top / "gs.mds", 0)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import write_jsonl, write_parquet
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from s3_store import free_port, s3_server, silent_server
+from store_corpus import index_and_plan, replay, write_corpus
 
 from mds.executor import PlanExecutor
 from mds.executor.errors import DataChangedError, SourceDataError
@@ -49,40 +48,17 @@ chunk_steps = 4
 """
 
 
-def _corpus(root: Path) -> None:
-    rng = np.random.default_rng(5)
-    for part in range(2):
-        rows = [rng.integers(0, 500, int(rng.integers(4, 60))).tolist() for _ in range(30)]
-        write_parquet(
-            root / "web" / f"part-{part}.parquet",
-            {"tokens": rows, "lang": ["en", "fr"] * 15},
-            row_group_size=7,
-        )
-    lines = [{"ids": rng.integers(0, 500, int(rng.integers(3, 40))).tolist()} for _ in range(40)]
-    write_jsonl(root / "forum" / "forum.jsonl", lines)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A corpus on local disk and the same objects in the store, each indexed and planned."""
     top = tmp_path_factory.mktemp("objects")
-    _corpus(top / "local")
+    write_corpus(top / "local", 5, lang=True)
     with pytest.MonkeyPatch.context() as patch, s3_server(patch) as store:
         patch.delenv(DATA_ROOT_ENV, raising=False)
         url = store.upload(top / "local", "corpus")
         for name, root in (("s3", url), ("local", str(top / "local"))):
-            config = top / f"{name}.toml"
-            config.write_text(CONFIG.format(root=root), encoding="utf-8")
-            out = mds("index", config, "-o", top / f"{name}-index", "--json")
-            assert out.exit_code == 0, out.output
-            out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
-            assert out.exit_code == 0, out.output
+            index_and_plan(top, name, CONFIG.format(root=root), "--json")
         yield top, store, url
-
-
-def _run(plan: Path, rank: int, **kwargs) -> list[str]:
-    with PlanExecutor(plan, rank, **kwargs) as ex:
-        return [batch_digest(b) for b in ex]
 
 
 def test_an_index_of_objects_is_the_index_of_the_same_files(world):
@@ -102,9 +78,9 @@ def test_an_index_of_objects_is_the_index_of_the_same_files(world):
 def test_two_ranks_replay_objects_and_resume(world):
     top, _, _ = world
     for rank in range(2):
-        expected = _run(top / "local.mds", rank)
-        assert _run(top / "s3.mds", rank) == expected
-        assert _run(top / "s3.mds", rank, read_ahead=0) == expected
+        expected = replay(top / "local.mds", rank)
+        assert replay(top / "s3.mds", rank) == expected
+        assert replay(top / "s3.mds", rank, read_ahead=0) == expected
         with PlanExecutor(top / "s3.mds", rank) as ex:
             it = iter(ex)
             for _ in range(7):
@@ -118,7 +94,7 @@ def test_two_ranks_replay_objects_and_resume(world):
 def test_dataloader_workers_read_objects(world):
     """Forked workers open their own readers of the objects (after the parent read some)."""
     top, _, _ = world
-    expected = _run(top / "local.mds", 0)
+    expected = replay(top / "local.mds", 0)
     with PlanExecutor(top / "s3.mds", 0) as ex:
         next(iter(ex))
         ex.seek(0)
@@ -129,18 +105,18 @@ def test_a_local_copy_replays_the_plan_made_from_objects(world, tmp_path, monkey
     top, _, _ = world
     copy = tmp_path / "copy"
     shutil.copytree(top / "local", copy, copy_function=shutil.copyfile)  # new mtimes
-    expected = _run(top / "local.mds", 1)
-    assert _run(top / "s3.mds", 1, data_root=copy) == expected
+    expected = replay(top / "local.mds", 1)
+    assert replay(top / "s3.mds", 1, data_root=copy) == expected
     monkeypatch.setenv(DATA_ROOT_ENV, str(copy))
-    assert _run(top / "s3.mds", 1) == expected
+    assert replay(top / "s3.mds", 1) == expected
     result = mds("verify", top / "s3.mds")
     assert result.exit_code == 0, result.output
 
 
 def test_objects_replay_a_plan_made_from_local_files(world, monkeypatch):
     top, _, url = world
-    expected = _run(top / "local.mds", 0)
-    assert _run(top / "local.mds", 0, data_root=url) == expected
+    expected = replay(top / "local.mds", 0)
+    assert replay(top / "local.mds", 0, data_root=url) == expected
     monkeypatch.setenv(DATA_ROOT_ENV, url)
     assert mds("verify", top / "local.mds").exit_code == 0
 
@@ -152,18 +128,18 @@ def test_a_changed_object_is_an_error_naming_it(world):
     try:
         store.put(key, original + b'{"ids": [1, 2]}\n')  # grown
         with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: size changed"):
-            _run(top / "s3.mds", 0)
+            replay(top / "s3.mds", 0)
         raw = bytearray(original)
         raw[raw.index(b"[") + 1] ^= 0x01  # same size, a digit changed
         store.put(key, bytes(raw))
         with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: content changed"):
-            _run(top / "s3.mds", 0, verify="full")
+            replay(top / "s3.mds", 0, verify="full")
         one_error_line(
             mds("verify", top / "s3.mds", "--full"), "forum/forum.jsonl: content changed"
         )
     finally:
         store.put(key, original)
-    _run(top / "s3.mds", 0)  # restored: a new mtime, the same content
+    replay(top / "s3.mds", 0)  # restored: a new mtime, the same content
 
 
 def test_a_missing_object_is_an_error_naming_it(world):
@@ -173,7 +149,7 @@ def test_a_missing_object_is_an_error_naming_it(world):
     try:
         store.delete(key)
         with pytest.raises(DataChangedError, match=r"web/part-1.parquet: missing"):
-            _run(top / "s3.mds", 0)
+            replay(top / "s3.mds", 0)
         one_error_line(mds("verify", top / "s3.mds"), "web/part-1.parquet: missing")
     finally:
         store.put(key, original)
@@ -183,7 +159,7 @@ def test_a_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch):
     top, _, url = world
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after 2 attempts"):
-        _run(top / "s3.mds", 0)
+        replay(top / "s3.mds", 0)
     one_error_line(mds("index", top / "s3.toml", "-o", top / "down-index"), url, "after 2 attempts")
 
 
@@ -211,7 +187,7 @@ def test_a_server_that_hangs_times_out_with_the_url(world, monkeypatch):
     with silent_server() as endpoint:
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
         with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after 1 attempt \("):
-            _run(top / "s3.mds", 0)
+            replay(top / "s3.mds", 0)
 
 
 def test_range_reads_of_an_object_are_exact_and_cached(world, monkeypatch):

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from builders import write_jsonl, write_parquet
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from s3_store import BUCKET, free_port, s3_server
+from store_corpus import index_and_plan, replay, write_corpus
 
 from mds.executor import PlanExecutor
 from mds.executor.errors import PlanError
@@ -51,27 +50,13 @@ chunk_steps = 3
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     top = tmp_path_factory.mktemp("outputs")
-    rng = np.random.default_rng(6)
-    for part in range(2):
-        rows = [rng.integers(0, 500, int(rng.integers(4, 60))).tolist() for _ in range(30)]
-        write_parquet(top / "data" / "web" / f"part-{part}.parquet", {"tokens": rows})
-    lines = [{"ids": rng.integers(0, 500, int(rng.integers(3, 40))).tolist()} for _ in range(40)]
-    write_jsonl(top / "data" / "forum.jsonl", lines)
+    write_corpus(top / "data", 6, forum="forum.jsonl", row_group_size=None)
     with pytest.MonkeyPatch.context() as patch, s3_server(patch) as store:
         patch.delenv(DATA_ROOT_ENV, raising=False)
         url = store.upload(top / "data", "corpus")
         for name, root in (("local", str(top / "data")), ("s3", url)):
-            config = top / f"{name}.toml"
-            config.write_text(CONFIG.format(root=root), encoding="utf-8")
-            assert mds("index", config, "-o", top / f"{name}-index").exit_code == 0
-            out = mds("plan", config, "-o", top / f"{name}.mds", "--index", top / f"{name}-index")
-            assert out.exit_code == 0, out.output
+            index_and_plan(top, name, CONFIG.format(root=root))
         yield top, store, url
-
-
-def _run(plan, rank: int, **kwargs) -> list[str]:
-    with PlanExecutor(plan, rank, **kwargs) as ex:
-        return [batch_digest(b) for b in ex]
 
 
 @pytest.mark.parametrize("data", ["local", "s3"])
@@ -82,8 +67,8 @@ def test_a_plan_written_to_object_storage_replays_with_range_reads(world, data):
     assert out.exit_code == 0, out.output
     assert target in out.output
     for rank in range(2):
-        expected = _run(top / f"{data}.mds", rank)
-        assert _run(target, rank) == expected
+        expected = replay(top / f"{data}.mds", rank)
+        assert replay(target, rank) == expected
         with PlanExecutor(target, rank) as ex:  # resume from a state saved mid-run
             it = iter(ex)
             for _ in range(5):
@@ -98,7 +83,7 @@ def test_dataloader_workers_read_a_plan_object(world):
     top, _store, _url = world
     target = f"s3://{BUCKET}/plans/workers/plan.mds"
     assert mds("plan", top / "s3.toml", "-o", target, "--index", top / "s3-index").exit_code == 0
-    expected = _run(top / "s3.mds", 0)
+    expected = replay(top / "s3.mds", 0)
     with PlanExecutor(target, 0) as ex:
         next(iter(ex))
         ex.seek(0)
@@ -141,10 +126,10 @@ def test_an_index_written_to_object_storage_plans_the_same_batches(world, data):
     assert out.exit_code == 0, out.output
     with PlanExecutor(plan, 0) as ex:
         assert ex._reader.footer["index"]["path"] == prefix
-    assert _run(plan, 0) == _run(top / f"{data}.mds", 0)
+    assert replay(plan, 0) == replay(top / f"{data}.mds", 0)
     target = f"{prefix}/plan.mds"  # both in the store
     assert mds("plan", top / f"{data}.toml", "-o", target, "--index", prefix).exit_code == 0
-    assert _run(target, 1) == _run(top / f"{data}.mds", 1)
+    assert replay(target, 1) == replay(top / f"{data}.mds", 1)
 
 
 def test_a_re_index_replaces_the_manifest_last_and_drops_unnamed_tables(world, monkeypatch):
@@ -236,4 +221,4 @@ def test_config_keys_name_an_index_in_object_storage(world):
     plan = top / "by-config.mds"
     out = mds("plan", config, "-o", plan)
     assert out.exit_code == 0, out.output
-    assert _run(plan, 0) == _run(top / "local.mds", 0)
+    assert replay(plan, 0) == replay(top / "local.mds", 0)
