@@ -91,16 +91,7 @@ class PlanExecutor:
         self.plan_path: Any = str(plan) if storage.is_url(plan) else Path(plan)
         self._reader = PlanReader(self.plan_path)
         try:
-            self._setup(
-                dp_rank,
-                dp_size,
-                data_root,
-                tokenize,
-                estimated,
-                cache_bytes,
-                max_open_files,
-                read_threads,
-            )
+            self._setup()
             self._verify = verify
             if verify == "full":
                 for chunk in range(len(self._reader.chunks)):
@@ -111,19 +102,12 @@ class PlanExecutor:
             self._reader.close()
             raise
 
-    def _setup(
-        self,
-        dp_rank,
-        dp_size,
-        data_root,
-        tokenize,
-        estimated,
-        cache_bytes,
-        max_open_files,
-        read_threads,
-    ):
-        reader = self._reader
-        dp_rank = _integer(dp_rank, "dp_rank")
+    def _setup(self) -> None:
+        """Check the rank against the plan and build the catalog, from the constructor's
+        arguments (kept in self._args, which is also what a pickled executor is rebuilt from)."""
+        reader, args = self._reader, self._args
+        dp_rank = _integer(args["dp_rank"], "dp_rank")
+        dp_size = args["dp_size"]
         if dp_size is not None:
             dp_size = _integer(dp_size, "dp_size")
         if dp_size is not None and dp_size != reader.dp:
@@ -145,12 +129,12 @@ class PlanExecutor:
         self._catalog = SourceCatalog(
             reader.footer,
             self.plan_path,
-            data_root=data_root,
-            tokenize=tokenize,
-            estimated=estimated,
-            cache_bytes=cache_bytes,
-            max_open_files=max_open_files,
-            read_threads=_integer(read_threads, "read_threads"),
+            data_root=args["data_root"],
+            tokenize=args["tokenize"],
+            estimated=args["estimated"],
+            cache_bytes=args["cache_bytes"],
+            max_open_files=args["max_open_files"],
+            read_threads=_integer(args["read_threads"], "read_threads"),
         )
         self.source_names = self._catalog.names
         self.mesh: MeshPosition | None = None
@@ -161,7 +145,7 @@ class PlanExecutor:
         self._lock = threading.Lock()  # the catalog and the current block: one thread at a time
         if self._catalog.ahead is not None:
             self._catalog.ahead.next_block = self._next_block
-        depth = self._args["read_ahead"]
+        depth = args["read_ahead"]
         self._ahead = ReadAhead(self._step_batches, depth, self.steps) if depth else None
 
     @classmethod
