@@ -38,3 +38,21 @@ def json_error(result, *needles) -> dict:
     for needle in needles:
         assert needle in error["message"], error
     return error
+
+
+def run_python(script, cwd, **env: str) -> None:
+    """Run a pasted example `script` with this interpreter in `cwd`, one OpenMP thread and
+    `env` on top of the environment; it must exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]

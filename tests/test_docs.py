@@ -5,17 +5,14 @@ in a work directory holding a copy of sample_data/."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from cli_helpers import mds
+from cli_helpers import mds, run_python
 from typer.testing import CliRunner
 
 from mds.cli.main import app
@@ -147,17 +144,8 @@ def test_readme_and_docs_blocks_run_as_written(workdir):
     (train,) = blocks(README, "python")
     script = workdir / "train.py"
     script.write_text(train, encoding="utf-8")
-    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "4", "OMP_NUM_THREADS": "1"}
     for _ in range(2):
-        out = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr
+        run_python(script, workdir, RANK="1", WORLD_SIZE="4")
         assert (workdir / "build" / "checkpoint-1.pt").is_file()
     assert run_shell_block(replan, workdir) == 3
     ran = 0

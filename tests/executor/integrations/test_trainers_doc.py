@@ -6,15 +6,12 @@ blocks need those frameworks' training code; their adapters are tested in their 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import mds
+from cli_helpers import mds, run_python
 from plan_builders import REPO, sample_index
 
 DOC = (REPO / "docs" / "trainers.md").read_text(encoding="utf-8")
@@ -57,15 +54,6 @@ def test_example_runs_and_resumes(workdir, title, checkpoints):
     heading = next(h for h in re.findall(r"^## (.*)$", DOC, re.M) if h.startswith(title))
     script = workdir / f"train_{title.split()[-1].lower()}.py"
     script.write_text(python_block(heading), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for _ in range(2):
-        out = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
+    for _ in range(2):  # the second run resumes from the first one's checkpoints
+        run_python(script, workdir)
         assert list(workdir.glob(checkpoints))
