@@ -70,7 +70,7 @@ def inspect_command(
     if html is not None:
         from mds.planner.outputs import check_output, index_inputs
 
-        inputs = index_inputs(path if path.is_dir() else index)
+        inputs = index_inputs(path if path.is_dir() else index, html)
         check_output("--html", html, [("inspected file", path), *inputs])
     report = _report(path, step, rank, index, files)
     if html is not None:

@@ -94,7 +94,7 @@ def plan_command(
             [
                 ("config file", config),
                 ("plan given to --from", parent),
-                *([] if is_url(cfg.index) else index_inputs(cfg.index)),
+                *([] if is_url(cfg.index) else index_inputs(cfg.index, target)),
             ],
         )
     from mds.planner.engine import EngineSpec

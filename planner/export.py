@@ -292,7 +292,8 @@ def export_plan(
     from mds.planner.outputs import check_output, index_inputs
 
     output = Path(output)
-    check_output("-o", output, [("plan file", Path(plan)), *index_inputs(index and Path(index))])
+    inputs = index_inputs(index and Path(index), output)
+    check_output("-o", output, [("plan file", Path(plan)), *inputs])
     frame = plan_frame(plan, index, steps, ranks)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
