@@ -24,9 +24,8 @@ from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
     read_manifest,
-    table_checksum,
-    table_damage,
 )
+from mds.planner.verify_fetch import IndexTables, fetch_problem
 
 __all__ = ["Check", "VerifyResult", "verify_plan"]
 
@@ -115,9 +114,9 @@ def verify_plan(
             result.add("index manifest", "index", problem, "")
             return result
     if result.index is not None:
-        manifest = _verify_index(result, footer, full)
-        if footer is not None and manifest is not None and _passed(result, "index fingerprint"):
-            _verify_fetch(result, manifest)
+        tables = _verify_index(result, footer, full)
+        if footer is not None and tables is not None and _passed(result, "index fingerprint"):
+            _verify_fetch(result, tables)
     return result
 
 
@@ -181,13 +180,11 @@ def _passed(result: VerifyResult, name: str) -> bool:
     return any(c.name == name and c.ok for c in result.checks)
 
 
-def _verify_fetch(result: VerifyResult, manifest: IndexManifest) -> None:
+def _verify_fetch(result: VerifyResult, tables: IndexTables) -> None:
     """The fetch records every rank replays from agree with the index, sample by sample."""
-    from mds.planner.verify_fetch import fetch_problem
-
     try:
         with PlanReader(result.plan) as reader:
-            problem, samples = fetch_problem(reader, manifest)
+            problem, samples = fetch_problem(reader, tables)
     except MdsError as exc:
         problem, samples = str(exc), 0
     detail = f"{samples:,} samples: files, rows, token counts and byte ranges match the index"
@@ -347,8 +344,9 @@ def _first_of(first: str | None, failed: int, what: str) -> str | None:
 
 def _verify_index(
     result: VerifyResult, footer: dict[str, Any] | None, full: bool
-) -> IndexManifest | None:
-    """Check the index and its source files; returns the manifest when it could be read."""
+) -> IndexTables | None:
+    """Check the index and its source files; returns the index's tables (each read at most
+    once, for this check and the fetch records') when the manifest could be read."""
     assert result.index is not None
     try:
         manifest = read_manifest(result.index)
@@ -363,19 +361,17 @@ def _verify_index(
     detail = f"{_count(len(manifest.sources), 'source')}, {_count(files, 'file')}, root {root}"
     result.add("index manifest", "index", problem, detail)
     _verify_fingerprint(result, manifest, footer)
+    tables = IndexTables(manifest)
     if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
-        return manifest
-    for entry in manifest.sources:
+        return tables
+    for sid, entry in enumerate(manifest.sources):
         name = entry["name"]
         result.add(
-            f"source {name}: table",
-            "data",
-            _table_problem(manifest, entry),
-            f"{entry['table']}, checksum ok",
+            f"source {name}: table", "data", tables.problem(sid), f"{entry['table']}, checksum ok"
         )
         problem, detail = _files_problem(_root(root), entry, full)
         result.add(f"source {name}: files", "data", problem, detail)
-    return manifest
+    return tables
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
@@ -427,17 +423,6 @@ def _changed_sources(manifest: IndexManifest, footer: dict[str, Any]) -> list[st
     }
     now = {s["name"]: s["table_checksum"] for s in manifest.sources}
     return [n for n in dict.fromkeys([*planned, *now]) if planned.get(n) != now.get(n)]
-
-
-def _table_problem(manifest: IndexManifest, entry: dict[str, Any]) -> str | None:
-    table = manifest.path / entry["table"]
-    try:
-        got = table_checksum(table)
-    except OSError as exc:
-        return f"{table}: cannot read index table ({exc.strerror or exc})"
-    if got != entry["table_checksum"]:
-        return str(table_damage(table, got, entry["table_checksum"]))
-    return None
 
 
 def _files_problem(root: Path, entry: dict[str, Any], full: bool) -> tuple[str | None, str]:

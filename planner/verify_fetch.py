@@ -13,7 +13,7 @@ from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.fetch import FILE_KEYS, JSONL_FORMATS, source_facts
 from mds.planner.index.manifest import IndexManifest, read_table
 
-__all__ = ["fetch_problem"]
+__all__ = ["IndexTables", "fetch_problem"]
 
 _COLUMNS = ("file_id", "file_row", "n_tokens")
 _JSONL_COLUMNS = ("offset", "length")
@@ -34,8 +34,9 @@ def _facts_problem(footer: dict[str, Any], manifest: IndexManifest) -> str | Non
     return None
 
 
-class _Tables:
-    """The index's location columns, read (checksum-checked) for the sources blocks use."""
+class IndexTables:
+    """The index's location columns, read once per source (checksum-checked while read) for
+    both the table check and the fetch records' check."""
 
     def __init__(self, manifest: IndexManifest):
         self.manifest = manifest
@@ -50,8 +51,16 @@ class _Tables:
             self._columns[sid] = {n: frame[n].to_numpy().astype(np.int64) for n in names}
         return self._columns[sid]
 
+    def problem(self, sid: int) -> str | None:
+        """Why source `sid`'s table cannot be used (unreadable, damaged, not a table), or None."""
+        try:
+            self.columns(sid)
+        except MdsError as exc:
+            return str(exc)
+        return None
 
-def _block_problem(block: RankChunk, tables: _Tables) -> str | None:
+
+def _block_problem(block: RankChunk, tables: IndexTables) -> str | None:
     """The first disagreement of one block's records with the index, or None."""
     rec, sources = block.fetch, tables.manifest.sources
     for sid, fid, entry in rec.files:
@@ -91,13 +100,13 @@ def _block_problem(block: RankChunk, tables: _Tables) -> str | None:
     return None
 
 
-def fetch_problem(reader: PlanReader, manifest: IndexManifest) -> tuple[str | None, int]:
+def fetch_problem(reader: PlanReader, tables: IndexTables) -> tuple[str | None, int]:
     """(the first disagreement of the plan's fetch records with the index, or None; the
     number of samples checked). Blocks that fail their checksum are left to the block check."""
-    problem = _facts_problem(reader.footer, manifest)
+    problem = _facts_problem(reader.footer, tables.manifest)
     if problem is not None:
         return problem, 0
-    tables, samples = _Tables(manifest), 0
+    samples = 0
     for c in range(len(reader.chunks)):
         for r in range(reader.dp):
             try:

@@ -112,6 +112,29 @@ def test_hashing_in_small_pieces_gives_the_same_answer(pristine, monkeypatch):
     assert verify_plan(pristine / "plan.mds").ok
 
 
+def test_each_index_table_is_read_once(pristine, monkeypatch):
+    """The table check and the fetch records' check share one checked read per table."""
+    import builtins
+    import io
+
+    tables = {
+        Path(s["table"]).name
+        for s in json.loads((pristine / "index" / "manifest.json").read_text())["sources"]
+    }
+    opened: list[str] = []
+    real_open = io.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file).name in tables:
+            opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    assert verify_plan(pristine / "plan.mds").ok
+    assert sorted(opened) == sorted(tables)
+
+
 # --- the plan file ---------------------------------------------------------------------------
 
 
