@@ -333,9 +333,9 @@ class SourceCatalog:
         return sid, rows
 
     def fetch(self, block: RankChunk, lo: int, hi: int) -> list[np.ndarray]:
-        """Token ids (int64) of samples [lo, hi) of `block`, in order, checked and truncated.
-        One reader call per file: its rows are read together, with the rows this rank's
-        later samples need from a block-coded file (see `Lookahead`)."""
+        """Token ids (integer arrays) of samples [lo, hi) of `block`, in order, checked and
+        truncated. One reader call per file: its rows are read together, with the rows this
+        rank's later samples need from a block-coded file (see `Lookahead`)."""
         rec = block.fetch
         ahead = self.ahead
         payloads: list[Any] = [None] * (hi - lo)
@@ -472,15 +472,26 @@ class SourceCatalog:
         return self._read(block, s, fid, entry, now, None)
 
     def _all_tokens(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
+        """Each sample's token ids (`_tokens`). An integer array of the planned length that
+        needs no cut is used as it is, with no per-sample conversion: `batch.compact` turns
+        them into int64 as it concatenates them."""
         rec = block.fetch
-        gids = block.ids[lo:hi].astype(np.int64).tolist()
-        files, rows = rec.file[lo:hi].tolist(), rec.row[lo:hi].tolist()
         planned = rec.tokens[lo:hi].tolist()
+        cut = self.truncate_to
         out = []
         for k, payload in enumerate(payloads):
-            sid, _fid, entry = rec.files[files[k]]
+            if (
+                type(payload) is np.ndarray
+                and payload.dtype.kind in "iu"
+                and len(payload) == planned[k]
+                and (cut is None or planned[k] <= cut)
+            ):
+                out.append(payload)
+                continue
+            sid, _fid, entry = rec.files[int(rec.file[lo + k])]
             s = self.sources[sid]
-            out.append(self._tokens(s, entry, gids[k] - s.base, rows[k], planned[k], payload))
+            gid, row = int(block.ids[lo + k]), int(rec.row[lo + k])
+            out.append(self._tokens(s, entry, gid - s.base, row, planned[k], payload))
         return out
 
     def _reader(self, s: _Source, file_id: int, entry: dict[str, Any]) -> FileReader:
@@ -540,7 +551,9 @@ class SourceCatalog:
             assert s.tokenize is not None
             ids = np.asarray(s.tokenize(payload), dtype=np.int64)
         else:
-            ids = np.asarray(payload).astype(np.int64, copy=False)
+            ids = np.asarray(payload)
+            if ids.dtype.kind not in "iu":
+                ids = ids.astype(np.int64)
         if len(ids) != planned:
             if s.exact:
                 what = "tokenize returned" if isinstance(payload, str) else "the file holds"
