@@ -178,6 +178,7 @@ class SourceCatalog:
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
         self._records: dict[tuple[int, int], Any] = {}  # (source id, file) -> its record
+        self._dirs: set[str] = set()  # directories under the root found to be no symlinks
         # cache_bytes bounds both kinds of decoded data: a quarter for rows read ahead
         # (`Lookahead`), the rest for whole blocks (row groups, zstd frames).
         ahead = cache_bytes // 4
@@ -504,7 +505,7 @@ class SourceCatalog:
         if reader is None:
             where = f"{s.name} files[{file_id}]"
             try:
-                path, companion = entry_paths(self.root, entry, where)
+                path, companion = entry_paths(self.root, entry, where, self._dirs)
             except ValueError as exc:
                 raise PlanError(f"{self.plan_path}: {exc}") from None
             try:
