@@ -437,16 +437,19 @@ class SourceCatalog:
 
     def _where(self, block: RankChunk, s: _Source, now: np.ndarray, later):
         """(rows, byte offsets, byte lengths) in the file of block samples `now`, then of
-        `later`."""
+        `later`; the byte ranges only for JSONL (None for formats located by row)."""
         rec = block.fetch
         gids = block.ids[now].astype(np.int64)
         rows = rec.row[now].astype(np.int64)
-        offsets, lengths = rec.offset[now].astype(np.int64), rec.length[now].astype(np.int64)
+        offsets = lengths = None
+        if s.fmt in _JSONL:
+            offsets, lengths = rec.offset[now].astype(np.int64), rec.length[now].astype(np.int64)
         if later is not None and len(later):
             gids, rows = np.concatenate([gids, later.gid]), np.concatenate([rows, later.row])
-            offsets = np.concatenate([offsets, later.offset])
-            lengths = np.concatenate([lengths, later.length])
-        if np.any((gids < s.base) | (gids >= s.base + s.rows)):
+            if offsets is not None:
+                offsets = np.concatenate([offsets, later.offset])
+                lengths = np.concatenate([lengths, later.length])
+        if len(gids) and (gids.min() < s.base or gids.max() >= s.base + s.rows):
             raise PlanError(
                 f"{self.plan_path}: corrupt plan (a sample's file is of another source)"
             )
