@@ -189,13 +189,15 @@ class Lookahead:
         self._next = base + hi
         self._fetches += 1
         missing = []
+        pop, freed = self._kept.pop, 0
         for j in range(lo, hi):
-            kept = self._kept.pop(base + j, None)
+            kept = pop(base + j, None)
             if kept is None:
                 missing.append(j)
             else:
                 out[j - lo] = kept[0]
-                self.nbytes -= kept[1]
+                freed += kept[1]
+        self.nbytes -= freed
         return np.array(missing, dtype=np.int64)
 
     def later(self, key: tuple[int, int], entry: Any, base: int, lo: int, hi: int) -> Later:
@@ -256,7 +258,10 @@ class Lookahead:
         """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts."""
         kept, left = self._kept, self.max_bytes - self.nbytes
         for g, payload in zip(index, payloads, strict=True):
-            size = _payload_bytes(payload)
+            if type(payload) is np.ndarray:  # what `_payload_bytes` says, without the call
+                size = payload.nbytes + _PAYLOAD_HEADER
+            else:
+                size = _payload_bytes(payload)
             if size > left:
                 break
             kept[g] = (payload, size)
