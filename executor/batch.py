@@ -34,7 +34,8 @@ def compact(
     """The micro-batch as numpy arrays: token ids concatenated (int32 when `narrow` and
     they fit), each sample's length, and the per-sample columns."""
     lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
-    ids = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
+    # int64 whatever each sample's integer type (a Parquet int32 list, a Megatron uint16 .bin)
+    ids = np.concatenate(tokens, dtype=np.int64) if tokens else np.zeros(0, dtype=np.int64)
     if narrow and len(ids) and _INT32.min <= ids.min() and ids.max() <= _INT32.max:
         ids = ids.astype(np.int32)
     return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from mds.executor import storage
@@ -24,13 +24,17 @@ MODES = ("sampled", "full")
 def escapes(rel: str) -> bool:
     """Whether a relative path names something outside the directory it is relative to, by
     its text alone (absolute, or with a `..` part)."""
-    pure = PurePosixPath(rel)
-    return pure.is_absolute() or ".." in pure.parts or Path(rel).is_absolute()
+    return rel.startswith("/") or ".." in rel.split("/") or os.path.isabs(rel)
 
 
-def safe_path(root: Path | str, rel: Any, where: str) -> Path | str:
+def safe_path(
+    root: Path | str, rel: Any, where: str, dirs: set[str] | None = None
+) -> Path | str:
     """`root / rel`; a ValueError for anything but a relative path inside the root (an
-    s3:// root gives the object's URL: a store has no symlinks or special files)."""
+    s3:// root gives the object's URL: a store has no symlinks or special files).
+
+    `dirs`: directories under the root already found to be no symlinks, kept by the
+    caller across calls, so a file beside others costs one lstat (its own)."""
     if not isinstance(rel, str) or not rel:
         raise ValueError(f"{where}: path {rel!r} is not a relative file path")
     if escapes(rel):
@@ -38,9 +42,9 @@ def safe_path(root: Path | str, rel: Any, where: str) -> Path | str:
     if storage.is_url(root):
         return storage.join(root, rel)
     assert isinstance(root, Path)
-    pure = PurePosixPath(rel)
-    path = root.joinpath(*pure.parts)
-    linked, mode = _links_below(root, pure.parts)
+    parts = [p for p in rel.split("/") if p and p != "."]  # PurePosixPath(rel).parts
+    path = root.joinpath(*parts)
+    linked, mode = _links_below(os.fspath(root), parts, dirs)
     if linked:
         # A symlink inside the root may still point outside it: follow links, then compare.
         try:
@@ -64,13 +68,19 @@ def safe_path(root: Path | str, rel: Any, where: str) -> Path | str:
     return path
 
 
-def _links_below(root: Path, parts: tuple[str, ...]) -> tuple[bool, int | None]:
+def _links_below(
+    root: str, parts: list[str], dirs: set[str] | None = None
+) -> tuple[bool, int | None]:
     """Whether a part of root/parts (which has no `..`) may be a symlink, else the file's
     mode (None if missing): without links the path stays inside the root, known from one
-    lstat per part instead of resolving both paths from /."""
-    path, mode = os.fspath(root), None
-    for part in parts:
+    lstat per part instead of resolving both paths from /. Directories in `dirs` are
+    known to be no links; those found so are added."""
+    path, mode = root, None
+    last = len(parts) - 1
+    for k, part in enumerate(parts):
         path = os.path.join(path, part)
+        if k < last and dirs is not None and path in dirs:
+            continue
         try:
             mode = os.lstat(path).st_mode
         except OSError:  # missing (or unreadable): no link below it is followed either
@@ -79,15 +89,22 @@ def _links_below(root: Path, parts: tuple[str, ...]) -> tuple[bool, int | None]:
             return True, None
         if stat.S_ISLNK(mode):
             return True, None
+        if k < last and dirs is not None and stat.S_ISDIR(mode):
+            dirs.add(path)
     return False, mode
 
 
-def entry_paths(root: Path | str, item: Any, where: str) -> tuple[Any, Any]:
-    """A file entry's path and Megatron `.idx` companion, both checked to stay in root."""
+def entry_paths(
+    root: Path | str, item: Any, where: str, dirs: set[str] | None = None
+) -> tuple[Any, Any]:
+    """A file entry's path and Megatron `.idx` companion, both checked to stay in root
+    (`dirs`: see `safe_path`)."""
     if not isinstance(item, dict):
         raise ValueError(f"{where}: not an object")
-    path = safe_path(root, item.get("path"), where)
-    companion = safe_path(root, item["index_path"], where) if "index_path" in item else None
+    path = safe_path(root, item.get("path"), where, dirs)
+    companion = (
+        safe_path(root, item["index_path"], where, dirs) if "index_path" in item else None
+    )
     return path, companion
 
 

@@ -46,6 +46,8 @@ class _Block:
     micro: np.ndarray = field(init=False)
     reach: np.ndarray = field(init=False)
     files: dict[tuple[int, int], int] = field(init=False)
+    end: int = field(init=False)  # rank-wide index after its last sample
+    micro_end: int = field(init=False)  # ... and after its last micro-batch
 
     def __post_init__(self) -> None:
         b = self.block
@@ -60,14 +62,8 @@ class _Block:
         planned = rec.tokens.astype(np.int64) * BYTES_PER_TOKEN + _PAYLOAD_HEADER
         np.cumsum(planned, out=self.reach[1:])
         self.files = {(sid, fid): f for f, (sid, fid, _e) in enumerate(rec.files)}
-
-    @property
-    def end(self) -> int:
-        return self.base + len(self.block.ids)
-
-    @property
-    def micro_end(self) -> int:
-        return self.micro_base + self.block.counts.size
+        self.end = self.base + len(b.ids)
+        self.micro_end = self.micro_base + b.counts.size
 
 
 @dataclass
@@ -108,10 +104,13 @@ class Lookahead:
         self._next = 0  # rank-wide index after the last sample taken
         self._fetches = 0  # since the window started
         self._ended = False  # the window's last block is the plan's last
+        self._horizon_at: tuple[int, int] = (-1, -1)  # (start, its horizon), per fetch
+        self._touched: set[tuple[int, int]] = set()  # files with rows taken (kept or not)
 
     def clear(self) -> None:
         self._window, self._kept, self.nbytes, self._next, self._fetches = [], {}, 0, 0, 0
         self._ended = False
+        self._horizon_at, self._touched = (-1, -1), set()
 
     # --- the window -------------------------------------------------------------------------
 
@@ -128,7 +127,7 @@ class Lookahead:
 
     def _extend(self) -> bool:
         """Load the block after the window's last; False at the end of the plan."""
-        if self.next_block is None or len(self._window) >= _MAX_BLOCKS:
+        if self._ended or self.next_block is None or len(self._window) >= _MAX_BLOCKS:
             return False
         last = self._window[-1]
         try:
@@ -190,13 +189,15 @@ class Lookahead:
         self._next = base + hi
         self._fetches += 1
         missing = []
+        pop, freed = self._kept.pop, 0
         for j in range(lo, hi):
-            kept = self._kept.pop(base + j, None)
+            kept = pop(base + j, None)
             if kept is None:
                 missing.append(j)
             else:
                 out[j - lo] = kept[0]
-                self.nbytes -= kept[1]
+                freed += kept[1]
+        self.nbytes -= freed
         return np.array(missing, dtype=np.int64)
 
     def later(self, key: tuple[int, int], entry: Any, base: int, lo: int, hi: int) -> Later:
@@ -207,7 +208,9 @@ class Lookahead:
         complete = False
         if self.max_bytes > 0:
             start = base + hi
-            end = self._horizon(start)
+            if self._horizon_at[0] != start:  # the same for every file of a fetch
+                self._horizon_at = (start, self._horizon(start))
+            end = self._horizon_at[1]
             cap = min(MAX_LATER, FIRST_LATER << min(max(self._fetches - 1, 0), 8))
             taken = 0
             micro_now = int(self._window[0].micro[lo]) if lo < len(self._window[0].micro) else 0
@@ -225,7 +228,9 @@ class Lookahead:
                 ]
                 if self.stride > 1:
                     js = js[(w.micro[js] - micro_now) % self.stride == 0]
-                js = js[[w.base + j not in self._kept for j in js.tolist()]][: cap - taken]
+                if key in self._touched:  # only then can some of its rows be kept already
+                    js = js[[w.base + j not in self._kept for j in js.tolist()]]
+                js = js[: cap - taken]
                 if len(js):
                     parts.append((w, js))
                     taken += len(js)
@@ -233,6 +238,8 @@ class Lookahead:
                         break
             # nothing beyond the horizon, and every sample up to it taken (or kept already)
             complete = taken < cap and self._ended and end >= self._window[-1].end
+            if taken:
+                self._touched.add(key)
         rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
         cat = np.concatenate
         if not rec:
@@ -251,7 +258,10 @@ class Lookahead:
         """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts."""
         kept, left = self._kept, self.max_bytes - self.nbytes
         for g, payload in zip(index, payloads, strict=True):
-            size = _payload_bytes(payload)
+            if type(payload) is np.ndarray:  # what `_payload_bytes` says, without the call
+                size = payload.nbytes + _PAYLOAD_HEADER
+            else:
+                size = _payload_bytes(payload)
             if size > left:
                 break
             kept[g] = (payload, size)

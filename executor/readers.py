@@ -124,6 +124,8 @@ def _first_line(exc: BaseException) -> str:
 def _check_rows(rows: np.ndarray, n: int, display: str, unit: str = "row") -> np.ndarray:
     """Rows as int64; SourceDataError naming the first one outside [0, n)."""
     rows = np.asarray(rows, dtype=np.int64)
+    if not len(rows) or (rows.min() >= 0 and rows.max() < n):
+        return rows
     bad = np.flatnonzero((rows < 0) | (rows >= n))
     if len(bad):
         r = int(rows[bad[0]])
@@ -240,6 +242,9 @@ def _gather(
     """Group rows by block (`starts` = first row of each block, then the total), load each
     needed block once, at least up to the last row asked of it, and return the rows'
     payloads in request order."""
+    if len(starts) == 2 and len(rows):  # one block (a file of one row group): no grouping
+        block = load(0, int(rows.max()) + 1, int(rows[0]))
+        return block.take(rows, rows, where)
     out: list = [None] * len(rows)
     blocks = np.searchsorted(starts, rows, side="right") - 1
     order = np.argsort(blocks, kind="stable")

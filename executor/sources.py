@@ -134,7 +134,7 @@ class SourceCatalog:
         estimated: str = "error",
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
-        read_threads: int = 2,
+        read_threads: int = 1,
     ):
         if not isinstance(max_open_files, int) or max_open_files < 1:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
@@ -178,6 +178,7 @@ class SourceCatalog:
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
         self._records: dict[tuple[int, int], Any] = {}  # (source id, file) -> its record
+        self._dirs: set[str] = set()  # directories under the root found to be no symlinks
         # cache_bytes bounds both kinds of decoded data: a quarter for rows read ahead
         # (`Lookahead`), the rest for whole blocks (row groups, zstd frames).
         ahead = cache_bytes // 4
@@ -333,9 +334,9 @@ class SourceCatalog:
         return sid, rows
 
     def fetch(self, block: RankChunk, lo: int, hi: int) -> list[np.ndarray]:
-        """Token ids (int64) of samples [lo, hi) of `block`, in order, checked and truncated.
-        One reader call per file: its rows are read together, with the rows this rank's
-        later samples need from a block-coded file (see `Lookahead`)."""
+        """Token ids (integer arrays) of samples [lo, hi) of `block`, in order, checked and
+        truncated. One reader call per file: its rows are read together, with the rows this
+        rank's later samples need from a block-coded file (see `Lookahead`)."""
         rec = block.fetch
         ahead = self.ahead
         payloads: list[Any] = [None] * (hi - lo)
@@ -436,16 +437,19 @@ class SourceCatalog:
 
     def _where(self, block: RankChunk, s: _Source, now: np.ndarray, later):
         """(rows, byte offsets, byte lengths) in the file of block samples `now`, then of
-        `later`."""
+        `later`; the byte ranges only for JSONL (None for formats located by row)."""
         rec = block.fetch
         gids = block.ids[now].astype(np.int64)
         rows = rec.row[now].astype(np.int64)
-        offsets, lengths = rec.offset[now].astype(np.int64), rec.length[now].astype(np.int64)
+        offsets = lengths = None
+        if s.fmt in _JSONL:
+            offsets, lengths = rec.offset[now].astype(np.int64), rec.length[now].astype(np.int64)
         if later is not None and len(later):
             gids, rows = np.concatenate([gids, later.gid]), np.concatenate([rows, later.row])
-            offsets = np.concatenate([offsets, later.offset])
-            lengths = np.concatenate([lengths, later.length])
-        if np.any((gids < s.base) | (gids >= s.base + s.rows)):
+            if offsets is not None:
+                offsets = np.concatenate([offsets, later.offset])
+                lengths = np.concatenate([lengths, later.length])
+        if len(gids) and (gids.min() < s.base or gids.max() >= s.base + s.rows):
             raise PlanError(
                 f"{self.plan_path}: corrupt plan (a sample's file is of another source)"
             )
@@ -472,15 +476,26 @@ class SourceCatalog:
         return self._read(block, s, fid, entry, now, None)
 
     def _all_tokens(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
+        """Each sample's token ids (`_tokens`). An integer array of the planned length that
+        needs no cut is used as it is, with no per-sample conversion: `batch.compact` turns
+        them into int64 as it concatenates them."""
         rec = block.fetch
-        gids = block.ids[lo:hi].astype(np.int64).tolist()
-        files, rows = rec.file[lo:hi].tolist(), rec.row[lo:hi].tolist()
         planned = rec.tokens[lo:hi].tolist()
+        cut = self.truncate_to
         out = []
         for k, payload in enumerate(payloads):
-            sid, _fid, entry = rec.files[files[k]]
+            if (
+                type(payload) is np.ndarray
+                and payload.dtype.kind in "iu"
+                and len(payload) == planned[k]
+                and (cut is None or planned[k] <= cut)
+            ):
+                out.append(payload)
+                continue
+            sid, _fid, entry = rec.files[int(rec.file[lo + k])]
             s = self.sources[sid]
-            out.append(self._tokens(s, entry, gids[k] - s.base, rows[k], planned[k], payload))
+            gid, row = int(block.ids[lo + k]), int(rec.row[lo + k])
+            out.append(self._tokens(s, entry, gid - s.base, row, planned[k], payload))
         return out
 
     def _reader(self, s: _Source, file_id: int, entry: dict[str, Any]) -> FileReader:
@@ -493,7 +508,7 @@ class SourceCatalog:
         if reader is None:
             where = f"{s.name} files[{file_id}]"
             try:
-                path, companion = entry_paths(self.root, entry, where)
+                path, companion = entry_paths(self.root, entry, where, self._dirs)
             except ValueError as exc:
                 raise PlanError(f"{self.plan_path}: {exc}") from None
             try:
@@ -540,7 +555,9 @@ class SourceCatalog:
             assert s.tokenize is not None
             ids = np.asarray(s.tokenize(payload), dtype=np.int64)
         else:
-            ids = np.asarray(payload).astype(np.int64, copy=False)
+            ids = np.asarray(payload)
+            if ids.dtype.kind not in "iu":
+                ids = ids.astype(np.int64)
         if len(ids) != planned:
             if s.exact:
                 what = "tokenize returned" if isinstance(payload, str) else "the file holds"

@@ -55,3 +55,28 @@ def test_only_regular_files_are_read(tmp_path):
 def test_a_nul_byte_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot be resolved"):
         safe_path(tmp_path, "a\0b", "w")
+
+
+def test_directories_found_to_be_no_links_are_checked_once(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    (root / "web" / "2024").mkdir(parents=True)
+    for name in ("a", "b"):
+        (root / "web" / "2024" / f"{name}.parquet").write_bytes(b"x")
+    (root / "linked").symlink_to(tmp_path)
+    seen: list[str] = []
+    real = os.lstat
+
+    def counted(path, *args, **kwargs):
+        if str(path).startswith(str(root)):
+            seen.append(os.path.relpath(path, root))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counted)
+    dirs: set[str] = set()
+    for name in ("a", "b"):
+        safe_path(root, f"web/2024/{name}.parquet", "w", dirs)
+    assert seen == ["web", "web/2024", "web/2024/a.parquet", "web/2024/b.parquet"]
+    # a link is never remembered as a directory: it is resolved every time
+    with pytest.raises(ValueError, match="leads outside the index root"):
+        safe_path(root, "linked/x", "w", dirs)
+    assert not any(d.endswith("linked") for d in dirs)
