@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import zstandard
@@ -494,6 +495,22 @@ def test_progress_moves_chunk_by_chunk(tmp_path: Path, fmt: str, monkeypatch) ->
     assert len(reported) >= 4
     assert all(n > 0 for n in reported)
     assert sum(reported) == path.stat().st_size
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 3)), max_size=60),
+    block=st.sampled_from([8, 13, 64, 1 << 20]),
+)
+def test_newlines_finds_every_lf(runs: list, block: int) -> None:
+    """Sparse and dense LFs, across block ends and words of 8 bytes, in blocks of any size."""
+    data = b"".join(b"x" * gap + b"\n" * count for gap, count in runs)
+    arr = np.frombuffer(data, dtype=np.uint8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jsonl, "_NEWLINE_BLOCK", block)
+        got = jsonl._newlines(arr)
+    assert got.dtype == np.int64
+    assert got.tolist() == [i for i, byte in enumerate(data) if byte == 10]
 
 
 # --- the one-pass scan of a local file gives what the chunked scan gives ----------------------
