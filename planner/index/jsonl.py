@@ -431,9 +431,9 @@ def _settled_schema(sample: bytes, spec, loose: str | None) -> dict | None:
 
 
 def _map_lines(file: DataFile, chunk_bytes: int, spec, loose: str | None):
-    """(size, starts, lengths, blank, schema) of a local plain file, or None where the one
-    pass does not apply (an empty file, a last chunk with bare-CR line ends, no settled
-    schema)."""
+    """(size, rows, starts, lengths, schema) of a local plain file's samples (its non-blank
+    lines), or None where the one pass does not apply (an empty file, a last chunk with
+    bare-CR line ends, no settled schema)."""
     with open(file.path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -455,7 +455,10 @@ def _map_lines(file: DataFile, chunk_bytes: int, spec, loose: str | None):
                 return None
             starts, lengths = _spans(ends, size)
             blank = _blank(mm, starts, lengths)
-    return size, starts, lengths, blank, strict
+    rows = np.flatnonzero(~blank).astype(np.int64, copy=False)
+    if len(rows) < len(starts):  # a gather only when there are blank lines to drop
+        starts, lengths = starts[rows], lengths[rows]
+    return size, rows, starts, lengths, strict
 
 
 def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.DataFrame | None:
@@ -475,9 +478,8 @@ def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.Da
         return None
     if lines is None:
         return None
-    size, starts, lengths, blank, strict = lines
-    idx = np.flatnonzero(~blank)
-    if len(idx) == 0:
+    size, rows, starts, lengths, strict = lines
+    if len(rows) == 0:
         return None
     if kind == "estimate":
         assert spec.length.estimate is not None
@@ -498,31 +500,27 @@ def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.Da
             if f not in used
         ],
     )
-    ends = starts[idx] + lengths[idx] + 1  # where the file has been read up to, by row
-    step = max(1, int(len(idx) * ctx.chunk_bytes / size))
+    step = max(1, int(len(rows) * ctx.chunk_bytes / size))
     parts, done = [], 0
     try:
         for part in query.collect_batches(chunk_size=step):
             ctx.check_stop()
             parts.append(part)
             done += part.height
-            if done > len(idx):
+            if done > len(rows):
                 return None
-            if done:
-                at = min(int(ends[done - 1]), size)
+            if done:  # the file has been read up to the end of the last row
+                at = min(int(starts[done - 1] + lengths[done - 1]) + 1, size)
                 ctx.advance(at - reported[0])
                 reported[0] = max(at, reported[0])
     except (pl.exceptions.PolarsError, ValueError, RuntimeError):
         return None
-    if done != len(idx):
+    if done != len(rows):
         return None
     ctx.advance(size - reported[0])
     reported[0] = size
     parsed = pl.concat(parts).select("n_tokens", *spec.keep)
-    frame = pl.DataFrame(
-        {"file_row": idx.astype(np.int64), "offset": starts[idx], "length": lengths[idx]}
-    ).hstack(parsed)
-    rows = frame["file_row"]
+    frame = pl.DataFrame({"file_row": rows, "offset": starts, "length": lengths}).hstack(parsed)
     checked = checked_lengths(frame["n_tokens"], lambda i: f"{file.rel} line {int(rows[i]) + 1}")
     return frame.with_columns(checked)
 
