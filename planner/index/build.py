@@ -307,9 +307,18 @@ def _length_stats(n: pl.Series) -> dict[str, Any]:
         "max": int(n.max()),
         "mean": round(float(n.mean()), 3),
     }
-    for p in PERCENTILES:
-        stats[f"p{p}"] = int(n.quantile(p / 100, interpolation="nearest"))
+    stats.update(zip((f"p{p}" for p in PERCENTILES), _nearest_ranks(n), strict=True))
     return stats
+
+
+def _nearest_ranks(n: pl.Series) -> list[int]:
+    """Polars' nearest-rank percentiles (`quantile(p / 100, interpolation="nearest")`: the
+    value at sorted position round((len - 1) * p / 100), halves away from zero), found by
+    one introselect (np.partition) instead of a sort per percentile."""
+    values = n.to_numpy()
+    ranks = [int(np.floor((len(values) - 1) * (p / 100) + 0.5)) for p in PERCENTILES]
+    chosen = np.partition(values, ranks)
+    return [int(chosen[r]) for r in ranks]
 
 
 def _cannot_write(output: Path, what: str, exc: Exception) -> MdsError:

@@ -9,6 +9,7 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -755,3 +756,13 @@ def _small_chunks(cls):
         return cls(*args, chunk_bytes=4096, **kwargs)
 
     return make
+
+
+def test_length_percentiles_are_polars_nearest_ranks() -> None:
+    """The manifest's p50/p90/p99 are what `quantile(..., "nearest")` gives (the report's
+    numbers), at every length, exact halves of a rank included."""
+    rng = np.random.default_rng(7)
+    for size in [*range(1, 1202), 4096, 65537]:
+        n = pl.Series("n_tokens", rng.integers(0, 50, size), dtype=pl.UInt32)
+        expected = [int(n.quantile(p / 100, interpolation="nearest")) for p in build.PERCENTILES]
+        assert build._nearest_ranks(n) == expected, size
