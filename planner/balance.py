@@ -129,55 +129,65 @@ def _lpt(
     cost: np.ndarray, length: np.ndarray, valid: np.ndarray, dp: int, cap_rank: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Greedy LPT over ranks that still have token room; returns ranks and steps where
-    some sample found no rank with room (those are redone exactly)."""
+    some sample found no rank with room (those are redone exactly).
+
+    Placed in runs, not one sample at a time: with the ranks sorted by load (ties: lower
+    rank), the next samples (by cost, descending) go to the 1st, 2nd, ... lightest ranks
+    for as long as that is what LPT does, that is while every rank of the run, with its
+    new sample, stays heavier than the next rank in the order and the rank has token room.
+    A run ends at the first sample where that is not certain (equal loads included), so the
+    result is LPT's exactly; steps take about ten runs where one sample at a time took N
+    passes."""
     T, N = cost.shape
     order = _by_cost(cost, valid)
-    # Columns of the sorted arrays, contiguous, so each pass reads one row.
-    cs = np.ascontiguousarray(np.take_along_axis(cost, order, axis=1).T)
-    ls = np.ascontiguousarray(np.take_along_axis(length, order, axis=1).T)
-    vs = np.ascontiguousarray(np.take_along_axis(valid, order, axis=1).T)
+    cs = np.take_along_axis(cost, order, axis=1).ravel()
+    ls = np.take_along_axis(length, order, axis=1).ravel()
+    count = valid.sum(axis=1)  # valid slots sort first
     load = np.zeros((T, dp), dtype=np.int64)
     tok = np.zeros((T, dp), dtype=np.int64)
     flat_load, flat_tok = load.reshape(-1), tok.reshape(-1)
-    chosen = np.full((N, T), -1, dtype=np.int64)
+    chosen = np.full(T * N, -1, dtype=np.int64)  # rank of each sorted slot
     stuck = np.zeros(T, dtype=bool)
-    base = np.arange(T) * dp
-    # Padding sorts last with 0 cost and 0 tokens, so it changes no load: slots past
-    # a step's samples are placed like the others and masked once at the end.
-    last = int(vs.any(axis=1).sum())
-    # The first D samples go to ranks 0..D-1 in turn (all loads start at 0, ties go to the
-    # lower rank) where each costs more than 0 and fits an empty rank: placed at once.
-    start = min(dp, last)
-    if start and ((cs[: start - 1] > 0) | ~vs[: start - 1]).all() and ls[:start].max() <= cap_rank:
-        chosen[:start] = np.arange(start)[:, None]
-        load[:, :start] = cs[:start].T
-        tok[:, :start] = ls[:start].T
-    else:
-        start = 0
-    for k in range(start, last):
-        n = ls[k]
-        r = np.argmin(load, axis=1)
-        cell = base + r
-        # Capacity rarely binds: check the least-loaded rank first, mask only where it is full.
-        full = flat_tok[cell] + n > cap_rank
-        if full.any():
-            rows = np.flatnonzero(full)
-            fits = tok[rows] + n[rows, None] <= cap_rank
-            r[rows] = np.argmin(np.where(fits, load[rows], INF), axis=1)
-            full[rows] = ~fits[np.arange(len(rows)), r[rows]]
-            cell = base + r
-            stuck |= full
-            r[full] = -1
-            cell = cell[~full]
-            flat_load[cell] += cs[k][~full]
-            flat_tok[cell] += n[~full]
-        else:
-            flat_load[cell] += cs[k]
-            flat_tok[cell] += n
-        chosen[k] = r
-    chosen[~vs] = -1
+    k = np.zeros(T, dtype=np.int64)  # next sorted slot of every step
+    lane = np.arange(dp)
+    while True:
+        t = np.flatnonzero((k < count) & ~stuck)
+        if t.size == 0:
+            break
+        ranks = _by_load(-load[t])  # ascending load, ties: lower rank
+        cell = t[:, None] * dp + ranks
+        sl = flat_load[cell]
+        at = k[t, None] + lane
+        src = t[:, None] * N + np.minimum(at, N - 1)
+        x, n = cs[src], ls[src]
+        ok = flat_tok[cell] + n <= cap_rank
+        ok &= at < count[t, None]
+        # Sample i of the run goes where LPT puts it iff every earlier rank of the run,
+        # with its new sample, stays strictly heavier than rank i's current load.
+        reach = np.minimum.accumulate(sl + x, axis=1)
+        ok[:, 1:] &= reach[:, :-1] > sl[:, 1:]
+        run = np.where(ok.all(axis=1), dp, np.argmin(ok, axis=1))
+        take = lane < run[:, None]
+        flat_load[cell[take]] += x[take]
+        flat_tok[cell[take]] += n[take]
+        chosen[src[take]] = ranks[take]
+        # A run of 0: the lightest rank has no room for the next sample; LPT gives it to
+        # the lightest rank that has room, if any.
+        z = np.flatnonzero(run == 0)
+        if z.size:
+            rows = t[z]
+            fits = tok[rows] + n[z, :1] <= cap_rank
+            r = np.argmin(np.where(fits, load[rows], INF), axis=1)
+            found = fits[np.arange(z.size), r]
+            stuck[rows[~found]] = True
+            rows, r, s = rows[found], r[found], src[z[found], 0]
+            load[rows, r] += cs[s]
+            tok[rows, r] += ls[s]
+            chosen[s] = r
+            run[z[found]] = 1
+        k[t] += run
     rank = np.full((T, N), -1, dtype=np.int64)
-    np.put_along_axis(rank, order, chosen.T, axis=1)
+    np.put_along_axis(rank, order, chosen.reshape(T, N), axis=1)
     return rank, stuck
 
 

@@ -296,6 +296,51 @@ def test_greedy_lpt_matches_a_plain_implementation(T, N, dp, seed):
     assert np.array_equal(greedy_lpt(cost, valid, dp), greedy_reference(cost, valid, dp))
 
 
+def lpt_capacity_reference(cost, length, valid, dp, room):
+    """One sample at a time: by cost descending (ties: lower index), to the least-loaded
+    rank (ties: lower rank) with token room; a step where a sample finds none is stuck."""
+    T, N = cost.shape
+    out, stuck = np.full((T, N), -1), np.zeros(T, bool)
+    for t in range(T):
+        load, tok = [0] * dp, [0] * dp
+        for j in sorted(np.flatnonzero(valid[t]), key=lambda j: (-cost[t, j], j)):
+            fits = [r for r in range(dp) if tok[r] + length[t, j] <= room]
+            if not fits:
+                stuck[t] = True
+                break
+            r = min(fits, key=lambda k: (load[k], k))
+            out[t, j] = r
+            load[r] += cost[t, j]
+            tok[r] += length[t, j]
+    return out, stuck
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    T=st.integers(1, 5),
+    N=st.integers(0, 40),
+    dp=st.integers(1, 9),
+    seed=st.integers(0, 2**32 - 1),
+    spread=st.sampled_from([3, 50, 10**6]),  # 3: many equal costs and loads
+    zeros=st.booleans(),
+    room=st.sampled_from([None, 1.0, 1.3]),
+)
+def test_lpt_runs_match_one_sample_at_a_time(T, N, dp, seed, spread, zeros, room):
+    """_lpt places samples in runs; it must give LPT's ranks exactly, ties, zero costs and
+    token room included, and the same steps must be stuck."""
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(0 if zeros else 1, spread, (T, N))
+    length = rng.integers(1, 100, (T, N))
+    valid = rng.random((T, N)) < 0.9
+    cost, length = np.where(valid, cost, 0), np.where(valid, length, 0)
+    per_rank = int(length.sum(axis=1).max(initial=0)) // dp + 1
+    cap = 10**9 if room is None else max(int(per_rank * room), int(length.max(initial=1)))
+    rank, stuck = balance_mod._lpt(cost, length, valid, dp, cap)
+    expected, expected_stuck = lpt_capacity_reference(cost, length, valid, dp, cap)
+    assert np.array_equal(stuck, expected_stuck)
+    assert np.array_equal(rank[~stuck], expected[~stuck])
+
+
 def test_group_sums_is_exact_on_both_paths():
     from mds.planner.balance import group_sums
 
