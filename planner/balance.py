@@ -28,6 +28,7 @@ stats is the most-loaded rank's cost over it. Memory is linear in the chunk's sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,6 +49,7 @@ __all__ = [
 INF = np.iinfo(np.int64).max
 PAIRS = 64  # heavy/light rank pairs per step and round
 PARTNERS = 128  # light ranks the most-loaded rank tries per round
+FIRST_PARTNERS = 8  # of which these first; the rest only where they might do better
 REFINE_ROUNDS = 96
 # Past this many samples per rank, KK's partial partitions per step cost more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
@@ -306,6 +308,64 @@ def _by_load(load: np.ndarray) -> np.ndarray:
     return np.argsort(-load, axis=1, kind="stable")
 
 
+class _Lights(NamedTuple):
+    """A refinement round's light ranks: their rows in the flat [T * D, W] arrays, and each
+    row's costs sorted ascending (`cost`) with their slots (`slot`); `keys` packs (light,
+    cost) so that one sorted array serves the binary search of every pair."""
+
+    rows: np.ndarray
+    keys: np.ndarray
+    cost: np.ndarray
+    slot: np.ndarray
+
+
+def _best_swaps(
+    rh: np.ndarray,
+    ru: np.ndarray,
+    lights: _Lights,
+    flat: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    cap_rank: int,
+    longest: int,
+) -> np.ndarray:
+    """Per pair (heavy row rh, light ru of `lights`), the swap or move that evens it best
+    within token room, as [4, pairs]: the pair's larger load after it (INF where none
+    lowers it), the heavy and light slots, and the cost moved. It takes from the light rank the sample
+    whose cost is nearest to (heavy sample's cost - half the gap), just below or above."""
+    load_f, tok_f, cm_f, lm_f = flat
+    W = cm_f.shape[1]
+    rl = lights.rows[ru]
+    lh, ll = load_f[rh], load_f[rl]
+    ch = cm_f[rh]  # [p, W]
+    want = np.clip(ch - ((lh - ll) // 2)[:, None], 0, _KEY_COST - 1)
+    at = ru[:, None]
+    pos = np.searchsorted(lights.keys, ((at << _KEY_BITS) | want).ravel()).reshape(-1, W)
+    # Candidates just below and just above, as flat positions in the light rank's row.
+    first = at * W
+    j = np.empty((len(rh), W, 2), dtype=np.int64)
+    np.maximum(pos - 1, first, out=j[:, :, 0])
+    np.minimum(pos, first + (W - 1), out=j[:, :, 1])
+    delta = (ch[:, :, None] - lights.cost.reshape(-1)[j]).reshape(-1, 2 * W)
+    j = j.reshape(-1, 2 * W)  # (heavy slot, below/above)
+    # max(lh - delta, ll + delta) = ll + max(gap - delta, delta) =: ll + over; a swap helps
+    # iff 0 < delta < gap, that is iff over < gap. An empty heavy slot costs 0, so its
+    # delta is never positive.
+    gap = (lh - ll)[:, None]
+    over = np.maximum(gap - delta, delta)
+    # Token room can bind only for pairs where a rank is within one sample of it.
+    kh, kl = tok_f[rh], tok_f[rl]
+    near = np.flatnonzero(np.maximum(kh, kl) + longest > cap_rank)
+    if near.size:
+        nl_r = _rows_take(lm_f[lights.rows], lights.slot).reshape(-1)
+        dtok = (lm_f[rh[near]][:, :, None] - nl_r[j[near]].reshape(-1, W, 2)).reshape(-1, 2 * W)
+        full = (kh[near, None] - dtok > cap_rank) | (kl[near, None] + dtok > cap_rank)
+        over[near] = np.where(full, INF, over[near])
+    best = np.argmin(over, axis=1)
+    rows = np.arange(len(rh))
+    best_over = over[rows, best]
+    score = np.where(best_over < gap[:, 0], ll + best_over, INF)
+    return np.stack([score, best // 2, lights.slot.reshape(-1)[j[rows, best]], delta[rows, best]])
+
+
 def _refine(
     slots: np.ndarray,
     cm: np.ndarray,
@@ -326,6 +386,7 @@ def _refine(
     # Flat views: row t * D + d holds rank d of step t.
     slots_f, cm_f, lm_f = slots.reshape(T * D, W), cm.reshape(T * D, W), lm.reshape(T * D, W)
     load_f, tok_f = load.reshape(-1), tok.reshape(-1)
+    flat = (load_f, tok_f, cm_f, lm_f)
     K = min(PAIRS, D // 2)  # heavy k with light k, k < K
     Q = min(PARTNERS, D - K)  # and the heaviest with lights 0..Q-1
     pick_h = np.concatenate([np.arange(K), np.zeros(max(0, Q - 1), np.int64)])
@@ -333,6 +394,11 @@ def _refine(
     R = len(pick_h)
     L = max(K, Q)  # light ranks in some pair
     heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
+    # The heaviest's pairs with lights FIRST_PARTNERS.. are searched only where its best
+    # pair so far could be beaten by one of them (see the bound below).
+    Q1 = min(Q, FIRST_PARTNERS)
+    first_cols = np.arange(K + Q1 - 1)
+    later_cols = np.arange(K + Q1 - 1, R)
     longest = int(length.max(initial=0))
     slot_bits = max(1, (W - 1).bit_length())  # costs < 2^41, so packed keys stay < 2^63
     lb = lower_bound(cost, D)
@@ -350,65 +416,49 @@ def _refine(
         # Packed (cost, slot) keys: one plain sort gives both, ties by slot as a stable sort.
         packed = np.sort((cm_f[lf] << slot_bits) | np.arange(W), axis=1)
         lo, cl = packed & ((1 << slot_bits) - 1), packed >> slot_bits
-        ru = (np.arange(n)[:, None] * L + pick_l).ravel()  # pair -> its light rank in lf
-        heavy = by_load[:, pick_h]  # [n, R]
-        rh_flat = (t[:, None] * D + heavy).ravel()  # row of (step, rank) in [T * D, W]
-        rl_flat = lf[ru]
-        lh, ll = load_f[rh_flat], load_f[rl_flat]  # [nR]
-        ch = cm_f[rh_flat]  # [nR, W]
         # One sorted key array for all light ranks, (light, cost), so one binary search
-        # serves all pairs: the swap that evens a pair best takes from the light rank the
-        # sample whose cost is nearest to (heavy sample's cost - half the gap), just below
-        # or just above it.
-        uid = np.arange(n * L, dtype=np.int64)[:, None]
-        keys = ((uid << _KEY_BITS) | cl).ravel()
-        want = np.clip(ch - ((lh - ll) // 2)[:, None], 0, _KEY_COST - 1)
-        at = ru[:, None]
-        pos = np.searchsorted(keys, ((at << _KEY_BITS) | want).ravel()).reshape(n * R, W)
-        # Candidates just below and just above, as flat positions in the light rank's row.
-        first = at * W
-        j = np.empty((n * R, W, 2), dtype=np.int64)
-        np.maximum(pos - 1, first, out=j[:, :, 0])
-        np.minimum(pos, first + (W - 1), out=j[:, :, 1])
-        cl_r, lo_r = cl.reshape(-1), lo.reshape(-1)
-        # [nR, 2W]: (heavy slot, below/above)
-        delta = (ch[:, :, None] - cl_r[j]).reshape(n * R, 2 * W)
-        j = j.reshape(n * R, 2 * W)
-        # max(lh - delta, ll + delta) = ll + max(gap - delta, delta) =: ll + over; a swap
-        # helps iff 0 < delta < gap, that is iff over < gap. An empty heavy slot costs 0,
-        # so its delta is never positive.
-        gap = (lh - ll)[:, None]
-        over = np.maximum(gap - delta, delta)
-        # Token room can bind only for pairs where a rank is within one sample of it.
-        kh, kl = tok_f[rh_flat], tok_f[rl_flat]
-        near = np.flatnonzero(np.maximum(kh, kl) + longest > cap_rank)
-        if near.size:
-            nl_r = _rows_take(lm_f[lf], lo).reshape(-1)
-            dtok = (lm_f[rh_flat[near]][:, :, None] - nl_r[j[near]].reshape(-1, W, 2)).reshape(
-                -1, 2 * W
-            )
-            full = (kh[near, None] - dtok > cap_rank) | (kl[near, None] + dtok > cap_rank)
-            over[near] = np.where(full, INF, over[near])
-        best = np.argmin(over, axis=1)
-        rows = np.arange(n * R)
-        best_over = over[rows, best]
-        gain = (best_over < gap[:, 0]).reshape(n, R)
-        best_score = np.where(gain.reshape(-1), ll + best_over, INF).reshape(n, R)
+        # serves all pairs.
+        keys = ((np.arange(n * L, dtype=np.int64)[:, None] << _KEY_BITS) | cl).ravel()
+        lights = _Lights(lf, keys, cl, lo)
+        rh_all = t[:, None] * D + by_load[:, pick_h]  # [n, R] rows of (step, rank) in [T * D, W]
+        ru_all = np.arange(n)[:, None] * L + pick_l  # [n, R] light rank of the pair in lf
+        # Per pair: its larger load after its best swap (INF: none helps), the heavy and
+        # light slots of that swap and the cost it moves.
+        found = np.zeros((4, n, R), dtype=np.int64)
+        found[0] = INF
+        every = np.arange(n)
+        at = (np.repeat(every, len(first_cols)), np.tile(first_cols, n))
+        found[:, at[0], at[1]] = _best_swaps(
+            rh_all[at], ru_all[at], lights, flat, cap_rank, longest
+        )
+        score = found[0]
+        if later_cols.size:
+            # A pair's larger load after any swap is at least ceil((lh + ll) / 2), and the
+            # later lights are at least as loaded as light Q1: where the heaviest's best so
+            # far is within that, no later pair can beat it (ties go to the earlier pair).
+            lh0 = load_f[rh_all[:, 0]]
+            ll1 = load_f[lf[every * L + Q1]]
+            rest = np.flatnonzero(score[:, heaviest_rows[:Q1]].min(axis=1) > (lh0 + ll1 + 1) // 2)
+            if rest.size:
+                at = (np.repeat(rest, len(later_cols)), np.tile(later_cols, rest.size))
+                found[:, at[0], at[1]] = _best_swaps(
+                    rh_all[at], ru_all[at], lights, flat, cap_rank, longest
+                )
+        gain = score < INF
         if not gain.any():
             break
         # The heaviest rank takes its best pair; the other pairs run unless they use the
         # light rank it took (pairs never share a rank otherwise).
-        m = np.argmin(best_score[:, heaviest_rows], axis=1)
-        took = gain[np.arange(n), heaviest_rows[m]]
+        m = np.argmin(score[:, heaviest_rows], axis=1)
+        took = gain[every, heaviest_rows[m]]
         apply = np.zeros((n, R), dtype=bool)
-        apply[np.arange(n), heaviest_rows[m]] = took
+        apply[every, heaviest_rows[m]] = took
         others = gain[:, 1:K] & ~(took[:, None] & (m[:, None] == np.arange(1, K)))
         apply[:, 1:K] = others
         g = np.flatnonzero(apply.reshape(-1))
-        i, jf = best[g] // 2, j[g, best[g]]
-        jg = lo_r[jf]  # the light rank's slot
-        fh, fl = rh_flat[g], rl_flat[g]
-        d, dn = delta[g, best[g]], lm_f[fh, i] - lm_f[fl, jg]
+        i, jg, d = found[1].reshape(-1)[g], found[2].reshape(-1)[g], found[3].reshape(-1)[g]
+        fh, fl = rh_all.reshape(-1)[g], lf[ru_all.reshape(-1)[g]]
+        dn = lm_f[fh, i] - lm_f[fl, jg]
         for arr in (slots_f, cm_f, lm_f):
             x, y = arr[fh, i].copy(), arr[fl, jg].copy()
             arr[fh, i], arr[fl, jg] = y, x
