@@ -50,6 +50,8 @@ INF = np.iinfo(np.int64).max
 PAIRS = 64  # heavy/light rank pairs per step and round
 PARTNERS = 128  # light ranks the most-loaded rank tries per round
 FIRST_PARTNERS = 8  # of which these first; the rest only where they might do better
+# Up to this many ranks the most-loaded rank tries every other rank, not just the light half.
+EVERY_PARTNER = 16
 REFINE_ROUNDS = 96
 # Past this many samples per rank, KK's partial partitions per step cost more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
@@ -319,6 +321,18 @@ class _Lights(NamedTuple):
     slot: np.ndarray
 
 
+def _sorted_lights(rows: np.ndarray, cm_f: np.ndarray) -> _Lights:
+    """_Lights of the flat rows `rows` (any shape), each row's costs sorted once."""
+    rows = rows.reshape(-1)
+    W = cm_f.shape[1]
+    slot_bits = max(1, (W - 1).bit_length())  # costs < 2^41, so packed keys stay < 2^63
+    # Packed (cost, slot) keys: one plain sort gives both, ties by slot as a stable sort.
+    packed = np.sort((cm_f[rows] << slot_bits) | np.arange(W), axis=1)
+    slot, cost = packed & ((1 << slot_bits) - 1), packed >> slot_bits
+    keys = ((np.arange(len(rows), dtype=np.int64)[:, None] << _KEY_BITS) | cost).ravel()
+    return _Lights(rows, keys, cost, slot)
+
+
 def _best_swaps(
     rh: np.ndarray,
     ru: np.ndarray,
@@ -388,19 +402,18 @@ def _refine(
     load_f, tok_f = load.reshape(-1), tok.reshape(-1)
     flat = (load_f, tok_f, cm_f, lm_f)
     K = min(PAIRS, D // 2)  # heavy k with light k, k < K
-    Q = min(PARTNERS, D - K)  # and the heaviest with lights 0..Q-1
+    # and the heaviest with lights 0..Q-1: the light half, or every other rank at small D
+    Q = min(PARTNERS, D - 1 if D <= EVERY_PARTNER else D - K)
     pick_h = np.concatenate([np.arange(K), np.zeros(max(0, Q - 1), np.int64)])
     pick_l = np.concatenate([np.arange(K), np.arange(1, Q)])
     R = len(pick_h)
-    L = max(K, Q)  # light ranks in some pair
     heaviest_rows = np.concatenate([[0], np.arange(K, R)])  # its pair with light m, m < Q
     # The heaviest's pairs with lights FIRST_PARTNERS.. are searched only where its best
     # pair so far could be beaten by one of them (see the bound below).
-    Q1 = min(Q, FIRST_PARTNERS)
-    first_cols = np.arange(K + Q1 - 1)
-    later_cols = np.arange(K + Q1 - 1, R)
+    tiers = [(FIRST_PARTNERS, Q)] if Q > FIRST_PARTNERS else []
+    L = max(K, min(Q, FIRST_PARTNERS)) if D <= EVERY_PARTNER else max(K, Q)  # lights sorted
+    first_cols = np.arange(K + min(Q, FIRST_PARTNERS) - 1)
     longest = int(length.max(initial=0))
-    slot_bits = max(1, (W - 1).bit_length())  # costs < 2^41, so packed keys stay < 2^63
     lb = lower_bound(cost, D)
     done = lb + (lb >> CLOSE_BITS)  # close enough to the bound: stop refining
     active = ~skip
@@ -411,53 +424,52 @@ def _refine(
             break
         n = t.size
         by_load = _by_load(load[t])
-        # Each light rank's costs are sorted once per round, whatever pairs it is in.
-        lf = (t[:, None] * D + by_load[:, D - 1 - np.arange(L)]).ravel()  # [nL] rows
-        # Packed (cost, slot) keys: one plain sort gives both, ties by slot as a stable sort.
-        packed = np.sort((cm_f[lf] << slot_bits) | np.arange(W), axis=1)
-        lo, cl = packed & ((1 << slot_bits) - 1), packed >> slot_bits
-        # One sorted key array for all light ranks, (light, cost), so one binary search
-        # serves all pairs.
-        keys = ((np.arange(n * L, dtype=np.int64)[:, None] << _KEY_BITS) | cl).ravel()
-        lights = _Lights(lf, keys, cl, lo)
-        rh_all = t[:, None] * D + by_load[:, pick_h]  # [n, R] rows of (step, rank) in [T * D, W]
-        ru_all = np.arange(n)[:, None] * L + pick_l  # [n, R] light rank of the pair in lf
+        rows = t[:, None] * D  # + rank: the row of (step, rank) in the flat [T * D, W] arrays
+        rh_all = rows + by_load[:, pick_h]  # [n, R]
+        rl_all = rows + by_load[:, D - 1 - pick_l]
         # Per pair: its larger load after its best swap (INF: none helps), the heavy and
         # light slots of that swap and the cost it moves.
         found = np.zeros((4, n, R), dtype=np.int64)
         found[0] = INF
         every = np.arange(n)
+        lights = _sorted_lights(rows + by_load[:, D - 1 - np.arange(L)], cm_f)
         at = (np.repeat(every, len(first_cols)), np.tile(first_cols, n))
-        found[:, at[0], at[1]] = _best_swaps(
-            rh_all[at], ru_all[at], lights, flat, cap_rank, longest
-        )
+        ru = at[0] * L + pick_l[at[1]]
+        found[:, at[0], at[1]] = _best_swaps(rh_all[at], ru, lights, flat, cap_rank, longest)
         score = found[0]
-        if later_cols.size:
-            # A pair's larger load after any swap is at least ceil((lh + ll) / 2), and the
-            # later lights are at least as loaded as light Q1: where the heaviest's best so
-            # far is within that, no later pair can beat it (ties go to the earlier pair).
-            lh0 = load_f[rh_all[:, 0]]
-            ll1 = load_f[lf[every * L + Q1]]
-            rest = np.flatnonzero(score[:, heaviest_rows[:Q1]].min(axis=1) > (lh0 + ll1 + 1) // 2)
-            if rest.size:
-                at = (np.repeat(rest, len(later_cols)), np.tile(later_cols, rest.size))
-                found[:, at[0], at[1]] = _best_swaps(
-                    rh_all[at], ru_all[at], lights, flat, cap_rank, longest
-                )
+        lh0 = load_f[rh_all[:, 0]]
+        for a, b in tiers:
+            # A pair's larger load after any swap is at least ceil((lh + ll) / 2), and
+            # lights a.. are at least as loaded as light a: where the heaviest's best so far
+            # is within that, none of them can beat it (ties go to the earlier pair).
+            ll_a = load_f[rows[:, 0] + by_load[:, D - 1 - a]]
+            rest = np.flatnonzero(score[:, heaviest_rows[:a]].min(axis=1) > (lh0 + ll_a + 1) // 2)
+            if rest.size == 0:
+                break
+            at = (np.repeat(rest, b - a), np.tile(K + np.arange(a, b) - 1, rest.size))
+            if b <= L:  # sorted already
+                ru = at[0] * L + pick_l[at[1]]
+            else:
+                lights = _sorted_lights(rows[rest] + by_load[rest][:, D - 1 - np.arange(a, b)], cm_f)
+                ru = np.arange(rest.size * (b - a))
+            found[:, at[0], at[1]] = _best_swaps(rh_all[at], ru, lights, flat, cap_rank, longest)
         gain = score < INF
         if not gain.any():
             break
         # The heaviest rank takes its best pair; the other pairs run unless they use the
-        # light rank it took (pairs never share a rank otherwise).
+        # rank it took, light m (pair k holds the k-th heaviest and the k-th lightest; the
+        # pairs never share a rank otherwise).
         m = np.argmin(score[:, heaviest_rows], axis=1)
         took = gain[every, heaviest_rows[m]]
         apply = np.zeros((n, R), dtype=bool)
         apply[every, heaviest_rows[m]] = took
-        others = gain[:, 1:K] & ~(took[:, None] & (m[:, None] == np.arange(1, K)))
+        k = np.arange(1, K)
+        uses = (m[:, None] == k) | (m[:, None] == D - 1 - k)
+        others = gain[:, 1:K] & ~(took[:, None] & uses)
         apply[:, 1:K] = others
         g = np.flatnonzero(apply.reshape(-1))
         i, jg, d = found[1].reshape(-1)[g], found[2].reshape(-1)[g], found[3].reshape(-1)[g]
-        fh, fl = rh_all.reshape(-1)[g], lf[ru_all.reshape(-1)[g]]
+        fh, fl = rh_all.reshape(-1)[g], rl_all.reshape(-1)[g]
         dn = lm_f[fh, i] - lm_f[fl, jg]
         for arr in (slots_f, cm_f, lm_f):
             x, y = arr[fh, i].copy(), arr[fl, jg].copy()
