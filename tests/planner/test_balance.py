@@ -510,3 +510,39 @@ def test_memory_is_linear_in_samples_per_rank():
     finally:
         tracemalloc.stop()
     assert peak < 100 * T * N * 8, peak / (T * N * 8)
+
+
+def best_max_load(cost: list[int], dp: int) -> int:
+    """The optimal most-loaded rank, by trying every assignment (tiny cases only)."""
+    import itertools
+
+    best = None
+    for ranks in itertools.product(range(dp), repeat=len(cost)):
+        load = [0] * dp
+        for c, r in zip(cost, ranks, strict=True):
+            load[r] += c
+        best = max(load) if best is None else min(best, max(load))
+    return best or 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dp=st.integers(1, 4),
+    cost=st.lists(st.integers(0, 50), min_size=0, max_size=8),
+)
+def test_pigeonhole_bound_is_a_lower_bound_and_at_least_the_simple_one(dp, cost):
+    from mds.planner.balance import pigeonhole_bound
+
+    arr = np.array([cost], dtype=np.int64).reshape(1, len(cost))
+    bound = int(pigeonhole_bound(arr, dp)[0])
+    assert bound >= int(lower_bound(arr, dp)[0])
+    assert bound <= best_max_load(cost, dp)
+
+
+def test_pigeonhole_bound_sees_three_large_samples_on_some_rank():
+    from mds.planner.balance import pigeonhole_bound
+
+    # 5 samples of 10 on 2 ranks: some rank holds 3 (30); total / 2 is only 25 + 1
+    cost = np.array([[10, 10, 10, 10, 10, 1]])
+    assert lower_bound(cost, 2).tolist() == [26]
+    assert pigeonhole_bound(cost, 2).tolist() == [30]
