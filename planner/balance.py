@@ -3,8 +3,10 @@
 Method, vectorized over all steps of a chunk (integer costs, so results are exact and the
 same on every machine; every tie is broken by index):
 1. Greedy LPT: samples by cost, descending, each to the least-loaded rank that still has
-   token room (micro_batches x capacity). Steps where a sample found no such rank are
-   redone one by one with a greedy LPT over micro-batch bins (exact, slower).
+   token room (micro_batches x capacity). Placed in runs (see _lpt): a step takes about
+   ten vectorized passes, not one per sample, with exactly LPT's result. Steps where a
+   sample found no such rank are redone one by one with a greedy LPT over micro-batch
+   bins (exact, slower).
 2. Karmarkar-Karp largest differencing (planner/kk.py): a step takes its ranks instead
    where they fit every rank's token room and their most-loaded rank is lighter than
    LPT's. So the start is never worse than either on the same step. Skipped above
@@ -12,17 +14,21 @@ same on every machine; every tie is broken by index):
    on steps where LPT meets the lower bound (nothing can be lighter).
 3. Refinement by pairwise swaps: each round pairs the k-th most-loaded rank with the
    k-th least-loaded (k < PAIRS), and the most-loaded also with each of the PARTNERS
-   least-loaded; per pair it finds, by binary search over the light rank's costs, the
-   one swap or move that evens the pair best while both ranks stay within token room,
-   and applies it (the most-loaded rank's best pair first). A round costs O(P log P)
-   per pair, not O(P^2). Swaps only lower the larger load of a pair, so the step's
-   most-loaded rank never gets heavier. A step stops when its most-loaded rank finds no
-   swap or is within 2^-CLOSE_BITS of the lower bound.
+   least-loaded (every other rank up to EVERY_PARTNER ranks); per pair it finds, by
+   binary search over the light rank's costs, the one swap or move that evens the pair
+   best while both ranks stay within token room, and applies it (the most-loaded rank's
+   best pair first). The most-loaded rank's partners past the FIRST_PARTNERS lightest are
+   searched only where one of them could beat its best pair so far (a pair's larger load
+   after a swap is at least half their sum). A round costs O(P log P) per pair, not
+   O(P^2). Swaps only lower the larger load of a pair, so the step's most-loaded rank
+   never gets heavier. A step stops when its most-loaded rank finds no swap or is within
+   2^-CLOSE_BITS of the lower bound.
 4. Micro-batches: inside each rank, samples by cost, descending, each into the cheapest
    micro-batch that still has token room (first-fit decreasing by tokens as a fallback).
 
 The lower bound of a step is max(total cost / D, largest sample cost); `ratio` in the
-stats is the most-loaded rank's cost over it. Memory is linear in the chunk's samples.
+stats is the most-loaded rank's cost over it. pigeonhole_bound is a stronger valid bound
+that reports show next to it. Memory is linear in the chunk's samples.
 """
 
 from __future__ import annotations
