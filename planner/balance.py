@@ -25,6 +25,11 @@ same on every machine; every tie is broken by index):
    2^-CLOSE_BITS of the lower bound.
 4. Micro-batches: inside each rank, samples by cost, descending, each into the cheapest
    micro-batch that still has token room (first-fit decreasing by tokens as a fallback).
+5. MULTIFIT retry, up to EVERY_PARTNER ranks and MULTIFIT_MAX_PER_RANK samples per rank:
+   steps still more than 2^-CLOSE_BITS above pigeonhole_bound start again from MULTIFIT
+   (first-fit decreasing into D ranks of cost room C, C bisected below the step's result)
+   and go through 3 and 4; a start found is lighter than the result, so the step only
+   gets lighter. It helps where a rank must hold one more long sample than the others.
 
 The lower bound of a step is max(total cost / D, largest sample cost); `ratio` in the
 stats is the most-loaded rank's cost over it. pigeonhole_bound is a stronger valid bound
@@ -59,6 +64,10 @@ PARTNERS = 128  # light ranks the most-loaded rank tries per round
 FIRST_PARTNERS = 8  # of which these first; the rest only where they might do better
 # Up to this many ranks the most-loaded rank tries every other rank, not just the light half.
 EVERY_PARTNER = 16
+# There, steps of up to this many samples per rank still above the pigeonhole bound after
+# refinement start again from MULTIFIT, bisected in this many first-fit decreasing passes.
+MULTIFIT_MAX_PER_RANK = 16
+MULTIFIT_ROUNDS = 12
 REFINE_ROUNDS = 96
 # Past this many samples per rank, KK's partial partitions per step cost more than the whole
 # rest, and LPT's last samples are small against a rank's load: LPT alone starts.
@@ -648,12 +657,35 @@ def balance(
     by_cost = _by_cost(cost, valid)
     rank, forced = _lpt(cost, length, valid, dp, micro * capacity, by_cost)
     _prefer_kk(rank, forced, cost, length, valid, dp, micro * capacity)
-    exact: dict[int, np.ndarray] = {}
+    out = _finish(rank, forced, cost, length, valid, steps, dp, micro, capacity, by_cost)
+    if dp <= EVERY_PARTNER and N <= MULTIFIT_MAX_PER_RANK * dp:
+        _retry_multifit(out, cost, length, valid, steps, dp, micro, capacity, by_cost)
+    return out
+
+
+def _finish(
+    rank: np.ndarray,
+    forced: np.ndarray,
+    cost: np.ndarray,
+    length: np.ndarray,
+    valid: np.ndarray,
+    steps: np.ndarray,
+    dp: int,
+    micro: int,
+    capacity: int,
+    by_cost: np.ndarray,
+    exact: bool = True,
+) -> Assignment:
+    """Steps 3 and 4 from the start `rank`: refinement, then micro-batches. Steps in
+    `forced` (and those whose micro-batches cannot be packed) take the bin-level greedy
+    when `exact`; otherwise they are left in `forced` with micro-batch -1."""
+    T, N = cost.shape
+    greedy: dict[int, np.ndarray] = {}
     while True:
-        for t in np.flatnonzero(forced):
-            if t not in exact:
+        for t in np.flatnonzero(forced) if exact else ():
+            if t not in greedy:
                 v = valid[t]
-                rank[t, v], exact[int(t)] = _greedy_capacity(
+                rank[t, v], greedy[int(t)] = _greedy_capacity(
                     cost[t, v], length[t, v], dp, micro, capacity, int(steps[t])
                 )
         slots = _slots(rank, cost, dp, by_cost)
@@ -673,8 +705,92 @@ def balance(
     idx = slots[tt, dd, pp]
     rank_out[tt, idx] = dd
     micro_out[tt, idx] = mb_slots[tt, dd, pp]
-    for t, mb in exact.items():
+    for t, mb in greedy.items():
         micro_out[t, valid[t]] = mb
     load = cm.sum(axis=2)
-    assert (micro_out[valid] >= 0).all() and (rank_out[valid] >= 0).all()
+    done = valid & ~forced[:, None] if not exact else valid
+    assert (micro_out[done] >= 0).all() and (rank_out[valid] >= 0).all()
     return Assignment(rank_out, micro_out, load)
+
+
+def _retry_multifit(
+    out: Assignment,
+    cost: np.ndarray,
+    length: np.ndarray,
+    valid: np.ndarray,
+    steps: np.ndarray,
+    dp: int,
+    micro: int,
+    capacity: int,
+    by_cost: np.ndarray,
+) -> None:
+    """In place on `out`: steps still above the pigeonhole bound (by more than refinement
+    aims for) start again from MULTIFIT (Coffman, Garey and Johnson): first-fit decreasing
+    into D ranks of cost room C and token room, C bisected between the pigeonhole bound
+    (nothing fits below it) and the step's result so far, so any start found is lighter
+    than that result. Refined and packed into micro-batches, it replaces the step's result.
+    MULTIFIT puts the cheapest of the costly samples together, which LPT and KK do not:
+    with a few more long samples than a multiple of D, that is what the bound asks for."""
+    cap_rank = micro * capacity
+    top = out.load.max(axis=1)
+    bound = pigeonhole_bound(cost, dp)
+    rows = np.flatnonzero(top > bound + (bound >> CLOSE_BITS))
+    if rows.size == 0:
+        return
+    order = by_cost[rows]
+    cs, ls = _rows_take(cost[rows], order), _rows_take(length[rows], order)
+    count = valid[rows].sum(axis=1)
+    lo, hi = bound[rows] - 1, top[rows]  # lo never fits; only below hi counts
+    best = np.full(cs.shape, -1, dtype=np.int64)
+    found = np.zeros(rows.size, dtype=bool)
+    for _ in range(MULTIFIT_ROUNDS):
+        room = (lo + hi) // 2
+        placed, ok = _first_fit_decreasing(cs, ls, count, dp, room, cap_rank)
+        best[ok], found = placed[ok], found | ok
+        hi, lo = np.where(ok, room, hi), np.where(ok, lo, room)
+    rows, best, order = rows[found], best[found], order[found]
+    if rows.size == 0:
+        return
+    start = np.full(best.shape, -1, dtype=np.int64)
+    _rows_put(start, order, best)
+    failed = np.zeros(rows.size, dtype=bool)
+    alt = _finish(
+        start,
+        failed,
+        cost[rows],
+        length[rows],
+        valid[rows],
+        steps[rows],
+        dp,
+        micro,
+        capacity,
+        order,
+        exact=False,
+    )
+    keep = ~failed & (alt.load.max(axis=1) < top[rows])
+    out.rank[rows[keep]] = alt.rank[keep]
+    out.micro[rows[keep]] = alt.micro[keep]
+    out.load[rows[keep]] = alt.load[keep]
+
+
+def _first_fit_decreasing(
+    cs: np.ndarray, ls: np.ndarray, count: np.ndarray, dp: int, room: np.ndarray, cap_rank: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Samples by cost descending ([T, N], the first count[t] valid), each into the first
+    rank with cost room left under `room` [T] and token room; their ranks, and the steps
+    where every sample found one."""
+    T, N = cs.shape
+    load = np.zeros((T, dp), dtype=np.int64)
+    tok = np.zeros((T, dp), dtype=np.int64)
+    placed = np.full((T, N), -1, dtype=np.int64)
+    ok = np.ones(T, dtype=bool)
+    rows = np.arange(T)
+    for k in range(int(count.max(initial=0))):
+        fits = (load + cs[:, k, None] <= room[:, None]) & (tok + ls[:, k, None] <= cap_rank)
+        r = np.argmax(fits, axis=1)
+        live = (k < count) & fits[rows, r]
+        ok &= live | (k >= count)
+        load[rows[live], r[live]] += cs[live, k]
+        tok[rows[live], r[live]] += ls[live, k]
+        placed[live, k] = r[live]
+    return placed, ok
