@@ -202,11 +202,22 @@ def _blocks(
     t, j = np.nonzero(valid)
     r, m = assign.rank[t, j], assign.micro[t, j]
     cell = (r * T + t) * M + m
-    order = np.argsort(cell * gid.shape[1] + j)  # unique keys: any sort gives one order
+    order = _stable_order(cell, D * T * M)  # (t, j) come in order: j ascends in a cell
     ids = gid[t, j][order]
     per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
     bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
     return per_cell, ids, bounds
+
+
+def _stable_order(keys: np.ndarray, size: int) -> np.ndarray:
+    """np.argsort(keys, kind="stable") for keys in [0, size): numpy radix-sorts 16-bit keys,
+    so keys below 2^32 take two such passes (least significant half first)."""
+    if size <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    if size <= 1 << 32:
+        low = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+        return low[np.argsort((keys[low] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(keys, kind="stable")
 
 
 def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:

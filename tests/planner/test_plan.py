@@ -628,3 +628,11 @@ def test_index_must_exist(tmp_path):
 
     with pytest.raises(IndexFormatError, match="not an mds index"):
         build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
+
+
+@pytest.mark.parametrize("size", [1, 300, 1 << 16, (1 << 16) + 1, 1 << 20, 1 << 32, 1 << 40])
+def test_stable_order_is_a_stable_argsort(size):
+    from mds.planner.plan import _stable_order
+
+    keys = np.random.default_rng(size).integers(0, size, 5000)
+    assert np.array_equal(_stable_order(keys, size), np.argsort(keys, kind="stable"))
