@@ -654,31 +654,44 @@ def balance(
         return Assignment(empty, empty.copy(), np.zeros((T, dp), dtype=np.int64))
     cost = np.where(valid, cost, 0)
     length = np.where(valid, length, 0)
-    by_cost = _by_cost(cost, valid)
-    rank, forced = _lpt(cost, length, valid, dp, micro * capacity, by_cost)
+    chunk = _Chunk(cost, length, valid, steps, dp, micro, capacity, _by_cost(cost, valid))
+    rank, forced = _lpt(cost, length, valid, dp, micro * capacity, chunk.by_cost)
     _prefer_kk(rank, forced, cost, length, valid, dp, micro * capacity)
-    out = _finish(rank, forced, cost, length, valid, steps, dp, micro, capacity, by_cost)
+    out = _finish(rank, forced, chunk)
     if dp <= EVERY_PARTNER and N <= MULTIFIT_MAX_PER_RANK * dp:
-        _retry_multifit(out, cost, length, valid, steps, dp, micro, capacity, by_cost)
+        _retry_multifit(out, chunk)
     return out
 
 
-def _finish(
-    rank: np.ndarray,
-    forced: np.ndarray,
-    cost: np.ndarray,
-    length: np.ndarray,
-    valid: np.ndarray,
-    steps: np.ndarray,
-    dp: int,
-    micro: int,
-    capacity: int,
-    by_cost: np.ndarray,
-    exact: bool = True,
-) -> Assignment:
+class _Chunk(NamedTuple):
+    """What steps 3 to 5 work on: the steps' [T, N] arrays, the geometry, and every row's
+    slots by cost descending (`_by_cost`)."""
+
+    cost: np.ndarray
+    length: np.ndarray
+    valid: np.ndarray
+    steps: np.ndarray
+    dp: int
+    micro: int
+    capacity: int
+    by_cost: np.ndarray
+
+    def rows(self, rows: np.ndarray) -> _Chunk:
+        """The same for steps `rows` alone."""
+        return self._replace(
+            cost=self.cost[rows],
+            length=self.length[rows],
+            valid=self.valid[rows],
+            steps=self.steps[rows],
+            by_cost=self.by_cost[rows],
+        )
+
+
+def _finish(rank: np.ndarray, forced: np.ndarray, chunk: _Chunk, exact: bool = True) -> Assignment:
     """Steps 3 and 4 from the start `rank`: refinement, then micro-batches. Steps in
     `forced` (and those whose micro-batches cannot be packed) take the bin-level greedy
     when `exact`; otherwise they are left in `forced` with micro-batch -1."""
+    cost, length, valid, steps, dp, micro, capacity, by_cost = chunk
     T, N = cost.shape
     greedy: dict[int, np.ndarray] = {}
     while True:
@@ -713,17 +726,7 @@ def _finish(
     return Assignment(rank_out, micro_out, load)
 
 
-def _retry_multifit(
-    out: Assignment,
-    cost: np.ndarray,
-    length: np.ndarray,
-    valid: np.ndarray,
-    steps: np.ndarray,
-    dp: int,
-    micro: int,
-    capacity: int,
-    by_cost: np.ndarray,
-) -> None:
+def _retry_multifit(out: Assignment, chunk: _Chunk) -> None:
     """In place on `out`: steps still above the pigeonhole bound (by more than refinement
     aims for) start again from MULTIFIT (Coffman, Garey and Johnson): first-fit decreasing
     into D ranks of cost room C and token room, C bisected between the pigeonhole bound
@@ -731,21 +734,21 @@ def _retry_multifit(
     than that result. Refined and packed into micro-batches, it replaces the step's result.
     MULTIFIT puts the cheapest of the costly samples together, which LPT and KK do not:
     with a few more long samples than a multiple of D, that is what the bound asks for."""
-    cap_rank = micro * capacity
+    cost, dp = chunk.cost, chunk.dp
     top = out.load.max(axis=1)
     bound = pigeonhole_bound(cost, dp)
     rows = np.flatnonzero(top > bound + (bound >> CLOSE_BITS))
     if rows.size == 0:
         return
-    order = by_cost[rows]
-    cs, ls = _rows_take(cost[rows], order), _rows_take(length[rows], order)
-    count = valid[rows].sum(axis=1)
+    order = chunk.by_cost[rows]
+    cs, ls = _rows_take(cost[rows], order), _rows_take(chunk.length[rows], order)
+    count = chunk.valid[rows].sum(axis=1)
     lo, hi = bound[rows] - 1, top[rows]  # lo never fits; only below hi counts
     best = np.full(cs.shape, -1, dtype=np.int64)
     found = np.zeros(rows.size, dtype=bool)
     for _ in range(MULTIFIT_ROUNDS):
         room = (lo + hi) // 2
-        placed, ok = _first_fit_decreasing(cs, ls, count, dp, room, cap_rank)
+        placed, ok = _first_fit_decreasing(cs, ls, count, dp, room, chunk.micro * chunk.capacity)
         best[ok], found = placed[ok], found | ok
         hi, lo = np.where(ok, room, hi), np.where(ok, lo, room)
     rows, best, order = rows[found], best[found], order[found]
@@ -754,19 +757,7 @@ def _retry_multifit(
     start = np.full(best.shape, -1, dtype=np.int64)
     _rows_put(start, order, best)
     failed = np.zeros(rows.size, dtype=bool)
-    alt = _finish(
-        start,
-        failed,
-        cost[rows],
-        length[rows],
-        valid[rows],
-        steps[rows],
-        dp,
-        micro,
-        capacity,
-        order,
-        exact=False,
-    )
+    alt = _finish(start, failed, chunk.rows(rows), exact=False)
     keep = ~failed & (alt.load.max(axis=1) < top[rows])
     out.rank[rows[keep]] = alt.rank[keep]
     out.micro[rows[keep]] = alt.micro[keep]
