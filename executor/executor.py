@@ -54,8 +54,8 @@ class PlanExecutor:
     are read together, one reader call per file. `cache_bytes`: the decoded data a process
     keeps, whole blocks (row groups, zstd frames) and rows read ahead for this rank's later
     samples from the blocks it decodes (0: neither). `read_threads`: threads that read a
-    step's files side by side (1, the default: the building thread alone; more pay only
-    with a core to spare, see docs/executor.md); batches are the same.
+    step's files side by side (1: the building thread alone; 2, the default, pays where a
+    core is free, see docs/executor.md); batches are the same.
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class PlanExecutor:
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
         read_ahead: int = 1,
-        read_threads: int = 1,
+        read_threads: int = 2,
     ):
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")

@@ -134,7 +134,7 @@ class SourceCatalog:
         estimated: str = "error",
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
-        read_threads: int = 1,
+        read_threads: int = 2,
     ):
         if not isinstance(max_open_files, int) or max_open_files < 1:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
