@@ -434,6 +434,16 @@ def long_context_steps(rng, T, dp, per_rank):
     return 24576 * length + length * length, length
 
 
+def balanced_long_context(seed, T, dp, micro, capacity):
+    """(cost, length, ours) for T long-context steps of 8 samples per rank, with `balance`'s
+    assignment checked against every invariant."""
+    cost, length = long_context_steps(np.random.default_rng(seed), T, dp, 8)
+    valid = np.ones(cost.shape, bool)
+    ours = balance(cost, length, valid, np.arange(T), dp, micro, capacity)
+    check(ours, cost, length, valid, dp, micro, capacity)
+    return cost, length, ours
+
+
 def max_loads(rank, cost, dp):
     T = cost.shape[0]
     load = np.zeros((T, dp), np.int64)
@@ -465,13 +475,9 @@ def test_never_worse_than_lpt_or_kk_on_long_context_steps(dp, per_rank, micro, s
 def test_never_worse_than_kk_where_it_packs_under_real_capacity():
     """Capacity 32,768 per micro-batch, 4 micro-batches, 8 per rank: where KK's ranks fit
     the token room, ours is at most KK's; LPT's too (its capacity-free form)."""
-    rng = np.random.default_rng(14)
     T, dp, micro, capacity = 24, 16, 4, 32768
-    cost, length = long_context_steps(rng, T, dp, 8)
-    valid = np.ones(cost.shape, bool)
-    ours = balance(cost, length, valid, np.arange(T), dp, micro, capacity)
-    check(ours, cost, length, valid, dp, micro, capacity)
-    kk = karmarkar_karp(cost, valid, dp)
+    cost, length, ours = balanced_long_context(14, T, dp, micro, capacity)
+    kk = karmarkar_karp(cost, np.ones(cost.shape, bool), dp)
     tok = np.zeros((T, dp), np.int64)
     np.add.at(tok, (np.arange(T)[:, None].repeat(cost.shape[1], 1), kk), length)
     packs = tok.max(axis=1) <= micro * capacity
@@ -554,12 +560,7 @@ def test_small_dp_long_context_steps_come_close_to_the_pigeonhole_bound():
     cheapest long samples together (mean 1.0017 to the bound without it, 1.0009 with)."""
     from mds.planner.balance import pigeonhole_bound
 
-    rng = np.random.default_rng(8)
-    T, dp, micro, capacity = 64, 8, 4, 32768
-    cost, length = long_context_steps(rng, T, dp, 8)
-    valid = np.ones(cost.shape, bool)
-    ours = balance(cost, length, valid, np.arange(T), dp, micro, capacity)
-    check(ours, cost, length, valid, dp, micro, capacity)
-    ratio = ours.load.max(axis=1) / pigeonhole_bound(cost, dp)
+    cost, _length, ours = balanced_long_context(8, 64, 8, 4, 32768)
+    ratio = ours.load.max(axis=1) / pigeonhole_bound(cost, 8)
     assert ratio.mean() < 1.0012
     assert (ratio < 1.002).mean() > 0.95
