@@ -34,8 +34,6 @@ RAY_INSTALL = "pip install 'mds-planner[ray]'"
 # raises is never retried: bad input fails the same way every time.
 RAY_RETRIES = 3
 RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
-CANCEL_ROUNDS = 5  # times outstanding tasks are cancelled, CANCEL_WAIT seconds apart
-CANCEL_WAIT = 0.5
 
 
 def check_engine(value: Any, where: str) -> str:
@@ -85,7 +83,7 @@ class EngineSpec:
 class Engine:
     """Runs fn(*item) for each item with at most `window` tasks in flight (or done and not
     yet handed out), yielding the results in item order or as they complete. The first task
-    to fail ends the map with its error and cancels the others."""
+    to fail ends the map with its error and stops the others (see each engine's _cancel)."""
 
     name = "engine"
     workers = 1
@@ -264,20 +262,12 @@ class RayEngine(Engine):
             raise MdsError(f"a Ray task failed after {RAY_RETRIES} retries ({line})") from None
 
     def _cancel(self, handles: list) -> None:
-        # force: a running task is stopped by ending its worker process (a gentle cancel
-        # does not interrupt a task blocked in I/O or in native code); queued ones never start.
-        # A cancel that reaches a task while it is being handed to a worker can be lost, so
-        # those still unfinished after a moment are cancelled again.
-        left = list(handles)
-        for _ in range(CANCEL_ROUNDS if left else 0):
-            for ref in left:
-                try:
-                    self.ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001, S110 - best effort: it may have just finished
-                    pass
-            _, left = self.ray.wait(left, num_returns=len(left), timeout=CANCEL_WAIT)
-            if not left:
-                return
+        """Nothing, on purpose: ray.cancel is unsafe. In Ray 2.60 a cancel that meets a task
+        whose result is arriving fails an internal check and ends this process with no
+        message (the submitter fails the task, then the reply completes it). Tasks on a
+        connection this engine opened end when close() shuts it down: Ray stops the tasks of
+        a job whose driver left. On the caller's own connection they run to their end (at
+        most the map's window) and their results are dropped."""
 
     def close(self, wait: bool = True) -> None:
         super().close(wait)

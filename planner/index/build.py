@@ -550,7 +550,7 @@ def _build_locked(
                 for si, first, fs in tasks:
                     spec = plans[si][0]
                     # A scan in this process reports chunk by chunk and stops on `stop`; a
-                    # remote one reports when done and is cancelled by the engine.
+                    # remote one reports when done and is stopped with the engine.
                     meter = _Meter(progress) if pool.in_process else None
                     hooks = {"stop": stop, "progress": meter} if pool.in_process else {}
                     meters.append(meter)
@@ -567,7 +567,7 @@ def _build_locked(
                     progress.advance(max(rest, 0))
             except BaseException:
                 # Ctrl-C, SIGTERM or a failed file: queued scans never start and running
-                # ones stop at their next chunk (or are cancelled on Ray).
+                # ones stop at their next chunk (on Ray, when the engine closes).
                 stop.set()
                 raise
 

@@ -1,5 +1,6 @@
-"""Cases of the engine tests, run by test_engine.py in a pytest process of their own (see there).
-give the same bytes, the same one-line errors, retry a killed worker and cancel on failure.
+"""Cases of the engine tests, run by test_engine.py in a pytest process of their own (see
+there): index and plan on Ray give the same bytes and the same one-line errors, retry a
+killed worker and stop on failure.
 
 One Ray cluster (2 CPUs, no dashboard) serves the whole module.
 """
@@ -69,13 +70,6 @@ def _dies_once(marker: str, module: str, name: str, *args):
         Path(marker).touch()
         os._exit(1)
     return getattr(importlib.import_module(module), name)(*args)
-
-
-def _fails_or_sleeps(i: int, seconds: float) -> int:
-    if i == 0:
-        raise SourceDataError("x.jsonl line 3: injected")
-    time.sleep(seconds)
-    return i
 
 
 def _square(i: int) -> int:
@@ -201,7 +195,24 @@ def _discovered(root: Path):
     return [(spec, discover(spec, config.root)) for spec in config.sources]
 
 
-def test_a_failure_cancels_the_outstanding_ray_tasks(cluster):
+def _fails_or_waits(i: int, gate: str) -> int:
+    """Item 0 fails at once; the others wait for the file `gate` (at most 10 minutes)."""
+    if i == 0:
+        raise SourceDataError("x.jsonl line 3: injected")
+    deadline = time.monotonic() + 600
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return i
+
+
+def test_a_failure_on_the_callers_connection_leaves_its_tasks_to_finish(
+    cluster, tmp_path, monkeypatch
+):
+    # ray.cancel can end this process (Ray 2.60: a cancel meeting a completing task fails an
+    # internal check), so the engine never calls it.
+    cancels = []
+    monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: cancels.append(args))
+    gate = tmp_path / "gate"
     engine = RayEngine()
     submitted = []
     submit = engine._submit
@@ -211,20 +222,63 @@ def test_a_failure_cancels_the_outstanding_ray_tasks(cluster):
         return submitted[-1]
 
     engine._submit = recording
-    with pytest.raises(SourceDataError, match="^x.jsonl line 3: injected$"):
-        list(engine.map(_fails_or_sleeps, [(i, 120.0) for i in range(4)], window=4))
-    # Cancelled, not left running for the sleep's 120 s.
-    for ref in submitted[1:]:
-        with pytest.raises(ray.exceptions.TaskCancelledError):
-            ray.get(ref)
-    # A failure in the caller's own work (here, after the first result) cancels them too.
-    submitted.clear()
-    with pytest.raises(KeyboardInterrupt), engine:
-        for _ in engine.map(_fails_or_sleeps, [(i, 120.0 * (i > 1)) for i in range(1, 5)]):
-            raise KeyboardInterrupt
-    for ref in submitted[1:]:
-        with pytest.raises(ray.exceptions.TaskCancelledError):
-            ray.get(ref)
+    with pytest.raises(SourceDataError, match="^x.jsonl line 3: injected$"), engine:
+        list(engine.map(_fails_or_waits, [(i, str(gate)) for i in range(4)], window=4))
+    assert ray.is_initialized()  # the caller's connection stays open
+    # The map did not wait for the others, and they were not stopped: they finish normally.
+    rest = submitted[1:]
+    assert len(rest) == 3 and ray.wait(rest, num_returns=3, timeout=0)[0] == []
+    gate.touch()
+    assert ray.get(rest, timeout=120) == [1, 2, 3]
+    assert cancels == []
+
+
+# A driver of its own: RayEngine connects to the cluster at argv[1] (so the connection is
+# the engine's), then a task fails (argv[3] == "task") or the caller is interrupted.
+_OWN_CONNECTION = """
+import os, signal, sys, threading, time
+from mds.executor.errors import SourceDataError
+from mds.planner.engine import RayEngine
+
+def fails_or_waits(i, gate):
+    if i == 0:
+        raise SourceDataError("x.jsonl line 3: injected")
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+
+address, gate, failure = sys.argv[1:]
+with RayEngine(address) as engine:
+    if failure == "task":
+        try:
+            list(engine.map(fails_or_waits, [(i, gate) for i in range(4)], window=4))
+        except SourceDataError as exc:
+            print(exc)
+    else:
+        threading.Timer(3, signal.raise_signal, (signal.SIGINT,)).start()
+        list(engine.map(fails_or_waits, [(i, gate) for i in range(1, 4)], window=4))
+"""
+
+
+@pytest.mark.parametrize("failure", ["task", "interrupt"])
+def test_a_failure_on_a_connection_the_engine_opened_ends_its_tasks(cluster, tmp_path, failure):
+    """When such a driver leaves after a failure, Ray stops its tasks, which would otherwise
+    wait for their gate and hold both of this cluster's CPUs."""
+    gate = tmp_path / "gate"  # never created
+    address = ray.get_runtime_context().gcs_address
+    out = subprocess.run(
+        [sys.executable, "-c", _OWN_CONNECTION, address, str(gate), failure],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if failure == "task":
+        assert (out.returncode, out.stdout) == (0, "x.jsonl line 3: injected\n"), out.stderr
+    else:
+        assert out.returncode != 0 and "KeyboardInterrupt" in out.stderr, out.stderr[-2000:]
+    deadline = time.monotonic() + 120
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
 
 
 def test_ray_map_gives_results_in_item_order(cluster):

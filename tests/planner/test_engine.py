@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,4 +36,16 @@ def test_engine_cases_pass_in_a_process_of_their_own(tmp_path):
         text=True,
         timeout=900,
     )
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:] + _ray_fatal_lines()
+
+
+def _ray_fatal_lines() -> str:
+    """Ray's fatal log lines of the latest session: why a driver ended without a report."""
+    logs = Path(tempfile.gettempdir(), "ray", "session_latest", "logs")
+    lines = [
+        line[:400]
+        for log in sorted(logs.glob("python-core-driver-*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if " C " in line[:40]
+    ]
+    return "\nRay fatal lines:\n" + "\n".join(lines) if lines else ""
