@@ -87,14 +87,22 @@ def plan_command(
     from mds.planner.outputs import check_output, index_inputs
 
     target: Path | str = output if is_url(output) else Path(output)
+    manifest = None
     if isinstance(target, Path):
+        local_index = not is_url(cfg.index)
+        if local_index and target.exists():  # its file list is checked, then planned from
+            manifest = _manifest_or_none(cfg.index)
         check_output(
             "-o",
             target,
             [
                 ("config file", config),
                 ("plan given to --from", parent),
-                *([] if is_url(cfg.index) else index_inputs(cfg.index, target)),
+                *(
+                    index_inputs(cfg.index, target, manifest and manifest.data)
+                    if local_index
+                    else []
+                ),
             ],
         )
     from mds.planner.engine import EngineSpec
@@ -109,6 +117,7 @@ def plan_command(
             parent=parent,
             at_step=at_step,
             engine=spec,
+            manifest=manifest,
         )
     if json_out:
         print_json(summary.to_json())
@@ -116,6 +125,17 @@ def plan_command(
     if summary.notice:
         console.print(f"note: {summary.notice}", soft_wrap=True)
     _print_summary(summary)
+
+
+def _manifest_or_none(index: Path):
+    """The index's manifest, or None where it cannot be read (planning then says why)."""
+    from mds.executor.errors import MdsError
+    from mds.executor.manifest import read_manifest
+
+    try:
+        return read_manifest(index)
+    except MdsError:
+        return None
 
 
 def _print_summary(s) -> None:

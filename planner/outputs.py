@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from mds.executor.errors import ConfigError
 
@@ -128,9 +129,13 @@ def check_output(
             raise ConfigError(f"{flag} {output} is inside the {role} {path}; choose another output")
 
 
-def index_inputs(index: Path | None, output: Path) -> list[tuple[str, str | Path | None]]:
+def index_inputs(
+    index: Path | None, output: Path, data: dict[str, Any] | None = None
+) -> list[tuple[str, str | Path | None]]:
     """An index directory, its manifest and, when `output` exists, the source files the
-    manifest lists, as inputs (a new file is none of them: no need to read the file list)."""
+    manifest lists, as inputs (a new file is none of them: no need to read the file list).
+    `data`: the manifest, when the caller has read it already (at a million files a parse
+    costs seconds)."""
     if index is None:
         return []
     import json
@@ -145,7 +150,8 @@ def index_inputs(index: Path | None, output: Path) -> list[tuple[str, str | Path
     if not os.path.exists(output):
         return out
     try:
-        data = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+        if data is None:
+            data = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
         if is_url(data["root"]):
             return out  # objects are never an output's path
         root = str(data["root"])  # strings: a Path per file costs more than its check

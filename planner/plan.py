@@ -328,13 +328,15 @@ def build_plan(
     at_step: int | None = None,
     engine: EngineSpec | None = None,
     index_place: str | None = None,
+    manifest: IndexManifest | None = None,
 ) -> PlanSummary:
     """Plan every step of `config` into the file `output` (written atomically). With
     `parent` and `at_step` K, plan steps [K, steps) continuing the parent plan's cursors
     (see planner/derive.py). `engine`: where chunks are planned (default: the config's
     [plan] engine, else local processes with more than one worker, else this process).
     An index in object storage (config.index an s3:// URL) is downloaded to a temporary
-    directory first; `output` may be an s3:// URL too (see _build_to_object)."""
+    directory first; `output` may be an s3:// URL too (see _build_to_object). `manifest`:
+    the local index's manifest, when the caller has read it already."""
     started = time.perf_counter()
     engine = engine or EngineSpec(config.engine, config.address)
     if storage.is_url(config.index):
@@ -351,35 +353,38 @@ def build_plan(
                 engine=engine,
                 index_place=url,
             )
+    args = (workers, parent, at_step, progress, engine, index_place, manifest)
     if storage.is_url(output):
-        return _build_to_object(
-            config, str(output), workers, parent, at_step, progress, engine, index_place
-        )
+        return _build_to_object(config, str(output), *args)
     output = Path(output).resolve()
     with output_lock(output):
-        return _build_locked(
-            config, output, workers, parent, at_step, progress, started, engine, None, index_place
-        )
+        return _build_locked(config, output, started, None, *args)
 
 
-def _build_to_object(
-    config, url, workers, parent, at_step, progress, engine, index_place
-) -> PlanSummary:
+def _build_to_object(config, url, *args) -> PlanSummary:
     """Plan into a local temporary file, then upload it as one object: an object appears
     whole when its upload completes, so a failed run leaves no plan, nor a partial one,
     at `url`. The recorded paths are those of the plan's place, `url`."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mds-plan-") as tmp:
         local = Path(tmp) / url.rsplit("/", 1)[-1]
-        summary = _build_locked(
-            config, local, workers, parent, at_step, progress, started, engine, url, index_place
-        )
+        summary = _build_locked(config, local, started, url, *args)
         storage.put_file(local, url)
     return replace(summary, path=url, seconds=time.perf_counter() - started)
 
 
 def _build_locked(
-    config, output, workers, parent, at_step, progress, started, engine, place, index_place
+    config,
+    output,
+    started,
+    place,
+    workers,
+    parent,
+    at_step,
+    progress,
+    engine,
+    index_place,
+    manifest,
 ) -> PlanSummary:
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
@@ -410,7 +415,7 @@ def _build_locked(
     failed = True
     global _WORKER
     try:
-        planner = Planner(config)
+        planner = Planner(config, manifest)
         planner.index_place = index_place
         if parent is not None:
             from mds.planner.derive import derive_start

@@ -100,6 +100,27 @@ def test_workers_option_gives_the_same_plan(planned, index, tmp_path):
     assert (tmp_path / "p.mds").read_bytes() == out.read_bytes()
 
 
+def test_re_planning_over_a_plan_reads_the_manifest_once(planned, index, tmp_path, monkeypatch):
+    # The output exists, so the manifest's file list is checked against it; the same parse
+    # then serves the planning (at a million files a parse costs seconds).
+    out, summary = planned
+    again = tmp_path / "p.mds"
+    again.write_bytes(out.read_bytes())
+    reads = []
+    read_text = Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name == "manifest.json":
+            reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    result = mds("plan", SAMPLE_CONFIG, "-o", again, "--index", index, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan_id"] == summary["plan_id"]
+    assert len(reads) == 1
+
+
 def test_a_single_chunk_plan_notes_the_unused_workers(index, tmp_path):
     args = ("plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index, "-j", "2")
     one = ("--steps", "8")  # one chunk of the sample config's chunk_steps
