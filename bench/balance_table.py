@@ -83,7 +83,7 @@ def balance_cases(samples: int) -> list[dict]:
                     row["kk"] = _summary(_ratios(kk, cost, dp))
                     row["mds"] = _summary(_ratios(ours.rank, cost, dp))
                     # The same against the pigeonhole bound (never below lower_bound), and
-                    # how far that bound is above the issue's: the part of the gap no
+                    # how far it is above max(total/D, largest sample): the part of the gap no
                     # assignment can close.
                     strict = pigeonhole_bound(cost, dp)
                     row["mds_pigeonhole"] = _summary(ours.load.max(axis=1) / strict)

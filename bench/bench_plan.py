@@ -212,22 +212,31 @@ def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
     runs: dict[int, list[float]] = {1: [], 2: []}
     memory: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     plan_path = args.out / f"bench-plan-{profile}-d{dp}.mds"
+    cpu: dict[int, list[float]] = {1: [], 2: []}
+
+    def job(workers: int) -> dict:
+        return {
+            "data": str(args.data),
+            "rows": args.rows,
+            "profile": profile,
+            "steps": steps,
+            "chunk_steps": chunk_steps,
+            "dp": dp,
+            "per_step": per_step,
+            "workers": workers,
+            "out": str(plan_path),
+        }
+
+    # Timed runs are not watched: reading a process's smaps every 50 ms slows the run it
+    # reads (by a quarter at D=64 with 2 workers). One more run per setting, watched, gives
+    # the peak memory.
     for _ in range(args.repeat):
         for workers in (1, 2):
-            job = {
-                "data": str(args.data),
-                "rows": args.rows,
-                "profile": profile,
-                "steps": steps,
-                "chunk_steps": chunk_steps,
-                "dp": dp,
-                "per_step": per_step,
-                "workers": workers,
-                "out": str(plan_path),
-            }
-            seconds, peak = run_child(job)
+            seconds, used = run_child(job(workers), watch=False)
             runs[workers].append(seconds)
-            memory[workers].append(peak)
+            cpu[workers].append(used["cpu_seconds"])
+    for workers in (1, 2):
+        memory[workers].append(run_child(job(workers), watch=True)[1])
     with PlanReader(plan_path) as reader:
         stats = reader.section("stats")
         columns = reader.footer["stats_columns"]
@@ -257,10 +266,7 @@ def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
         "peak_rss_mb": {str(k): max(m["rss_mb"] for m in v) for k, v in memory.items()},
         # CPU time (all processes) per sample, median of the runs: what a busy machine
         # does not inflate as much as the wall time.
-        "cpu_us_per_sample": {
-            str(k): statistics.median(m["cpu_seconds"] for m in v) / samples * 1e6
-            for k, v in memory.items()
-        },
+        "cpu_us_per_sample": {str(k): statistics.median(v) / samples * 1e6 for k, v in cpu.items()},
     }
 
 
@@ -294,17 +300,18 @@ def _memory_mb(pid: int) -> dict[str, float]:
     return total
 
 
-def run_child(job: dict) -> tuple[float, dict[str, float]]:
-    """One build_plan in a fresh process: its seconds (timed there) and the peak summed
-    memory of it and its workers, sampled every 50 ms, with the CPU seconds they used."""
+def run_child(job: dict, watch: bool) -> tuple[float, dict[str, float]]:
+    """One build_plan in a fresh process: its seconds (timed there) and the CPU seconds it
+    and its workers used; `watch`: also their peak summed memory, sampled every 50 ms."""
     cmd = [sys.executable, __file__, "--child", json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = {"pss_mb": 0.0, "rss_mb": 0.0}
-    while proc.poll() is None:
+    while watch and proc.poll() is None:
         now = _memory_mb(proc.pid)
         peak = {k: max(peak[k], now[k]) for k in peak}
         time.sleep(0.05)
     out = proc.stdout.read() if proc.stdout else ""
+    proc.wait()
     if proc.returncode:
         raise SystemExit(f"planning child failed ({proc.returncode}): {job}")
     done = json.loads(out.strip().splitlines()[-1])
@@ -357,8 +364,9 @@ def render(r: dict) -> str:
         f"\nplan size: {r['bytes_per_sample']:.3f} bytes/sample. Ratio = slowest rank's cost / "
         "max(total/D, largest sample). Targets: >= 2M samples/s on 2 cores, mean ratio <= 1.005, "
         "<= 4 bytes/sample. Baselines are computed on the same samples (first chunks). Each "
-        "planning run is a fresh process; peak memory sums it and its workers (PSS counts "
-        "shared pages once, RSS in every process).\n"
+        "planning run is a fresh process. Peak memory, from one more run per setting that "
+        "is watched (smaps every 50 ms, which slows the run it reads), sums the process and "
+        "its workers (PSS counts shared pages once, RSS in every process).\n"
     )
     return head + "\n".join(rows) + "\n" + foot
 
