@@ -296,7 +296,7 @@ def open_engine(
 ) -> Engine:
     """The engine `spec` names. Locally: `workers` threads, or spawned processes (each set
     up by `initializer`), or with `fork` processes forked here at once, which share what
-    this process has loaded and need no set-up. On Ray `workers` bounds the tasks in
+    this process has loaded (`initializer`, if any, then only tunes the process). On Ray `workers` bounds the tasks in
     flight (None: the cluster's CPUs); there a task sets itself up on first use, as Ray
     has no per-worker initializer."""
     if spec.kind == "ray":
@@ -307,7 +307,8 @@ def open_engine(
         from multiprocessing import get_context
 
         if fork:
-            return LocalEngine(_forked_pool(workers), workers, in_process=False)
+            pool = _forked_pool(workers, initializer, initargs)
+            return LocalEngine(pool, workers, in_process=False)
         pool: Executor = ProcessPoolExecutor(
             workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
         )
@@ -317,7 +318,9 @@ def open_engine(
     return LocalEngine(ThreadPoolExecutor(max_workers=workers), workers, in_process=True)
 
 
-def _forked_pool(workers: int) -> Executor:
+def _forked_pool(
+    workers: int, initializer: Callable[..., None] | None, initargs: tuple
+) -> Executor:
     """A process pool whose workers are forked now, from the calling thread. The objects
     alive here are frozen out of the garbage collector first, so the children's
     collections do not write to (and so copy) the pages they share with this process."""
@@ -327,7 +330,9 @@ def _forked_pool(workers: int) -> Executor:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=get_context("fork"), initializer=initializer, initargs=initargs
+    )
     # A child flushes the standard streams it inherits when it ends: empty them first, or
     # what this process had buffered would be written once more per worker.
     for stream in (sys.stdout, sys.stderr):

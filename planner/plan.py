@@ -34,6 +34,7 @@ from mds.planner.engine import Engine, EngineSpec, fork_shares_memory, open_engi
 from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, download_index, read_manifest
 from mds.planner.lock import output_lock
+from mds.planner.malloc import keep_freed_memory
 from mds.planner.mixing import Mixer, MixState
 from mds.planner.outputs import recorded_root
 from mds.planner.plan_config import PlanConfig, check_chunk_size, check_sizes
@@ -261,6 +262,12 @@ def _init_worker(run: str, config: PlanConfig) -> None:
     _WORKER = (run, Planner(config))
 
 
+def _init_local_worker(run: str, config: PlanConfig) -> None:
+    """A spawned planning process: malloc tuned (planner/malloc.py), then the planner."""
+    keep_freed_memory()
+    _init_worker(run, config)
+
+
 def _run_chunk(
     run: str, config: PlanConfig, state: MixState, end: int, counts: np.ndarray
 ) -> ChunkResult:
@@ -407,7 +414,7 @@ def _build_locked(
     fork = engine.kind == "local" and workers > 1 and fork_shares_memory()
     pool = (
         open_engine(
-            engine, workers, processes=True, initializer=_init_worker, initargs=(run, config)
+            engine, workers, processes=True, initializer=_init_local_worker, initargs=(run, config)
         )
         if engine.kind != "local" or (workers > 1 and not fork)
         else None
@@ -424,7 +431,9 @@ def _build_locked(
             planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
         if fork:
             _WORKER = (run, planner)  # what every forked worker starts with
-            pool = open_engine(engine, workers, processes=True, fork=True)
+            pool = open_engine(
+                engine, workers, processes=True, fork=True, initializer=keep_freed_memory
+            )
             _WORKER = None
         data, footer, stats_arr = _write(planner, output, pool, run, progress, place)
         failed = False
