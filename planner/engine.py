@@ -296,9 +296,9 @@ def open_engine(
 ) -> Engine:
     """The engine `spec` names. Locally: `workers` threads, or spawned processes (each set
     up by `initializer`), or with `fork` processes forked here at once, which share what
-    this process has loaded (`initializer`, if any, then only tunes the process). On Ray `workers` bounds the tasks in
-    flight (None: the cluster's CPUs); there a task sets itself up on first use, as Ray
-    has no per-worker initializer."""
+    this process has loaded (`initializer`, if any, then only tunes the process). On Ray
+    `workers` bounds the tasks in flight (None: the cluster's CPUs); there a task sets
+    itself up on first use, as Ray has no per-worker initializer."""
     if spec.kind == "ray":
         return RayEngine(spec.address, workers)
     workers = workers or 1
