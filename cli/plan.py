@@ -108,7 +108,7 @@ def plan_command(
     from mds.planner.engine import EngineSpec
     from mds.planner.malloc import keep_freed_memory
 
-    keep_freed_memory()  # this process plans chunks itself with one worker (planner/malloc.py)
+    keep_freed_memory()  # with one worker this process plans every chunk (planner/malloc.py)
     spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
     with StepProgress("planning", enabled=not json_out) as bar:
         summary = build_plan(
