@@ -16,30 +16,19 @@ import pyarrow.parquet as pq
 import zstandard
 
 from mds.executor.errors import SourceDataError
+from mds.executor.parquet_thrift import CODECS as _CODECS
+from mds.executor.parquet_thrift import DATA_PAGE as _DATA_PAGE
+from mds.executor.parquet_thrift import DATA_PAGE_V2 as _DATA_PAGE_V2
+from mds.executor.parquet_thrift import DICTIONARY_PAGE as _DICTIONARY_PAGE
+from mds.executor.parquet_thrift import INDEX_PAGE as _INDEX_PAGE
+from mds.executor.parquet_thrift import RLE as _RLE
+from mds.executor.parquet_thrift import Truncated as _Truncated
+from mds.executor.parquet_thrift import Unsupported as _Unsupported
+from mds.executor.parquet_thrift import field_int as _field_int
+from mds.executor.parquet_thrift import field_struct as _field_struct
+from mds.executor.parquet_thrift import page_fields
 
 __all__ = ["list_lengths"]
-
-# ColumnChunkMetaData.compression -> pyarrow.decompress codec (None: stored as is). pyarrow
-# names the Thrift codec LZ4_RAW "LZ4" and the deprecated Hadoop-framed LZ4 "UNKNOWN" (like
-# LZO, it falls back); "LZ4_RAW" is listed in case a later pyarrow spells it out.
-_CODECS = {
-    "UNCOMPRESSED": None,
-    "SNAPPY": "snappy",
-    "GZIP": "gzip",
-    "ZSTD": "zstd",
-    "LZ4": "lz4_raw",
-    "LZ4_RAW": "lz4_raw",
-    "BROTLI": "brotli",
-}
-
-# Enums of parquet.thrift: PageType and Encoding.
-_DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 1, 2, 3
-_RLE = 3
-
-# Thrift compact protocol type ids.
-_T_TRUE, _T_FALSE, _T_BYTE, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
-_T_DOUBLE, _T_BINARY, _T_LIST, _T_SET, _T_MAP, _T_STRUCT, _T_UUID = 7, 8, 9, 10, 11, 12, 13
-_MAX_NESTING = 32
 
 _MAX_VARINT = 5  # a 32-bit ULEB128 varint, the run headers of the RLE/bit-packed hybrid
 _WORKERS = min(2, os.cpu_count() or 1)
@@ -49,14 +38,6 @@ _READ_AHEAD = 1 << 15
 # many as the values, and a full decode in native code is at least as fast as this path.
 _DENSE_MEAN_LEVELS = 16
 _DENSE_MIN_LEVELS = 1 << 22
-
-
-class _Unsupported(Exception):
-    """The file uses something this fast path does not decode; the caller falls back."""
-
-
-class _Truncated(Exception):
-    """A page header or a page's compressed start runs past the bytes read so far."""
 
 
 @dataclass(frozen=True)
@@ -815,98 +796,16 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return offsets + np.arange(total, dtype=np.int64)
 
 
-# --- Thrift compact protocol, just enough for a PageHeader ---
-
-
-class _Compact:
-    def __init__(self, buf: memoryview, pos: int):
-        self.buf, self.pos = buf, pos
-
-    def byte(self) -> int:
-        if self.pos >= len(self.buf):
-            raise _Truncated
-        value = self.buf[self.pos]
-        self.pos += 1
-        return value
-
-    def skip_bytes(self, n: int) -> None:
-        if n < 0:
-            raise _Unsupported("negative length")
-        if self.pos + n > len(self.buf):
-            raise _Truncated
-        self.pos += n
-
-    def varint(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.byte()
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise _Unsupported("varint too long")
-
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def struct(self, nested: frozenset[int] = frozenset(), depth: int = 0) -> dict:
-        """Integer and bool fields by id; the ids in `nested` are read as structs too."""
-        fields: dict = {}
-        last = 0
-        while (b := self.byte()) != 0:
-            kind, delta = b & 0x0F, b >> 4
-            field = last + delta if delta else self.zigzag()
-            last = field
-            if kind in (_T_TRUE, _T_FALSE):
-                fields[field] = kind == _T_TRUE
-            elif kind in (_T_BYTE, _T_I16, _T_I32, _T_I64):
-                fields[field] = self.byte() if kind == _T_BYTE else self.zigzag()
-            elif kind == _T_STRUCT and field in nested:
-                fields[field] = self.struct(depth=depth + 1)
-            else:
-                self.skip(kind, depth)
-        return fields
-
-    def skip(self, kind: int, depth: int) -> None:
-        if depth > _MAX_NESTING:
-            raise _Unsupported("Thrift nesting too deep")
-        if kind in (_T_BYTE, _T_TRUE, _T_FALSE):  # bools take a byte only inside containers
-            self.skip_bytes(1)
-        elif kind in (_T_I16, _T_I32, _T_I64):
-            self.varint()
-        elif kind == _T_DOUBLE:
-            self.skip_bytes(8)
-        elif kind == _T_UUID:
-            self.skip_bytes(16)
-        elif kind == _T_BINARY:
-            self.skip_bytes(self.varint())
-        elif kind in (_T_LIST, _T_SET):
-            head = self.byte()
-            size = head >> 4 if head >> 4 != 15 else self.varint()
-            for _ in range(size):
-                self.skip(head & 0x0F, depth + 1)
-        elif kind == _T_MAP:
-            size = self.varint()
-            types = self.byte() if size else 0
-            for _ in range(size):
-                self.skip(types >> 4, depth + 1)
-                self.skip(types & 0x0F, depth + 1)
-        elif kind == _T_STRUCT:
-            self.struct(depth=depth + 1)
-        else:
-            raise _Unsupported(f"Thrift compact type {kind}")
+# --- Page headers (the Thrift parser is parquet_thrift's) ---
 
 
 def _page_header(buf: memoryview, pos: int) -> _Page:
     """Parse the PageHeader at `pos`; of its structs only data_page_header(_v2) are read."""
-    reader = _Compact(buf, pos)
-    fields = reader.struct(nested=frozenset({5, 8}))
+    fields, size = page_fields(buf, pos)
     kind = _field_int(fields, 1)
     base = {
         "type": kind,
-        "header_size": reader.pos - pos,
+        "header_size": size,
         "uncompressed_size": _field_int(fields, 2),
         "compressed_size": _field_int(fields, 3),
     }
@@ -926,17 +825,3 @@ def _page_header(buf: memoryview, pos: int) -> _Page:
             rep_bytes=_field_int(head, 6),
         )
     return _Page(**base)
-
-
-def _field_int(fields: dict, key: int) -> int:
-    value = fields.get(key)
-    if type(value) is not int or value < 0:
-        raise _Unsupported(f"PageHeader field {key} is missing or invalid")
-    return value
-
-
-def _field_struct(fields: dict, key: int) -> dict:
-    value = fields.get(key)
-    if not isinstance(value, dict):
-        raise _Unsupported(f"PageHeader field {key} is missing")
-    return value

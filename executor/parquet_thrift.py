@@ -1,0 +1,157 @@
+"""Parquet page headers: just enough of the Thrift compact protocol to read a PageHeader.
+
+Shared by the indexer (list lengths from levels) and the executor (rows from pages); both
+fall back to pyarrow on anything they do not decode (`Unsupported`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CODECS",
+    "DATA_PAGE",
+    "DATA_PAGE_V2",
+    "DICTIONARY_PAGE",
+    "INDEX_PAGE",
+    "RLE",
+    "Compact",
+    "Truncated",
+    "Unsupported",
+    "field_int",
+    "field_struct",
+    "page_fields",
+]
+
+# ColumnChunkMetaData.compression -> pyarrow.decompress codec (None: stored as is). pyarrow
+# names the Thrift codec LZ4_RAW "LZ4" and the deprecated Hadoop-framed LZ4 "UNKNOWN" (like
+# LZO, it falls back); "LZ4_RAW" is listed in case a later pyarrow spells it out.
+CODECS = {
+    "UNCOMPRESSED": None,
+    "SNAPPY": "snappy",
+    "GZIP": "gzip",
+    "ZSTD": "zstd",
+    "LZ4": "lz4_raw",
+    "LZ4_RAW": "lz4_raw",
+    "BROTLI": "brotli",
+}
+
+# Enums of parquet.thrift: PageType and Encoding.
+DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
+RLE = 3
+
+# Thrift compact protocol type ids.
+_T_TRUE, _T_FALSE, _T_BYTE, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
+_T_DOUBLE, _T_BINARY, _T_LIST, _T_SET, _T_MAP, _T_STRUCT, _T_UUID = 7, 8, 9, 10, 11, 12, 13
+_MAX_NESTING = 32
+
+
+class Unsupported(Exception):
+    """The file uses something this fast path does not decode; the caller falls back."""
+
+
+class Truncated(Exception):
+    """A page header or a page's compressed start runs past the bytes read so far."""
+
+
+class Compact:
+    """A Thrift compact-protocol reader over `buf` from `pos`."""
+
+    def __init__(self, buf: memoryview, pos: int):
+        self.buf, self.pos = buf, pos
+
+    def byte(self) -> int:
+        if self.pos >= len(self.buf):
+            raise Truncated
+        value = self.buf[self.pos]
+        self.pos += 1
+        return value
+
+    def skip_bytes(self, n: int) -> None:
+        if n < 0:
+            raise Unsupported("negative length")
+        if self.pos + n > len(self.buf):
+            raise Truncated
+        self.pos += n
+
+    def varint(self) -> int:
+        value = shift = 0
+        while True:
+            b = self.byte()
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise Unsupported("varint too long")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def struct(self, nested: frozenset[int] = frozenset(), depth: int = 0) -> dict:
+        """Integer and bool fields by id; the ids in `nested` are read as structs too."""
+        fields: dict = {}
+        last = 0
+        while (b := self.byte()) != 0:
+            kind, delta = b & 0x0F, b >> 4
+            field = last + delta if delta else self.zigzag()
+            last = field
+            if kind in (_T_TRUE, _T_FALSE):
+                fields[field] = kind == _T_TRUE
+            elif kind in (_T_BYTE, _T_I16, _T_I32, _T_I64):
+                fields[field] = self.byte() if kind == _T_BYTE else self.zigzag()
+            elif kind == _T_STRUCT and field in nested:
+                fields[field] = self.struct(depth=depth + 1)
+            else:
+                self.skip(kind, depth)
+        return fields
+
+    def skip(self, kind: int, depth: int) -> None:
+        if depth > _MAX_NESTING:
+            raise Unsupported("Thrift nesting too deep")
+        if kind in (_T_BYTE, _T_TRUE, _T_FALSE):  # bools take a byte only inside containers
+            self.skip_bytes(1)
+        elif kind in (_T_I16, _T_I32, _T_I64):
+            self.varint()
+        elif kind == _T_DOUBLE:
+            self.skip_bytes(8)
+        elif kind == _T_UUID:
+            self.skip_bytes(16)
+        elif kind == _T_BINARY:
+            self.skip_bytes(self.varint())
+        elif kind in (_T_LIST, _T_SET):
+            head = self.byte()
+            size = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(size):
+                self.skip(head & 0x0F, depth + 1)
+        elif kind == _T_MAP:
+            size = self.varint()
+            types = self.byte() if size else 0
+            for _ in range(size):
+                self.skip(types >> 4, depth + 1)
+                self.skip(types & 0x0F, depth + 1)
+        elif kind == _T_STRUCT:
+            self.struct(depth=depth + 1)
+        else:
+            raise Unsupported(f"Thrift compact type {kind}")
+
+
+def page_fields(buf: memoryview, pos: int) -> tuple[dict, int]:
+    """The PageHeader at `pos` as fields by id (its data_page_header, dictionary_page_header
+    and data_page_header_v2 as nested dicts) and the header's size in bytes."""
+    reader = Compact(buf, pos)
+    fields = reader.struct(nested=frozenset({5, 7, 8}))
+    return fields, reader.pos - pos
+
+
+def field_int(fields: dict, key: int) -> int:
+    value = fields.get(key)
+    if type(value) is not int or value < 0:
+        raise Unsupported(f"PageHeader field {key} is missing or invalid")
+    return value
+
+
+def field_struct(fields: dict, key: int) -> dict:
+    value = fields.get(key)
+    if not isinstance(value, dict):
+        raise Unsupported(f"PageHeader field {key} is missing")
+    return value
