@@ -16,6 +16,7 @@ from mds.executor.manifest import plan_manifest
 from mds.executor.planfile import PlanReader, RankChunk
 from mds.planner.atomic import atomic_path, cannot_write
 from mds.planner.index.manifest import IndexManifest, source_frame
+from mds.planner.pool import JSONL_FORMATS
 from mds.planner.sqlexpr import signed_ints, sql_expr
 
 __all__ = [
@@ -119,6 +120,10 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
             .filter(pl.col("row").is_in(part["row"].unique().implode()))
             .collect()
         )
+        if manifest.source(name)["format"] not in JSONL_FORMATS:
+            # a Parquet token list's `offset` counts values in its row group, not bytes:
+            # how the executor reads it, not a place for a reader of the export
+            table = table.drop("offset", strict=False)
         joined = part.join(table, on="row", how="left").join(paths, on="file_id", how="left")
         joined = joined.with_columns(
             pl.lit(name).alias("source"),

@@ -112,6 +112,8 @@ class FetchTable:
                 length[pick] = by_row["length"][rows]
             else:
                 row_in[pick] = rows - src.first_rows[fid]
+                if "offset" in by_row:  # a Parquet token list: the row's first value in its group
+                    offset[pick] = by_row["offset"][rows]
         # The files named, in (source, file) order, and each sample's place among them.
         if self._files <= 4 * n + 1024:  # a table of every planned file: no sort
             seen = np.bincount(gfile, minlength=self._files) > 0

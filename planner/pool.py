@@ -26,11 +26,22 @@ from mds.planner.index.manifest import IndexManifest, source_table
 from mds.planner.plan_config import CostSpec, PlanConfig
 from mds.planner.sqlexpr import signed_ints, sql_expr
 
-__all__ = ["COST_SCALE", "SourcePool", "load_pools"]
+__all__ = ["COST_SCALE", "SourcePool", "load_pools", "location_columns"]
 
 JSONL_FORMATS = ("jsonl", "jsonl.zst")
 # What a JSONL sample's fetch record needs besides n_tokens: the line and its byte range.
 JSONL_COLUMNS = ("file_row", "offset", "length")
+# A Parquet token list's: where the row's values start in its row group (payload "offsets").
+ROW_GROUP_COLUMNS = ("offset",)
+
+
+def location_columns(entry: dict) -> tuple[str, ...]:
+    """The index columns a manifest source's fetch records copy besides n_tokens."""
+    if entry["format"] in JSONL_FORMATS:
+        return JSONL_COLUMNS
+    if (entry.get("payload") or {}).get("offsets") == "row_group":
+        return ROW_GROUP_COLUMNS
+    return ()
 
 # The largest per-sample cost maps to this integer; 2^40 leaves room for 2^23 samples per rank-step.
 COST_SCALE = float(1 << 40)
@@ -54,7 +65,8 @@ class SourcePool:
     dropped: int = 0  # overlong samples removed with overlong = "drop"
     truncated: int = 0
     # By index row, what the plan's fetch records copy (planner/fetch.py): `n_tokens` as
-    # indexed, and for JSONL `file_row`, `offset`, `length`. Views of the decoded columns.
+    # indexed, and `location_columns` (JSONL: `file_row`, `offset`, `length`; a Parquet token
+    # list: `offset`). Views of the decoded columns.
     by_row: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -175,8 +187,8 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
             )
         entry = manifest.source(mix.name)
         exprs = [e for e in (mix.filter, config.cost.expr) if e is not None]
-        jsonl = entry["format"] in JSONL_FORMATS
-        needed = partial(_columns, exprs=exprs, extra=JSONL_COLUMNS if jsonl else ())
+        located = location_columns(entry)
+        needed = partial(_columns, exprs=exprs, extra=located)
         table = source_table(manifest, mix.name, needed)
         rows = None  # the eligible rows of `table`, ascending; None while that is all of them
         if mix.filter is not None:
@@ -229,7 +241,7 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
             AllRows(len(lengths), row_type) if rows is None else rows.astype(row_type, copy=False)
         )
         by_row = {"n_tokens": tokens.to_numpy()}
-        for c in JSONL_COLUMNS if jsonl else ():
+        for c in located:
             by_row[c] = table[c].rechunk().to_numpy()
         pools.append(
             SourcePool(

@@ -10,13 +10,13 @@ import numpy as np
 
 from mds.executor.errors import MdsError
 from mds.executor.planfile import PlanReader, RankChunk
-from mds.planner.fetch import FILE_KEYS, JSONL_FORMATS, source_facts
+from mds.planner.fetch import FILE_KEYS, source_facts
 from mds.planner.index.manifest import IndexManifest, read_table
+from mds.planner.pool import location_columns
 
 __all__ = ["IndexTables", "fetch_problem"]
 
 _COLUMNS = ("file_id", "file_row", "n_tokens")
-_JSONL_COLUMNS = ("offset", "length")
 
 
 def _facts_problem(footer: dict[str, Any], manifest: IndexManifest) -> str | None:
@@ -47,7 +47,7 @@ class IndexTables:
         if sid not in self._columns:
             entry = self.manifest.sources[sid]
             frame = read_table(self.manifest.path / entry["table"], entry["table_checksum"])
-            names = _COLUMNS + (_JSONL_COLUMNS if entry["format"] in JSONL_FORMATS else ())
+            names = _COLUMNS + tuple(c for c in location_columns(entry) if c not in _COLUMNS)
             self._columns[sid] = {n: frame[n].to_numpy().astype(np.int64) for n in names}
         return self._columns[sid]
 
@@ -81,13 +81,14 @@ def _block_problem(block: RankChunk, tables: IndexTables) -> str | None:
         pick = np.flatnonzero(sid_of == sid)
         rows = gids[pick] - tables.bases[sid]
         cols = tables.columns(sid)
-        jsonl = "offset" in cols
+        # a column the source is not located by is 0 in the plan
+        index = {c: cols[c][rows] if c in cols else 0 for c in ("offset", "length")}
         checks = {
             "file": (named[pick, 1], cols["file_id"][rows]),
             "row": (rec.row[pick].astype(np.int64), cols["file_row"][rows]),
             "tokens": (rec.tokens[pick].astype(np.int64), cols["n_tokens"][rows]),
-            "offset": (rec.offset[pick].astype(np.int64), cols["offset"][rows] if jsonl else 0),
-            "length": (rec.length[pick].astype(np.int64), cols["length"][rows] if jsonl else 0),
+            "offset": (rec.offset[pick].astype(np.int64), index["offset"]),
+            "length": (rec.length[pick].astype(np.int64), index["length"]),
         }
         for what, (got, want) in checks.items():
             bad = np.flatnonzero(got != want)

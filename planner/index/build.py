@@ -170,6 +170,21 @@ def _fingerprint_batch(
     return [_fingerprint(f, mode) for f in files]
 
 
+def _row_group_located(spec: SourceSpec, fmt: str) -> bool:
+    """Whether the table has each row's first value in its row group (`offset`): a Parquet
+    token list, whose rows the executor then reads from pages (executor/parquet_pages.py)."""
+    return fmt == "parquet" and spec.length.kind == "tokens"
+
+
+def _payload(spec: SourceSpec, fmt: str) -> dict[str, str] | None:
+    """Where the executor finds a sample's content (`SourceSpec.payload`), and for a Parquet
+    token list that the plan locates its rows by their values' place in the row group."""
+    payload = spec.payload
+    if payload is not None and _row_group_located(spec, fmt):
+        payload = {**payload, "offsets": "row_group"}
+    return payload
+
+
 def _spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
     """Everything about a source that changes its table besides the files themselves."""
     key: dict[str, Any] = {
@@ -178,6 +193,8 @@ def _spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
         "text": spec.text,
         "keep": list(spec.keep),
     }
+    if _row_group_located(spec, fmt):
+        key["offsets"] = "row_group"
     if tokenizer is not None:
         key["tokenizer_fingerprint"] = fingerprint(tokenizer, "full")
     return json.dumps(key, sort_keys=True)
@@ -362,6 +379,7 @@ def _assemble(spec: SourceSpec, fmt: str, files: list[_File], parts: list[_Part]
     parts = sorted(parts, key=lambda p: p.first)
     types = _check_schema(parts, files, spec)
     cols = ["file_id", "file_row"] + (["offset", "length"] if fmt.startswith("jsonl") else [])
+    cols += ["offset"] if _row_group_located(spec, fmt) else []
     cols += ["n_tokens", *spec.keep]
     frames = []
     for part in parts:
@@ -597,7 +615,7 @@ def _build_locked(
                     "table_checksum": checksum,
                     "spec_key": key,
                     "length": spec.length.describe(),
-                    "payload": spec.payload,
+                    "payload": _payload(spec, fmt),
                     "keep": {c: str(table.schema[c]) for c in spec.keep},
                     "rows": table.height,
                     "tokens": int(n.sum()),

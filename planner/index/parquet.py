@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from mds.executor import storage
 from mds.planner.index.discover import DataFile
@@ -10,28 +12,47 @@ from mds.planner.index.lengths import check_column_type, checked_lengths, text_l
 from mds.planner.index.parquet_levels import list_lengths
 from mds.planner.index.scan import ScanContext, missing_column, reading
 
-__all__ = ["scan_parquet"]
+__all__ = ["group_offsets", "scan_parquet"]
 
 
-def _object_columns(file: DataFile, spec) -> pl.LazyFrame:
+def _object_columns(file: DataFile, spec) -> tuple[pl.LazyFrame, list[int]]:
     """The columns the index reads of a Parquet object: its footer, then only their column
-    chunks, by byte-range requests (pyarrow coalesces neighbouring ranges)."""
-    import pyarrow.parquet as pq
-
+    chunks, by byte-range requests (pyarrow coalesces neighbouring ranges); and the rows of
+    each row group."""
     with storage.open_input(file.path) as f, pq.ParquetFile(f, pre_buffer=True) as parquet:
         names = parquet.schema_arrow.names
         for column in spec.columns():
             if column not in names:
                 raise missing_column(file, column, names)
         table = parquet.read(columns=list(spec.columns()), use_threads=False)
-    return pl.from_arrow(table).lazy()
+        groups = _group_rows(parquet.metadata)
+    return pl.from_arrow(table).lazy(), groups
+
+
+def _group_rows(meta: pq.FileMetaData) -> list[int]:
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def group_offsets(n_tokens: np.ndarray, group_rows: list[int]) -> np.ndarray:
+    """Where each row's values start in its row group's leaf column (int64): what the
+    executor reads a row's pages with (`parquet_pages`), so it need not decode the group."""
+    n = np.asarray(n_tokens, dtype=np.int64)
+    if sum(group_rows) != len(n):
+        raise ValueError(f"its row groups hold {sum(group_rows)} rows, the column {len(n)}")
+    before = np.cumsum(n) - n
+    firsts = np.cumsum(group_rows) - np.asarray(group_rows, dtype=np.int64)
+    group_base = before[np.minimum(firsts, max(len(n) - 1, 0))] if len(n) else firsts
+    return before - np.repeat(group_base, group_rows)
 
 
 def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     spec = ctx.spec
     remote = storage.is_url(file.path)
     with reading(file, "Parquet file"):
-        lazy = _object_columns(file, spec) if remote else pl.scan_parquet(file.path)
+        if remote:
+            lazy, groups = _object_columns(file, spec)
+        else:
+            lazy, groups = pl.scan_parquet(file.path), _group_rows(pq.read_metadata(file.path))
         schema = lazy.collect_schema()
     for column in spec.columns():
         if column not in schema:
@@ -72,4 +93,8 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     head = pl.DataFrame(
         {"file_row": pl.int_range(rows, dtype=pl.Int64, eager=True), "n_tokens": n_tokens}
     )
+    if kind == "tokens":
+        with reading(file, "Parquet file"):
+            offsets = group_offsets(n_tokens.to_numpy(), groups)
+        head = head.with_columns(pl.Series("offset", offsets, dtype=pl.Int64))
     return pl.concat([head, frame], how="horizontal") if frame.width else head

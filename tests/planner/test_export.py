@@ -79,6 +79,8 @@ def test_joined_columns_equal_the_index_rows(sample):
     for name in ("web", "forum", "math"):
         part = frame.filter(pl.col("source") == name)
         table = source_frame(manifest, name).with_row_index("row").collect()
+        if name == "web":  # its `offset` counts values in a row group: not exported
+            table = table.drop("offset")
         table = table.rename({"offset": "byte_offset", "length": "byte_length"}, strict=False)
         cols = [c for c in table.columns if c != "row"]
         expected = table[part["row"].to_list()].select(cols)

@@ -26,8 +26,8 @@ def expected(planner: Planner, ids: np.ndarray):
         sid = [s["name"] for s in planner.manifest.sources].index(pool.name)
         if "file_row" in pool.by_row:
             where = tuple(int(pool.by_row[c][row]) for c in ("file_row", "offset", "length"))
-        else:
-            where = (row - firsts[fid], 0, 0)
+        else:  # by row; a Parquet token list also by where its values start in the group
+            where = (row - firsts[fid], int(pool.by_row.get("offset", [0] * (row + 1))[row]), 0)
         out.append((sid, fid, where[0], int(pool.by_row["n_tokens"][row]), *where[1:]))
     return out
 

@@ -157,14 +157,14 @@ def test_multi_source_build_and_manifest(root: Path, scanned: list[str]) -> None
     web = by_name["web"]
     assert [f["path"] for f in web["files"]] == [f"web/part-{i:05d}.parquet" for i in range(3)]
     table = _table(index, "web")
-    assert table.columns == ["file_id", "file_row", "n_tokens", "lang", "quality"]
+    assert table.columns == ["file_id", "file_row", "offset", "n_tokens", "lang", "quality"]
     assert table["n_tokens"].to_list() == [
         len(t) for part in WEB for t in part["tokens"].to_pylist()
     ]
     assert table["lang"].to_list() == [x for part in WEB for x in part["lang"]]
     assert table["file_id"].to_list() == [0] * 4 + [1] * 4 + [2] * 4
     assert web["length"] == {"kind": "tokens", "exact": True, "column": "tokens"}
-    assert web["payload"] == {"kind": "token_ids", "column": "tokens"}
+    assert web["payload"] == {"kind": "token_ids", "column": "tokens", "offsets": "row_group"}
     assert web["keep"] == {"lang": "String", "quality": "Float64"}
 
     forum = _table(index, "forum")
@@ -349,6 +349,7 @@ def test_changed_keep_changes_the_table(root: Path) -> None:
     assert _table(root / "index", "web").columns == [
         "file_id",
         "file_row",
+        "offset",
         "n_tokens",
         "quality",
         "lang",

@@ -6,14 +6,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from builders import ctx, data_file, source, write_parquet, write_tokenizer
 
 from mds.executor.errors import SourceDataError
 from mds.planner.index import lengths
-from mds.planner.index.parquet import scan_parquet
+from mds.planner.index.parquet import group_offsets, scan_parquet
 
 TOKENS = [[5, 6, 7], [], [1] * 40, [9], list(range(300))]
 
@@ -38,7 +40,7 @@ def _error(path: Path, **table) -> str:
 def test_token_lists_give_exact_lengths(tmp_path: Path, list_type: pa.DataType) -> None:
     path = write_parquet(tmp_path / "a.parquet", {"tokens": pa.array(TOKENS, list_type)})
     frame = _scan(path, tokens="tokens")
-    assert frame.columns == ["file_row", "n_tokens"]
+    assert frame.columns == ["file_row", "n_tokens", "offset"]
     assert frame.schema["n_tokens"] == pl.UInt32
     assert frame["n_tokens"].to_list() == [len(t) for t in TOKENS]
     assert frame["file_row"].to_list() == list(range(len(TOKENS)))
@@ -122,11 +124,12 @@ def test_kept_columns_are_preserved_in_order(tmp_path: Path) -> None:
         },
     )
     frame = _scan(path, tokens="tokens", keep=["year", "lang", "quality", "domain"])
-    assert frame.columns == ["file_row", "n_tokens", "year", "lang", "quality", "domain"]
+    assert frame.columns == ["file_row", "n_tokens", "offset", "year", "lang", "quality", "domain"]
     assert frame.to_dicts() == [
         {
             "file_row": 0,
             "n_tokens": 1,
+            "offset": 0,
             "year": 2020,
             "lang": "en",
             "quality": 0.5,
@@ -135,6 +138,7 @@ def test_kept_columns_are_preserved_in_order(tmp_path: Path) -> None:
         {
             "file_row": 1,
             "n_tokens": 2,
+            "offset": 1,
             "year": 2021,
             "lang": None,
             "quality": 0.25,
@@ -150,6 +154,31 @@ def test_text_column_may_also_be_kept(tmp_path: Path) -> None:
     assert frame["text"].to_list() == ["a", "b"]
 
 
+@pytest.mark.parametrize("row_group_size", [1, 3, 1000])
+def test_token_list_offsets_restart_at_each_row_group(tmp_path: Path, row_group_size) -> None:
+    """`offset` is where a row's values start in its row group's leaf column: what the
+    executor reads the row's pages with."""
+    rows = [[1, 2], [], [3], [4, 5, 6], [7], [8, 9], [10]]
+    path = tmp_path / "g.parquet"
+    pq.write_table(
+        pa.table({"t": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=row_group_size
+    )
+    frame = _scan(path, tokens="t")
+    want, values = [], 0
+    for i, row in enumerate(rows):
+        values = 0 if i % row_group_size == 0 else values
+        want.append(values)
+        values += len(row)
+    assert frame["offset"].to_list() == want
+
+
+def test_group_offsets_refuses_row_groups_that_disagree_with_the_column() -> None:
+    assert group_offsets(np.array([2, 0, 3]), [2, 1]).tolist() == [0, 2, 0]
+    assert group_offsets(np.array([], dtype=np.int64), [0, 0]).tolist() == []
+    with pytest.raises(ValueError, match="row groups hold 2 rows"):
+        group_offsets(np.array([2, 0, 3]), [2])
+
+
 def test_zero_rows(tmp_path: Path) -> None:
     table = pa.table(
         {"tokens": pa.array([], pa.list_(pa.int32())), "lang": pa.array([], pa.string())}
@@ -157,7 +186,7 @@ def test_zero_rows(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "e.parquet", table)
     frame = _scan(path, tokens="tokens", keep=["lang"])
     assert frame.height == 0
-    assert frame.columns == ["file_row", "n_tokens", "lang"]
+    assert frame.columns == ["file_row", "n_tokens", "offset", "lang"]
 
 
 # --- errors ----------------------------------------------------------------------------------
