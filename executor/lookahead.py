@@ -68,15 +68,16 @@ class _Block:
 
 @dataclass
 class Later:
-    """Later samples of one file: rank-wide indices and where each is in the file.
-    `complete`: they are all of this process's samples after the current ones that read
-    the file, to the end of the plan (so a block decoded for them is not needed again)."""
+    """Later samples of one file: rank-wide indices and where each is in the file (`offset`
+    and `length` as `Lookahead.later` was asked for, else None). `complete`: they are all of
+    this process's samples after the current ones that read the file, to the end of the plan
+    (so a block decoded for them is not needed again)."""
 
     index: np.ndarray
     gid: np.ndarray
     row: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
+    offset: np.ndarray | None
+    length: np.ndarray | None
     complete: bool = False
 
     def __len__(self) -> int:
@@ -200,10 +201,20 @@ class Lookahead:
         self.nbytes -= freed
         return np.array(missing, dtype=np.int64)
 
-    def later(self, key: tuple[int, int], entry: Any, base: int, lo: int, hi: int) -> Later:
+    def later(
+        self,
+        key: tuple[int, int],
+        entry: Any,
+        base: int,
+        lo: int,
+        hi: int,
+        located: str | None = None,
+    ) -> Later:
         """The nearest (up to `MAX_LATER`) of this rank's samples after block sample `hi` that read
         file `key` (source, file) with the same record `entry`, are built by this process,
-        are not kept yet and lie within the byte budget."""
+        are not kept yet and lie within the byte budget. `located`: "bytes" for their byte
+        ranges (the plan's offset and length), "values" for where their values start in the
+        row group and how many (offset and tokens), None for neither."""
         parts: list[tuple[_Block, np.ndarray]] = []
         complete = False
         if self.max_bytes > 0:
@@ -244,13 +255,19 @@ class Lookahead:
         cat = np.concatenate
         if not rec:
             empty = np.zeros(0, dtype=np.int64)
-            return Later(empty, empty, empty, empty, empty, complete)
+            where = empty if located else None
+            return Later(empty, empty, empty, where, where, complete)
+        offset = length = None
+        if located:
+            size = "length" if located == "bytes" else "tokens"
+            offset = cat([r.offset[js].astype(np.int64) for r, _i, js, _b in rec])
+            length = cat([getattr(r, size)[js].astype(np.int64) for r, _i, js, _b in rec])
         return Later(
             index=cat([js + b for _r, _i, js, b in rec]),
             gid=cat([ids[js].astype(np.int64) for _r, ids, js, _b in rec]),
             row=cat([r.row[js].astype(np.int64) for r, _i, js, _b in rec]),
-            offset=cat([r.offset[js].astype(np.int64) for r, _i, js, _b in rec]),
-            length=cat([r.length[js].astype(np.int64) for r, _i, js, _b in rec]),
+            offset=offset,
+            length=length,
             complete=complete,
         )
 

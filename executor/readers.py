@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.executor import ipc_ranges, megatron, metacache, ranges, storage
+from mds.executor import ipc_ranges, megatron, metacache, parquet_pages, ranges, storage
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU, version_key
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -307,6 +307,7 @@ class _ParquetMeta:
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.starts = _row_starts(counts)
         self.checked: set[tuple[str, str]] = set()
+        self._layouts: dict[str, parquet_pages.Layout | None] = {}
         self._sizes: dict[str, np.ndarray] = {}
         self._spans: dict[str, list[list[tuple[int, int]]]] = {}
         self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
@@ -335,6 +336,13 @@ class _ParquetMeta:
                 spans.append(group)
             self._spans[column] = spans
         return spans
+
+    def layout(self, column: str) -> parquet_pages.Layout | None:
+        """How rows of token-list `column` are read from its pages (None: decoded whole)."""
+        if column not in self._layouts:
+            value_type = self.metadata.schema.to_arrow_schema().field(column).type.value_type
+            self._layouts[column] = parquet_pages.layout(self.metadata, column, value_type)
+        return self._layouts[column]
 
     def column_sizes(self, column: str) -> np.ndarray:
         """Uncompressed bytes of top-level `column` in each row group, from the footer."""
@@ -424,6 +432,66 @@ class ParquetReader(_ColumnReader):
         if self.column not in schema.names:
             raise _missing_column(self.display, self.column, schema.names)
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
+
+    def fetch(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> list[Payload]:
+        """Payloads of `file_rows`. Given where each row's values start in its row group and
+        how many there are (`offsets`, `lengths`: a token list the plan locates by values),
+        rows that are a small part of an uncached row group of a local file are read from
+        its pages (`parquet_pages`); the rest decode row groups with pyarrow."""
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        paged = self._paged(rows, lengths) if offsets is not None else {}
+        if not paged:
+            return super().fetch(rows, keep=keep)
+        lay, fd = self._meta.layout(self.column), self._source.fileno()
+        out: list = [None] * len(rows)
+        done = np.zeros(len(rows), dtype=bool)
+        for i, pick in paged.items():
+            values = parquet_pages.read_rows(fd, lay, i, offsets[pick], lengths[pick])
+            if values is not None:  # else decoded whole below, where problems are named
+                for k, v in zip(pick.tolist(), values, strict=True):
+                    out[k] = v
+                done[pick] = True
+        rest = np.flatnonzero(~done)
+        if len(rest):
+            for k, v in zip(rest.tolist(), super().fetch(rows[rest], keep=keep), strict=True):
+                out[k] = v
+        return out
+
+    def reads_pages(self, file_rows, offsets=None, lengths=None) -> bool:
+        """Whether a `fetch` of these rows would read some of them from pages (Python work
+        that holds the GIL, unlike pyarrow's decoding)."""
+        if offsets is None:
+            return False
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        return bool(self._paged(rows, lengths))
+
+    def _paged(self, rows: np.ndarray, lengths) -> dict[int, np.ndarray]:
+        """Positions of `rows` by row group, for the groups read from pages: groups of a local
+        file's token-list column whose pages are read here, not cached, where the rows hold
+        under a quarter of the group's values (beyond that a whole decode in native code is
+        as quick, and it serves later rows from cache)."""
+        if lengths is None or not self._local or self.kind != "token_ids" or not len(rows):
+            return {}
+        lay = self._meta.layout(self.column)
+        if lay is None:
+            return {}
+        out = {}
+        for i, pick in self._by_group(rows).items():
+            chunk = lay.chunk(i)
+            if chunk is None or 4 * int(lengths[pick].sum()) >= chunk.num_values:
+                continue
+            if self._blocks.get((self.path, "rg", i, self.column, self.kind)) is None:
+                out[i] = pick
+        return out
+
+    def _by_group(self, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """Positions of `rows` by the row group they are in."""
+        if len(self.starts) == 2:
+            return {0: np.arange(len(rows))}
+        groups = np.searchsorted(self.starts, rows, side="right") - 1
+        order = np.argsort(groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(groups[order])) + 1
+        return {int(groups[p[0]]): p for p in np.split(order, cuts)}
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The payload column's chunks in the row groups these rows need that the block

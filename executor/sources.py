@@ -76,6 +76,17 @@ class _Source:
     def exact(self) -> bool:
         return bool(self.length.get("exact", False))
 
+    @property
+    def located(self) -> str | None:
+        """How the plan's offset and length locate a sample besides its row: "bytes" (a JSONL
+        line's byte range), "values" (a Parquet token list row: where its values start in
+        the row group, and the plan's token count), or None."""
+        if self.fmt in _JSONL:
+            return "bytes"
+        if self.fmt == "parquet" and self.payload.get("offsets") == "row_group":
+            return "values"
+        return None
+
 
 def _facts_problem(facts: Any) -> str | None:
     """Why a footer `fetch.sources` entry cannot be read with, or None."""
@@ -360,12 +371,13 @@ class SourceCatalog:
                 continue
             later = None
             if ahead is not None and s.fmt in _BLOCK_CODED:
-                later = ahead.later((sid, fid), entry, base, lo, hi)
+                later = ahead.later((sid, fid), entry, base, lo, hi, s.located)
             reads.append((group, later, partial(self._read, block, s, fid, entry, group, later)))
-            stage.append((s, fid, entry, group, later))
+            stage.append((len(reads) - 1, s, fid, entry, group, later))
         staged = self._stage(block, stage)
+        pinned = self._pinned(block, stage) if self.read_threads > 1 else set()
         try:
-            results = self._run([r for _g, _l, r in reads])
+            results = self._run([r for _g, _l, r in reads], pinned)
         finally:
             for obj in staged:
                 obj.unstage()
@@ -386,7 +398,7 @@ class SourceCatalog:
         if not storage.is_url(self.root):
             return []
         wants = []
-        for s, fid, entry, now, later in reads:
+        for _k, s, fid, entry, now, later in reads:
             try:
                 reader = self._reader(s, fid, entry)
             except MdsError:
@@ -403,15 +415,43 @@ class SourceCatalog:
         prefetch(wants)
         return [obj for obj, _spans in wants]
 
-    def _run(self, reads: list[Callable[[], list] | Exception]) -> list[list | Exception]:
+    def _pinned(self, block: RankChunk, reads: list) -> set[int]:
+        """The reads that decode rows from Parquet pages: Python work that holds the GIL,
+        which a second thread would only contend for, so they run on the calling thread.
+        Their files are opened here (they stay open for the read); a file that cannot be
+        is left to its read, which raises its error in file order."""
+        pinned = set()
+        for k, s, fid, entry, now, later in reads:
+            if s.located != "values":
+                continue
+            try:
+                reader = self._reader(s, fid, entry)
+            except MdsError:
+                continue
+            try:
+                where = self._where(block, s, now, later)
+                if reader.reads_pages(*where):  # type: ignore[attr-defined]
+                    pinned.add(k)
+            except MdsError:
+                pass
+            finally:
+                self._release(reader)
+        return pinned
+
+    def _run(
+        self, reads: list[Callable[[], list] | Exception], pinned: set[int] = frozenset()
+    ) -> list[list | Exception]:
         """The result (or exception) of each read, in order. With `read_threads` > 1 the reads
         are shared among threads (this one included): Parquet and zstd decoding release the
-        GIL, so a step that reads many files decodes them side by side."""
+        GIL, so a step that reads many files decodes them side by side. `pinned` reads run
+        on this thread."""
         out: list[list | Exception] = [None] * len(reads)  # type: ignore[list-item]
-        threads = min(self.read_threads, sum(callable(r) for r in reads))
+        shared = [i for i in range(len(reads)) if i not in pinned]
+        threads = max(1, min(self.read_threads, sum(callable(reads[i]) for i in shared)))
+        mine = [i for i in range(len(reads)) if i in pinned]
 
         def share(k: int) -> None:
-            for i in range(k, len(reads), threads):
+            for i in (mine if k == 0 else []) + shared[k::threads]:
                 read = reads[i]
                 if not callable(read):
                     out[i] = read
@@ -421,8 +461,7 @@ class SourceCatalog:
                 except Exception as exc:  # handed back in order; any other error stops all
                     out[i] = exc
 
-        if threads <= 1:
-            threads = 1
+        if threads == 1:
             share(0)
             return out
         if self._pool is None:
@@ -436,14 +475,16 @@ class SourceCatalog:
         return out
 
     def _where(self, block: RankChunk, s: _Source, now: np.ndarray, later):
-        """(rows, byte offsets, byte lengths) in the file of block samples `now`, then of
-        `later`; the byte ranges only for JSONL (None for formats located by row)."""
+        """(rows, offsets, lengths) in the file of block samples `now`, then of `later`: for
+        JSONL the lines' byte ranges, for a Parquet token list located by values where each
+        row's values start in its row group and their planned count, else None."""
         rec = block.fetch
         gids = block.ids[now].astype(np.int64)
         rows = rec.row[now].astype(np.int64)
         offsets = lengths = None
-        if s.fmt in _JSONL:
-            offsets, lengths = rec.offset[now].astype(np.int64), rec.length[now].astype(np.int64)
+        if s.located is not None:
+            size = rec.length if s.located == "bytes" else rec.tokens
+            offsets, lengths = rec.offset[now].astype(np.int64), size[now].astype(np.int64)
         if later is not None and len(later):
             gids, rows = np.concatenate([gids, later.gid]), np.concatenate([rows, later.row])
             if offsets is not None:
@@ -462,12 +503,10 @@ class SourceCatalog:
         rows, offsets, lengths = self._where(block, s, now, later)
         reader = self._reader(s, fid, entry)
         try:
-            if s.fmt in _JSONL:
-                return reader.fetch(rows, offsets, lengths)
             if s.fmt == "parquet" and later is not None and later.complete:
                 # no later sample of this process reads the file: its row groups need no caching
-                return reader.fetch(rows, keep=False)  # type: ignore[call-arg]
-            return reader.fetch(rows)
+                return reader.fetch(rows, offsets, lengths, keep=False)  # type: ignore[call-arg]
+            return reader.fetch(rows, offsets, lengths)
         except SourceDataError:
             if later is None or not len(later):
                 raise

@@ -40,22 +40,22 @@ def test_a_seek_while_steps_are_built_ahead(plan):
 def test_a_step_reads_each_file_once(plan, monkeypatch):
     """Built ahead, a step is one fetch, and its samples from one file one reader call (or
     none, when rows read ahead with an earlier step hold them all)."""
-    fetches: list[list[tuple[int, int]]] = []  # per fetch call, the files it asked readers for
-    real_fetch, real_reader = (
+    fetches: list[list[tuple[int, int]]] = []  # per fetch call, the files it read
+    real_fetch, real_read = (
         sources_module.SourceCatalog.fetch,
-        sources_module.SourceCatalog._reader,
+        sources_module.SourceCatalog._read,
     )
 
     def fetch(self, block, lo, hi):
         fetches.append([])
         return real_fetch(self, block, lo, hi)
 
-    def reader(self, s, file_id, entry):
+    def read(self, block, s, file_id, entry, now, later):
         fetches[-1].append((s.sid, file_id))
-        return real_reader(self, s, file_id, entry)
+        return real_read(self, block, s, file_id, entry, now, later)
 
     monkeypatch.setattr(sources_module.SourceCatalog, "fetch", fetch)
-    monkeypatch.setattr(sources_module.SourceCatalog, "_reader", reader)
+    monkeypatch.setattr(sources_module.SourceCatalog, "_read", read)
     with open_executor(plan, 0, read_ahead=1) as ex:
         assert sum(1 for _ in ex) == ex.steps * ex.micro_batches
     assert len(fetches) == ex.steps

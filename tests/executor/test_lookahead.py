@@ -4,6 +4,7 @@ memory within the budget, and worker strides that keep only their own rows."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from executor_builders import batch_digest, open_executor, sample_plan, uninterrupted
 
 import mds.executor.lookahead as lookahead_module
+import mds.executor.parquet_pages as parquet_pages
 import mds.executor.readers as readers_module
 from mds.executor.errors import SourceDataError
 from mds.executor.lookahead import FIRST_LATER, MAX_LATER, Lookahead
@@ -38,17 +40,25 @@ def test_any_budget_gives_the_batches_of_the_default(plan, cache_bytes, read_ahe
 
 
 def _decodes(plan, monkeypatch, **kwargs) -> list[tuple[str, int]]:
-    """(file, row group) of every Parquet decode of rank 0's run, with no block cache, so
-    only rows read ahead can spare a decode."""
+    """(file, row group) of every Parquet decode of rank 0's run, whole or from pages, with
+    no block cache, so only rows read ahead can spare a decode."""
     calls: list[tuple[str, int]] = []
     real = readers_module.ParquetReader._read
+    real_pages = parquet_pages.read_rows
 
     def counted(self, i, need, whole, row, own=True):
-        calls.append((str(self.path), i))
+        calls.append((os.path.realpath(self.path), i))
         return real(self, i, need, whole, row, own)
+
+    def counted_pages(fd, lay, i, offsets, lengths):
+        got = real_pages(fd, lay, i, offsets, lengths)
+        if got is not None:
+            calls.append((os.readlink(f"/proc/self/fd/{fd}"), i))
+        return got
 
     with monkeypatch.context() as m:
         m.setattr(readers_module.ParquetReader, "_read", counted)
+        m.setattr(parquet_pages, "read_rows", counted_pages)
         m.setattr(readers_module.ParquetReader, "_room", lambda self, i: False)
         m.setattr(LRU, "put", lambda self, key, value, nbytes=0: None)
         assert digests(plan, 0, **kwargs) == uninterrupted(plan, 0)

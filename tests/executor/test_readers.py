@@ -13,11 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from mds.executor import metacache
+from mds.executor import metacache, parquet_pages
 from mds.executor.errors import SourceDataError
 from mds.executor.lru import LRU
 from mds.executor.megatron import write_dataset
 from mds.executor.readers import open_reader
+from mds.planner.index.parquet import group_offsets
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 
@@ -871,4 +872,57 @@ def test_parquet_rows_not_to_be_asked_again_are_read_without_caching(tmp_path, k
     got = reader.fetch(np.array([3, 60]), None, None, keep=False)
     assert_payloads_equal(got, [expected[3], expected[60]])
     assert len(blocks) == 1  # the cached group serves; the other is read and not kept
+    reader.close()
+
+
+def _located(path: Path, rows: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's first value in its row group and its length, as the index records them."""
+    meta = pq.read_metadata(path)
+    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    return group_offsets(lengths, groups), lengths
+
+
+def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_path, monkeypatch):
+    """A few rows of a group are read from its pages; a quarter or more of its values, or a
+    group already cached, go through whole decodes; the payloads are the same either way."""
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(0, 900, n).tolist() for n in rng.integers(1, 60, 200)]
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=50
+    )
+    offsets, lengths = _located(path, rows)
+    reader = reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
+    whole: list[int] = []
+    paged: list[int] = []
+    inner, inner_pages = reader._read, parquet_pages.read_rows
+    reader._read = lambda i, need, n, row, own=True: whole.append(i) or inner(i, need, n, row, own)
+    monkeypatch.setattr(
+        parquet_pages,
+        "read_rows",
+        lambda fd, lay, i, *a: paged.append(i) or inner_pages(fd, lay, i, *a),
+    )
+    ask = np.array([3, 120, 7, *range(150, 190)])  # sparse in groups 0 and 2, dense in group 3
+    got = reader.fetch(ask, offsets[ask], lengths[ask])
+    assert_payloads_equal(got, [rows[i] for i in ask])
+    assert got[0].dtype == np.int32
+    assert sorted(paged) == [0, 2] and whole == [3]
+    assert reader.reads_pages(ask, offsets[ask], lengths[ask])
+    again = np.array([160, 4])  # group 3 is cached now: taken from there
+    assert_payloads_equal(reader.fetch(again, offsets[again], lengths[again]), [rows[160], rows[4]])
+    assert sorted(paged) == [0, 0, 2] and whole == [3]
+    assert not reader.reads_pages(np.array([160]), offsets[[160]], lengths[[160]])
+    assert not reader.reads_pages(ask)  # no offsets: a plan that does not locate by values
+    reader.close()
+
+
+def test_parquet_located_rows_with_empty_lists_are_decoded_whole(tmp_path):
+    table, rows = _token_table(100)  # every 7th row is an empty list
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=50)
+    offsets, lengths = _located(path, rows)
+    ask = np.array([0, 14, 22, 71])
+    reader = reader_for("parquet", path, "token_ids", "tokens")
+    assert_payloads_equal(reader.fetch(ask, offsets[ask], lengths[ask]), [rows[i] for i in ask])
     reader.close()

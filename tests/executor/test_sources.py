@@ -143,7 +143,8 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
 ):
     """One open file at most and two threads: the first two reads wait inside `fetch` for
     each other, so the second thread's open evicts the reader the first one is reading; that
-    reader is closed only when its read ends."""
+    reader is closed only when its read ends. (Reads from pages would all run on the calling
+    thread: here they are shared as whole decodes are.)"""
     barrier = threading.Barrier(2, timeout=10)
     lock = threading.Lock()
     reading: set[int] = set()
@@ -180,6 +181,7 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
     alone = _digests(many_files, 0, read_threads=1, read_ahead=0)
     monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
     monkeypatch.setattr(readers_module.ParquetReader, "close", close)
+    monkeypatch.setattr(readers_module.ParquetReader, "reads_pages", lambda *a: False)
     monkeypatch.setattr(SourceCatalog, "_retire", retire)
     got = _digests(many_files, 0, read_threads=2, read_ahead=0, max_open_files=1)
     assert got == alone
