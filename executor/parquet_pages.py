@@ -315,7 +315,7 @@ def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) 
     """Values in ranges [starts, ends) of an RLE/bit-packed hybrid stream of `width`-bit
     values, concatenated: run headers are walked up to the last value asked, then each
     range is cut into its pieces within one run, and the values are picked in one pass."""
-    buf = bytes(data)
+    buf = data  # indexed in place: a copy of a page costs page faults
     size, limit = len(buf), int(ends.max())
     value_bytes = (width + 7) // 8
     heads = np.frombuffer(buf, np.uint8)
@@ -378,18 +378,26 @@ def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) 
     last = bit0 + (length - 1) * width + width - 1
     if int(last[packed].max()) >> 3 >= size:
         raise Unsupported("bit-packed run past the end of its page")
-    # Each value's first bit, then the 4 (8 beyond 25 bits) bytes from the byte holding it,
-    # read as one little-endian word through an unaligned view of the padded stream.
+    raw = np.frombuffer(buf, np.uint8)
+    if width in (8, 16) and packed.all():
+        # Whole-byte values (16 bits: dictionaries of 32769 to 65536 entries): each piece
+        # is a run of bytes; gather them and read them as little-endian words.
+        return raw[_ranges(bit0 >> 3, length * (width // 8))].view(f"<u{width // 8}")
+    # Each value's first bit, then the bytes from the one holding it that the value spans,
+    # gathered into one word per value.
     bits = np.repeat(bit0 - (np.cumsum(length) - length) * width, length)
     bits += np.arange(total, dtype=np.int64) * width
-    word = np.dtype("<u4") if width <= 25 else np.dtype("<u8")
-    padded = buf + bytes(word.itemsize)
-    view = np.ndarray(shape=(size,), dtype=word, buffer=padded, strides=(1,))
+    word = np.dtype(np.uint32) if width <= 25 else np.dtype(np.uint64)
+    span = (width + 14) // 8  # bytes a value starting at any bit of a byte may touch
     at = bits >> 3
     if not packed.all():
-        at = np.minimum(at, size - 1)  # RLE pieces read some word, replaced below
-    values = (view[at] >> (bits & 7).astype(word)) & word.type((1 << width) - 1)
-    values = values.astype(np.int64)
+        at = np.minimum(at, size - 1)  # RLE pieces read some byte, replaced below
+    if int(at.max()) + span > size:
+        raw = np.concatenate([raw, np.zeros(span, np.uint8)])
+    acc = raw[at].astype(word)
+    for k in range(1, span):
+        acc |= raw[at + k].astype(word) << word.type(8 * k)
+    values = ((acc >> (bits & 7).astype(word)) & word.type((1 << width) - 1)).astype(np.int64)
     if not packed.all():
         values = np.where(np.repeat(packed, length), values, np.repeat(repeat, length))
     return values

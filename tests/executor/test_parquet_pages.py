@@ -197,3 +197,28 @@ def test_offsets_beyond_the_group_are_declined(tmp_path):
     assert parquet_pages.read_rows(fd, lay, 0, np.array([3]), np.array([2])) is not None
     assert parquet_pages.read_rows(fd, lay, 0, np.array([4]), np.array([2])) is None
     assert parquet_pages.read_rows(fd, lay, 0, np.array([-1]), np.array([2])) is None
+
+
+@pytest.mark.parametrize("distinct", [1, 3, 200, 40_000, 70_000])
+def test_every_dictionary_index_width(tmp_path, distinct):
+    """Dictionaries of 1 (0-bit indices), 3, 200 (8-bit, whole bytes), 40k (16-bit, whole
+    bytes) and 70k entries (17-bit), in bit-packed runs and, sorted, in RLE runs."""
+    rng = np.random.default_rng(distinct)
+    for values in (rng.permutation(np.arange(120_000) % distinct), np.arange(120_000) % distinct):
+        lengths = rng.integers(1, 600, 400)
+        lengths = lengths[np.cumsum(lengths) <= len(values)]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        column = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(values[: offsets[-1]], pa.int32())
+        )
+        fd, meta, table = _file(
+            tmp_path, pa.table({"t": column}), dictionary_pagesize_limit=1 << 22
+        )
+        assert "RLE_DICTIONARY" in meta.row_group(0).column(0).encodings
+        lay = _layout(meta, table)
+        for _g, starts, counts, rows in _groups(meta, table.column("t")):
+            ask = rng.choice(len(rows), min(40, len(rows)), replace=False)
+            got = parquet_pages.read_rows(fd, lay, 0, starts[ask], counts[ask])
+            assert got is not None
+            for r, v in zip(ask.tolist(), got, strict=True):
+                assert np.array_equal(v, rows[r].values.to_numpy())
