@@ -420,7 +420,9 @@ class SourceCatalog:
         which a second thread would only contend for, so they run on the calling thread.
         Their files are opened here (they stay open for the read); a file that cannot be
         is left to its read, which raises its error in file order."""
-        pinned = set()
+        pinned: set[int] = set()
+        if storage.is_url(self.root):
+            return pinned  # objects are decoded whole
         for k, s, fid, entry, now, later in reads:
             if s.located != "values":
                 continue
