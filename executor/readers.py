@@ -293,6 +293,9 @@ class _ColumnReader(_Reader):
         raise NotImplementedError
 
 
+# Reads of a row group from its pages before it is decoded whole instead (`_paged`).
+_PAGED_READS = 2
+
 # Parsed footers take about 4-9 times their serialized size in memory (measured with
 # pyarrow 26 on 0.5-47 KB footers); they are counted at 9 times plus a fixed 4 KiB.
 _FOOTER_FACTOR, _FOOTER_FIXED = 9, 4096
@@ -307,6 +310,7 @@ class _ParquetMeta:
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.starts = _row_starts(counts)
         self.checked: set[tuple[str, str]] = set()
+        self.paged: dict[tuple[str, int], int] = {}  # (column, row group): reads from pages
         self._layouts: dict[str, parquet_pages.Layout | None] = {}
         self._sizes: dict[str, np.ndarray] = {}
         self._spans: dict[str, list[list[tuple[int, int]]]] = {}
@@ -451,6 +455,8 @@ class ParquetReader(_ColumnReader):
                 for k, v in zip(pick.tolist(), values, strict=True):
                     out[k] = v
                 done[pick] = True
+                key = (self.column, i)
+                self._meta.paged[key] = self._meta.paged.get(key, 0) + 1
         rest = np.flatnonzero(~done)
         if len(rest):
             for k, v in zip(rest.tolist(), super().fetch(rows[rest], keep=keep), strict=True):
@@ -469,7 +475,11 @@ class ParquetReader(_ColumnReader):
         """Positions of `rows` by row group, for the groups read from pages: groups of a local
         file's token-list column whose pages are read here, not cached, where the rows hold
         under a quarter of the group's values (beyond that a whole decode in native code is
-        as quick, and it serves later rows from cache)."""
+        as quick, and it serves later rows from cache), and, while the cache has room for
+        the group, read from pages fewer than `_PAGED_READS` times: each read decompresses
+        the pages again, so a group asked for again and again is decoded whole and cached
+        (a read from pages costs about a third of a whole decode: renting until it would
+        have paid for buying keeps the total within about twice the best choice)."""
         if lengths is None or not self._local or self.kind != "token_ids" or not len(rows):
             return {}
         lay = self._meta.layout(self.column)
@@ -479,6 +489,8 @@ class ParquetReader(_ColumnReader):
         for i, pick in self._by_group(rows).items():
             chunk = lay.chunk(i)
             if chunk is None or 4 * int(lengths[pick].sum()) >= chunk.num_values:
+                continue
+            if self._meta.paged.get((self.column, i), 0) >= _PAGED_READS and self._room(i):
                 continue
             if self._blocks.get((self.path, "rg", i, self.column, self.kind)) is None:
                 out[i] = pick

@@ -914,6 +914,28 @@ def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_pat
     assert sorted(paged) == [0, 0, 2] and whole == [3]
     assert not reader.reads_pages(np.array([160]), offsets[[160]], lengths[[160]])
     assert not reader.reads_pages(ask)  # no offsets: a plan that does not locate by values
+    # Group 0 was read from its pages twice: asked again, it is decoded whole and cached.
+    third = np.array([9])
+    assert not reader.reads_pages(third, offsets[third], lengths[third])
+    assert_payloads_equal(reader.fetch(third, offsets[third], lengths[third]), [rows[9]])
+    assert sorted(paged) == [0, 0, 2] and whole == [3, 0]
+    reader.close()
+
+
+def test_parquet_rows_from_pages_stay_from_pages_when_the_cache_has_no_room(tmp_path):
+    rng = np.random.default_rng(4)
+    rows = [rng.integers(0, 900, n).tolist() for n in rng.integers(1, 60, 100)]
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=100
+    )
+    offsets, lengths = _located(path, rows)
+    reader = reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
+    reader._room = lambda i: False
+    for _ in range(4):
+        ask = rng.choice(100, 3, replace=False)
+        assert reader.reads_pages(ask, offsets[ask], lengths[ask])
+        assert_payloads_equal(reader.fetch(ask, offsets[ask], lengths[ask]), [rows[i] for i in ask])
     reader.close()
 
 
