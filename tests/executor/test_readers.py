@@ -883,17 +883,21 @@ def _located(path: Path, rows: list) -> tuple[np.ndarray, np.ndarray]:
     return group_offsets(lengths, groups), lengths
 
 
+def _located_file(path: Path, n: int, row_group_size: int, seed: int):
+    """A Parquet file of `n` random token lists; its rows, their offsets and lengths as the
+    index records them, and a reader of it."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(0, 900, k).tolist() for k in rng.integers(1, 60, n)]
+    table = pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))})
+    pq.write_table(table, path, row_group_size=row_group_size)
+    reader = reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
+    return rows, *_located(path, rows), reader
+
+
 def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_path, monkeypatch):
     """A few rows of a group are read from its pages; a quarter or more of its values, or a
     group already cached, go through whole decodes; the payloads are the same either way."""
-    rng = np.random.default_rng(3)
-    rows = [rng.integers(0, 900, n).tolist() for n in rng.integers(1, 60, 200)]
-    path = tmp_path / "t.parquet"
-    pq.write_table(
-        pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=50
-    )
-    offsets, lengths = _located(path, rows)
-    reader = reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
+    rows, offsets, lengths, reader = _located_file(tmp_path / "t.parquet", 200, 50, 3)
     whole: list[int] = []
     paged: list[int] = []
     inner, inner_pages = reader._read, parquet_pages.read_rows
@@ -923,14 +927,8 @@ def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_pat
 
 
 def test_parquet_rows_from_pages_stay_from_pages_when_the_cache_has_no_room(tmp_path):
+    rows, offsets, lengths, reader = _located_file(tmp_path / "t.parquet", 100, 100, 4)
     rng = np.random.default_rng(4)
-    rows = [rng.integers(0, 900, n).tolist() for n in rng.integers(1, 60, 100)]
-    path = tmp_path / "t.parquet"
-    pq.write_table(
-        pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=100
-    )
-    offsets, lengths = _located(path, rows)
-    reader = reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
     reader._room = lambda i: False
     for _ in range(4):
         ask = rng.choice(100, 3, replace=False)
