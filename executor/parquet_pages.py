@@ -381,8 +381,10 @@ def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) 
     raw = np.frombuffer(buf, np.uint8)
     if width in (8, 16) and packed.all():
         # Whole-byte values (16 bits: dictionaries of 32769 to 65536 entries): each piece
-        # is a run of bytes; gather them and read them as little-endian words.
-        return raw[_ranges(bit0 >> 3, length * (width // 8))].view(f"<u{width // 8}")
+        # is a run of bytes (a few per row); join them and read them as little-endian words.
+        first_byte, nbytes = (bit0 >> 3).tolist(), (length * (width // 8)).tolist()
+        pieces = [raw[b : b + n] for b, n in zip(first_byte, nbytes, strict=True)]
+        return np.concatenate(pieces).view(f"<u{width // 8}")
     # Each value's first bit, then the bytes from the one holding it that the value spans,
     # gathered into one word per value.
     bits = np.repeat(bit0 - (np.cumsum(length) - length) * width, length)
