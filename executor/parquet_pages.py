@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,7 @@ from mds.executor.parquet_thrift import (
     page_fields,
 )
 
-__all__ = ["Layout", "layout", "read_rows"]
+__all__ = ["Layout", "Source", "layout", "read_rows"]
 
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i8")}
@@ -47,8 +48,15 @@ _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to p
 _MAX_PACKED_HEADER = 0x7F  # a one-byte run header: bit-packed, 63 groups of 8 values
 _MAX_GROUPS, _MAX_RUN = 63, 63 * 8
 
-# Each thread reads whole column chunks into one buffer of its own, reused from file to file:
-# a fresh ~0.5 MB bytes object per read costs more in page faults than the decode.
+class Source(Protocol):
+    """An object's bytes by range (ranges.RangeFile)."""
+
+    def read_at(self, size: int, start: int) -> bytes: ...
+
+
+# Each thread reads whole column chunks of files into one buffer of its own, reused from
+# file to file: a fresh ~0.5 MB bytes object per read costs more in page faults than the
+# decode.
 _scratch = threading.local()
 
 
@@ -105,11 +113,12 @@ def layout(meta: pq.FileMetaData, column: str, value_type: pa.DataType) -> Layou
 
 
 def read_rows(
-    fd: int, lay: Layout, group: int, starts: np.ndarray, counts: np.ndarray
+    source: int | Source, lay: Layout, group: int, starts: np.ndarray, counts: np.ndarray
 ) -> list[np.ndarray] | None:
-    """The values [starts[k], starts[k] + counts[k]) of row group `group`'s leaf in the file
-    open as `fd`, one array per k (views of one array), or None where the pages cannot be
-    read here."""
+    """The values [starts[k], starts[k] + counts[k]) of row group `group`'s leaf, one array
+    per k (views of one array), or None where the pages cannot be read here. `source`: the
+    file descriptor of a local file, or an object's reader (`read_at`, as ranges.RangeFile:
+    its errors are raised as they come)."""
     chunk = lay.chunk(group)
     starts = np.asarray(starts, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
@@ -120,18 +129,29 @@ def read_rows(
     if starts.min() < 0 or counts.min() < 1 or int(ends.max()) > chunk.num_values:
         return None
     try:
-        out = _decode(fd, lay, chunk, starts, ends)
+        out = _decode(source, lay, chunk, starts, ends)
     except (Unsupported, Truncated):
         return None
     cuts = np.cumsum(counts).tolist()
     return [out[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
 
 
-def _whole(fd: int, chunk: _Chunk) -> memoryview | None:
-    """The column chunk, read into this thread's buffer (valid until its next read), or
-    None if it is too big to read at once."""
+def _read_at(source: int | Source, n: int, offset: int) -> memoryview:
+    """Bytes [offset, offset + n) of their own (a page outlives the next read)."""
+    got = os.pread(source, n, offset) if isinstance(source, int) else source.read_at(n, offset)
+    if len(got) != n:
+        raise Unsupported("column chunk is truncated")
+    return memoryview(got).cast("B")
+
+
+def _whole(source: int | Source, chunk: _Chunk) -> memoryview | None:
+    """The column chunk (of a file: read into this thread's buffer, valid until its next
+    read), or None if it is too big to read at once."""
     if chunk.size > _WHOLE_CHUNK:
         return None
+    if not isinstance(source, int):
+        return _read_at(source, chunk.size, chunk.start)
+    fd = source
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < chunk.size:
         buf = _scratch.buf = bytearray(max(chunk.size, 1 << 20))
@@ -141,19 +161,16 @@ def _whole(fd: int, chunk: _Chunk) -> memoryview | None:
     return data
 
 
-def _decode(fd: int, lay: Layout, chunk: _Chunk, starts: np.ndarray, ends: np.ndarray):
+def _decode(source, lay: Layout, chunk: _Chunk, starts: np.ndarray, ends: np.ndarray):
     """The values of ranges [starts, ends) concatenated, reading pages up to the last one."""
-    data = _whole(fd, chunk)
+    data = _whole(source, chunk)
 
     def part(pos: int, n: int) -> memoryview:
         if pos + n > chunk.size:
             raise Unsupported("page runs past its column chunk")
         if data is not None:
             return data[pos : pos + n]
-        got = os.pread(fd, n, chunk.start + pos)  # bytes of its own: a page outlives the next
-        if len(got) != n:
-            raise Unsupported("column chunk is truncated")
-        return memoryview(got)
+        return _read_at(source, n, chunk.start + pos)
 
     need = int(ends.max())
     lengths = ends - starts

@@ -293,7 +293,9 @@ class _ColumnReader(_Reader):
         raise NotImplementedError
 
 
-# Reads of a row group from its pages before it is decoded whole instead (`_paged`).
+# Rows holding under 1/_SPARSE of a row group's values are read from its pages, at most
+# _PAGED_READS times per group before it is decoded whole instead (`_paged`).
+_SPARSE = 4
 _PAGED_READS = 2
 
 # Parsed footers take about 4-9 times their serialized size in memory (measured with
@@ -440,17 +442,19 @@ class ParquetReader(_ColumnReader):
     def fetch(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> list[Payload]:
         """Payloads of `file_rows`. Given where each row's values start in its row group and
         how many there are (`offsets`, `lengths`: a token list the plan locates by values),
-        rows that are a small part of an uncached row group of a local file are read from
-        its pages (`parquet_pages`); the rest decode row groups with pyarrow."""
+        rows that are a small part of an uncached row group are read from its pages
+        (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
+        row groups with pyarrow."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
         paged = self._paged(rows, lengths) if offsets is not None else {}
         if not paged:
             return super().fetch(rows, keep=keep)
-        lay, fd = self._meta.layout(self.column), self._source.fileno()
+        lay = self._meta.layout(self.column)
+        source = self._source.fileno() if self._local else self.object
         out: list = [None] * len(rows)
         done = np.zeros(len(rows), dtype=bool)
         for i, pick in paged.items():
-            values = parquet_pages.read_rows(fd, lay, i, offsets[pick], lengths[pick])
+            values = parquet_pages.read_rows(source, lay, i, offsets[pick], lengths[pick])
             if values is not None:  # else decoded whole below, where problems are named
                 for k, v in zip(pick.tolist(), values, strict=True):
                     out[k] = v
@@ -472,15 +476,15 @@ class ParquetReader(_ColumnReader):
         return bool(self._paged(rows, lengths))
 
     def _paged(self, rows: np.ndarray, lengths) -> dict[int, np.ndarray]:
-        """Positions of `rows` by row group, for the groups read from pages: groups of a local
-        file's token-list column whose pages are read here, not cached, where the rows hold
+        """Positions of `rows` by row group, for the groups read from pages: groups of the
+        token-list column whose pages are read here, not cached, where the rows hold
         under a quarter of the group's values (beyond that a whole decode in native code is
         as quick, and it serves later rows from cache), and, while the cache has room for
         the group, read from pages fewer than `_PAGED_READS` times: each read decompresses
         the pages again, so a group asked for again and again is decoded whole and cached
         (a read from pages costs about a third of a whole decode: renting until it would
         have paid for buying keeps the total within about twice the best choice)."""
-        if lengths is None or not self._local or self.kind != "token_ids" or not len(rows):
+        if lengths is None or self.kind != "token_ids" or not len(rows):
             return {}
         lay = self._meta.layout(self.column)
         if lay is None:
@@ -488,7 +492,7 @@ class ParquetReader(_ColumnReader):
         out = {}
         for i, pick in self._by_group(rows).items():
             chunk = lay.chunk(i)
-            if chunk is None or 4 * int(lengths[pick].sum()) >= chunk.num_values:
+            if chunk is None or _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
                 continue
             if self._meta.paged.get((self.column, i), 0) >= _PAGED_READS and self._room(i):
                 continue

@@ -421,8 +421,6 @@ class SourceCatalog:
         Their files are opened here (they stay open for the read); a file that cannot be
         is left to its read, which raises its error in file order."""
         pinned: set[int] = set()
-        if storage.is_url(self.root):
-            return pinned  # objects are decoded whole
         for k, s, fid, entry, now, later in reads:
             if s.located != "values":
                 continue

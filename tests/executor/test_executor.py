@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_builders import REPO
 
+import mds.executor.readers as readers_module
 from mds.executor import DataChangedError, PlanExecutor
 from mds.executor.errors import ConfigError, PlanError, SourceDataError
 from mds.executor.planfile import PlanReader
@@ -45,9 +46,17 @@ def full_run(sample):
     return {rank: uninterrupted(plan, rank) for rank in range(4)}
 
 
-def test_batches_hold_the_planned_samples_and_their_tokens(sample):
+@pytest.mark.parametrize("pages", ["default", "always", "never"])
+def test_batches_hold_the_planned_samples_and_their_tokens(sample, pages, monkeypatch):
+    """Against whole-file reads of the data; Parquet rows read from their pages wherever the
+    policy allows, as the policy says, or never."""
     index, plan = sample
     oracle = Oracle(index)
+    if pages == "always":
+        monkeypatch.setattr(readers_module, "_SPARSE", 1)
+        monkeypatch.setattr(readers_module, "_PAGED_READS", 1 << 30)
+    elif pages == "never":
+        monkeypatch.setattr(readers_module, "_SPARSE", 1 << 30)
     with PlanReader(plan) as reader:
         names = [s["name"] for s in reader.footer["index"]["sources"]]
         bases = [s["base"] for s in reader.footer["index"]["sources"]]

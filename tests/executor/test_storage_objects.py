@@ -14,7 +14,8 @@ from executor_builders import batch_digest
 from s3_store import free_port, s3_server, silent_server
 from store_corpus import index_and_plan, replay, write_corpus
 
-from mds.executor import PlanExecutor
+import mds.executor.readers as readers_module
+from mds.executor import PlanExecutor, parquet_pages
 from mds.executor.errors import DataChangedError, SourceDataError
 from mds.executor.storage import DATA_ROOT_ENV
 
@@ -89,6 +90,27 @@ def test_two_ranks_replay_objects_and_resume(world):
         with PlanExecutor(top / "s3.mds", rank) as ex:
             ex.load_state_dict(state)
             assert [batch_digest(b) for b in ex] == expected[7:]
+
+
+def test_rows_of_parquet_objects_are_read_from_their_pages(world, monkeypatch):
+    """A few rows of a row group of an object come from the bytes staged for the fetch, as
+    a file's do: the same batches. (This corpus's row groups are 7 rows, so a rank's rows
+    of one are rarely few: here every read that is not of a whole group is from pages.)"""
+    top, _, _ = world
+    expected = replay(top / "local.mds", 0)
+    monkeypatch.setattr(readers_module, "_SPARSE", 1)
+    monkeypatch.setattr(readers_module, "_PAGED_READS", 1 << 30)
+    sources: list[str] = []
+    real = parquet_pages.read_rows
+
+    def counted(source, *args):
+        got = real(source, *args)
+        sources.append(type(source).__name__ if got is not None else "declined")
+        return got
+
+    monkeypatch.setattr(parquet_pages, "read_rows", counted)
+    assert replay(top / "s3.mds", 0) == expected
+    assert "RangeFile" in sources and "declined" not in sources
 
 
 def test_dataloader_workers_read_objects(world):
