@@ -446,7 +446,7 @@ class ParquetReader(_ColumnReader):
         (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
         row groups with pyarrow."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        paged = self._paged(rows, lengths) if offsets is not None else {}
+        paged = self._paged(rows, lengths, keep) if offsets is not None else {}
         if not paged:
             return super().fetch(rows, keep=keep)
         lay = self._meta.layout(self.column)
@@ -467,15 +467,15 @@ class ParquetReader(_ColumnReader):
                 out[k] = v
         return out
 
-    def reads_pages(self, file_rows, offsets=None, lengths=None) -> bool:
+    def reads_pages(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> bool:
         """Whether a `fetch` of these rows would read some of them from pages (Python work
         that holds the GIL, unlike pyarrow's decoding)."""
         if offsets is None:
             return False
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return bool(self._paged(rows, lengths))
+        return bool(self._paged(rows, lengths, keep))
 
-    def _paged(self, rows: np.ndarray, lengths) -> dict[int, np.ndarray]:
+    def _paged(self, rows: np.ndarray, lengths, keep: bool = True) -> dict[int, np.ndarray]:
         """Positions of `rows` by row group, for the groups read from pages: groups of the
         token-list column whose pages are read here, not cached, where the rows hold
         under a quarter of the group's values (beyond that a whole decode in native code is
@@ -483,7 +483,9 @@ class ParquetReader(_ColumnReader):
         the group, read from pages fewer than `_PAGED_READS` times: each read decompresses
         the pages again, so a group asked for again and again is decoded whole and cached
         (a read from pages costs about a third of a whole decode: renting until it would
-        have paid for buying keeps the total within about twice the best choice)."""
+        have paid for buying keeps the total within about twice the best choice). Of an
+        object each read from pages fetches the chunk again, so while the cache has room a
+        group that may be asked for again (`keep`) is decoded whole at once."""
         if lengths is None or self.kind != "token_ids" or not len(rows):
             return {}
         lay = self._meta.layout(self.column)
@@ -494,7 +496,10 @@ class ParquetReader(_ColumnReader):
             chunk = lay.chunk(i)
             if chunk is None or _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
                 continue
-            if self._meta.paged.get((self.column, i), 0) >= _PAGED_READS and self._room(i):
+            if self._room(i) and (
+                self._meta.paged.get((self.column, i), 0) >= _PAGED_READS
+                or (keep and not self._local)
+            ):
                 continue
             if self._blocks.get((self.path, "rg", i, self.column, self.kind)) is None:
                 out[i] = pick

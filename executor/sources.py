@@ -430,7 +430,8 @@ class SourceCatalog:
                 continue
             try:
                 where = self._where(block, s, now, later)
-                if reader.reads_pages(*where):  # type: ignore[attr-defined]
+                keep = later is None or not later.complete
+                if reader.reads_pages(*where, keep=keep):  # type: ignore[attr-defined]
                     pinned.add(k)
             except MdsError:
                 pass
