@@ -181,7 +181,7 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
     alone = _digests(many_files, 0, read_threads=1, read_ahead=0)
     monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
     monkeypatch.setattr(readers_module.ParquetReader, "close", close)
-    monkeypatch.setattr(readers_module.ParquetReader, "reads_pages", lambda *a: False)
+    monkeypatch.setattr(readers_module.ParquetReader, "reads_pages", lambda *a, **k: False)
     monkeypatch.setattr(SourceCatalog, "_retire", retire)
     got = _digests(many_files, 0, read_threads=2, read_ahead=0, max_open_files=1)
     assert got == alone
