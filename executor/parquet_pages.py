@@ -246,7 +246,7 @@ def _data_page(fields: dict, body: memoryview, codec: str | None, max_def: int):
         if field_int(head, 3) != RLE or field_int(head, 4) != RLE:
             raise Unsupported("level encoding is not RLE")
         data = _decompress(body, field_int(fields, 2), codec)
-        rep, pos = _length_prefixed(data, 0)
+        _rep, pos = _length_prefixed(data, 0)  # repetition levels: rows come from the plan
         dfn, pos = _length_prefixed(data, pos)
         values = data[pos:]
     else:
