@@ -53,10 +53,15 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     spec = ctx.spec
     remote = storage.is_url(file.path)
     with reading(file, "Parquet file"):
+        meta = None
         if remote:
             lazy, groups = _object_columns(file, spec)
         else:
-            lazy, groups = pl.scan_parquet(file.path), _group_rows(pq.read_metadata(file.path))
+            lazy, groups = pl.scan_parquet(file.path), []
+            if spec.length.kind == "tokens":
+                # row-group sizes for `offset`; the same parse serves `list_lengths`
+                meta = pq.read_metadata(file.path)
+                groups = _group_rows(meta)
         schema = lazy.collect_schema()
     for column in spec.columns():
         if column not in schema:
@@ -73,7 +78,7 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         check_column_type(schema[spec.text], "text", spec.text, f"{file.rel}: ")
 
     with reading(file, "Parquet file"):
-        fast = list_lengths(file.path, column) if kind == "tokens" and not remote else None
+        fast = list_lengths(file.path, column, meta) if kind == "tokens" and not remote else None
         exprs = [pl.col(c) for c in spec.keep]
         if kind == "tokens" and fast is None:
             exprs.append(pl.col(column).list.len().cast(pl.Int64).alias("__n"))

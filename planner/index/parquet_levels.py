@@ -73,7 +73,9 @@ class _Page:
     def_bytes: int = 0  # DATA_PAGE_V2 only
 
 
-def list_lengths(path: str | os.PathLike, column: str) -> np.ndarray | None:
+def list_lengths(
+    path: str | os.PathLike, column: str, meta: pq.FileMetaData | None = None
+) -> np.ndarray | None:
     """Per-row lengths (int64) of the list column `column`, decoded from page levels only.
 
     Returns None when the file uses a feature this fast path does not handle (the caller then
@@ -82,8 +84,9 @@ def list_lengths(path: str | os.PathLike, column: str) -> np.ndarray | None:
     decode is as fast.
     """
     path = os.fspath(path)
-    with pq.ParquetFile(path) as parquet:
-        meta = parquet.metadata
+    if meta is None:  # else the caller's parse of the file's footer
+        with pq.ParquetFile(path) as parquet:
+            meta = parquet.metadata
     col = _find_column(meta, column)
     if col is None:
         return None
