@@ -383,7 +383,6 @@ class ParquetReader(_ColumnReader):
         self.path, self.kind, self.column, self.display = path, kind, column, display
         self._blocks = blocks
         self._held: pq.ParquetFile | None = None
-        self._asked: tuple | None = None  # the last `reads_pages` rows and its answer
         self._local = not storage.is_url(path)
         key = _version("parquet-footer", path, display)
         meta = metacache.get(key)
@@ -447,11 +446,7 @@ class ParquetReader(_ColumnReader):
         (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
         row groups with pyarrow."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        asked, self._asked = self._asked, None
-        if asked is not None and asked[0] is file_rows and asked[1] == keep:
-            paged = asked[2]  # what `reads_pages` just worked out for these rows
-        else:
-            paged = self._paged(rows, lengths, keep) if offsets is not None else {}
+        paged = self._paged(rows, lengths, keep) if offsets is not None else {}
         if not paged:
             return super().fetch(rows, keep=keep)
         lay = self._meta.layout(self.column)
@@ -478,9 +473,7 @@ class ParquetReader(_ColumnReader):
         if offsets is None:
             return False
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        paged = self._paged(rows, lengths, keep)
-        self._asked = (file_rows, keep, paged)
-        return bool(paged)
+        return bool(self._paged(rows, lengths, keep))
 
     def _paged(self, rows: np.ndarray, lengths, keep: bool = True) -> dict[int, np.ndarray]:
         """Positions of `rows` by row group, for the groups read from pages: groups of the

@@ -214,7 +214,6 @@ class SourceCatalog:
         self._busy: dict[FileReader, int] = {}  # reader -> reads in progress
         self._retired: set[FileReader] = set()  # evicted while busy: closed when idle
         self._pool: ThreadPoolExecutor | None = None  # a parent's threads are not a child's
-        self._wheres: dict[tuple[int, int], tuple] = {}  # a pinned read's (samples, `_where`)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -422,7 +421,6 @@ class SourceCatalog:
         Their files are opened here (they stay open for the read); a file that cannot be
         is left to its read, which raises its error in file order."""
         pinned: set[int] = set()
-        self._wheres = {}
         for k, s, fid, entry, now, later in reads:
             if s.located != "values":
                 continue
@@ -435,7 +433,6 @@ class SourceCatalog:
                 keep = later is None or not later.complete
                 if reader.reads_pages(*where, keep=keep):  # type: ignore[attr-defined]
                     pinned.add(k)
-                    self._wheres[(s.sid, fid)] = (now, where)  # for the read: not worked out again
             except MdsError:
                 pass
             finally:
@@ -504,9 +501,7 @@ class SourceCatalog:
         """Payloads of block samples `now`, then of `later` (one reader call). A problem
         with a later sample is not this step's: it is raised when that sample's step reads
         it, so a failed read is retried with this step's samples alone."""
-        done = self._wheres.pop((s.sid, fid), None) if later is not None else None
-        where = done[1] if done is not None and done[0] is now else None
-        rows, offsets, lengths = where or self._where(block, s, now, later)
+        rows, offsets, lengths = self._where(block, s, now, later)
         reader = self._reader(s, fid, entry)
         try:
             if s.fmt == "parquet" and later is not None and later.complete:
