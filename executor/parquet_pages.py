@@ -33,12 +33,15 @@ from mds.executor.parquet_thrift import (
     RLE,
     Truncated,
     Unsupported,
+    decompress,
     field_int,
     field_struct,
+    length_prefixed,
     page_fields,
+    ranges,
 )
 
-__all__ = ["Layout", "Source", "layout", "read_rows"]
+__all__ = ["Layout", "Source", "chunk_span", "layout", "leaves", "read_rows"]
 
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i8")}
@@ -47,6 +50,7 @@ _HEADER_READ = 256  # a page header's first read; a longer header is read again,
 _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to pyarrow
 _MAX_PACKED_HEADER = 0x7F  # a one-byte run header: bit-packed, 63 groups of 8 values
 _MAX_GROUPS, _MAX_RUN = 63, 63 * 8
+
 
 class Source(Protocol):
     """An object's bytes by range (ranges.RangeFile)."""
@@ -85,31 +89,37 @@ class Layout:
         col = self._meta.row_group(group).column(self.leaf)
         if col.file_path or col.compression not in CODECS:
             return None
-        start = col.data_page_offset
-        if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
-            start = col.dictionary_page_offset
-        size, values = int(col.total_compressed_size), int(col.num_values)
-        return _Chunk(int(start), size, values, CODECS[col.compression])
+        start, end = chunk_span(col)
+        return _Chunk(start, end - start, int(col.num_values), CODECS[col.compression])
+
+
+def chunk_span(col: pq.ColumnChunkMetaData) -> tuple[int, int]:
+    """Byte span [lo, hi) of a column chunk in its file, dictionary page first, if any."""
+    lo = col.data_page_offset
+    if col.has_dictionary_page and 0 < col.dictionary_page_offset < lo:
+        lo = col.dictionary_page_offset
+    return int(lo), int(lo + col.total_compressed_size)
+
+
+def leaves(meta: pq.FileMetaData, column: str) -> list[int]:
+    """Indices of the leaf columns of top-level `column`."""
+    paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    return [j for j, p in enumerate(paths) if p == column or p.startswith(column + ".")]
 
 
 def layout(meta: pq.FileMetaData, column: str, value_type: pa.DataType) -> Layout | None:
     """The Layout of top-level list column `column` whose Arrow values are `value_type`, or
     None where its pages are not read here."""
-    schema = meta.schema
-    leaves = [
-        j
-        for j in range(meta.num_columns)
-        if (p := schema.column(j).path) == column or p.startswith(column + ".")
-    ]
-    if len(leaves) != 1:
+    found = leaves(meta, column)
+    if len(found) != 1:
         return None
-    col = schema.column(leaves[0])
+    col = meta.schema.column(found[0])
     dtype = _DTYPES.get((col.physical_type, str(value_type)))
     if dtype is None or col.max_repetition_level != 1 or col.max_definition_level < 1:
         return None
     if col.logical_type.type != "NONE" or col.converted_type != "NONE":
         return None
-    return Layout(meta, leaves[0], dtype, col.max_definition_level)
+    return Layout(meta, found[0], dtype, col.max_definition_level)
 
 
 def read_rows(
@@ -203,7 +213,7 @@ def _decode(source, lay: Layout, chunk: _Chunk, starts: np.ndarray, ends: np.nda
                     out = np.empty(int(lengths.sum()), lay.dtype)
                 lo, hi = lo[inside], hi[inside]
                 got = _values(encoding, values, lo - first, hi - first, dictionary, lay.dtype, n)
-                out[_ranges(placed[inside] + lo - starts[inside], hi - lo)] = got
+                out[ranges(placed[inside] + lo - starts[inside], hi - lo)] = got
             first += n
         elif kind != INDEX_PAGE:
             raise Unsupported(f"page type {kind}")
@@ -214,16 +224,7 @@ def _decode(source, lay: Layout, chunk: _Chunk, starts: np.ndarray, ends: np.nda
 def _decompress(body: memoryview, size: int, codec: str | None) -> memoryview:
     if size > _MAX_PAGE:
         raise Unsupported("page larger than this reader takes")
-    if codec is None:
-        data = body
-    else:
-        try:
-            data = memoryview(pa.decompress(body, decompressed_size=size, codec=codec)).cast("B")
-        except (pa.ArrowException, OSError) as exc:
-            raise Unsupported(f"cannot decompress a page: {exc}") from None
-    if len(data) != size:
-        raise Unsupported("page size differs from its header")
-    return data
+    return decompress(body, size, codec)
 
 
 def _dictionary(fields: dict, body: memoryview, codec: str | None, dtype: np.dtype):
@@ -246,8 +247,8 @@ def _data_page(fields: dict, body: memoryview, codec: str | None, max_def: int):
         if field_int(head, 3) != RLE or field_int(head, 4) != RLE:
             raise Unsupported("level encoding is not RLE")
         data = _decompress(body, field_int(fields, 2), codec)
-        _rep, pos = _length_prefixed(data, 0)  # repetition levels: rows come from the plan
-        dfn, pos = _length_prefixed(data, pos)
+        _rep, pos = length_prefixed(data, 0)  # repetition levels: rows come from the plan
+        dfn, pos = length_prefixed(data, pos)
         values = data[pos:]
     else:
         head = field_struct(fields, 8)
@@ -261,15 +262,6 @@ def _data_page(fields: dict, body: memoryview, codec: str | None, max_def: int):
     if not _all_at(dfn, n, max_def):
         raise Unsupported("page holds a null or an empty list")
     return n, field_int(head, 4 if field_int(fields, 1) == DATA_PAGE_V2 else 2), values
-
-
-def _length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
-    if pos + 4 > len(data):
-        raise Unsupported("level data runs past the page")
-    n = int.from_bytes(data[pos : pos + 4], "little")
-    if pos + 4 + n > len(data):
-        raise Unsupported("level data runs past the page")
-    return data[pos + 4 : pos + 4 + n], pos + 4 + n
 
 
 def _varint(data, pos: int) -> tuple[int, int]:
@@ -317,7 +309,7 @@ def _values(encoding: int, data: memoryview, starts, ends, dictionary, dtype, n:
     if encoding == _PLAIN:
         if len(data) < n * dtype.itemsize:
             raise Unsupported("page shorter than its values")
-        return np.frombuffer(data, dtype=dtype, count=n)[_ranges(starts, ends - starts)]
+        return np.frombuffer(data, dtype=dtype, count=n)[ranges(starts, ends - starts)]
     if encoding not in (_PLAIN_DICTIONARY, _RLE_DICTIONARY) or dictionary is None:
         raise Unsupported(f"value encoding {encoding}")
     if not len(data) or data[0] > 32:
@@ -383,7 +375,7 @@ def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) 
     hi_run = np.searchsorted(first, ends - 1, side="right") - 1
     runs_per = np.where(ends > starts, hi_run - lo_run + 1, 0)
     owner = np.repeat(np.arange(len(starts)), runs_per)
-    run = _ranges(lo_run[runs_per > 0], runs_per[runs_per > 0])
+    run = ranges(lo_run[runs_per > 0], runs_per[runs_per > 0])
     lo = np.maximum(first[run], starts[owner])
     length = np.minimum(first[run + 1], ends[owner]) - lo
     repeat = np.array(repeats, dtype=np.int64)[run]
@@ -420,10 +412,3 @@ def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) 
     if not packed.all():
         values = np.where(np.repeat(packed, length), values, np.repeat(repeat, length))
     return values
-
-
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n)."""
-    total = int(counts.sum())
-    offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
-    return offsets + np.arange(total, dtype=np.int64)

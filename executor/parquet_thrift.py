@@ -1,10 +1,14 @@
-"""Parquet page headers: just enough of the Thrift compact protocol to read a PageHeader.
+"""Parquet pages: just enough of the Thrift compact protocol to read a PageHeader, and the
+pieces of a page body both page readers use.
 
 Shared by the indexer (list lengths from levels) and the executor (rows from pages); both
 fall back to pyarrow on anything they do not decode (`Unsupported`).
 """
 
 from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
 
 __all__ = [
     "CODECS",
@@ -16,9 +20,12 @@ __all__ = [
     "Compact",
     "Truncated",
     "Unsupported",
+    "decompress",
     "field_int",
     "field_struct",
+    "length_prefixed",
     "page_fields",
+    "ranges",
 ]
 
 # ColumnChunkMetaData.compression -> pyarrow.decompress codec (None: stored as is). pyarrow
@@ -155,3 +162,36 @@ def field_struct(fields: dict, key: int) -> dict:
     if not isinstance(value, dict):
         raise Unsupported(f"PageHeader field {key} is missing")
     return value
+
+
+def decompress(body, size: int, codec: str | None) -> memoryview:
+    """A page body (or a v2 page's values) decompressed to its `size` bytes, as unsigned
+    bytes."""
+    if codec is None:
+        data = memoryview(body)
+    else:
+        try:
+            data = memoryview(pa.decompress(body, decompressed_size=size, codec=codec))
+        except (pa.ArrowException, OSError) as exc:  # e.g. an LZ4 framing we do not expect
+            raise Unsupported(f"cannot decompress a page: {exc}") from None
+    if len(data) != size:
+        raise Unsupported("page size differs from its header")
+    return data.cast("B") if data.format != "B" else data
+
+
+def length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
+    """A v1 page's level section at `pos` (a 4-byte length, then the levels), and where the
+    next section starts."""
+    if pos + 4 > len(data):
+        raise Unsupported("level data runs past the page")
+    end = pos + 4 + int.from_bytes(data[pos : pos + 4], "little")
+    if end > len(data):
+        raise Unsupported("level data runs past the page")
+    return data[pos + 4 : end], end
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n)."""
+    total = int(lengths.sum())
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return offsets + np.arange(total, dtype=np.int64)

@@ -320,9 +320,7 @@ class _ParquetMeta:
         self.nbytes += self.starts.nbytes
 
     def _leaves(self, column: str) -> list[int]:
-        meta = self.metadata
-        paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
-        return [j for j, p in enumerate(paths) if p == column or p.startswith(column + ".")]
+        return parquet_pages.leaves(self.metadata, column)
 
     def chunk_spans(self, column: str) -> list[list[tuple[int, int]]]:
         """Per row group, the byte spans [lo, hi) of top-level `column`'s column chunks
@@ -330,16 +328,10 @@ class _ParquetMeta:
         spans = self._spans.get(column)
         if spans is None:
             leaves, meta = self._leaves(column), self.metadata
-            spans = []
-            for i in range(meta.num_row_groups):
-                group = []
-                for j in leaves:
-                    chunk = meta.row_group(i).column(j)
-                    lo = chunk.data_page_offset
-                    if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < lo:
-                        lo = chunk.dictionary_page_offset
-                    group.append((int(lo), int(lo + chunk.total_compressed_size)))
-                spans.append(group)
+            spans = [
+                [parquet_pages.chunk_span(meta.row_group(i).column(j)) for j in leaves]
+                for i in range(meta.num_row_groups)
+            ]
             self._spans[column] = spans
         return spans
 

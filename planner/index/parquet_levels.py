@@ -24,9 +24,9 @@ from mds.executor.parquet_thrift import INDEX_PAGE as _INDEX_PAGE
 from mds.executor.parquet_thrift import RLE as _RLE
 from mds.executor.parquet_thrift import Truncated as _Truncated
 from mds.executor.parquet_thrift import Unsupported as _Unsupported
+from mds.executor.parquet_thrift import decompress, length_prefixed, page_fields, ranges
 from mds.executor.parquet_thrift import field_int as _field_int
 from mds.executor.parquet_thrift import field_struct as _field_struct
-from mds.executor.parquet_thrift import page_fields
 
 __all__ = ["list_lengths"]
 
@@ -278,24 +278,14 @@ def _v1_levels(body: _Body, page: _Page, codec: str | None) -> tuple[memoryview,
             pass
     if data is None:
         data = _decompress(body.load(body.size), page, codec)
-    rep, pos = _length_prefixed(data, 0)
-    dfn, _ = _length_prefixed(data, pos)
+    rep, pos = length_prefixed(data, 0)
+    dfn, _ = length_prefixed(data, pos)
     return rep, dfn
 
 
 def _decompress(body: bytes, page: _Page, codec: str | None) -> memoryview:
     """The whole page, decompressed."""
-    if codec is None:
-        data = memoryview(body)
-    else:
-        try:
-            out = pa.decompress(body, decompressed_size=page.uncompressed_size, codec=codec)
-        except (pa.ArrowException, OSError) as exc:  # e.g. an LZ4 framing we do not expect
-            raise _Unsupported(f"cannot decompress a page: {exc}") from None
-        data = memoryview(out)
-    if len(data) != page.uncompressed_size:
-        raise _Unsupported("page size differs from its header")
-    return data
+    return decompress(body, page.uncompressed_size, codec)
 
 
 def _levels_end(out) -> int:
@@ -504,15 +494,6 @@ _PREFIX_DECODERS = {
 }
 
 
-def _length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
-    if pos + 4 > len(data):
-        raise _Unsupported("level data runs past the page")
-    end = pos + 4 + int.from_bytes(data[pos : pos + 4], "little")
-    if end > len(data):
-        raise _Unsupported("level data runs past the page")
-    return data[pos + 4 : end], end
-
-
 def _v2_levels(body: _Body, page: _Page) -> tuple[memoryview, memoryview]:
     """DATA_PAGE_V2: levels come first, never compressed, lengths given in the header."""
     split, end = page.rep_bytes, page.rep_bytes + page.def_bytes
@@ -597,7 +578,7 @@ class _Runs:
 
     def positions_of(self, level: int) -> np.ndarray:
         rle = self.value == level
-        in_rle = _ranges(self.start[rle], self.end[rle] - self.start[rle])
+        in_rle = ranges(self.start[rle], self.end[rle] - self.start[rle])
         hits = np.flatnonzero(self.packed == level)  # indices into `packed`
         if not hits.size:
             return in_rle
@@ -650,7 +631,7 @@ def _hybrid(data: np.ndarray, section_ends: np.ndarray, counts: np.ndarray, max_
     value[~packed] = _rle_values(data, payload[~packed], width)
     values = _unpack(_slices(data, payload[packed], groups_or_count[packed] * width), width)
     padding_end = np.cumsum(np.where(packed, run_counts, 0))[last]
-    values = np.delete(values, _ranges(padding_end - excess[excess > 0], excess[excess > 0]))
+    values = np.delete(values, ranges(padding_end - excess[excess > 0], excess[excess > 0]))
     kept = np.where(packed, trimmed, 0)
     if max(int(value.max(initial=0)), int(values.max(initial=0))) > max_level:
         raise _Unsupported("level above the column's maximum")
@@ -790,13 +771,6 @@ def _slices(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.nda
     edges[starts[keep]] = 1
     edges[starts[keep] + lengths[keep]] -= 1
     return data[np.cumsum(edges[:-1], dtype=np.int8).view(bool)]
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n)."""
-    total = int(lengths.sum())
-    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    return offsets + np.arange(total, dtype=np.int64)
 
 
 # --- Page headers (the Thrift parser is parquet_thrift's) ---
