@@ -314,10 +314,11 @@ def _values(encoding: int, data: memoryview, starts, ends, dictionary, dtype, n:
         raise Unsupported(f"value encoding {encoding}")
     if not len(data) or data[0] > 32:
         raise Unsupported("bad dictionary index width")
-    indices = _hybrid(data[1:], data[0], starts, ends)
-    if len(indices) and int(indices.max()) >= len(dictionary):
-        raise Unsupported("dictionary index out of range")
-    return dictionary[indices]
+    indices = _hybrid(data[1:], data[0], starts, ends)  # unsigned: never below zero
+    try:
+        return dictionary.take(indices)  # raises on an index past the end
+    except IndexError:
+        raise Unsupported("dictionary index out of range") from None
 
 
 def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

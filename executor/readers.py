@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow._parquet as _pq
 import pyarrow.parquet as pq
 
 from mds.executor import ipc_ranges, megatron, metacache, parquet_pages, ranges, storage
@@ -303,6 +304,30 @@ _PAGED_READS = 2
 _FOOTER_FACTOR, _FOOTER_FIXED = 9, 4096
 
 
+_FOOTER_TAIL = 4096  # bytes read from a file's end at once: the footer of a few columns fits
+
+
+def _footer(source: pa.NativeFile) -> pq.FileMetaData | None:
+    """The footer of a local Parquet file, parsed from its last bytes without a ParquetFile
+    (a third of a first page read's open cost at 1024 files), or None where this does not
+    apply (an encrypted or damaged footer, a pyarrow without the parser): pq.ParquetFile then
+    parses it and names any problem. The parser is the one pyarrow unpickles metadata with."""
+    parse = getattr(_pq, "_reconstruct_filemetadata", None)
+    try:
+        size = source.size()
+        if parse is None or size < 12:
+            return None
+        tail = source.read_at(min(size, _FOOTER_TAIL), size - min(size, _FOOTER_TAIL))
+        n = int.from_bytes(tail[-8:-4], "little")
+        if tail[-4:] != b"PAR1" or n + 12 > size:
+            return None
+        if n + 8 > len(tail):
+            tail = source.read_at(n + 8, size - n - 8)
+        return parse(pa.py_buffer(tail[len(tail) - 8 - n : len(tail) - 8]))
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
 class _ParquetMeta:
     """What reopening a Parquet file needs: its parsed footer, where its row groups start,
     and the (column, payload kind) pairs already checked against its schema."""
@@ -392,14 +417,17 @@ class ParquetReader(_ColumnReader):
             if _version("parquet-footer", path, display) != key:
                 meta, key = None, None
             if meta is None:
-                file = self._parquet(None)
-                try:
-                    meta = _ParquetMeta(file.metadata)
-                finally:
-                    if self._local:
-                        self._held = file
-                    else:
-                        file.close()
+                footer = _footer(self._source) if self._local else None
+                if footer is None:
+                    file = self._parquet(None)
+                    try:
+                        footer = file.metadata
+                    finally:
+                        if self._local:
+                            self._held = file
+                        else:
+                            file.close()
+                meta = _ParquetMeta(footer)
                 if key is not None:
                     metacache.put(key, meta, meta.nbytes)
             if (column, kind) not in meta.checked:
@@ -431,21 +459,24 @@ class ParquetReader(_ColumnReader):
             raise _missing_column(self.display, self.column, schema.names)
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
 
-    def fetch(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> list[Payload]:
+    def fetch(
+        self, file_rows, offsets=None, lengths=None, keep: bool = True, pages=None
+    ) -> list[Payload]:
         """Payloads of `file_rows`. Given where each row's values start in its row group and
         how many there are (`offsets`, `lengths`: a token list the plan locates by values),
         rows that are a small part of an uncached row group are read from its pages
         (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
-        row groups with pyarrow."""
+        row groups with pyarrow. `pages`: what `page_groups` just said for the same rows."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        paged = self._paged(rows, lengths, keep) if offsets is not None else {}
-        if not paged:
+        if pages is None:
+            pages = self._paged(rows, lengths, keep) if offsets is not None else {}
+        if not pages:
             return super().fetch(rows, keep=keep)
         lay = self._meta.layout(self.column)
         source = self._source.fileno() if self._local else self.object
         out: list = [None] * len(rows)
         done = np.zeros(len(rows), dtype=bool)
-        for i, pick in paged.items():
+        for i, pick in pages.items():
             values = parquet_pages.read_rows(source, lay, i, offsets[pick], lengths[pick])
             if values is not None:  # else decoded whole below, where problems are named
                 for k, v in zip(pick.tolist(), values, strict=True):
@@ -459,13 +490,16 @@ class ParquetReader(_ColumnReader):
                 out[k] = v
         return out
 
-    def reads_pages(self, file_rows, offsets=None, lengths=None, keep: bool = True) -> bool:
-        """Whether a `fetch` of these rows would read some of them from pages (Python work
-        that holds the GIL, unlike pyarrow's decoding)."""
+    def page_groups(
+        self, file_rows, offsets=None, lengths=None, keep: bool = True
+    ) -> dict[int, np.ndarray]:
+        """The row groups a `fetch` of these rows would read from pages (Python work that
+        holds the GIL, unlike pyarrow's decoding), with the positions of their rows: empty
+        for none."""
         if offsets is None:
-            return False
+            return {}
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return bool(self._paged(rows, lengths, keep))
+        return self._paged(rows, lengths, keep)
 
     def _paged(self, rows: np.ndarray, lengths, keep: bool = True) -> dict[int, np.ndarray]:
         """Positions of `rows` by row group, for the groups read from pages: groups of the

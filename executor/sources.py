@@ -375,9 +375,13 @@ class SourceCatalog:
             reads.append((group, later, partial(self._read, block, s, fid, entry, group, later)))
             stage.append((len(reads) - 1, s, fid, entry, group, later))
         staged = self._stage(block, stage)
-        pinned = self._pinned(block, stage) if self.read_threads > 1 else set()
+        pinned = self._pinned(block, stage) if self.read_threads > 1 else {}
+        for k, (s, fid, entry, where, pages) in pinned.items():
+            group, later, _r = reads[k]
+            read = partial(self._read, block, s, fid, entry, group, later, (where, pages))
+            reads[k] = (group, later, read)
         try:
-            results = self._run([r for _g, _l, r in reads], pinned)
+            results = self._run([r for _g, _l, r in reads], set(pinned))
         finally:
             for obj in staged:
                 obj.unstage()
@@ -415,12 +419,13 @@ class SourceCatalog:
         prefetch(wants)
         return [obj for obj, _spans in wants]
 
-    def _pinned(self, block: RankChunk, reads: list) -> set[int]:
+    def _pinned(self, block: RankChunk, reads: list) -> dict[int, tuple]:
         """The reads that decode rows from Parquet pages: Python work that holds the GIL,
         which a second thread would only contend for, so they run on the calling thread.
         Their files are opened here (they stay open for the read); a file that cannot be
-        is left to its read, which raises its error in file order."""
-        pinned: set[int] = set()
+        is left to its read, which raises its error in file order. Per read: its source,
+        file, record, `_where` and the reader's `page_groups`, which the read reuses."""
+        pinned: dict[int, tuple] = {}
         for k, s, fid, entry, now, later in reads:
             if s.located != "values":
                 continue
@@ -431,8 +436,9 @@ class SourceCatalog:
             try:
                 where = self._where(block, s, now, later)
                 keep = later is None or not later.complete
-                if reader.reads_pages(*where, keep=keep):  # type: ignore[attr-defined]
-                    pinned.add(k)
+                pages = reader.page_groups(*where, keep=keep)  # type: ignore[attr-defined]
+                if pages:
+                    pinned[k] = (s, fid, entry, where, pages)
             except MdsError:
                 pass
             finally:
@@ -497,16 +503,24 @@ class SourceCatalog:
             )
         return rows, offsets, lengths
 
-    def _read(self, block: RankChunk, s: _Source, fid: int, entry, now: np.ndarray, later):
+    def _read(
+        self, block: RankChunk, s: _Source, fid: int, entry, now: np.ndarray, later, pinned=None
+    ):
         """Payloads of block samples `now`, then of `later` (one reader call). A problem
         with a later sample is not this step's: it is raised when that sample's step reads
-        it, so a failed read is retried with this step's samples alone."""
-        rows, offsets, lengths = self._where(block, s, now, later)
+        it, so a failed read is retried with this step's samples alone. `pinned`: the
+        `_where` and page groups `_pinned` worked out for these samples."""
+        where, pages = pinned if pinned is not None else (self._where(block, s, now, later), None)
+        rows, offsets, lengths = where
         reader = self._reader(s, fid, entry)
         try:
-            if s.fmt == "parquet" and later is not None and later.complete:
-                # no later sample of this process reads the file: its row groups need no caching
-                return reader.fetch(rows, offsets, lengths, keep=False)  # type: ignore[call-arg]
+            if s.fmt == "parquet":
+                # not kept: no later sample of this process reads the file, so its row
+                # groups need no caching
+                keep = later is None or not later.complete
+                return reader.fetch(  # type: ignore[call-arg]
+                    rows, offsets, lengths, keep=keep, pages=pages
+                )
             return reader.fetch(rows, offsets, lengths)
         except SourceDataError:
             if later is None or not len(later):

@@ -199,6 +199,23 @@ def test_offsets_beyond_the_group_are_declined(tmp_path):
     assert parquet_pages.read_rows(fd, lay, 0, np.array([-1]), np.array([2])) is None
 
 
+@pytest.mark.parametrize("width, index", [(8, 3), (8, 255), (16, 3), (16, 40_000)])
+def test_a_dictionary_index_past_the_end_is_declined(width, index):
+    """Indices in an RLE run (one value) and a bit-packed run (8 values) of 3 entries."""
+    dictionary = np.array([10, 20, 30], dtype=np.int32)
+    starts, ends = np.array([0]), np.array([4])
+
+    def runs(value: int) -> list[memoryview]:
+        v = value.to_bytes(width // 8, "little")
+        return [memoryview(bytes([width, 4 << 1]) + v), memoryview(bytes([width, 3]) + v * 8)]
+
+    for bad, ok in zip(runs(index), runs(2), strict=True):
+        with pytest.raises(parquet_pages.Unsupported, match="out of range"):
+            parquet_pages._values(8, bad, starts, ends, dictionary, np.dtype(np.int32), 4)
+        got = parquet_pages._values(8, ok, starts, ends, dictionary, np.dtype(np.int32), 4)
+        assert got.tolist() == [30] * 4
+
+
 @pytest.mark.parametrize("distinct", [1, 3, 200, 40_000, 70_000])
 def test_every_dictionary_index_width(tmp_path, distinct):
     """Dictionaries of 1 (0-bit indices), 3, 200 (8-bit, whole bytes), 40k (16-bit, whole

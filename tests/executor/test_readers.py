@@ -647,9 +647,7 @@ def test_parquet_footer_is_parsed_once_across_reopens(tmp_path, monkeypatch):
     table, rows = _token_table(50)
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, row_group_size=10)
-    parses = _count_calls(
-        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
-    )
+    parses = _count_calls(monkeypatch, readers, "_ParquetMeta")
     blocks = LRU(max_bytes=1 << 20)
     got = _reopen_fetch(
         lambda: reader_for("parquet", path, "token_ids", "tokens", blocks),
@@ -662,6 +660,38 @@ def test_parquet_footer_is_parsed_once_across_reopens(tmp_path, monkeypatch):
     pq.write_table(table.slice(0, 20), path, row_group_size=5)
     reader = reader_for("parquet", path, "token_ids", "tokens", blocks)
     assert len(parses) == 2 and int(reader.starts[-1]) == 20
+    reader.close()
+
+
+def test_parquet_footer_read_from_the_tail_matches_pyarrow(tmp_path, monkeypatch):
+    import mds.executor.readers as readers
+
+    wide = pa.table({f"c{i:03d}": pa.array([i], pa.int64()) for i in range(300)})
+    for name, table in [("small", _token_table(50)[0]), ("wide", wide)]:
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path, row_group_size=10)
+        source = pa.OSFile(str(path))
+        footer = readers._footer(source)
+        source.close()
+        assert footer is not None and footer.equals(pq.read_metadata(path))
+    # The wide footer is longer than the first read of the tail: it is read again whole.
+    assert pq.read_metadata(tmp_path / "wide.parquet").serialized_size > readers._FOOTER_TAIL
+
+    path = tmp_path / "small.parquet"
+    data = path.read_bytes()
+    for damaged in [data[:-1] + b"X", data[:-8] + (10**6).to_bytes(4, "little") + b"PAR1", b"PAR1"]:
+        path.write_bytes(damaged)
+        with pa.OSFile(str(path)) as source:
+            assert readers._footer(source) is None  # pq.ParquetFile parses it and says why
+        with pytest.raises(SourceDataError, match="not a readable Parquet file"):
+            reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
+    # A pyarrow without the footer parser: ParquetFile parses it, with the same rows.
+    path.write_bytes(data)
+    monkeypatch.delattr(readers._pq, "_reconstruct_filemetadata")
+    with pa.OSFile(str(path)) as source:
+        assert readers._footer(source) is None
+    reader = reader_for("parquet", path, "token_ids", "tokens", LRU(max_bytes=1 << 20))
+    assert_payloads_equal(reader.fetch(np.array([7]), None, None), [_token_table(50)[1][7]])
     reader.close()
 
 
@@ -759,9 +789,7 @@ def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch, small_meta
     for i in range(6):
         paths.append(tmp_path / f"t{i}.parquet")
         pq.write_table(table, paths[-1], row_group_size=10)
-    parses = _count_calls(
-        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
-    )
+    parses = _count_calls(monkeypatch, readers, "_ParquetMeta")
     reader = reader_for("parquet", paths[0], "token_ids", "tokens")
     reader.close()
     footer = metacache.nbytes()
@@ -786,9 +814,7 @@ def test_metadata_survives_block_churn(tmp_path, monkeypatch, small_metacache):
     paths = [tmp_path / f"t{i}.parquet" for i in range(4)]
     for path in paths:
         pq.write_table(table, path, row_group_size=40)
-    parses = _count_calls(
-        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
-    )
+    parses = _count_calls(monkeypatch, readers, "_ParquetMeta")
     blocks = LRU(max_bytes=1)  # no row group fits
     for _ in range(3):
         for path in paths:
@@ -805,9 +831,7 @@ def test_a_file_changing_while_opened_is_parsed_afresh_and_not_cached(tmp_path, 
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, row_group_size=10)
     reader_for("parquet", path, "token_ids", "tokens").close()  # footer cached
-    parses = _count_calls(
-        monkeypatch, readers.pq, "ParquetFile", lambda *a, **kw: kw.get("metadata") is None
-    )
+    parses = _count_calls(monkeypatch, readers, "_ParquetMeta")
     real = readers._version
     calls = []
 
@@ -912,15 +936,15 @@ def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_pat
     assert_payloads_equal(got, [rows[i] for i in ask])
     assert got[0].dtype == np.int32
     assert sorted(paged) == [0, 2] and whole == [3]
-    assert reader.reads_pages(ask, offsets[ask], lengths[ask])
+    assert reader.page_groups(ask, offsets[ask], lengths[ask])
     again = np.array([160, 4])  # group 3 is cached now: taken from there
     assert_payloads_equal(reader.fetch(again, offsets[again], lengths[again]), [rows[160], rows[4]])
     assert sorted(paged) == [0, 0, 2] and whole == [3]
-    assert not reader.reads_pages(np.array([160]), offsets[[160]], lengths[[160]])
-    assert not reader.reads_pages(ask)  # no offsets: a plan that does not locate by values
+    assert not reader.page_groups(np.array([160]), offsets[[160]], lengths[[160]])
+    assert not reader.page_groups(ask)  # no offsets: a plan that does not locate by values
     # Group 0 was read from its pages twice: asked again, it is decoded whole and cached.
     third = np.array([9])
-    assert not reader.reads_pages(third, offsets[third], lengths[third])
+    assert not reader.page_groups(third, offsets[third], lengths[third])
     assert_payloads_equal(reader.fetch(third, offsets[third], lengths[third]), [rows[9]])
     assert sorted(paged) == [0, 0, 2] and whole == [3, 0]
     reader.close()
@@ -932,7 +956,7 @@ def test_parquet_rows_from_pages_stay_from_pages_when_the_cache_has_no_room(tmp_
     reader._room = lambda i: False
     for _ in range(4):
         ask = rng.choice(100, 3, replace=False)
-        assert reader.reads_pages(ask, offsets[ask], lengths[ask])
+        assert reader.page_groups(ask, offsets[ask], lengths[ask])
         assert_payloads_equal(reader.fetch(ask, offsets[ask], lengths[ask]), [rows[i] for i in ask])
     reader.close()
 

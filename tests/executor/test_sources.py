@@ -181,7 +181,7 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
     alone = _digests(many_files, 0, read_threads=1, read_ahead=0)
     monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
     monkeypatch.setattr(readers_module.ParquetReader, "close", close)
-    monkeypatch.setattr(readers_module.ParquetReader, "reads_pages", lambda *a, **k: False)
+    monkeypatch.setattr(readers_module.ParquetReader, "page_groups", lambda *a, **k: {})
     monkeypatch.setattr(SourceCatalog, "_retire", retire)
     got = _digests(many_files, 0, read_threads=2, read_ahead=0, max_open_files=1)
     assert got == alone
@@ -195,10 +195,10 @@ def test_with_threads_the_first_bad_file_of_a_step_is_the_error_and_at_its_step(
     real = readers_module.ParquetReader.fetch
     bad = {"d/f03.parquet", "d/f07.parquet"}
 
-    def fetch(self, file_rows, offsets=None, lengths=None, keep=True):
+    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None):
         if any(str(self.path).endswith(b) for b in bad):
             raise SourceDataError(f"{self.display}: unreadable")
-        return real(self, file_rows, offsets, lengths, keep)
+        return real(self, file_rows, offsets, lengths, keep, pages)
 
     monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
     outcomes = []
