@@ -540,9 +540,11 @@ def _build_locked(
         clean_stale_temps(output / TABLES, every=True)
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
+            # Few files are still shared among the workers: each hashes a few MiB.
+            per = max(1, min(FINGERPRINT_BATCH, -(-len(all_files) // max(pool.workers, 1))))
             batches = [
-                (all_files[i : i + FINGERPRINT_BATCH], config.fingerprint, socket.gethostname())
-                for i in range(0, len(all_files), FINGERPRINT_BATCH)
+                (all_files[i : i + per], config.fingerprint, socket.gethostname())
+                for i in range(0, len(all_files), per)
             ]
             fps = [fp for chunk in pool.map(_fingerprint_batch, batches) for fp in chunk]
             plans: list[tuple[SourceSpec, str, list[_File]]] = []
