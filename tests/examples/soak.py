@@ -68,8 +68,52 @@ def _launch(plan: Path, work: Path, steps: int, resume: bool) -> subprocess.Pope
         cmd.append("--resume")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(work / "out.txt", "ab") as out:
-        # A session of its own, so one killpg reaches torchrun and both ranks.
+        # A session of its own: torchrun's process group is the job's alone.
         return subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path("/proc", str(pid), "stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its ranks (and their DataLoader workers). torchrun starts each
+    rank in a session of its own, so a killpg of torchrun's group alone left the ranks running
+    beside the next launch. torchrun is stopped first, so it starts no rank while they are
+    listed; an AssertionError if a rank outlives the kill."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    ranks = _children(proc.pid)
+    for pid in ranks:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in ranks):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"ranks {ranks} outlived the kill of their torchrun")
+        time.sleep(0.05)
 
 
 def _log_records(path: Path) -> list[dict]:
@@ -110,8 +154,7 @@ def _episode(plan, work, expected, rng, result: SoakResult, kills: int, max_dela
             try:
                 proc.wait(timeout=rng.uniform(0.5, max_delay))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _kill_job(proc)
                 result.kills += 1
                 killed = True
         else:
