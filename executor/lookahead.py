@@ -101,7 +101,9 @@ class Lookahead:
         self.max_bytes, self.stride, self.next_block = max_bytes, stride, next_block
         self.nbytes = 0
         self._window: list[_Block] = []
-        self._kept: dict[int, tuple[Any, int]] = {}
+        # rank-wide index -> (payload, bytes it holds of its own, id of the array it is a view of)
+        self._kept: dict[int, tuple[Any, int, int | None]] = {}
+        self._arrays: dict[int, list[int]] = {}  # such an array's id -> [rows kept, its bytes]
         self._next = 0  # rank-wide index after the last sample taken
         self._fetches = 0  # since the window started
         self._ended = False  # the window's last block is the plan's last
@@ -110,6 +112,7 @@ class Lookahead:
 
     def clear(self) -> None:
         self._window, self._kept, self.nbytes, self._next, self._fetches = [], {}, 0, 0, 0
+        self._arrays = {}
         self._ended = False
         self._horizon_at, self._touched = (-1, -1), set()
 
@@ -179,7 +182,7 @@ class Lookahead:
         worker's micro-batches) are dropped."""
         first = base + lo
         if first < self._next:  # a seek back: nothing kept is known to be wanted
-            self._kept, self.nbytes, self._fetches = {}, 0, 0
+            self._kept, self._arrays, self.nbytes, self._fetches = {}, {}, 0, 0
         elif first - self._next <= 4 * (hi - lo) + 64:
             for g in range(self._next, first):
                 if g in self._kept:
@@ -197,7 +200,7 @@ class Lookahead:
                 missing.append(j)
             else:
                 out[j - lo] = kept[0]
-                freed += kept[1]
+                freed += kept[1] if kept[2] is None else self._freed(kept)
         self.nbytes -= freed
         return np.array(missing, dtype=np.int64)
 
@@ -272,21 +275,50 @@ class Lookahead:
         )
 
     def keep(self, index: list[int], payloads: list[Any]) -> None:
-        """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts."""
-        kept, left = self._kept, self.max_bytes - self.nbytes
+        """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts.
+
+        Rows read from Parquet pages are views of one array, which lives while any of them
+        does (with this step's rows and the rows not kept): it is counted whole, with the
+        first of its rows kept, until the last is let go."""
+        kept, arrays, left = self._kept, self._arrays, self.max_bytes - self.nbytes
         for g, payload in zip(index, payloads, strict=True):
-            if type(payload) is np.ndarray:  # what `_payload_bytes` says, without the call
-                size = payload.nbytes + _PAYLOAD_HEADER
+            if type(payload) is np.ndarray:
+                owner = payload.base
+                if type(owner) is np.ndarray:
+                    key = id(owner)  # unique while a view keeps the array alive
+                    held = arrays.get(key)
+                    extra = owner.nbytes if held is None else 0
+                    if _PAYLOAD_HEADER + extra > left:
+                        break
+                    if held is None:
+                        held = arrays[key] = [0, extra]
+                    held[0] += 1
+                    kept[g] = (payload, _PAYLOAD_HEADER, key)
+                    left -= _PAYLOAD_HEADER + extra
+                    continue
+                size = payload.nbytes + _PAYLOAD_HEADER  # `_payload_bytes`, without the call
             else:
                 size = _payload_bytes(payload)
             if size > left:
                 break
-            kept[g] = (payload, size)
+            kept[g] = (payload, size, None)
             left -= size
         self.nbytes = self.max_bytes - left
 
+    def _freed(self, entry: tuple[Any, int, int | None]) -> int:
+        """Bytes no longer held once kept `entry` is let go: its own, and with the last row
+        kept from an array, the array's."""
+        _payload, size, key = entry
+        if key is not None:
+            held = self._arrays[key]
+            held[0] -= 1
+            if not held[0]:
+                del self._arrays[key]
+                size += held[1]
+        return size
+
     def _drop(self, g: int) -> None:
-        self.nbytes -= self._kept.pop(g)[1]
+        self.nbytes -= self._freed(self._kept.pop(g))
 
 
 def _payload_bytes(payload: Any) -> int:

@@ -131,12 +131,51 @@ def test_rows_kept_stay_within_the_budget(plan, monkeypatch):
     def keep(self, index, payloads):
         real(self, index, payloads)
         assert 0 <= self.nbytes <= self.max_bytes
+        assert self.nbytes == _held(self)
         peaks.append(self.nbytes)
 
     monkeypatch.setattr(Lookahead, "keep", keep)
     for cache_bytes in (16 << 10, 256 << 10):
         assert digests(plan, 1, cache_bytes=cache_bytes) == uninterrupted(plan, 1)
     assert peaks and max(peaks) > 0
+
+
+def _held(ahead: Lookahead) -> int:
+    """Bytes the kept payloads really hold: each array once (a view holds its whole base)."""
+    arrays, rest = {}, 0
+    for payload, *_ in ahead._kept.values():
+        if isinstance(payload, np.ndarray):
+            owner = payload.base if isinstance(payload.base, np.ndarray) else payload
+            arrays[id(owner)] = owner.nbytes
+            rest += lookahead_module._PAYLOAD_HEADER
+        else:  # a line of text
+            rest += lookahead_module._payload_bytes(payload)
+    return sum(arrays.values()) + rest
+
+
+def test_views_of_one_array_count_the_whole_array_until_the_last_is_let_go():
+    """Rows read from Parquet pages are views of one array: this step's rows, the kept rows
+    and any refused ones. What is kept is counted as what stays in memory."""
+    header = lookahead_module._PAYLOAD_HEADER
+    ahead = Lookahead(max_bytes=10_000)
+    read = np.arange(1000, dtype=np.int32)  # 4000 bytes: 10 rows of 100 values
+    rows = [read[k * 100 : (k + 1) * 100] for k in range(10)]
+    own = np.arange(50, dtype=np.int64)  # a copy of its own: counted by itself
+    ahead.keep([5, 6, 7, 8], [rows[2], rows[3], own, rows[9]])  # rows 0-1: this step's
+    assert ahead.nbytes == _held(ahead) == 4000 + own.nbytes + 4 * header
+    out: list = [None] * 2
+    assert ahead.take(0, 5, 7, out).tolist() == [] and out[0] is rows[2]
+    assert ahead.nbytes == _held(ahead) == 4000 + own.nbytes + 2 * header  # row 9 holds it all
+    ahead.take(0, 7, 9, out)
+    assert ahead.nbytes == _held(ahead) == 0 and not ahead._arrays
+    # An array that does not fit is not kept, even for a row that alone would fit.
+    small = Lookahead(max_bytes=3000)
+    small.keep([0, 1], [rows[0], own])
+    assert list(small._kept) == [] and small.nbytes == 0
+    # Dropped rows (a seek, another worker's micro-batches) let the array go as well.
+    ahead.keep([20, 21], [rows[0], rows[1]])
+    ahead.take(0, 22, 23, [None])
+    assert ahead.nbytes == 0 and not ahead._arrays and not ahead._kept
 
 
 @pytest.mark.parametrize("stride", [2, 3])
