@@ -19,6 +19,20 @@ import torch
 __all__ = ["compact", "expand", "pack"]
 
 _INT32 = np.iinfo(np.int32)
+_COUNT = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ... (`_count_to`)
+
+
+def _count_to(n: int) -> np.ndarray:
+    """0 .. n-1 as a read-only view of one array kept for every micro-batch, grown by
+    doubling: a fresh arange per micro-batch is one more fresh allocation, and its page
+    faults cost more than the arithmetic."""
+    global _COUNT
+    count = _COUNT
+    if len(count) < n:
+        count = np.arange(max(n, 2 * len(count)), dtype=np.int64)
+        count.flags.writeable = False
+        _COUNT = count
+    return count[:n]
 
 
 def compact(
@@ -55,7 +69,8 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
     cu = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     total = int(cu[-1])
-    positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+    positions = np.repeat(cu[:-1].astype(np.int64), lengths)  # each sample's start ...
+    np.subtract(_count_to(total), positions, out=positions)  # ... taken from its places
     return {
         "input_ids": torch.from_numpy(raw["tokens"].astype(np.int64, copy=False)),
         "position_ids": torch.from_numpy(positions),

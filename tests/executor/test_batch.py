@@ -45,6 +45,20 @@ def test_cu_seqlens_and_positions_describe_the_packed_samples(lengths):
     assert (batch["step"], batch["micro_batch"]) == (7, 1)
 
 
+def test_positions_are_fresh_arrays_whatever_the_counting_array_held():
+    """Positions come from one counting array kept across micro-batches (grown as they
+    grow); each micro-batch's are its own, so a trainer may write into them."""
+    import mds.executor.batch as batch_module
+
+    first = _pack([5, 3])["position_ids"]
+    first += 1000  # a trainer writing into its tensor
+    for lengths in ([2, 9], [4000, 1, 300], [7]):
+        got = _pack(lengths)["position_ids"]
+        assert got.tolist() == [p for n in lengths for p in range(n)]
+    assert first.tolist() == [1000, 1001, 1002, 1003, 1004, 1000, 1001, 1002]
+    assert len(batch_module._COUNT) >= 4301 and not batch_module._COUNT.flags.writeable
+
+
 def test_an_empty_micro_batch_has_empty_tensors_and_one_boundary():
     batch = _pack([])
     assert batch["input_ids"].shape == (0,) and batch["cu_seqlens"].tolist() == [0]
