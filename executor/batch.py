@@ -69,8 +69,8 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
     cu = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     total = int(cu[-1])
-    positions = np.repeat(cu[:-1].astype(np.int64), lengths)  # each sample's start ...
-    np.subtract(_count_to(total), positions, out=positions)  # ... taken from its places
+    positions = np.repeat(cu[:-1].astype(np.int64), lengths)  # each token's sample start
+    np.subtract(_count_to(total), positions, out=positions)  # its place minus that start
     return {
         "input_ids": torch.from_numpy(raw["tokens"].astype(np.int64, copy=False)),
         "position_ids": torch.from_numpy(positions),
