@@ -310,14 +310,16 @@ _FOOTER_TAIL = 4096  # bytes read from a file's end at once: the footer of a few
 def _footer(source: pa.NativeFile) -> pq.FileMetaData | None:
     """The footer of a local Parquet file, parsed from its last bytes without a ParquetFile
     (9 against 25 us a file: most of what opening a file for a page read costs), or None
-    where this does not apply (an encrypted or damaged footer, a pyarrow without the parser): pq.ParquetFile then
-    parses it and names any problem. The parser is the one pyarrow unpickles metadata with."""
+    where this does not apply (an encrypted or damaged footer, a pyarrow without the
+    parser): pq.ParquetFile then parses it and names any problem. The parser is the one
+    pyarrow unpickles metadata with."""
     parse = getattr(_pq, "_reconstruct_filemetadata", None)
     try:
         size = source.size()
         if parse is None or size < 12:
             return None
-        tail = source.read_at(min(size, _FOOTER_TAIL), size - min(size, _FOOTER_TAIL))
+        first = min(size, _FOOTER_TAIL)
+        tail = source.read_at(first, size - first)
         n = int.from_bytes(tail[-8:-4], "little")
         if tail[-4:] != b"PAR1" or n + 12 > size:
             return None
