@@ -88,6 +88,12 @@ class _Source:
         return None
 
 
+def _cache_groups(later) -> bool:
+    """Whether a Parquet read's row groups are worth caching: not when no later sample of
+    this process reads the file (`Later.complete`). `_pinned` and the read decide alike."""
+    return later is None or not later.complete
+
+
 def _facts_problem(facts: Any) -> str | None:
     """Why a footer `fetch.sources` entry cannot be read with, or None."""
     if not isinstance(facts, dict):
@@ -435,7 +441,7 @@ class SourceCatalog:
                 continue
             try:
                 where = self._where(block, s, now, later)
-                keep = later is None or not later.complete
+                keep = _cache_groups(later)
                 pages = reader.page_groups(*where, keep=keep)  # type: ignore[attr-defined]
                 if pages:
                     pinned[k] = (s, fid, entry, where, pages)
@@ -515,11 +521,8 @@ class SourceCatalog:
         reader = self._reader(s, fid, entry)
         try:
             if s.fmt == "parquet":
-                # not kept: no later sample of this process reads the file, so its row
-                # groups need no caching
-                keep = later is None or not later.complete
                 return reader.fetch(  # type: ignore[call-arg]
-                    rows, offsets, lengths, keep=keep, pages=pages
+                    rows, offsets, lengths, keep=_cache_groups(later), pages=pages
                 )
             return reader.fetch(rows, offsets, lengths)
         except SourceDataError:
