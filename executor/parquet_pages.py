@@ -321,10 +321,31 @@ def _values(encoding: int, data: memoryview, starts, ends, dictionary, dtype, n:
         raise Unsupported("dictionary index out of range") from None
 
 
+def _full_runs(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray):
+    """`_hybrid`'s values where they are whole bytes and every run up to the last value
+    asked is bit-packed with the most groups a one-byte header holds (what writers make of
+    high-entropy indices): the runs are then rows of a 2-D array whose values, copied out
+    without the headers, are cut by plain slices, with no walk over run headers (about a
+    quarter of `_hybrid`'s time for a 400-row page). None for any other stream."""
+    longest = 1 + _MAX_GROUPS * width
+    runs = (int(ends.max()) + _MAX_RUN - 1) // _MAX_RUN
+    if not runs or runs * longest > len(data):
+        return None
+    grid = np.frombuffer(data, np.uint8, count=runs * longest).reshape(runs, longest)
+    if not (grid[:, 0] == _MAX_PACKED_HEADER).all():
+        return None
+    values = grid[:, 1:].view(f"<u{width // 8}").ravel()  # little-endian, headers dropped
+    return np.concatenate([values[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+
+
 def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Values in ranges [starts, ends) of an RLE/bit-packed hybrid stream of `width`-bit
     values, concatenated: run headers are walked up to the last value asked, then each
     range is cut into its pieces within one run, and the values are picked in one pass."""
+    if width in (8, 16):
+        got = _full_runs(data, width, starts, ends)
+        if got is not None:
+            return got
     buf = data  # indexed in place: a copy of a page costs page faults
     size, limit = len(buf), int(ends.max())
     value_bytes = (width + 7) // 8
