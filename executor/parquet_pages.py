@@ -324,18 +324,25 @@ def _values(encoding: int, data: memoryview, starts, ends, dictionary, dtype, n:
 def _full_runs(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray):
     """`_hybrid`'s values where they are whole bytes and every run up to the last value
     asked is bit-packed with the most groups a one-byte header holds (what writers make of
-    high-entropy indices): the runs are then rows of a 2-D array whose values, copied out
-    without the headers, are cut by plain slices, with no walk over run headers (about a
-    quarter of `_hybrid`'s time for a 400-row page). None for any other stream."""
-    longest = 1 + _MAX_GROUPS * width
+    high-entropy indices): where a value's bytes are is then plain arithmetic, so each range
+    is cut at the runs' ends and its bytes sliced out, with no walk over run headers (about
+    a third of the walk's time for a 400-row page). None for any other stream."""
+    longest, size = 1 + _MAX_GROUPS * width, width // 8
     runs = (int(ends.max()) + _MAX_RUN - 1) // _MAX_RUN
     if not runs or runs * longest > len(data):
         return None
-    grid = np.frombuffer(data, np.uint8, count=runs * longest).reshape(runs, longest)
-    if not (grid[:, 0] == _MAX_PACKED_HEADER).all():
+    raw = np.frombuffer(data, np.uint8, count=runs * longest)
+    if not (raw[::longest] == _MAX_PACKED_HEADER).all():
         return None
-    values = grid[:, 1:].view(f"<u{width // 8}").ravel()  # little-endian, headers dropped
-    return np.concatenate([values[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+    pieces = []
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        while a < b:
+            run, i = divmod(a, _MAX_RUN)
+            n = min(b - a, _MAX_RUN - i)
+            at = run * longest + 1 + i * size
+            pieces.append(raw[at : at + n * size])
+            a += n
+    return np.concatenate(pieces).view(f"<u{size}")
 
 
 def _hybrid(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
