@@ -335,7 +335,7 @@ def _full_runs(data: memoryview, width: int, starts: np.ndarray, ends: np.ndarra
     if not (raw[::longest] == _MAX_PACKED_HEADER).all():
         return None
     pieces = []
-    for a, b in zip(starts.tolist(), ends.tolist()):
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         while a < b:
             run, i = divmod(a, _MAX_RUN)
             n = min(b - a, _MAX_RUN - i)
