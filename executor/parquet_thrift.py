@@ -96,20 +96,7 @@ class Compact:
 
     def struct(self, nested: frozenset[int] = frozenset(), depth: int = 0) -> dict:
         """Integer and bool fields by id; the ids in `nested` are read as structs too."""
-        fields: dict = {}
-        last = 0
-        while (b := self.byte()) != 0:
-            kind, delta = b & 0x0F, b >> 4
-            field = last + delta if delta else self.zigzag()
-            last = field
-            if kind in (_T_TRUE, _T_FALSE):
-                fields[field] = kind == _T_TRUE
-            elif kind in (_T_BYTE, _T_I16, _T_I32, _T_I64):
-                fields[field] = self.byte() if kind == _T_BYTE else self.zigzag()
-            elif kind == _T_STRUCT and field in nested:
-                fields[field] = self.struct(depth=depth + 1)
-            else:
-                self.skip(kind, depth)
+        fields, self.pos = _struct(self.buf, self.pos, nested, depth)
         return fields
 
     def skip(self, kind: int, depth: int) -> None:
@@ -145,9 +132,68 @@ class Compact:
 def page_fields(buf: memoryview, pos: int) -> tuple[dict, int]:
     """The PageHeader at `pos` as fields by id (its data_page_header, dictionary_page_header
     and data_page_header_v2 as nested dicts) and the header's size in bytes."""
-    reader = Compact(buf, pos)
-    fields = reader.struct(nested=frozenset({5, 7, 8}))
-    return fields, reader.pos - pos
+    fields, end = _struct(buf, pos, _PAGE_HEADER_STRUCTS, 0)
+    return fields, end - pos
+
+
+_PAGE_HEADER_STRUCTS = frozenset({5, 7, 8})
+
+
+def _struct(buf, pos: int, nested: frozenset[int], depth: int) -> tuple[dict, int]:
+    """The struct at `pos` (`Compact.struct`) and where it ends. Written as one function
+    with the varints inline: a page is read for a few rows, and a method call per byte made
+    its two headers cost about as much as picking the rows' indices."""
+    if depth > _MAX_NESTING:
+        raise Unsupported("Thrift nesting too deep")
+    size = len(buf)
+    fields: dict = {}
+    last = 0
+    while True:
+        if pos >= size:
+            raise Truncated
+        b = buf[pos]
+        pos += 1
+        if b == 0:
+            return fields, pos
+        kind, delta = b & 0x0F, b >> 4
+        if not delta:  # a field id that does not fit the delta: a zigzag i16 follows
+            reader = Compact(buf, pos)
+            delta, pos = reader.zigzag() - last, reader.pos
+        last += delta
+        if _T_I16 <= kind <= _T_I64 or kind == _T_BINARY:  # a varint: zigzag or a length
+            n = shift = 0
+            while True:
+                if pos >= size:
+                    raise Truncated
+                c = buf[pos]
+                pos += 1
+                n |= (c & 0x7F) << shift
+                if c < 0x80:
+                    break
+                shift += 7
+                if shift > 63:
+                    raise Unsupported("varint too long")
+            if kind == _T_BINARY:
+                pos += n
+                if pos > size:
+                    raise Truncated
+            else:
+                fields[last] = (n >> 1) ^ -(n & 1)
+        elif kind == _T_TRUE or kind == _T_FALSE:
+            fields[last] = kind == _T_TRUE
+        elif kind == _T_STRUCT:
+            inner, pos = _struct(buf, pos, frozenset(), depth + 1)
+            if last in nested:
+                fields[last] = inner
+        elif kind == _T_BYTE:
+            if pos >= size:
+                raise Truncated
+            fields[last] = buf[pos]
+            pos += 1
+        else:
+            reader = Compact(buf, pos)
+            reader.skip(kind, depth)
+            pos = reader.pos
 
 
 def field_int(fields: dict, key: int) -> int:
