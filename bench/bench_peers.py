@@ -10,7 +10,8 @@ plan's steps. Mosaic runs in its own virtual environment (build/bench/peer-venv)
 script creates; if that fails, mds is reported alone with the reason.
 
 Each measurement runs in a fresh child process: median ms per step (after one warm-up step)
-and peak RSS above the imports; the table shows the median of `--repeat` runs.
+and peak RSS above the imports; the table shows the median of `--repeat` runs. mds and
+Mosaic runs alternate, each after every file of the data set was read (from the page cache).
 """
 
 from __future__ import annotations
@@ -258,13 +259,24 @@ def run_child(python: str, args: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
-def median_of(python: str, args: list[str], repeat: int) -> dict:
-    runs = [run_child(python, args) for _ in range(repeat)]
+def median(runs: list[dict]) -> dict:
     good = [r for r in runs if "error" not in r]
     if not good:
         return runs[0]
     keys = ("first_ms", "step_ms", "median_ms", "rss_mb")
     return {k: statistics.median(r[k] for r in good) for k in keys}
+
+
+def warm(root: Path) -> None:
+    """Read every file of a data set (sources, plan, Mosaic shards) before a run, so each
+    starts from the page cache: a machine that pages out files left alone for a while
+    (DAMON reclaim here pages out what is not touched for a minute) would otherwise have
+    whichever side runs after a pause read from disk."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                while fh.read(1 << 20):
+                    pass
 
 
 def main() -> None:
@@ -297,19 +309,32 @@ def main() -> None:
         plan = make_data(root, n, a.steps + 2, sys.executable)
         plan_order(plan)
         row = {"sources": n}
-        for label, workers in (("mds", 0), ("mds_dl2", 2)):
-            row[label] = median_of(
-                sys.executable,
-                ["--child-mds", str(plan), str(workers), str(a.steps), str(a.max_open_files)],
-                a.repeat,
-            )
-        if peer:
-            if not (root / "mosaic").exists():
-                run_child(peer, ["--child-write-mosaic", str(root)])
-            for label, workers in (("mosaic", 0), ("mosaic_dl2", 2)):
-                row[label] = median_of(
-                    peer, ["--child-mosaic", str(plan), str(workers), str(a.steps)], a.repeat
+        if peer and not (root / "mosaic").exists():
+            run_child(peer, ["--child-write-mosaic", str(root)])
+        # mds and Mosaic runs alternate, so a machine that drifts (load, memory) drifts
+        # for both sides alike
+        for workers, ours, theirs in ((0, "mds", "mosaic"), (2, "mds_dl2", "mosaic_dl2")):
+            runs: dict[str, list[dict]] = {ours: [], theirs: []}
+            for _ in range(a.repeat):
+                warm(root)
+                runs[ours].append(
+                    run_child(
+                        sys.executable,
+                        [
+                            "--child-mds",
+                            str(plan),
+                            str(workers),
+                            str(a.steps),
+                            str(a.max_open_files),
+                        ],
+                    )
                 )
+                if peer:
+                    warm(root)
+                    runs[theirs].append(
+                        run_child(peer, ["--child-mosaic", str(plan), str(workers), str(a.steps)])
+                    )
+            row.update({label: median(got) for label, got in runs.items() if got})
         rows.append(row)
         print(json.dumps(row), flush=True)
     write_report(a.out, "peers", table(rows, peer_note, a), {"rows": rows, "peer": peer_note})
