@@ -339,6 +339,7 @@ class _ParquetMeta:
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.starts = _row_starts(counts)
         self.checked: set[tuple[str, str]] = set()
+        self._arrow_schema: pa.Schema | None = None
         self.paged: dict[tuple[str, int], int] = {}  # (column, row group): reads from pages
         self._layouts: dict[str, parquet_pages.Layout | None] = {}
         self._sizes: dict[str, np.ndarray] = {}
@@ -348,6 +349,13 @@ class _ParquetMeta:
 
     def _leaves(self, column: str) -> list[int]:
         return parquet_pages.leaves(self.metadata, column)
+
+    def arrow_schema(self) -> pa.Schema:
+        """The footer's schema as Arrow's, made once (the schema check and the page layout
+        both want it)."""
+        if self._arrow_schema is None:
+            self._arrow_schema = self.metadata.schema.to_arrow_schema()
+        return self._arrow_schema
 
     def chunk_spans(self, column: str) -> list[list[tuple[int, int]]]:
         """Per row group, the byte spans [lo, hi) of top-level `column`'s column chunks
@@ -365,7 +373,7 @@ class _ParquetMeta:
     def layout(self, column: str) -> parquet_pages.Layout | None:
         """How rows of token-list `column` are read from its pages (None: decoded whole)."""
         if column not in self._layouts:
-            value_type = self.metadata.schema.to_arrow_schema().field(column).type.value_type
+            value_type = self.arrow_schema().field(column).type.value_type
             self._layouts[column] = parquet_pages.layout(self.metadata, column, value_type)
         return self._layouts[column]
 
@@ -433,7 +441,7 @@ class ParquetReader(_ColumnReader):
                 if key is not None:
                     metacache.put(key, meta, meta.nbytes)
             if (column, kind) not in meta.checked:
-                self._check_schema(meta.metadata.schema.to_arrow_schema())
+                self._check_schema(meta.arrow_schema())
                 meta.checked.add((column, kind))
         except BaseException:
             self.close()
@@ -524,10 +532,10 @@ class ParquetReader(_ColumnReader):
             chunk = lay.chunk(i)
             if chunk is None or _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
                 continue
-            if self._room(i) and (
+            if (
                 self._meta.paged.get((self.column, i), 0) >= _PAGED_READS
                 or (keep and not self._local)
-            ):
+            ) and self._room(i):  # the cheap test first: a first read of a file skips this one
                 continue
             if self._blocks.get((self.path, "rg", i, self.column, self.kind)) is None:
                 out[i] = pick
