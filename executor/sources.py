@@ -381,13 +381,21 @@ class SourceCatalog:
             reads.append((group, later, partial(self._read, block, s, fid, entry, group, later)))
             stage.append((len(reads) - 1, s, fid, entry, group, later))
         staged = self._stage(block, stage)
-        pinned = self._pinned(block, stage)
-        for k, (s, fid, entry, where, pages) in pinned.items():
-            group, later, _r = reads[k]
-            read = partial(self._read, block, s, fid, entry, group, later, (where, pages))
-            reads[k] = (group, later, read)
         try:
-            results = self._run([r for _g, _l, r in reads], set(pinned))
+            # at most max_open_files files a window (or one a thread): `_pinned` opens a
+            # window's page-read files before reading any, and more would be evicted, then
+            # opened again
+            results: list[list | Exception] = []
+            window = max(self.max_open_files, self.read_threads)
+            for first in range(0, len(reads), window):
+                part = [r for _g, _l, r in reads[first : first + window]]
+                opened = [e for e in stage if first <= e[0] < first + window]
+                pinned = self._pinned(block, opened)
+                for k, (s, fid, entry, where, pages) in pinned.items():
+                    group, later, _r = reads[k]
+                    pin = (where, pages)
+                    part[k - first] = partial(self._read, block, s, fid, entry, group, later, pin)
+                results += self._run(part, {k - first for k in pinned})
         finally:
             for obj in staged:
                 obj.unstage()

@@ -138,6 +138,36 @@ def test_read_threads_give_the_batches_of_one_thread(
         )
 
 
+@pytest.mark.parametrize("read_threads", [1, 2])
+def test_a_step_of_more_files_than_may_be_open_opens_each_once(
+    many_files, monkeypatch, read_threads
+):
+    """Page-read files are opened before any is read, a window of `max_open_files` at a
+    time: opened all at once, a step's first files were evicted before their reads, which
+    opened them again."""
+    import mds.executor.sources as sources_module
+
+    opens, reads = [0], [0]
+    real_open, real_read = sources_module.open_reader, SourceCatalog._read
+
+    def open_reader(*args, **kwargs):
+        opens[0] += 1
+        return real_open(*args, **kwargs)
+
+    def read(self, *args, **kwargs):
+        reads[0] += 1
+        return real_read(self, *args, **kwargs)
+
+    alone = _digests(many_files, 0, read_ahead=0)
+    monkeypatch.setattr(sources_module, "open_reader", open_reader)
+    monkeypatch.setattr(SourceCatalog, "_read", read)
+    got = _digests(
+        many_files, 0, read_threads=read_threads, read_ahead=0, max_open_files=3, cache_bytes=0
+    )
+    assert got == alone
+    assert reads[0] > 12 and opens[0] <= reads[0]
+
+
 def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read_ends(
     many_files, monkeypatch
 ):
