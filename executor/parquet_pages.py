@@ -39,6 +39,7 @@ from mds.executor.parquet_thrift import (
     length_prefixed,
     page_fields,
     ranges,
+    varint,
 )
 
 __all__ = ["Layout", "Source", "chunk_span", "layout", "leaves", "read_rows"]
@@ -264,25 +265,12 @@ def _data_page(fields: dict, body: memoryview, codec: str | None, max_def: int):
     return n, field_int(head, 4 if field_int(fields, 1) == DATA_PAGE_V2 else 2), values
 
 
-def _varint(data, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 35:
-            raise Unsupported("bad run header")
-        b = data[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _all_at(levels: memoryview, n: int, level: int) -> bool:
     """Whether the first `n` levels of an RLE/bit-packed hybrid stream all equal `level`."""
     width = level.bit_length()
     seen = pos = 0
     while seen < n:
-        header, pos = _varint(levels, pos)
+        header, pos = varint(levels, pos)
         if header & 1:
             count = (header >> 1) * 8
             end = pos + (header >> 1) * width

@@ -26,6 +26,7 @@ __all__ = [
     "length_prefixed",
     "page_fields",
     "ranges",
+    "varint",
 ]
 
 # ColumnChunkMetaData.compression -> pyarrow.decompress codec (None: stored as is). pyarrow
@@ -80,15 +81,8 @@ class Compact:
         self.pos += n
 
     def varint(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.byte()
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise Unsupported("varint too long")
+        value, self.pos = varint(self.buf, self.pos)
+        return value
 
     def zigzag(self) -> int:
         n = self.varint()
@@ -139,10 +133,27 @@ def page_fields(buf: memoryview, pos: int) -> tuple[dict, int]:
 _PAGE_HEADER_STRUCTS = frozenset({5, 7, 8})
 
 
+def varint(buf, pos: int) -> tuple[int, int]:
+    """The unsigned (ULEB128) varint at `pos` and where it ends."""
+    value = shift = 0
+    size = len(buf)
+    while True:
+        if pos >= size:
+            raise Truncated
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise Unsupported("varint too long")
+
+
 def _struct(buf, pos: int, nested: frozenset[int], depth: int) -> tuple[dict, int]:
-    """The struct at `pos` (`Compact.struct`) and where it ends. Written as one function
-    with the varints inline: a page is read for a few rows, and a method call per byte made
-    its two headers cost about as much as picking the rows' indices."""
+    """The struct at `pos` (`Compact.struct`) and where it ends. Written as functions over
+    the bytes, not methods per byte: a page is read for a few rows, and a method call per
+    byte made its two headers cost about as much as picking the rows' indices."""
     if depth > _MAX_NESTING:
         raise Unsupported("Thrift nesting too deep")
     size = len(buf)
@@ -161,18 +172,7 @@ def _struct(buf, pos: int, nested: frozenset[int], depth: int) -> tuple[dict, in
             delta, pos = reader.zigzag() - last, reader.pos
         last += delta
         if _T_I16 <= kind <= _T_I64 or kind == _T_BINARY:  # a varint: zigzag or a length
-            n = shift = 0
-            while True:
-                if pos >= size:
-                    raise Truncated
-                c = buf[pos]
-                pos += 1
-                n |= (c & 0x7F) << shift
-                if c < 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise Unsupported("varint too long")
+            n, pos = varint(buf, pos)
             if kind == _T_BINARY:
                 pos += n
                 if pos > size:
