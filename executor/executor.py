@@ -52,9 +52,10 @@ class PlanExecutor:
     (default: where the plan records it, relative to its own directory). `read_ahead`: steps
     built in a background thread ahead of the one iterated (0: none; a loop that comes
     straight back for the next step gets them built on its own thread, which is quicker
-    then); each step's samples are read together, one reader call per file. `cache_bytes`: the decoded data a process
-    keeps, whole blocks (row groups, zstd frames) and rows read ahead for this rank's later
-    samples from the blocks it decodes (0: neither). `read_threads`: threads that read a
+    then); each step's samples are read together, one reader call per file.
+    `cache_bytes`: the decoded data a process keeps, whole blocks (row groups, zstd frames)
+    and rows read ahead for this rank's later samples from the blocks it decodes (0:
+    neither). `read_threads`: threads that read a
     step's files side by side (1: the building thread alone; 2, the default, pays where a
     core is free, see docs/executor.md); batches are the same.
     """
