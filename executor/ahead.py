@@ -32,14 +32,8 @@ class ReadAhead:
     """Steps `step .. step + depth` built by `build(step)` in one background thread, or on
     the calling thread while the loop gives the thread nothing to overlap."""
 
-    def __init__(
-        self,
-        build: Callable[[int], Batches],
-        depth: int,
-        end: int,
-        clock: Callable[[], float] = time.perf_counter,
-    ):
-        self.build, self.depth, self.end, self.clock = build, depth, end, clock
+    def __init__(self, build: Callable[[int], Batches], depth: int, end: int):
+        self.build, self.depth, self.end = build, depth, end
         self._pool: ThreadPoolExecutor | None = None
         self._steps: dict[int, Future[Batches]] = {}
         self.inline = False  # steps are built on the calling thread
@@ -50,7 +44,7 @@ class ReadAhead:
 
     def get(self, step: int, micro_batch: int) -> dict[str, Any]:
         """Micro-batch `micro_batch` of `step`; schedules the steps after it."""
-        now = self.clock()
+        now = time.perf_counter()
         if self._back is not None:
             self._away += now - self._back
         if micro_batch == 0:
@@ -72,7 +66,7 @@ class ReadAhead:
                 del self._steps[step]  # the step's last micro-batch: its memory can go
             return batches[micro_batch]
         finally:
-            self._back = self.clock()
+            self._back = time.perf_counter()
 
     def _choose(self) -> None:
         """At a step's first micro-batch: switch after `_SETTLE` steps in a row whose loop was
@@ -84,11 +78,11 @@ class ReadAhead:
             self.inline, self._streak = not self.inline, 0
 
     def _timed(self, step: int) -> Batches:
-        start = self.clock()
+        start = time.perf_counter()
         try:
             return self.build(step)
         finally:
-            self._built = self.clock() - start
+            self._built = time.perf_counter() - start
 
     def _now(self, step: int) -> Future[Batches]:
         """Step `step` built on this thread, as a finished future (its error kept in it)."""

@@ -167,10 +167,11 @@ def _struct(buf, pos: int, nested: frozenset[int], depth: int) -> tuple[dict, in
         if b == 0:
             return fields, pos
         kind, delta = b & 0x0F, b >> 4
-        if not delta:  # a field id that does not fit the delta: a zigzag i16 follows
-            reader = Compact(buf, pos)
-            delta, pos = reader.zigzag() - last, reader.pos
-        last += delta
+        if delta:
+            last += delta
+        else:  # a field id that does not fit the delta: a zigzag i16 follows
+            n, pos = varint(buf, pos)
+            last = (n >> 1) ^ -(n & 1)
         if _T_I16 <= kind <= _T_I64 or kind == _T_BINARY:  # a varint: zigzag or a length
             n, pos = varint(buf, pos)
             if kind == _T_BINARY:
