@@ -1,15 +1,22 @@
 """One writer at a time per index or plan: a lock file next to the output.
 
-The lock is `.NAME.lock` beside the output (never inside an index, hidden, so never data),
-created with O_CREAT|O_EXCL and holding the writer's pid, host and start time. O_EXCL rather
-than flock: it works on every local and network filesystem, and the holder is readable for
-the error message. A lock whose pid is dead on this host is taken over; it is removed when
+The lock is `.NAME.lock` beside the output (never inside an index, hidden, so never data;
+a name too long for the filesystem is shortened with a hash of it), holding the writer's
+pid, host and start time. The record is written to a temporary file first and hard-linked
+into place, so a lock is never seen empty and the link fails if a lock exists: it works
+on every local and network filesystem, and the holder is readable for the error message.
+A lock is stale when its pid is dead on this host, or when it is empty or unreadable
+(only damage makes it so). A stale lock is taken over under flock(2) on the stale file
+itself, checking it is still the file at the lock's path before removing it, so of many
+racing writers exactly one removes it and one creates the next. The lock is removed when
 the writer exits, on success, error or interrupt (only SIGKILL leaves it, and the next
 writer on the host takes it over).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import socket
@@ -17,66 +24,211 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from mds.executor.errors import ConfigError
-from mds.planner.atomic import pid_alive
+from mds.executor.errors import ConfigError, OutputError
+from mds.planner.atomic import clean_stale_temps, pid_alive, temp_sibling
 
-__all__ = ["lock_path", "output_lock"]
+__all__ = ["lock_name", "lock_path", "output_lock"]
+
+# A lock's name leaves room under NAME_MAX (255 bytes on every common filesystem) for the
+# suffix of its temporary, `.tmp-PID-HOST-RANDOM`.
+LOCK_NAME_MAX = 200
+# Filesystems without hard links (FAT, some FUSE and SMB mounts) create the lock in place.
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
+_TRIES = 50
+
+
+def lock_name(name: str) -> str:
+    """`.NAME.lock`, or, when that is longer than LOCK_NAME_MAX bytes, the start of NAME and
+    a hash of all of it: still beside the output, still unique to it."""
+    full = f".{name}.lock"
+    if len(os.fsencode(full)) <= LOCK_NAME_MAX:
+        return full
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+    room = LOCK_NAME_MAX - len(f".~{digest}.lock")
+    head = os.fsencode(name)[:room].decode("utf-8", "ignore")
+    while len(os.fsencode(head)) > room:  # a name that is not UTF-8 (surrogate escapes)
+        head = head[:-1]
+    return f".{head}~{digest}.lock"
 
 
 def lock_path(output: Path) -> Path:
-    return output.with_name(f".{output.name}.lock")
+    return output.with_name(lock_name(output.name))
 
 
-def _holder(lock: Path) -> dict | None:
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    """The holder a lock names; {} when it is empty or damaged."""
     try:
-        data = json.loads(lock.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
+        holder = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return {}
+    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+        return {}
+    return holder
+
+
+def _stale(holder: dict[str, Any], host: str) -> bool:
+    if not holder:
+        return True
+    return holder.get("host") == host and not pid_alive(holder["pid"])
+
+
+def _read(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while piece := os.pread(fd, 1 << 16, offset):
+        chunks.append(piece)
+        offset += len(piece)
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _same(lock: Path, st: os.stat_result) -> bool:
+    """Whether the lock's path still names the file `st` describes."""
+    try:
+        now = os.stat(lock)
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}  # being written this instant, or damaged: treat as held
-
-
-def _try_create(lock: Path, record: bytes) -> bool:
-    try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
         return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _flock(fd: int) -> bool:
+    import fcntl
+
     try:
-        os.write(fd, record)
-    finally:
-        os.close(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        return False  # not supported here (ENOLCK on some network filesystems)
     return True
 
 
-@contextmanager
-def output_lock(output: Path) -> Iterator[Path]:
-    """Hold the lock of `output` for the block; raise ConfigError if another writer has it."""
-    output = Path(output)
-    lock = lock_path(output)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+def _create(lock: Path, record: bytes) -> tuple[int, int] | None:
+    """Create the lock holding `record`: its (device, inode), or None if a lock exists."""
+    tmp = temp_sibling(lock)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, record)
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, lock)
+        except FileExistsError:
+            return None
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            return _create_in_place(lock, record)
+        return st.st_dev, st.st_ino
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def _create_in_place(lock: Path, record: bytes) -> tuple[int, int] | None:
+    """_create where hard links are not supported: O_EXCL, then the record written under
+    flock, which a writer taking over an (as yet) empty lock waits for."""
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
+    st = os.fstat(fd)
+    try:
+        _flock(fd)
+        _write_all(fd, record)
+        if not _same(lock, st):
+            return None  # taken for an abandoned empty lock before we wrote: look again
+    except BaseException:
+        if _same(lock, st):
+            lock.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
+
+
+def _holder_or_take_over(lock: Path, host: str) -> dict[str, Any] | None:
+    """The live holder of `lock`, or None once it is gone (released, or stale and removed
+    here). Removal happens under flock on that very file, after checking the lock's path
+    still names it, so two writers never both remove a lock and both create one."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        holder = _parse(_read(fd))
+        if not _stale(holder, host):
+            return holder
+        if not _flock(fd):
+            raise ConfigError(
+                f"{lock} is stale (pid {holder.get('pid')} on host {holder.get('host')}) but "
+                "cannot be taken over safely on this filesystem (no flock): remove it"
+            )
+        if not _same(lock, os.fstat(fd)):
+            return None  # taken over meanwhile: look at the new one
+        holder = _parse(_read(fd))
+        if not _stale(holder, host):
+            return holder
+        os.unlink(lock)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _acquire(output: Path, lock: Path) -> tuple[int, int]:
     host = socket.gethostname()
     record = json.dumps(
         {"pid": os.getpid(), "host": host, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     ).encode()
-    for _ in range(3):
-        if _try_create(lock, record):
-            break
-        holder = _holder(lock)
-        if holder is None:
-            continue  # released meanwhile
-        pid = holder.get("pid")
-        if holder.get("host") == host and isinstance(pid, int) and not pid_alive(pid):
-            lock.unlink(missing_ok=True)  # its writer died (SIGKILL): take it over
-            continue
-        raise ConfigError(
-            f"{output} is being written by pid {pid} on host {holder.get('host')} since "
-            f"{holder.get('since')}; wait for it or remove {lock} if that process is gone"
-        )
-    else:
-        raise ConfigError(f"{output}: cannot take the lock {lock}; remove it if no mds runs")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(lock)
+        for _ in range(_TRIES):
+            ours = _create(lock, record)
+            if ours is not None:
+                return ours
+            holder = _holder_or_take_over(lock, host)
+            if holder is not None:
+                raise ConfigError(
+                    f"{output} is being written by pid {holder['pid']} on host "
+                    f"{holder.get('host')} since {holder.get('since')}; wait for it or remove "
+                    f"{lock} if that process is gone"
+                )
+    except OSError as exc:
+        raise OutputError(f"cannot take the lock {lock}: {_reason(exc)}") from None
+    raise ConfigError(f"{output}: cannot take the lock {lock}; remove it if no mds runs")
+
+
+def _release(lock: Path, ours: tuple[int, int]) -> None:
+    """Remove the lock if it is still the one we created (a lost one is left alone)."""
+    try:
+        st = os.stat(lock)
+        if (st.st_dev, st.st_ino) == ours:
+            os.unlink(lock)
+    except OSError:
+        pass  # gone, or the directory is no longer writable: stale once we exit
+
+
+@contextmanager
+def output_lock(output: Path | str) -> Iterator[Any]:
+    """Hold the lock of `output` for the block; raise ConfigError if another writer has it,
+    OutputError if the lock cannot be written."""
+    output = Path(output)
+    lock = lock_path(output)
+    ours = _acquire(output, lock)
     try:
         yield lock
     finally:
-        lock.unlink(missing_ok=True)
+        _release(lock, ours)
