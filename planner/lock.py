@@ -10,7 +10,8 @@ A lock is stale when its pid is dead on this host, or when it is empty or unread
 itself, checking it is still the file at the lock's path before removing it, so of many
 racing writers exactly one removes it and one creates the next. The lock is removed when
 the writer exits, on success, error or interrupt (only SIGKILL leaves it, and the next
-writer on the host takes it over).
+writer on the host takes it over). An output in object storage gets a lock object
+instead (planner/object_lock.py), through the same `output_lock`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
 from mds.planner.atomic import clean_stale_temps, pid_alive, temp_sibling
 
@@ -224,7 +226,14 @@ def _release(lock: Path, ours: tuple[int, int]) -> None:
 @contextmanager
 def output_lock(output: Path | str) -> Iterator[Any]:
     """Hold the lock of `output` for the block; raise ConfigError if another writer has it,
-    OutputError if the lock cannot be written."""
+    OutputError if the lock cannot be written. A URL (s3://, gs://) gets a lock object
+    (planner/object_lock.py; the block gets its handle), a path a lock file (its path)."""
+    if storage.is_url(output):
+        from mds.planner.object_lock import object_lock
+
+        with object_lock(str(output)) as held:
+            yield held
+        return
     output = Path(output)
     lock = lock_path(output)
     ours = _acquire(output, lock)

@@ -362,20 +362,23 @@ def build_plan(
             )
     args = (workers, parent, at_step, progress, engine, index_place, manifest)
     if storage.is_url(output):
-        return _build_to_object(config, str(output), *args)
+        with output_lock(str(output)) as held:
+            return _build_to_object(config, str(output), held, *args)
     output = Path(output).resolve()
     with output_lock(output):
         return _build_locked(config, output, started, None, *args)
 
 
-def _build_to_object(config, url, *args) -> PlanSummary:
+def _build_to_object(config, url, held, *args) -> PlanSummary:
     """Plan into a local temporary file, then upload it as one object: an object appears
     whole when its upload completes, so a failed run leaves no plan, nor a partial one,
-    at `url`. The recorded paths are those of the plan's place, `url`."""
+    at `url`. The recorded paths are those of the plan's place, `url`. `held`: its lock
+    object, checked before the upload."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mds-plan-") as tmp:
         local = Path(tmp) / url.rsplit("/", 1)[-1]
         summary = _build_locked(config, local, started, url, *args)
+        held.check()
         storage.put_file(local, url)
     return replace(summary, path=url, seconds=time.perf_counter() - started)
 

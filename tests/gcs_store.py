@@ -1,7 +1,9 @@
 """A GCS server for the object storage tests: gcp-storage-emulator on 127.0.0.1, in a
 process of its own (pyarrow's GCS client holds the GIL while it opens an object, so a
 server thread in the test process would never answer), with $STORAGE_EMULATOR_HOST
-pointing at it and short timeouts. Tests skip only when the emulator is not installed.
+pointing at it and short timeouts. It is started through tests/gcs_emulator.py, which
+makes it honour `ifGenerationMatch` preconditions as GCS does. Tests skip only when the
+emulator is not installed.
 
 A plain module (tests/conftest.py puts tests/ on sys.path): `from gcs_store import ...`.
 """
@@ -80,7 +82,8 @@ def gcs_server(monkeypatch: Any) -> Iterator[Store]:
     if importlib.util.find_spec("gcp_storage_emulator") is None:
         pytest.skip("gcp-storage-emulator is not installed")
     port = _free_port()
-    command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1"]
+    wrapper = str(Path(__file__).with_name("gcs_emulator.py"))
+    command = [sys.executable, wrapper, "start", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--in-memory", "--default-bucket", BUCKET]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

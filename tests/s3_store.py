@@ -64,10 +64,30 @@ class Store:
         self.client.delete_object(Bucket=BUCKET, Key=key)
 
 
+def _atomic_preconditions(monkeypatch: Any) -> None:
+    """Make moto's conditional PutObject and DeleteObject atomic, as S3's are: moto checks
+    If-Match / If-None-Match and then writes without a lock, so two racing requests could
+    both pass. Requests that carry a condition are served one at a time."""
+    from moto.s3.responses import S3Response
+
+    mutex = threading.Lock()
+    for name in ("put_object", "delete_object"):
+        original = getattr(S3Response, name)
+
+        def serial(self, *args, _original=original, **kwargs):
+            if "If-Match" in self.headers or "If-None-Match" in self.headers:
+                with mutex:
+                    return _original(self, *args, **kwargs)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(S3Response, name, serial)
+
+
 @contextmanager
 def s3_server(monkeypatch: Any) -> Iterator[Store]:
     """Start the server, point the environment at it, create the bucket; stop it after."""
     server_module = pytest.importorskip("moto.server")
+    _atomic_preconditions(monkeypatch)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

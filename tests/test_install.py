@@ -26,7 +26,7 @@ SIDES = {
     "package": (),
     "executor": ("train", "tokenizers"),
     "executor/integrations": ("train", "tokenizers", "lightning", "hf", "megatron"),
-    "planner": ("plan", "tokenizers", "ray"),
+    "planner": ("plan", "tokenizers", "ray", "s3", "gcs"),
     "cli": ("plan",),
 }
 # Files that run on a training box although they live in a planning folder: `mds calibrate`

@@ -447,7 +447,8 @@ def build_index(
     where the scans run (default: the config's [index] engine, else the local pool)."""
     output = output or config.output
     if output is not None and storage.is_url(output):
-        return _build_to_objects(config, str(output), workers, progress, clock, engine)
+        with output_lock(str(output)) as held:
+            return _build_to_objects(config, str(output), workers, progress, clock, engine, held)
     started = clock()
     remote = storage.is_url(config.root)  # objects: listed once, read with range requests
     if remote and output is None and config.output is None:
@@ -493,13 +494,14 @@ def build_index(
         )
 
 
-def _build_to_objects(config, url, workers, progress, clock, engine) -> IndexSummary:
+def _build_to_objects(config, url, workers, progress, clock, engine, held) -> IndexSummary:
     """Index into a local temporary directory, then upload it under the prefix `url`: the
     tables first (named by their content, so a table of the index in place is never
     changed), the manifest last, each one object. An object appears only when its upload
     completes, so readers see the old manifest or the new one, and a failed run leaves the
     old index valid. Tables the new manifest no longer names are removed after it. The
-    index in place is not reused: every file is scanned."""
+    index in place is not reused: every file is scanned. `held`: the prefix's lock object,
+    checked before the manifest is written."""
     import tempfile
 
     url = url.rstrip("/")
@@ -513,6 +515,7 @@ def _build_to_objects(config, url, workers, progress, clock, engine) -> IndexSum
         live = {str(e["table"]) for e in manifest.sources}
         for rel in sorted(live):
             storage.put_file(local / rel, f"{url}/{rel}")
+        held.check()
         storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
     for key, _size in storage.list_objects(f"{url}/{TABLES}"):
         if f"{TABLES}/{key}" not in live:

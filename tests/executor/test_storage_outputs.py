@@ -99,8 +99,12 @@ def test_a_missing_plan_object_is_an_error_naming_it(world):
 def test_a_failed_upload_names_the_url_and_leaves_no_plan(world, monkeypatch):
     top, store, _url = world
     target = f"s3://{BUCKET}/plans/failed/plan.mds"
+    from mds.executor import storage
+
+    # the upload's server is down (the lock object, taken first, is on the live one)
+    down = storage._s3(f"http://127.0.0.1:{free_port()}", "us-east-1", 3.0, 2)
     with monkeypatch.context() as patch:
-        patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        patch.setattr(storage, "filesystem", lambda url="s3://": down)
         one_error_line(
             mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
             target,
