@@ -37,7 +37,7 @@ __all__ = ["lock_name", "lock_path", "output_lock"]
 # suffix of its temporary, `.tmp-PID-HOST-RANDOM`.
 LOCK_NAME_MAX = 200
 # Filesystems without hard links (FAT, some FUSE and SMB mounts) create the lock in place.
-_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 _TRIES = 50
 
 

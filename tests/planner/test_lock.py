@@ -58,8 +58,22 @@ def _racer(out: Path, trials: int, barrier: Any, wins: Any) -> None:
         barrier.wait()  # the winner has released it
 
 
-def test_racing_takeover_of_a_stale_lock_has_one_winner(tmp_path: Path) -> None:
+def _no_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem without hard links (FAT, some FUSE mounts): link(2) fails with EPERM."""
+
+    def link(*args, **kwargs):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", link)
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["links", "no-links"])
+def test_racing_takeover_of_a_stale_lock_has_one_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
     """8 processes take over the same stale lock at once, 20 times: exactly one holds it."""
+    if not links:
+        _no_links(monkeypatch)
     out, racers, trials = tmp_path / "plan.mds", 8, 20
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(racers + 1, timeout=60)
@@ -205,3 +219,15 @@ def test_long_output_name_through_the_cli(tmp_path: Path) -> None:
     result = mds("index", config, "-o", out)
     assert result.exit_code == 0, result.output
     assert (out / "manifest.json").exists() and not lock_path(out).exists()
+
+
+def test_lock_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where link(2) is not supported the lock is created in place, still exclusive."""
+    _no_links(monkeypatch)
+    out = tmp_path / "plan.mds"
+    with output_lock(out) as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        with pytest.raises(ConfigError, match="is being written by pid"):
+            with output_lock(out):
+                pass
+    assert os.listdir(tmp_path) == []
