@@ -231,3 +231,23 @@ def test_lock_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             with output_lock(out):
                 pass
     assert os.listdir(tmp_path) == []
+
+
+def test_full_disk_at_the_lock_is_one_cli_line(tmp_path: Path, monkeypatch) -> None:
+    """`mds index` on a full disk: exit 1, one line naming the lock, no lock left."""
+    from cli_helpers import mds, one_error_line
+    from fault_builders import write_world
+
+    config = write_world(tmp_path / "w")
+    out = tmp_path / "out" / "index"
+    out.parent.mkdir()
+    real_write = os.write
+
+    def write(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(out.parent)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    one_error_line(mds("index", config, "-o", out), str(lock_path(out)), "No space left")
+    assert os.listdir(out.parent) == []
