@@ -501,7 +501,7 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
     completes, so readers see the old manifest or the new one, and a failed run leaves the
     old index valid. Tables the new manifest no longer names are removed after it. The
     index in place is not reused: every file is scanned. `held`: the prefix's lock object,
-    checked before the manifest is written."""
+    checked before the manifest is written and before tables are removed."""
     import tempfile
 
     url = url.rstrip("/")
@@ -517,6 +517,7 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
             storage.put_file(local / rel, f"{url}/{rel}")
         held.check()
         storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+    held.check()
     for key, _size in storage.list_objects(f"{url}/{TABLES}"):
         if f"{TABLES}/{key}" not in live:
             storage.delete(f"{url}/{TABLES}/{key}")

@@ -326,3 +326,25 @@ def test_a_lock_object_cannot_be_taken_is_one_line(s3, monkeypatch):
         mds("index", top / "local.toml", "-o", url), f"{lock_url(url)}: cannot take the lock"
     )
 
+
+
+def test_a_writer_that_lost_its_lock_writes_no_manifest(s3, monkeypatch):
+    """The lock removed under a running index (by hand, or taken over after the TTL): it
+    stops before its commit point with one line, and the index in place is unchanged."""
+    top, store = s3
+    url = f"s3://{BUCKET}/locks/lost"
+    assert mds("index", top / "local.toml", "-o", url).exit_code == 0
+    before = store.get("locks/lost/manifest.json")
+    monkeypatch.setenv(TTL_ENV, "0.4")
+    put, uploaded = storage.put_file, []
+
+    def lose_lock(local, target):
+        store.delete("locks/.lost.lock")
+        time.sleep(0.5)  # the next renewal finds it gone
+        uploaded.append(target)
+        return put(local, target)
+
+    monkeypatch.setattr(storage, "put_file", lose_lock)
+    one_error_line(mds("index", top / "local.toml", "-o", url), "lost its lock", ".lost.lock")
+    assert uploaded and not any(t.endswith("manifest.json") for t in uploaded)
+    assert store.get("locks/lost/manifest.json") == before
