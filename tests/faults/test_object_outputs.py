@@ -269,6 +269,31 @@ def test_objects_skip_the_same_indexes_as_local_files(s3_world, tmp_path):
     assert files["web"] == 3  # the two parts and other/extra.parquet; old-index/ is skipped
 
 
+# --- errors name URLs -------------------------------------------------------------------
+
+
+def test_a_damaged_table_in_the_store_is_named_by_its_url(world, tmp_path):
+    prefix = world.prefix()
+    index = world.url(f"{prefix}/index")
+    config = world.config(world.corpus(f"{prefix}/corpus"))
+    assert mds("index", config, "-o", index).exit_code == 0
+    table = next(t for t in _tables(_manifest(world, f"{prefix}/index")) if "web" in t)
+    body = bytearray(world.store.get(f"{prefix}/index/{table}"))
+    body[len(body) // 2] ^= 0xFF
+    world.store.put(f"{prefix}/index/{table}", bytes(body))
+    line = one_error_line(
+        mds("plan", config, "--index", index, "-o", tmp_path / "p.mds"),
+        f"{index}/{table}: checksum ",
+        "the index is damaged",
+    )
+    assert "mds-index-" not in line  # not the temporary copy
+    world.store.put(f"{prefix}/index/manifest.json", b'{"format": "mds-index"}')
+    one_error_line(
+        mds("plan", config, "--index", index, "-o", tmp_path / "p.mds"),
+        f"{index}/manifest.json: manifest has no integer `version`",
+    )
+
+
 # --- the property -----------------------------------------------------------------------
 
 _PARTS = st.sampled_from(["a", "docs", "sources", "idx", ".hidden"])
