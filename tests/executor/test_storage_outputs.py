@@ -99,13 +99,21 @@ def test_a_missing_plan_object_is_an_error_naming_it(world):
 def test_a_failed_upload_names_the_url_and_leaves_no_plan(world, monkeypatch):
     top, store, _url = world
     target = f"s3://{BUCKET}/plans/failed/plan.mds"
-    with monkeypatch.context() as patch:
-        patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
-        one_error_line(
-            mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
-            target,
-            "cannot write",
-        )
+    from mds.executor import storage
+
+    put = storage.put_file
+
+    def put_to_a_server_that_is_down(local, url):  # the server goes down for the upload
+        with monkeypatch.context() as patch:
+            patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+            put(local, url)
+
+    monkeypatch.setattr(storage, "put_file", put_to_a_server_that_is_down)
+    one_error_line(
+        mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
+        target,
+        "cannot write",
+    )
     listed = store.client.list_objects_v2(Bucket=BUCKET, Prefix="plans/failed/")
     assert listed.get("KeyCount", 0) == 0
     assert not list(Path(top).glob("**/.plan.mds.tmp-*"))

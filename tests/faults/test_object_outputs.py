@@ -31,6 +31,7 @@ from store_corpus import write_corpus
 
 from mds.executor import storage
 from mds.executor.errors import SourceDataError
+from mds.executor.planfile import MAGIC
 from mds.executor.storage import DATA_ROOT_ENV
 from mds.planner.atomic import is_temp
 
@@ -292,6 +293,65 @@ def test_a_damaged_table_in_the_store_is_named_by_its_url(world, tmp_path):
         mds("plan", config, "--index", index, "-o", tmp_path / "p.mds"),
         f"{index}/manifest.json: manifest has no integer `version`",
     )
+
+
+# --- plans ------------------------------------------------------------------------------
+
+
+def test_a_plan_object_replaces_only_a_plan(s3_world, tmp_path):
+    w = s3_world
+    prefix = w.prefix()
+    config = w.config(str(w.top / "data"))
+    local_index = tmp_path / "index"
+    assert mds("index", config, "-o", local_index).exit_code == 0
+    w.store.put(f"{prefix}/notes.mds", b"not a plan")
+    target = w.url(f"{prefix}/notes.mds")
+    one_error_line(
+        mds("plan", config, "--index", local_index, "-o", target),
+        f"{target}: exists and is not an mds plan; pick another -o/--output",
+    )
+    assert w.store.get(f"{prefix}/notes.mds") == b"not a plan"
+    target = w.url(f"{prefix}/plan.mds")
+    plans = []
+    for steps in ("4", "2"):  # the second run replaces the first run's plan
+        out = mds("plan", config, "--index", local_index, "-o", target, "--steps", steps)
+        assert out.exit_code == 0, out.output
+        plans.append(w.store.get(f"{prefix}/plan.mds"))
+    assert plans[1].startswith(MAGIC) and len(plans[1]) < len(plans[0])
+
+
+def test_a_plan_object_is_never_the_index(s3_world, tmp_path):
+    w = s3_world
+    prefix = w.prefix()
+    config = w.config(str(w.top / "data"))
+    index = w.url(f"{prefix}/index")
+    assert mds("index", config, "-o", index).exit_code == 0
+    before = w.objects(prefix)
+    table = next(iter(_tables(_manifest(w, f"{prefix}/index"))))
+    for target, message in (
+        (index, f"-o {index} is the index directory {index}"),
+        (w.url(prefix), f"-o {w.url(prefix)} holds the index directory {index}"),
+        (f"{index}/manifest.json", f"{index}/manifest.json: exists and is not an mds plan"),
+        (f"{index}/{table}", f"{index}/{table}: exists and is not an mds plan"),
+    ):
+        one_error_line(mds("plan", config, "--index", index, "-o", target), message)
+    assert w.objects(prefix) == before
+
+
+def test_a_local_plan_replaces_only_a_plan(tmp_path):
+    write_corpus(tmp_path / "data", 3, forum="forum.jsonl", row_group_size=None)
+    config = tmp_path / "mds.toml"
+    config.write_text(CONFIG.format(root=tmp_path / "data", web="web/*.parquet"))
+    assert mds("index", config, "-o", tmp_path / "index").exit_code == 0
+    (tmp_path / "notes.mds").write_bytes(b"not a plan")
+    one_error_line(
+        mds("plan", config, "--index", tmp_path / "index", "-o", tmp_path / "notes.mds"),
+        f"{tmp_path / 'notes.mds'}: exists and is not an mds plan",
+    )
+    assert (tmp_path / "notes.mds").read_bytes() == b"not a plan"
+    for _ in range(2):
+        out = mds("plan", config, "--index", tmp_path / "index", "-o", tmp_path / "p.mds")
+        assert out.exit_code == 0, out.output
 
 
 # --- the property -----------------------------------------------------------------------
