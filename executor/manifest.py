@@ -70,7 +70,7 @@ def table_checksum(path: Path) -> str:
     return "blake2b:" + h.hexdigest()
 
 
-def table_damage(path: Path, got: str, expected: str) -> IndexFormatError:
+def table_damage(path: Path | str, got: str, expected: str) -> IndexFormatError:
     """The one-line error for an index table whose bytes differ from its manifest entry."""
     return IndexFormatError(
         f"{path}: checksum {got} differs from the manifest's {expected}; the index is damaged: "

@@ -214,7 +214,8 @@ def list_objects(url: str) -> list[tuple[str, int]]:
 
     prefix = _key(url)
     try:
-        infos = filesystem(url).get_file_info(fs.FileSelector(prefix, recursive=True))
+        selector = fs.FileSelector(prefix, recursive=True, allow_not_found=True)
+        infos = filesystem(url).get_file_info(selector)
     except FileNotFoundError:
         return []
     except OSError as exc:

@@ -22,6 +22,7 @@ import numpy as np
 from mds.executor import storage
 from mds.executor.errors import ConfigError, PlanError
 from mds.executor.planfile import (
+    MAGIC,
     ChunkBlocks,
     EncodedChunk,
     PlanWriter,
@@ -33,6 +34,7 @@ from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bou
 from mds.planner.engine import Engine, EngineSpec, fork_shares_memory, open_engine
 from mds.planner.fetch import FetchTable, source_facts
 from mds.planner.index.manifest import IndexManifest, download_index, read_manifest
+from mds.planner.index.objects import head, relative_key
 from mds.planner.lock import output_lock
 from mds.planner.malloc import keep_freed_memory
 from mds.planner.mixing import Mixer, MixState
@@ -346,6 +348,8 @@ def build_plan(
     the local index's manifest, when the caller has read it already."""
     started = time.perf_counter()
     engine = engine or EngineSpec(config.engine, config.address)
+    if storage.is_url(output):
+        _check_object_output(str(output), config.index)
     if storage.is_url(config.index):
         with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
             url = str(config.index)
@@ -366,7 +370,36 @@ def build_plan(
             return _build_to_object(config, str(output), held, *args)
     output = Path(output).resolve()
     with output_lock(output):
+        _check_replaceable(output)
         return _build_locked(config, output, started, None, *args)
+
+
+def _check_object_output(url: str, index: Path | str | None) -> None:
+    """Refuse a plan URL that is, or holds, the index prefix, or replaces an object that is
+    not a plan (an index's manifest or table, a source object, anything else)."""
+    if storage.is_url(index):
+        if relative_key(url, str(index)) == "":
+            raise ConfigError(f"-o {url} is the index directory {index}; choose another output")
+        if relative_key(str(index), url) is not None:
+            raise ConfigError(f"-o {url} holds the index directory {index}; choose another output")
+    _check_replaceable(url)
+
+
+def _check_replaceable(output: Path | str) -> None:
+    """A plan replaces only a plan: an existing file or object at `output` that has bytes and
+    does not start as an mds plan does is someone else's, and is refused."""
+    if storage.is_url(output):
+        if not storage.exists(output):
+            return
+        first = head(str(output), len(MAGIC))
+    else:
+        try:
+            with open(output, "rb") as f:
+                first = f.read(len(MAGIC))
+        except OSError:  # missing, or not a file: the write says what is wrong, if anything
+            return
+    if first and first != MAGIC:
+        raise ConfigError(f"{output}: exists and is not an mds plan; pick another -o/--output")
 
 
 def _build_to_object(config, url, held, *args) -> PlanSummary:

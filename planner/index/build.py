@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -35,7 +36,13 @@ from mds.planner.atomic import (
 from mds.planner.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.engine import EngineSpec, open_engine
 from mds.planner.index.arrow import scan_arrow
-from mds.planner.index.discover import DataFile, discover
+from mds.planner.index.discover import (
+    MANIFEST_HEAD,
+    DataFile,
+    discover,
+    is_index_dir,
+    is_index_manifest,
+)
 from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
 from mds.planner.index.manifest import (
     FORMAT,
@@ -49,7 +56,7 @@ from mds.planner.index.manifest import (
     write_manifest,
 )
 from mds.planner.index.megatron import scan_megatron
-from mds.planner.index.objects import discover_objects, listing
+from mds.planner.index.objects import discover_objects, head, listing, relative_key
 from mds.planner.index.parquet import scan_parquet
 from mds.planner.index.scan import ScanContext
 from mds.planner.lock import output_lock
@@ -206,6 +213,8 @@ def _previous(output: Path) -> IndexManifest | None:
     if not output.is_dir():
         raise ConfigError(f"{output}: output exists and is not a directory")
     if (output / MANIFEST).exists():
+        if not is_index_dir(output):  # someone else's manifest.json: not ours to replace
+            raise _not_an_index(output)
         try:
             previous = read_manifest(output)
         except IndexFormatError as exc:
@@ -217,10 +226,59 @@ def _previous(output: Path) -> IndexManifest | None:
                 entry["files"] = []  # damaged table: none of its rows is reused, all rescanned
         return previous
     if any(p for p in output.iterdir() if not is_temp(p) and p.name != TABLES):
-        raise ConfigError(
-            f"{output}: exists, is not empty and is not an mds index; pick another --output"
-        )
+        raise _not_an_index(output)
     return None
+
+
+def _not_an_index(output: Path | str) -> ConfigError:
+    return ConfigError(
+        f"{output}: exists, is not empty and is not an mds index; pick another --output"
+    )
+
+
+# The name of a table mds writes: sources/<source>-<16 hex digits of its checksum>.parquet.
+_TABLE_NAME = re.compile(rf"{TABLES}/[^/]+-[0-9a-f]{{16}}\.parquet")
+
+
+def _previous_objects(url: str) -> set[str]:
+    """The tables the index at the prefix `url` names, read before anything is written: the
+    only objects a re-index there may remove. The rule of `_previous` for a directory: a
+    prefix holding anything but an mds index (or tables without a manifest, left by a failed
+    run) is refused; a damaged mds manifest is rebuilt from scratch, removing nothing."""
+    import tempfile
+
+    keys = [key for key, _size in storage.list_objects(url)]
+    manifest_url = f"{url}/{MANIFEST}"
+    if MANIFEST not in keys:
+        if any(k.split("/", 1)[0] != TABLES and not is_temp(PurePosixPath(k)) for k in keys):
+            raise _not_an_index(url)
+        return set()
+    if not is_index_manifest(head(manifest_url, MANIFEST_HEAD)):
+        raise _not_an_index(url)
+    with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
+        (Path(tmp) / MANIFEST).write_bytes(storage.get_bytes(manifest_url))
+        try:
+            previous = read_manifest(tmp)
+        except IndexFormatError as exc:
+            if "newer" in str(exc):
+                raise IndexFormatError(
+                    str(exc).replace(str(Path(tmp) / MANIFEST), manifest_url)
+                ) from None
+            return set()
+    return {str(e["table"]) for e in previous.sources if _TABLE_NAME.fullmatch(str(e["table"]))}
+
+
+def _check_object_output(config: IndexConfig, url: str) -> None:
+    """Refuse an index prefix that is, or holds, the data root (as check_output refuses such
+    a directory): its cleanup and its tables would share the prefix with the sources."""
+    root = str(config.root)
+    if not storage.is_url(root):
+        return
+    where = relative_key(root, url)
+    if where == "":
+        raise ConfigError(f"-o {url} is the data root {root}; choose another output")
+    if where is not None:
+        raise ConfigError(f"-o {url} holds the data root {root}; choose another output")
 
 
 def _resolve_tokenizer(spec: SourceSpec, root: Path) -> Path | None:
@@ -449,6 +507,12 @@ def build_index(
     if output is not None and storage.is_url(output):
         with output_lock(str(output)) as held:
             return _build_to_objects(config, str(output), workers, progress, clock, engine, held)
+    return _build_dir(config, output, workers, progress, clock, engine, None)
+
+
+def _build_dir(config, output, workers, progress, clock, engine, place) -> IndexSummary:
+    """build_index into a local directory; `place`: the prefix the index will be uploaded
+    to, if any (never a source, as the directory is not)."""
     started = clock()
     remote = storage.is_url(config.root)  # objects: listed once, read with range requests
     if remote and output is None and config.output is None:
@@ -470,7 +534,7 @@ def build_index(
         directory=True,
     )
     # Discover everything first: a bad glob fails before any work is done.
-    keys = listing(str(config.root)) if remote else ()
+    keys = listing(str(config.root), exclude=[place] if place else []) if remote else ()
     discovered = []
     for spec in config.sources:
         if remote:
@@ -499,18 +563,19 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
     tables first (named by their content, so a table of the index in place is never
     changed), the manifest last, each one object. An object appears only when its upload
     completes, so readers see the old manifest or the new one, and a failed run leaves the
-    old index valid. Tables the new manifest no longer names are removed after it. The
-    index in place is not reused: every file is scanned. `held`: the prefix's lock object,
-    checked before the manifest is written and before tables are removed."""
+    old index valid. Then the tables the old manifest named and the new one does not are
+    removed: nothing else under the prefix, which mds did not write. The index in place is
+    not reused: every file is scanned. `held`: the prefix's lock object, checked before the
+    manifest is written and before tables are removed."""
     import tempfile
 
     url = url.rstrip("/")
     started = clock()
+    _check_object_output(config, url)
+    previous = _previous_objects(url)
     with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
         local = Path(tmp) / "index"
-        summary = build_index(
-            config, local, workers=workers, progress=progress, clock=clock, engine=engine
-        )
+        summary = _build_dir(config, local, workers, progress, clock, engine, url)
         manifest = read_manifest(local)
         live = {str(e["table"]) for e in manifest.sources}
         for rel in sorted(live):
@@ -518,9 +583,8 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
         held.check()
         storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
     held.check()
-    for key, _size in storage.list_objects(f"{url}/{TABLES}"):
-        if f"{TABLES}/{key}" not in live:
-            storage.delete(f"{url}/{TABLES}/{key}")
+    for rel in sorted(previous - live):
+        storage.delete(f"{url}/{rel}")
     summary.path = url
     summary.seconds = clock() - started
     return summary

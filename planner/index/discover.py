@@ -23,7 +23,15 @@ from mds.executor.manifest import FORMAT as INDEX_FORMAT
 from mds.executor.manifest import MANIFEST
 from mds.planner.config import SourceSpec
 
-__all__ = ["DataFile", "detect_format", "discover", "is_index_dir", "one_format"]
+__all__ = [
+    "MANIFEST_HEAD",
+    "DataFile",
+    "detect_format",
+    "discover",
+    "is_index_dir",
+    "is_index_manifest",
+    "one_format",
+]
 
 _EXTENSIONS = (
     (".jsonl.zst", "jsonl.zst"),
@@ -60,13 +68,22 @@ def detect_format(path: Path) -> str | None:
     return None
 
 
+MANIFEST_HEAD = 1 << 20  # bytes of a manifest.json read to tell whether it is an mds index's
+
+
 def is_index_dir(directory: Path) -> bool:
     """True if `directory` holds an mds manifest.json (its `format` is "mds-index")."""
     try:
         with open(directory / MANIFEST, "rb") as f:
-            head = f.read(1 << 20)
+            head = f.read(MANIFEST_HEAD)
     except OSError:
         return False
+    return is_index_manifest(head)
+
+
+def is_index_manifest(head: bytes) -> bool:
+    """True if `head`, the first MANIFEST_HEAD bytes of a manifest.json, is an mds index's
+    (a damaged one still names the format); shared by directories and object prefixes."""
     if INDEX_FORMAT.encode() not in head:
         return False
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import secrets
@@ -150,7 +151,8 @@ def write_manifest(path: Path, manifest: dict[str, Any], files: list[Iterable[di
 def download_index(url: str, local: Path) -> Path:
     """Copy the index under the prefix `url` to the directory `local`: the manifest first
     (the commit point: it names the tables of one complete index), then the tables it
-    names, each checked against its checksum when it is read."""
+    names, each checked against its checksum as it arrives, so a damaged one is named by
+    its URL rather than by the temporary copy."""
     from mds.executor import storage
 
     local.mkdir(parents=True)
@@ -159,8 +161,16 @@ def download_index(url: str, local: Path) -> Path:
     if not storage.exists(manifest_url):
         raise IndexFormatError(f"{url}: no index there ({MANIFEST} missing); run `mds index`")
     (local / MANIFEST).write_bytes(storage.get_bytes(manifest_url))
-    for entry in read_manifest(local).sources:
+    try:
+        manifest = read_manifest(local)
+    except IndexFormatError as exc:
+        raise IndexFormatError(str(exc).replace(str(local / MANIFEST), manifest_url)) from None
+    for entry in manifest.sources:
         rel = str(entry["table"])
+        data = storage.get_bytes(f"{url}/{rel}")
+        got = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+        if got != entry["table_checksum"]:
+            raise table_damage(f"{url}/{rel}", got, entry["table_checksum"])
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
-        (local / rel).write_bytes(storage.get_bytes(f"{url}/{rel}"))
+        (local / rel).write_bytes(data)
     return local

@@ -4,34 +4,73 @@ One listing of the prefix (a few requests per thousand objects) gives every key 
 a source's `path` patterns are matched against the keys relative to the root: a key, a
 glob (`*`, `?`, `**` across directories) or a directory prefix (every data object under it).
 As on a file system, hidden names (a part starting with ".") and anything inside an mds
-index (a directory holding manifest.json) are never data; a Megatron .bin needs its .idx.
+index (a prefix holding an mds manifest.json, or this run's output) are never data; a
+Megatron .bin needs its .idx.
 """
 
 from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Iterable
 from pathlib import PurePosixPath
 
 from mds.executor import storage
 from mds.executor.errors import ConfigError, SourceDataError
 from mds.executor.manifest import MANIFEST
 from mds.planner.config import SourceSpec
-from mds.planner.index.discover import DataFile, detect_format, one_format
+from mds.planner.index.discover import (
+    MANIFEST_HEAD,
+    DataFile,
+    detect_format,
+    is_index_manifest,
+    one_format,
+)
 
-__all__ = ["discover_objects", "listing"]
+__all__ = ["discover_objects", "head", "listing", "relative_key"]
 
 
-def listing(root: str) -> tuple[str, ...]:
-    """Every candidate key under `root` (relative, sorted): list once per build."""
+def listing(root: str, exclude: Iterable[str] = ()) -> tuple[str, ...]:
+    """Every candidate key under `root` (relative, sorted): list once per build. Keys under
+    a prefix of `exclude` (this run's index output) or under any mds index are left out,
+    as `discover` leaves out such directories, so an index never ingests itself."""
     keys = [key for key, _size in storage.list_objects(root)]
-    indexes = {str(PurePosixPath(k).parent) for k in keys if PurePosixPath(k).name == MANIFEST}
+    indexes = {
+        str(PurePosixPath(k).parent)
+        for k in keys
+        if PurePosixPath(k).name == MANIFEST
+        and is_index_manifest(head(str(storage.join(root, k)), MANIFEST_HEAD))
+    }
+    for url in exclude:
+        rel = relative_key(url, root)
+        if rel == "":
+            return ()
+        if rel is not None:
+            indexes.add(rel)
     return tuple(
         k
         for k in keys
         if not any(part.startswith(".") for part in PurePosixPath(k).parts)
         and not any(str(parent) in indexes for parent in PurePosixPath(k).parents)
     )
+
+
+def relative_key(url: str, prefix: str) -> str | None:
+    """`url` relative to the URL `prefix` ("" when they are the same place), or None when
+    `url` is not under `prefix`."""
+    url, prefix = str(url).rstrip("/"), str(prefix).rstrip("/")
+    if url == prefix:
+        return ""
+    return url[len(prefix) + 1 :] if url.startswith(prefix + "/") else None
+
+
+def head(url: str, size: int) -> bytes:
+    """The first `size` bytes of the object `url` (one range request)."""
+    with storage.open_input(url) as f:
+        try:
+            return f.read_at(min(size, f.size()), 0)
+        except OSError as exc:
+            raise storage.failure(url, "read", exc) from None
 
 
 def _pattern(glob_text: str) -> re.Pattern[str]:

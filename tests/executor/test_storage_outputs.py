@@ -101,15 +101,19 @@ def test_a_failed_upload_names_the_url_and_leaves_no_plan(world, monkeypatch):
     target = f"s3://{BUCKET}/plans/failed/plan.mds"
     from mds.executor import storage
 
-    # the upload's server is down (the lock object, taken first, is on the live one)
-    down = storage._s3(f"http://127.0.0.1:{free_port()}", "us-east-1", 3.0, 2)
-    with monkeypatch.context() as patch:
-        patch.setattr(storage, "filesystem", lambda url="s3://": down)
-        one_error_line(
-            mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
-            target,
-            "cannot write",
-        )
+    put = storage.put_file
+
+    def put_to_a_server_that_is_down(local, url):  # the server goes down for the upload
+        with monkeypatch.context() as patch:
+            patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+            put(local, url)
+
+    monkeypatch.setattr(storage, "put_file", put_to_a_server_that_is_down)
+    one_error_line(
+        mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
+        target,
+        "cannot write",
+    )
     listed = store.client.list_objects_v2(Bucket=BUCKET, Prefix="plans/failed/")
     assert listed.get("KeyCount", 0) == 0
     assert not list(Path(top).glob("**/.plan.mds.tmp-*"))
@@ -136,7 +140,7 @@ def test_an_index_written_to_object_storage_plans_the_same_batches(world, data):
     assert replay(target, 1) == replay(top / f"{data}.mds", 1)
 
 
-def test_a_re_index_replaces_the_manifest_last_and_drops_unnamed_tables(world, monkeypatch):
+def test_a_re_index_replaces_the_manifest_last_and_keeps_unnamed_objects(world, monkeypatch):
     top, store, _url = world
     prefix = f"s3://{BUCKET}/indexes/again"
     assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
@@ -154,7 +158,9 @@ def test_a_re_index_replaces_the_manifest_last_and_drops_unnamed_tables(world, m
         o["Key"]
         for o in store.client.list_objects_v2(Bucket=BUCKET, Prefix="indexes/again/")["Contents"]
     ]
-    assert "indexes/again/sources/stale-0000.parquet" not in keys
+    # no manifest named it, so mds did not write it: a re-index never removes it
+    assert store.get("indexes/again/sources/stale-0000.parquet") == b"old"
+    assert "indexes/again/sources/stale-0000.parquet" in keys
 
 
 def test_a_failed_index_upload_keeps_the_index_in_place(world, monkeypatch):

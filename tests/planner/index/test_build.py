@@ -523,6 +523,21 @@ def test_output_that_is_not_an_index(root: Path, tmp_path: Path) -> None:
     assert snapshot(out) == {"notes.txt": b"keep me"}
 
 
+@pytest.mark.parametrize("manifest", [b"{ not json", b'{"format": "other-tool"}'])
+def test_output_with_a_manifest_of_another_tool(root: Path, tmp_path: Path, manifest) -> None:
+    """A manifest.json that is not an mds index's is someone's file, not an index to replace."""
+    out = tmp_path / "precious"
+    (out / "sources").mkdir(parents=True)
+    (out / "manifest.json").write_bytes(manifest)
+    (out / "sources/notes.parquet").write_bytes(b"keep me")
+    with pytest.raises(ConfigError) as info:
+        _build(root, output=out)
+    assert str(info.value) == (
+        f"{out}: exists, is not empty and is not an mds index; pick another --output"
+    )
+    assert snapshot(out) == {"manifest.json": manifest, "sources/notes.parquet": b"keep me"}
+
+
 def test_output_that_is_a_file(root: Path, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="output exists and is not a directory"):
@@ -545,7 +560,8 @@ def test_manifest_from_a_newer_version(root: Path) -> None:
 
 def test_unreadable_old_manifest_is_rebuilt(root: Path) -> None:
     _build(root)
-    (root / "index/manifest.json").write_text("{ not json")
+    text = (root / "index/manifest.json").read_text()
+    (root / "index/manifest.json").write_text(text[: len(text) // 2])  # cut short: damaged
     summary = _build(root)
     assert all(s.files_scanned == s.files for s in summary.sources)
     assert read_manifest(root / "index").data["version"] == 1
