@@ -736,7 +736,8 @@ def _build_locked(
         if created_dir:
             shutil.rmtree(output, ignore_errors=True)
         raise
-    _collect_garbage(output, {e["table"] for e in entries})
+    owned = {str(e["table"]) for e in previous.sources} if previous else set()
+    _collect_garbage(output, {e["table"] for e in entries}, owned)
     summary.fingerprint = manifest["fingerprint"]
     summary.seconds = clock() - started
     return summary
@@ -832,12 +833,13 @@ def _companion(f: DataFile, root: Path) -> dict[str, str]:
     return {"index_path": f.companion.relative_to(root.resolve()).as_posix()}
 
 
-def _collect_garbage(output: Path, live: set[str]) -> None:
-    """Remove tables no longer named by the manifest (and temp files of dead writers)."""
+def _collect_garbage(output: Path, live: set[str], owned: set[str]) -> None:
+    """Remove the tables the previous manifest named (`owned`) and the new one does not, and
+    temp files of dead writers: nothing else in `sources/`, which mds cannot prove it wrote."""
     tables = output / TABLES
     if not tables.is_dir():
         return
     for path in tables.iterdir():
         rel = f"{TABLES}/{path.name}"
-        if rel not in live and (path.suffix == ".parquet" or is_temp(path)):
+        if rel not in live and (rel in owned or is_temp(path)):
             path.unlink(missing_ok=True)

@@ -538,6 +538,23 @@ def test_output_with_a_manifest_of_another_tool(root: Path, tmp_path: Path, mani
     assert snapshot(out) == {"manifest.json": manifest, "sources/notes.parquet": b"keep me"}
 
 
+def test_tables_mds_did_not_write_survive_every_re_index(root: Path, tmp_path: Path) -> None:
+    """Only tables a previous manifest named are removed when no longer needed: a file under
+    `sources/` that no manifest named (a user's, or a crashed run's) is never deleted."""
+    out = tmp_path / "idx"
+    (out / "sources").mkdir(parents=True)
+    (out / "sources/notes.parquet").write_bytes(b"keep me")
+    _build(root, output=out)
+    first = _manifest(out)
+    (root / "web/part-00000.parquet").unlink()  # the web table changes
+    _build(root, output=out)
+    second = _manifest(out)
+    old = {s["table"] for s in first["sources"]} - {s["table"] for s in second["sources"]}
+    assert old and not any((out / rel).exists() for rel in old)
+    assert all((out / s["table"]).exists() for s in second["sources"])
+    assert (out / "sources/notes.parquet").read_bytes() == b"keep me"
+
+
 def test_output_that_is_a_file(root: Path, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="output exists and is not a directory"):
