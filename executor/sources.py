@@ -30,7 +30,6 @@ from mds.executor.errors import (
     PlanError,
     SourceDataError,
 )
-from mds.executor.fingerprint import fingerprint
 from mds.executor.lookahead import Lookahead
 from mds.executor.lru import LRU, LockedLRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -38,7 +37,7 @@ from mds.executor.planfile import RankChunk
 from mds.executor.ranges import RangeFile, prefetch
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.storage import MOVED_HINT, given_root
-from mds.executor.tokenizer import load_tokenizer
+from mds.executor.tokenizer import index_tokenizer_path, load_tokenizer
 
 __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
 
@@ -273,21 +272,7 @@ class SourceCatalog:
                 f"source {s.name!r} stores text ({s.payload.get('column')!r}); pass tokenize= "
                 f"(a function str -> token ids, or a dict {{{s.name!r}: fn}})"
             )
-        path = Path(str(length.get("tokenizer")))
-        if not path.is_absolute():
-            path = storage.join(self.root, path.as_posix())
-            if storage.is_url(path):
-                raise ConfigError(
-                    f"source {s.name!r}: its tokenizer {path} is in object storage; pass "
-                    f"tokenize= (a function str -> token ids, or {{{s.name!r}: fn}})"
-                )
-        tok = load_tokenizer(str(path))  # first: it refuses anything but a regular file
-        recorded = s.facts.get("tokenizer_fingerprint")
-        if recorded and fingerprint(path, "full") != recorded:
-            raise DataChangedError(
-                f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
-                "pass tokenize= explicitly"
-            )
+        tok = load_tokenizer(str(index_tokenizer_path(s.name, s.facts, self.root)))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
     def check_files(self, block: RankChunk, full: bool, lo: int = 0, hi: int | None = None) -> None:

@@ -20,6 +20,7 @@ from mds.executor.errors import MdsError, PlanError
 from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
 from mds.executor.storage import given_root, is_url
+from mds.executor.tokenizer import index_tokenizer_path
 from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
@@ -371,7 +372,38 @@ def _verify_index(
         )
         problem, detail = _files_problem(_root(root), entry, full)
         result.add(f"source {name}: files", "data", problem, detail)
+    if footer is not None:
+        _verify_tokenizers(result, footer, _root(root))
     return tables
+
+
+def _verify_tokenizers(result: VerifyResult, footer: dict[str, Any], root: Path | str) -> None:
+    """The tokenizer.json of each planned text source counted with one is the file the index
+    used: the executor's own start-up check (index_tokenizer_path), so that verify refuses
+    what the job would."""
+    fetch = footer.get("fetch")
+    facts = fetch.get("sources") if isinstance(fetch, dict) else None
+    if not isinstance(facts, dict):
+        return  # a corrupt footer: the plan checks report it
+    for source in footer.get("sources") or []:
+        name = source.get("name") if isinstance(source, dict) else None
+        entry = facts.get(name)
+        if not (isinstance(entry, dict) and int(source.get("samples", 0) or 0) > 0):
+            continue
+        length, payload = entry.get("length"), entry.get("payload")
+        if not (
+            isinstance(length, dict)
+            and length.get("kind") == "tokenizer"
+            and isinstance(payload, dict)
+            and payload.get("kind") == "text"
+        ):
+            continue
+        try:
+            path = index_tokenizer_path(name, entry, root)
+            problem, detail = None, f"{path}, content fingerprint matches"
+        except MdsError as exc:
+            problem, detail = str(exc), ""
+        result.add(f"source {name}: tokenizer", "data", problem, detail)
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:

@@ -90,7 +90,8 @@ def test_a_clean_plan_verifies(pristine, full):
     names = [c.name for c in result.checks]
     per_source = [f"source {s}: {what}" for s in SOURCES for what in ("table", "files")]
     index_checks = ["index manifest", "index fingerprint"]
-    assert names == PLAN_CHECKS + index_checks + per_source + ["fetch records"]
+    tokenizer = ["source forum: tokenizer"]  # the one text source counted with a tokenizer.json
+    assert names == PLAN_CHECKS + index_checks + per_source + tokenizer + ["fetch records"]
     assert check(result, "fetch records").detail == (
         "2,048 samples: files, rows, token counts and byte ranges match the index"
     )
@@ -316,6 +317,39 @@ def test_index_rebuilt_from_changed_data(work):
 
 
 # --- source files ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_changed_tokenizer_fails_verify_as_it_fails_the_executor(work, full):
+    from executor_builders import open_executor
+
+    from mds.executor.errors import DataChangedError
+
+    tokenizer = work / "data" / "tokenizer.json"
+    spec = json.loads(tokenizer.read_text())
+    spec["model"]["vocab"]["zzz-new-word"] = len(spec["model"]["vocab"])  # a new word
+    tokenizer.write_text(json.dumps(spec))
+    with pytest.raises(DataChangedError) as refused:
+        open_executor(work / "plan.mds", 0)
+    name, detail = failure(verify_plan(work / "plan.mds", full=full))
+    assert name == "source forum: tokenizer"
+    assert detail == str(refused.value)
+    assert detail == (
+        f"{tokenizer}: tokenizer of source 'forum' changed since indexing; re-index, or "
+        "pass tokenize= explicitly"
+    )
+
+
+def test_a_missing_tokenizer_fails_verify_as_it_fails_the_executor(work):
+    from executor_builders import open_executor
+
+    from mds.executor.errors import ConfigError
+
+    (work / "data" / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError) as refused:
+        open_executor(work / "plan.mds", 0)
+    name, detail = failure(verify_plan(work / "plan.mds"))
+    assert (name, detail) == ("source forum: tokenizer", str(refused.value))
 
 
 def test_same_size_same_mtime_edit_passes_stat_but_fails_full(work):
