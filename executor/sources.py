@@ -93,8 +93,9 @@ def _cache_groups(later) -> bool:
     return later is None or not later.complete
 
 
-def _facts_problem(facts: Any) -> str | None:
-    """Why a footer `fetch.sources` entry cannot be read with, or None."""
+def facts_problem(facts: Any) -> str | None:
+    """Why a footer `fetch.sources` entry cannot be read with, or None (the executor refuses
+    the plan at start-up; `mds verify` runs the same check)."""
     if not isinstance(facts, dict):
         return "no reading facts"
     if facts.get("format") not in FORMATS:
@@ -106,6 +107,18 @@ def _facts_problem(facts: Any) -> str | None:
         return "bad payload"
     if not isinstance(length, dict):
         return "bad length rule"
+    return None
+
+
+def payload_problem(name: str, facts: dict[str, Any]) -> str | None:
+    """Why the executor cannot replay source `name` whatever it is given (no payload column
+    in the index), or None; `mds verify` runs the same check."""
+    payload = facts.get("payload") or {}
+    if payload.get("kind") not in PAYLOAD_KINDS:
+        return (
+            f"source {name!r} has no payload column in the index (it was indexed "
+            "for lengths only); re-index it with `tokens` or `text`"
+        )
     return None
 
 
@@ -188,7 +201,7 @@ class SourceCatalog:
         self.used = [s for s in self.sources if planned.get(s.name, 0) > 0]
         self._used_ids = {s.sid for s in self.used}  # _source_of runs per file and sample
         for s in self.used:
-            problem = _facts_problem(s.facts)
+            problem = facts_problem(s.facts)
             if problem is not None:
                 raise PlanError(f"{plan_path}: corrupt plan footer (source {s.name!r}: {problem})")
         self._bind_tokenizers(tokenize)
@@ -244,11 +257,9 @@ class SourceCatalog:
                 )
         for s in self.used:
             kind = s.payload.get("kind")
-            if kind not in PAYLOAD_KINDS:
-                raise ConfigError(
-                    f"source {s.name!r} has no payload column in the index (it was indexed "
-                    "for lengths only); re-index it with `tokens` or `text`"
-                )
+            problem = payload_problem(s.name, s.facts)
+            if problem is not None:
+                raise ConfigError(problem)
             if not s.exact and self.estimated == "error":
                 rule = s.length.get("rule", "an estimate")
                 raise ConfigError(
