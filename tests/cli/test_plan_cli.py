@@ -289,9 +289,27 @@ def _pipe_config(tmp_path: Path, **replace: str) -> str:
     return text
 
 
-def _interrupt_while_waiting(args: list, cwd: Path) -> None:
-    """`mds ARGS` blocks on a pipe nobody writes; SIGINT ends it within seconds with 130 and
-    one `interrupted` line."""
+def _wait_until_open(pid: int, fifo: Path, seconds: float = 30) -> None:
+    """Until process `pid` holds `fifo` open (it is then waiting for a writer), at most
+    `seconds`: a fixed sleep would race a slow start-up on a loaded machine."""
+    import os
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(fifo) for fd in fds):
+                time.sleep(0.5)  # into the wait itself
+                return
+        except OSError:
+            pass  # a descriptor closed while listed
+        time.sleep(0.05)
+
+
+def _interrupt_while_waiting(args: list, cwd: Path, fifo: Path) -> None:
+    """`mds ARGS` blocks on `fifo`, which nobody writes; SIGINT ends it within seconds with
+    130 and one `interrupted` line."""
     import os
     import signal
     import subprocess
@@ -308,7 +326,7 @@ def _interrupt_while_waiting(args: list, cwd: Path) -> None:
         env={**os.environ, "COLUMNS": "200"},
     )
     try:
-        time.sleep(3)  # past start-up and `import polars`: the command now waits on the pipe
+        _wait_until_open(proc.pid, fifo)  # (a blocking open() never gets that far)
         assert proc.poll() is None, proc.communicate()
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -330,7 +348,7 @@ def test_ctrl_c_ends_a_wait_on_a_config_pipe_nobody_writes(tmp_path, command):
 
     fifo = tmp_path / "mds.toml"
     os.mkfifo(fifo)
-    _interrupt_while_waiting([command, fifo, "-o", tmp_path / "out"], tmp_path)
+    _interrupt_while_waiting([command, fifo, "-o", tmp_path / "out"], tmp_path, fifo)
 
 
 def test_ctrl_c_ends_a_wait_on_a_cost_file_pipe(tmp_path):
@@ -340,7 +358,8 @@ def test_ctrl_c_ends_a_wait_on_a_cost_file_pipe(tmp_path):
     config = tmp_path / "mds.toml"
     model = "model = { layers = 12, hidden = 768, vocab = 2011 }"
     config.write_text(_pipe_config(tmp_path, **{model: 'file = "cost.toml"'}))
-    _interrupt_while_waiting(["plan", config, "-o", tmp_path / "plan.mds"], tmp_path)
+    plan = ["plan", config, "-o", tmp_path / "plan.mds"]
+    _interrupt_while_waiting(plan, tmp_path, tmp_path / "cost.toml")
 
 
 def _plan_from(config_arg: str, index: Path, out: Path, **popen) -> dict:
