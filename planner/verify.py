@@ -387,9 +387,9 @@ def _verify_replay(result: VerifyResult, footer: dict[str, Any], root: Path | st
     if not isinstance(facts, dict):
         return  # a corrupt footer: the plan checks report it
     for source in footer.get("sources") or []:
-        name = source.get("name") if isinstance(source, dict) else None
-        if not int(source.get("samples", 0) or 0) > 0:
+        if not isinstance(source, dict) or not int(source.get("samples", 0) or 0) > 0:
             continue  # the executor reads nothing of it
+        name = source.get("name")
         entry = facts.get(name)
         detail = "payload column"
         problem = facts_problem(entry)
