@@ -139,3 +139,30 @@ def test_missing_ray_client_names_the_package_not_the_cluster(monkeypatch):
     assert "cannot reach" not in message
     assert RAY_INSTALL in message and "ray[client]" in message
     assert message.startswith(f"--address ray://127.0.0.1:{port} uses the Ray client, which needs")
+
+
+def test_a_head_that_does_not_answer_fails_after_the_connect_timeout(monkeypatch):
+    """A listener whose accept queue is full drops new connections unanswered, as a
+    firewalled or hung head does: the probe gives up after MDS_RAY_CONNECT_TIMEOUT."""
+    import socket
+    import time
+
+    from mds.executor.errors import MdsError
+    from mds.planner.engine import RayEngine
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("MDS_RAY_CONNECT_TIMEOUT", "0.5")
+    with socket.socket() as server, socket.socket() as queued:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        queued.connect(("127.0.0.1", port))  # fills the queue; never accepted
+        began = time.monotonic()
+        with pytest.raises(MdsError) as info:
+            RayEngine(f"127.0.0.1:{port}")
+        took = time.monotonic() - began
+    assert str(info.value) == (
+        f"cannot reach the Ray cluster at 127.0.0.1:{port} (no answer within 0.5 s; "
+        "MDS_RAY_CONNECT_TIMEOUT sets the wait)"
+    )
+    assert took < 3, took
