@@ -122,7 +122,11 @@ def calibrate_command(
     clk = cal.pick_clock(clock, dev)
     reduce = cal.pick_statistic(statistic)
     torch.manual_seed(seed)
-    net = build_packed_gpt(shape, seed=seed) if model is None else cal.load_model(model)
+    if model is None:
+        net = build_packed_gpt(shape, seed=seed)
+    else:
+        net = cal.load_model(model)
+        cal.check_model(net, model, vocab, dev)
     with _progress(f"timing {what}", enabled=not json_out) as bar:
         bar.start(len(grid) * (warmup + repeats))
         seconds = cal.time_grid(

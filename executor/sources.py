@@ -30,7 +30,6 @@ from mds.executor.errors import (
     PlanError,
     SourceDataError,
 )
-from mds.executor.fingerprint import fingerprint
 from mds.executor.lookahead import Lookahead
 from mds.executor.lru import LRU, LockedLRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
@@ -38,7 +37,7 @@ from mds.executor.planfile import RankChunk
 from mds.executor.ranges import RangeFile, prefetch
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.storage import MOVED_HINT, given_root
-from mds.executor.tokenizer import load_tokenizer
+from mds.executor.tokenizer import index_tokenizer_path, load_tokenizer
 
 __all__ = ["ESTIMATED", "SourceCatalog", "Tokenize"]
 
@@ -94,8 +93,9 @@ def _cache_groups(later) -> bool:
     return later is None or not later.complete
 
 
-def _facts_problem(facts: Any) -> str | None:
-    """Why a footer `fetch.sources` entry cannot be read with, or None."""
+def facts_problem(facts: Any) -> str | None:
+    """Why a footer `fetch.sources` entry cannot be read with, or None (the executor refuses
+    the plan at start-up; `mds verify` runs the same check)."""
     if not isinstance(facts, dict):
         return "no reading facts"
     if facts.get("format") not in FORMATS:
@@ -107,6 +107,18 @@ def _facts_problem(facts: Any) -> str | None:
         return "bad payload"
     if not isinstance(length, dict):
         return "bad length rule"
+    return None
+
+
+def payload_problem(name: str, facts: dict[str, Any]) -> str | None:
+    """Why the executor cannot replay source `name` whatever it is given (no payload column
+    in the index), or None; `mds verify` runs the same check."""
+    payload = facts.get("payload") or {}
+    if payload.get("kind") not in PAYLOAD_KINDS:
+        return (
+            f"source {name!r} has no payload column in the index (it was indexed "
+            "for lengths only); re-index it with `tokens` or `text`"
+        )
     return None
 
 
@@ -189,7 +201,7 @@ class SourceCatalog:
         self.used = [s for s in self.sources if planned.get(s.name, 0) > 0]
         self._used_ids = {s.sid for s in self.used}  # _source_of runs per file and sample
         for s in self.used:
-            problem = _facts_problem(s.facts)
+            problem = facts_problem(s.facts)
             if problem is not None:
                 raise PlanError(f"{plan_path}: corrupt plan footer (source {s.name!r}: {problem})")
         self._bind_tokenizers(tokenize)
@@ -245,11 +257,9 @@ class SourceCatalog:
                 )
         for s in self.used:
             kind = s.payload.get("kind")
-            if kind not in PAYLOAD_KINDS:
-                raise ConfigError(
-                    f"source {s.name!r} has no payload column in the index (it was indexed "
-                    "for lengths only); re-index it with `tokens` or `text`"
-                )
+            problem = payload_problem(s.name, s.facts)
+            if problem is not None:
+                raise ConfigError(problem)
             if not s.exact and self.estimated == "error":
                 rule = s.length.get("rule", "an estimate")
                 raise ConfigError(
@@ -273,21 +283,7 @@ class SourceCatalog:
                 f"source {s.name!r} stores text ({s.payload.get('column')!r}); pass tokenize= "
                 f"(a function str -> token ids, or a dict {{{s.name!r}: fn}})"
             )
-        path = Path(str(length.get("tokenizer")))
-        if not path.is_absolute():
-            path = storage.join(self.root, path.as_posix())
-            if storage.is_url(path):
-                raise ConfigError(
-                    f"source {s.name!r}: its tokenizer {path} is in object storage; pass "
-                    f"tokenize= (a function str -> token ids, or {{{s.name!r}: fn}})"
-                )
-        tok = load_tokenizer(str(path))  # first: it refuses anything but a regular file
-        recorded = s.facts.get("tokenizer_fingerprint")
-        if recorded and fingerprint(path, "full") != recorded:
-            raise DataChangedError(
-                f"{path}: tokenizer of source {s.name!r} changed since indexing; re-index, or "
-                "pass tokenize= explicitly"
-            )
+        tok = load_tokenizer(str(index_tokenizer_path(s.name, s.facts, self.root)))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
 
     def check_files(self, block: RankChunk, full: bool, lo: int = 0, hi: int | None = None) -> None:

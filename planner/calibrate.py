@@ -13,6 +13,7 @@ torch is imported inside the timing functions only.
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import statistics
 import sys
@@ -178,8 +179,15 @@ def calibration_grid(
     return grid
 
 
+MODEL_FORM = (
+    "module:function, a function with no arguments returning a torch.nn.Module whose "
+    "forward(input_ids [1, T], cu_seqlens [n + 1] int32) returns a tensor"
+)
+
+
 def load_model(spec: str) -> Any:
-    """Build the user's model from `module:function` (the function takes no arguments)."""
+    """Build the user's model from `module:function` (the function takes no arguments and
+    returns a torch.nn.Module); anything else is a ConfigError naming the spec."""
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name or not func_name.isidentifier():
         raise ConfigError(f"--model must be module:function, got {spec!r}")
@@ -192,7 +200,49 @@ def load_model(spec: str) -> Any:
     builder = getattr(module, func_name, None)
     if not callable(builder):
         raise ConfigError(f"--model {spec}: {module_name!r} has no function {func_name!r}")
-    return builder()
+    try:
+        inspect.signature(builder).bind()
+    except TypeError:
+        raise ConfigError(
+            f"--model {spec}: {func_name}{inspect.signature(builder)} needs arguments; "
+            f"--model must be {MODEL_FORM}"
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): calling it tells
+        pass
+    try:
+        model = builder()
+    except Exception as exc:  # the user's code: any failure is theirs to fix
+        raise ConfigError(
+            f"--model {spec}: {func_name}() raised {_first_line(exc)}; --model must be {MODEL_FORM}"
+        ) from None
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"--model {spec}: {func_name}() returned {type(model).__name__}, not a "
+            f"torch.nn.Module; --model must be {MODEL_FORM}"
+        )
+    return model
+
+
+def check_model(model: Any, spec: str, vocab: int, device: str) -> None:
+    """One forward+backward of the user's model on a two-sample micro-batch, so that a
+    forward of the wrong form is a ConfigError naming the spec before any timing."""
+    ids, cu = micro_batch_inputs((2, 2), vocab, 0, device)
+    try:
+        model.to(device).train()
+        forward_backward(model, ids, cu)
+        model.zero_grad(set_to_none=True)
+    except Exception as exc:  # the user's code: any failure is theirs to fix
+        raise ConfigError(
+            f"--model {spec}: one forward+backward failed ({_first_line(exc)}); --model must "
+            f"be {MODEL_FORM}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass

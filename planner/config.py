@@ -7,7 +7,10 @@ per-source weights) are accepted here and validated by the stage that owns them.
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import select
+import stat
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,8 +27,10 @@ __all__ = [
     "LengthSpec",
     "SourceSpec",
     "load_config",
+    "load_toml",
     "parse_config",
     "parse_source",
+    "read_whole",
     "resolve_format",
 ]
 
@@ -342,15 +347,55 @@ def parse_engine(table: dict[str, Any], where: str) -> tuple[str, str | None]:
     return engine, address
 
 
-def load_config(path: str | Path) -> IndexConfig:
-    """Read and validate a TOML config file."""
+def read_whole(path: str | Path) -> bytes:
+    """Every byte of `path`, read once. A FIFO (a named pipe, `<(...)`) is waited on with
+    poll() on a non-blocking descriptor: Polars installs its SIGINT handler with SA_RESTART,
+    so a blocking open() or read() of a pipe nobody writes would never see Ctrl-C, while
+    poll() always returns on a signal and lets Python's handler raise KeyboardInterrupt."""
+    path = Path(path)
+    if not stat.S_ISFIFO(os.stat(path).st_mode):
+        return path.read_bytes()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, even with no writer
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        chunks: list[bytes] = []
+        ended = False  # poll saw the writer hang up
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer is connected and has not written yet
+                data = None
+            if data:
+                chunks.append(data)
+                continue
+            # b"": end of the data once some came or a writer hung up; before that it only
+            # means that no writer has opened the pipe yet
+            if data == b"" and (chunks or ended):
+                return b"".join(chunks)
+            events = poller.poll(100)
+            ended = any(event & select.POLLHUP for _, event in events)
+    finally:
+        os.close(fd)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """The TOML config at `path`, read once (see read_whole)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+        text = read_whole(path).decode("utf-8-sig")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: cannot read config ({exc})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
-    return parse_config(data, path=path)
+
+
+def load_config(path: str | Path) -> IndexConfig:
+    """Read and validate a TOML config file."""
+    return parse_config(load_toml(path), path=Path(path))

@@ -9,6 +9,8 @@ writes the same bytes whichever scheduled them. Ray is imported only when asked 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
@@ -30,6 +32,11 @@ __all__ = [
 
 ENGINES = ("local", "ray")
 RAY_INSTALL = "pip install 'mds-planner[ray]'"
+# Seconds a TCP connect to the Ray head may take before the address counts as unreachable;
+# ray.init itself retries for minutes and ignores Ctrl-C meanwhile.
+RAY_CONNECT_TIMEOUT = 5.0
+RAY_CONNECT_TIMEOUT_ENV = "MDS_RAY_CONNECT_TIMEOUT"
+RAY_CLIENT_PORT = 10001  # Ray's default for a ray:// address without a port
 # Times Ray re-runs a task whose worker died (killed, out of memory, node lost). A task that
 # raises is never retried: bad input fails the same way every time.
 RAY_RETRIES = 3
@@ -207,7 +214,12 @@ class RayEngine(Engine):
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, workers: int | None = None):
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int | None = None,
+        connect_timeout: float | None = None,
+    ):
         try:
             import ray
         except ImportError:
@@ -217,6 +229,11 @@ class RayEngine(Engine):
         self.ray = ray
         self.started = False
         if not ray.is_initialized():
+            target = address if address is not None else os.environ.get("RAY_ADDRESS") or None
+            if target is not None and target.startswith("ray://"):
+                _check_ray_client(target)
+            where = target or "the default address"
+            probe_ray_address(target, where, connect_timeout)
             try:
                 # Workers' output and Ray's INFO lines stay in Ray's logs, off the terminal.
                 ray.init(
@@ -226,7 +243,6 @@ class RayEngine(Engine):
                     logging_level=logging.WARNING,
                 )
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                where = address or "the default address"
                 line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
                 raise MdsError(f"cannot reach the Ray cluster at {where} ({line})") from None
             self.started = True
@@ -274,6 +290,83 @@ class RayEngine(Engine):
         if self.started:
             self.ray.shutdown()
             self.started = False
+
+
+def _check_ray_client(address: str) -> None:
+    """A ray:// address goes through the Ray client, which needs grpcio (Ray's `client`
+    extra); say which package to install rather than that the cluster is unreachable."""
+    try:
+        import ray.util.client.worker  # noqa: F401  (imports grpc)
+    except ImportError:
+        raise MdsError(
+            f"--address {address} uses the Ray client, which needs Ray's `client` extra "
+            f"(grpcio), not installed: {RAY_INSTALL} (or pip install 'ray[client]')"
+        ) from None
+
+
+def connect_timeout(value: float | None = None) -> float:
+    """Seconds to wait for the Ray head to accept a connection: `value`, else
+    $MDS_RAY_CONNECT_TIMEOUT, else RAY_CONNECT_TIMEOUT."""
+    if value is None:
+        raw = os.environ.get(RAY_CONNECT_TIMEOUT_ENV)
+        if not raw:
+            return RAY_CONNECT_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(
+                f"{RAY_CONNECT_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}"
+            )
+    return value
+
+
+def ray_endpoint(target: str | None) -> tuple[str, int] | None:
+    """The (host, port) that connecting to Ray at `target` opens first: the head's GCS, or
+    the Ray client server for ray://. None when there is nothing to probe (`local`, or no
+    cluster this machine knows of: ray.init then starts one)."""
+    if target == "local":
+        return None
+    if target is None or target == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(target)
+        except Exception:  # noqa: BLE001 - Ray's own lookup; ray.init reports its failure
+            return None
+        if target is None:
+            return None
+    default = None
+    if target.startswith("ray://"):
+        target, default = target[len("ray://") :].split("/", 1)[0], RAY_CLIENT_PORT
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        if default is None:
+            return None
+        host, port = target, str(default)
+    host = host.strip("[]")  # an IPv6 literal
+    return (host, int(port)) if host else None
+
+
+def probe_ray_address(target: str | None, where: str, timeout: float | None = None) -> None:
+    """Connect to the Ray head's port with a bounded timeout: an address with nothing behind
+    it fails here in seconds, with one line, instead of ray.init waiting without bound."""
+    endpoint = ray_endpoint(target)
+    if endpoint is None:
+        return
+    seconds = connect_timeout(timeout)
+    try:
+        with socket.create_connection(endpoint, timeout=seconds):
+            pass
+    except TimeoutError:
+        raise MdsError(
+            f"cannot reach the Ray cluster at {where} (no answer within {seconds:g} s; "
+            f"{RAY_CONNECT_TIMEOUT_ENV} sets the wait)"
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise MdsError(f"cannot reach the Ray cluster at {where} ({reason})") from None
 
 
 def fork_shares_memory() -> bool:

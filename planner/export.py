@@ -142,7 +142,11 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
 
 
 def sample_epochs(
-    slots: pl.DataFrame, footer: dict, counts: np.ndarray, start: np.ndarray
+    slots: pl.DataFrame,
+    footer: dict,
+    counts: np.ndarray,
+    start: np.ndarray,
+    manifest: IndexManifest | None = None,
 ) -> pl.Series:
     """Each slot's epoch of its source's stream (0-based), for slots (columns `step` and
     `gid`) in plan order; `counts` is the `source_samples` section and `start` the first row
@@ -154,8 +158,9 @@ def sample_epochs(
     per full epoch between, and the head of hi; a sample seen one time beyond the full
     epochs is in lo's tail unless it was already drawn in lo by an earlier step. When lo
     began before a re-planned plan's first step, the plan alone cannot tell that, and such
-    samples are counted against the tail's size; only if that leaves a choice is the epoch
-    null."""
+    samples are counted against the tail's size. If that leaves a choice and `manifest` (the
+    plan's index) is given, every epoch of that source is recomputed from its stream
+    (`_stream_epochs`); else those epochs are null."""
     sources = footer["sources"]
     first_step = int(footer.get("first_step", 0))
     eligible = np.array([max(int(x["eligible"]), 1) for x in sources], dtype=np.int64)
@@ -184,7 +189,59 @@ def sample_epochs(
             span = rows[np.searchsorted(steps, began) : np.searchsorted(steps, step)]
             seen = set(gids[span[epoch[span] == first]].tolist())
             _settle(epoch, here, gids, seen, first, int(hi[here[0]]), int(p[here[0]]), eligible[s])
+    if manifest is not None:
+        for s in np.unique(src[np.isnan(epoch)]):
+            rows = np.flatnonzero(src == s)
+            _stream_epochs(epoch, rows, t[rows], gids[rows], footer, int(s), manifest, before)
     return pl.Series("epoch", epoch).fill_nan(None).cast(pl.Int64)
+
+
+def _stream_epochs(
+    epoch: np.ndarray, rows: np.ndarray, steps: np.ndarray, gids: np.ndarray, footer: dict,
+    s: int, manifest: IndexManifest, before: np.ndarray,
+) -> None:  # fmt: skip
+    """Every epoch of planned source `s` (its slots `rows`, in plan order, with their step
+    offsets and ids), from the source's stream as the planner drew it: stream position q is
+    eligible sample perm_e(q mod E) of epoch e = q div E, the eligible samples found with
+    the planner's own rule (`eligible_rows`) on the plan's index and config. Left as they
+    are if the draws this recomputes are not exactly the plan's (a different index)."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from mds.planner.index.manifest import source_table
+    from mds.planner.pool import _columns, eligible_rows
+    from mds.planner.stream import SourceStream
+
+    source = footer["sources"][s]
+    name, size = source["name"], int(source["eligible"])
+    train = footer["config"]["train"]
+    mix = {x["name"]: x for x in footer["config"]["sources"]}.get(name, {})
+    filt = mix.get("filter")
+    table = source_table(manifest, name, partial(_columns, exprs=[filt] if filt else []))
+    eligible, *_ = eligible_rows(
+        table, name, filt, int(train["max_tokens_per_micro_batch"]), str(train["overlong"])
+    )
+    if eligible is None:
+        eligible = np.arange(table.height, dtype=np.int64)
+    if len(eligible) != size or size == 0:
+        return
+    base = {x["name"]: int(x["base"]) for x in footer["index"]["sources"]}[name]
+    stream = SourceStream(SimpleNamespace(name=name, n=size), int(train["seed"]))
+    drawn_steps, drawn_gids, drawn_epochs = [], [], []
+    for step, n in zip(*(x.tolist() for x in np.unique(steps, return_counts=True)), strict=True):
+        q = int(before[step, s])
+        drawn_steps.append(np.full(n, step, dtype=np.int64))
+        drawn_gids.append(base + eligible[stream.positions(q, n)].astype(np.int64))
+        drawn_epochs.append(np.arange(q, q + n, dtype=np.int64) // size)
+    drawn_steps, drawn_gids, drawn_epochs = (
+        np.concatenate(x) for x in (drawn_steps, drawn_gids, drawn_epochs)
+    )
+    slot_order = np.lexsort((gids, steps))  # stable: a repeated sample keeps plan order
+    draw_order = np.lexsort((drawn_epochs, drawn_gids, drawn_steps))
+    if np.array_equal(steps[slot_order], drawn_steps[draw_order]) and np.array_equal(
+        gids[slot_order], drawn_gids[draw_order]
+    ):
+        epoch[rows[slot_order]] = drawn_epochs[draw_order]
 
 
 def _settle(
@@ -251,7 +308,8 @@ def plan_frame(
     # Epochs need the whole stream's order: (step, rank, micro_batch), and a micro-batch's
     # samples in their order in the plan (file order is (chunk, rank, step, ...)).
     slots = slots.sort("step", "rank", "micro_batch", "order")
-    slots = _select(slots.with_columns(sample_epochs(slots, footer, counts, start)), steps, ranks)
+    epochs = sample_epochs(slots, footer, counts, start, manifest)
+    slots = _select(slots.with_columns(epochs), steps, ranks)
     frame = locate(slots, manifest, footer).sort("step", "rank", "micro_batch", "order")
     train = footer["config"]["train"]
     planned = pl.col("n_tokens").cast(pl.Int64)

@@ -17,10 +17,11 @@ from mds.executor.storage import is_url
 from mds.planner.config import (
     IndexConfig,
     _check_keys,
-    load_config,
+    load_toml,
     parse_config,
     parse_engine,
     place,
+    read_whole,
 )
 from mds.planner.schedule import WeightSchedule, parse_schedule
 
@@ -372,7 +373,7 @@ def _cost_file(table: dict[str, Any], where: str, base: Path) -> CostSpec:
         raise ConfigError(f"{where}`file` must be a path string")
     path = base / name
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+        data = tomllib.loads(read_whole(path).decode("utf-8-sig"))
     except OSError as exc:
         raise ConfigError(f"{where}`file`: cannot read {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -442,10 +443,9 @@ def parse_plan_config(
 
 def load_plan_config(path: str | Path) -> PlanConfig:
     """Read a TOML config and validate everything planning needs."""
-    index_config = load_config(path)
     path = Path(path)
-    data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    return parse_plan_config(data, index_config, path=path)
+    data = load_toml(path)  # once: a pipe or `<(...)` cannot be read twice
+    return parse_plan_config(data, parse_config(data, path=path), path=path)
 
 
 def plan_config_from_dict(data: dict[str, Any], base: Path) -> PlanConfig:

@@ -168,6 +168,59 @@ def _check_fits_step(pool: SourcePool, tokens_per_step: int | None) -> None:
         )
 
 
+def eligible_rows(
+    table: pl.DataFrame, name: str, filt: str | None, capacity: int, overlong: str
+) -> tuple[np.ndarray | None, np.ndarray, pl.Series, int, int]:
+    """A source's eligible samples: the index rows of `table` (ascending; None: all of them)
+    that pass `filt`, are not empty and, with overlong = "drop", fit `capacity`; with their
+    lengths (truncated with "truncate"), the `n_tokens` column, and how many samples were
+    dropped and truncated. The planner's pools and `mds export` both use this rule."""
+    rows = None  # the eligible rows of `table`, ascending; None while that is all of them
+    if filt is not None:
+        where = f"source '{name}': `filter`"
+        expr = sql_expr(filt, where)
+        # The row index as the filter sees it is Int64, like every integer column; where
+        # the filter does not name it, it stays Polars' UInt32: 4 bytes a row, no cast.
+        if "row" in expr.meta.root_names():
+            frame = signed_ints(table.lazy().with_row_index("row"))
+        else:
+            frame = signed_ints(table.lazy()).with_row_index("row")
+        # A row whose filter is null is not selected, as in SQL's WHERE.
+        frame = frame.filter(expr).select("row")
+        rows = _collect(frame, where, filt)["row"].rechunk().to_numpy()
+        if len(rows) == table.height:  # ascending and distinct: every row, in order
+            rows = None
+    tokens = table["n_tokens"]
+    # One contiguous copy in Polars' memory (none when the column is one chunk already),
+    # which numpy then views: no corpus-sized numpy allocation.
+    tokens = (tokens.fill_null(0) if tokens.null_count() else tokens).rechunk()
+    lengths = tokens.to_numpy()
+    if rows is not None:
+        lengths = lengths[rows]
+    # Empty samples train nothing and would never advance a token-budget step.
+    if lengths.size and lengths.min() <= 0:
+        kept = np.flatnonzero(lengths > 0)
+        rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
+    dropped = truncated = 0
+    if lengths.size and lengths.max() > capacity:
+        over = lengths > capacity
+        if overlong == "error":
+            j = int(np.flatnonzero(over)[0])
+            raise PlanError(
+                f"source '{name}' row {_index_row(rows, j)}: {lengths[j]} tokens exceed "
+                f"max_tokens_per_micro_batch = {capacity} ({int(over.sum())} such samples); "
+                'set [train] overlong = "drop" or "truncate", or filter them out'
+            )
+        if overlong == "drop":
+            dropped = int(over.sum())
+            kept = np.flatnonzero(~over)
+            rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
+        else:
+            truncated = int(over.sum())
+            lengths = np.minimum(lengths, capacity)
+    return rows, lengths, tokens, dropped, truncated
+
+
 def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
     """Read every planned source's index table, apply filters and the overlong rule."""
     train = config.train
@@ -190,49 +243,9 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         located = location_columns(entry)
         needed = partial(_columns, exprs=exprs, extra=located)
         table = source_table(manifest, mix.name, needed)
-        rows = None  # the eligible rows of `table`, ascending; None while that is all of them
-        if mix.filter is not None:
-            where = f"source '{mix.name}': `filter`"
-            expr = sql_expr(mix.filter, where)
-            # The row index as the filter sees it is Int64, like every integer column; where
-            # the filter does not name it, it stays Polars' UInt32: 4 bytes a row, no cast.
-            if "row" in expr.meta.root_names():
-                frame = signed_ints(table.lazy().with_row_index("row"))
-            else:
-                frame = signed_ints(table.lazy()).with_row_index("row")
-            # A row whose filter is null is not selected, as in SQL's WHERE.
-            frame = frame.filter(expr).select("row")
-            rows = _collect(frame, where, mix.filter)["row"].rechunk().to_numpy()
-            if len(rows) == table.height:  # ascending and distinct: every row, in order
-                rows = None
-        tokens = table["n_tokens"]
-        # One contiguous copy in Polars' memory (none when the column is one chunk already),
-        # which numpy then views: no corpus-sized numpy allocation.
-        tokens = (tokens.fill_null(0) if tokens.null_count() else tokens).rechunk()
-        lengths = tokens.to_numpy()
-        if rows is not None:
-            lengths = lengths[rows]
-        # Empty samples train nothing and would never advance a token-budget step.
-        if lengths.size and lengths.min() <= 0:
-            kept = np.flatnonzero(lengths > 0)
-            rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
-        dropped = truncated = 0
-        if lengths.size and lengths.max() > capacity:
-            over = lengths > capacity
-            if train.overlong == "error":
-                j = int(np.flatnonzero(over)[0])
-                raise PlanError(
-                    f"source '{mix.name}' row {_index_row(rows, j)}: {lengths[j]} tokens exceed "
-                    f"max_tokens_per_micro_batch = {capacity} ({int(over.sum())} such samples); "
-                    'set [train] overlong = "drop" or "truncate", or filter them out'
-                )
-            if train.overlong == "drop":
-                dropped = int(over.sum())
-                kept = np.flatnonzero(~over)
-                rows, lengths = (kept if rows is None else rows[kept]), lengths[kept]
-            else:
-                truncated = int(over.sum())
-                lengths = np.minimum(lengths, capacity)
+        rows, lengths, tokens, dropped, truncated = eligible_rows(
+            table, mix.name, mix.filter, capacity, train.overlong
+        )
         lengths = _narrow_lengths(lengths, capacity)
         base = bases[mix.name]
         # uint32 rows as long as base + row (a global id, made in plan_chunk) stays below 2^32.

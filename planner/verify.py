@@ -19,7 +19,9 @@ from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import MdsError, PlanError
 from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
+from mds.executor.sources import facts_problem, payload_problem
 from mds.executor.storage import given_root, is_url
+from mds.executor.tokenizer import index_tokenizer_path
 from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
@@ -371,7 +373,44 @@ def _verify_index(
         )
         problem, detail = _files_problem(_root(root), entry, full)
         result.add(f"source {name}: files", "data", problem, detail)
+    if footer is not None:
+        _verify_replay(result, footer, _root(root))
     return tables
+
+
+def _verify_replay(result: VerifyResult, footer: dict[str, Any], root: Path | str) -> None:
+    """Each planned source passes the executor's own start-up checks (the same functions):
+    readable fetch facts, a payload column, and for text counted with a tokenizer.json that
+    file as indexed; so verify refuses what the job would refuse whatever it is given."""
+    fetch = footer.get("fetch")
+    facts = fetch.get("sources") if isinstance(fetch, dict) else None
+    if not isinstance(facts, dict):
+        return  # a corrupt footer: the plan checks report it
+    for source in footer.get("sources") or []:
+        if not isinstance(source, dict) or not int(source.get("samples", 0) or 0) > 0:
+            continue  # the executor reads nothing of it
+        name = source.get("name")
+        entry = facts.get(name)
+        detail = "payload column"
+        problem = facts_problem(entry)
+        if problem is not None:
+            problem = f"{result.plan}: corrupt plan footer (source {name!r}: {problem})"
+        else:
+            problem = payload_problem(name, entry)
+        if problem is None and _counted_with_tokenizer(entry):
+            try:
+                path = index_tokenizer_path(name, entry, root)
+                detail += f", tokenizer {path} as indexed"
+            except MdsError as exc:
+                problem = str(exc)
+        result.add(f"source {name}: replay", "data", problem, detail)
+
+
+def _counted_with_tokenizer(facts: dict[str, Any]) -> bool:
+    """A text source whose lengths a tokenizer.json counted: the executor tokenizes with it."""
+    return (facts.get("payload") or {}).get("kind") == "text" and (
+        facts.get("length") or {}
+    ).get("kind") == "tokenizer"
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:

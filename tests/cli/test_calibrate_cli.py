@@ -64,6 +64,27 @@ def test_calibrate_bad_flags(args, needles):
     one_error_line(result, *needles)
 
 
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("os:getcwd", "--model os:getcwd: getcwd() returned str, not a torch.nn.Module"),
+        ("calibration_bad_model:forward_wrong", "one forward+backward failed (TypeError"),
+        ("calibration_bad_model:raises", "raises() raised ValueError: nope"),
+    ],
+)
+def test_calibrate_a_model_that_is_not_a_model_factory(tmp_path, monkeypatch, spec, needle):
+    from mds.planner.calibrate import MODEL_FORM
+
+    (tmp_path / "calibration_bad_model.py").write_text(
+        "import torch\n"
+        "def forward_wrong():\n    return torch.nn.Linear(4, 4)\n"
+        "def raises():\n    raise ValueError('nope')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = mds("calibrate", "--model", spec, "--vocab", "64", *GRID)
+    one_error_line(result, needle, f"--model must be {MODEL_FORM}")
+
+
 def test_calibrate_a_model_from_module_function(tmp_path, monkeypatch):
     (tmp_path / "calibration_user_model.py").write_text(
         "from mds.planner.packed_gpt import GptShape, build_packed_gpt\n"

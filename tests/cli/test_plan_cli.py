@@ -273,3 +273,139 @@ def test_export_errors(planned, tmp_path):
         mds("export", tmp_path / "none.mds", "-o", tmp_path / "x.parquet"), "cannot open plan"
     )
     assert not (tmp_path / "x.parquet").exists()
+
+
+# --- configs that are pipes --------------------------------------------------------------------
+
+
+def _pipe_config(tmp_path: Path, **replace: str) -> str:
+    """sample_data/mds.toml with an absolute data root, so that it can be read from anywhere
+    (a pipe's directory is not the data's); `replace` swaps whole lines."""
+    text = SAMPLE_CONFIG.read_text().replace(
+        'output = "../build/index"', f'root = "{SAMPLE_CONFIG.parent}"'
+    )
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    return text
+
+
+def _wait_until_open(pid: int, fifo: Path, seconds: float = 30) -> None:
+    """Until process `pid` holds `fifo` open (it is then waiting for a writer), at most
+    `seconds`: a fixed sleep would race a slow start-up on a loaded machine."""
+    import os
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(fifo) for fd in fds):
+                time.sleep(0.5)  # into the wait itself
+                return
+        except OSError:
+            pass  # a descriptor closed while listed
+        time.sleep(0.05)
+
+
+def _interrupt_while_waiting(args: list, cwd: Path, fifo: Path) -> None:
+    """`mds ARGS` blocks on `fifo`, which nobody writes; SIGINT ends it within seconds with
+    130 and one `interrupted` line."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from fault_builders import MDS_BIN
+
+    proc = subprocess.Popen(
+        [MDS_BIN, *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        _wait_until_open(proc.pid, fifo)  # (a blocking open() never gets that far)
+        assert proc.poll() is None, proc.communicate()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip() == "interrupted: nothing was written", err
+    assert "Traceback" not in out + err
+    assert took < 5, took
+
+
+@pytest.mark.parametrize("command", ["index", "plan"])
+def test_ctrl_c_ends_a_wait_on_a_config_pipe_nobody_writes(tmp_path, command):
+    import os
+
+    fifo = tmp_path / "mds.toml"
+    os.mkfifo(fifo)
+    _interrupt_while_waiting([command, fifo, "-o", tmp_path / "out"], tmp_path, fifo)
+
+
+def test_ctrl_c_ends_a_wait_on_a_cost_file_pipe(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "cost.toml")
+    config = tmp_path / "mds.toml"
+    model = "model = { layers = 12, hidden = 768, vocab = 2011 }"
+    config.write_text(_pipe_config(tmp_path, **{model: 'file = "cost.toml"'}))
+    plan = ["plan", config, "-o", tmp_path / "plan.mds"]
+    _interrupt_while_waiting(plan, tmp_path, tmp_path / "cost.toml")
+
+
+def _plan_from(config_arg: str, index: Path, out: Path, **popen) -> dict:
+    import subprocess
+
+    from fault_builders import MDS_BIN
+
+    result = subprocess.run(
+        [MDS_BIN, "plan", config_arg, "--index", str(index), "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **popen,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_plan_reads_a_named_pipe_written_once(tmp_path, index, planned):
+    import os
+    import threading
+
+    fifo = tmp_path / "mds.toml"
+    os.mkfifo(fifo)
+    text = _pipe_config(tmp_path).encode()
+
+    def write() -> None:
+        with open(fifo, "wb") as f:  # blocks until mds opens the pipe
+            f.write(text)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    summary = _plan_from(str(fifo), index, tmp_path / "plan.mds")
+    writer.join(5)
+    assert summary["plan_id"] == planned[1]["plan_id"]  # the same plan as from the file
+
+
+def test_plan_reads_a_process_substitution(tmp_path, index, planned):
+    """`mds plan <(cat cfg)`: /dev/fd/N of a pipe whose writer wrote it all and closed."""
+    import os
+
+    read, write = os.pipe()
+    os.write(write, _pipe_config(tmp_path).encode())
+    os.close(write)
+    try:
+        summary = _plan_from(f"/dev/fd/{read}", index, tmp_path / "plan.mds", pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert summary["plan_id"] == planned[1]["plan_id"]

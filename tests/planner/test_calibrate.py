@@ -129,19 +129,43 @@ def test_grid_bad_input(lengths, max_tokens, message):
 
 def test_load_model(tmp_path, monkeypatch):
     (tmp_path / "my_models_for_calibration.py").write_text(
-        "def build():\n    return 'the model'\nvalue = 3\n"
+        "import torch\n"
+        "def build():\n    return torch.nn.Identity()\n"
+        "value = 3\n"
+        "def text():\n    return 'not a model'\n"
+        "def sized(hidden):\n    return torch.nn.Identity()\n"
+        "def broken():\n    raise RuntimeError('no GPU here\\nsecond line')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert cal.load_model("my_models_for_calibration:build") == "the model"
+    import torch
+
+    assert isinstance(cal.load_model("my_models_for_calibration:build"), torch.nn.Identity)
     for spec, message in [
         ("nocolon", "--model must be module:function"),
         ("m:", "--model must be module:function"),
         ("no_such_module_xyz:build", "cannot import 'no_such_module_xyz'"),
         ("my_models_for_calibration:missing", "has no function 'missing'"),
         ("my_models_for_calibration:value", "has no function 'value'"),
+        ("os:getcwd", "os:getcwd: getcwd\\(\\) returned str, not a torch.nn.Module"),
+        ("my_models_for_calibration:text", "text\\(\\) returned str, not a torch.nn.Module"),
+        ("my_models_for_calibration:sized", "sized\\(hidden\\) needs arguments"),
+        ("my_models_for_calibration:broken", "broken\\(\\) raised RuntimeError: no GPU here;"),
     ]:
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError, match=message) as info:
             cal.load_model(spec)
+        assert "\n" not in str(info.value)
+        if "returned" in message or "needs" in message or "raised" in message:
+            assert str(info.value).endswith(f"--model must be {cal.MODEL_FORM}")
+
+
+def test_a_model_whose_forward_has_the_wrong_form_is_named(tmp_path, monkeypatch):
+    import torch
+
+    with pytest.raises(ConfigError) as info:
+        cal.check_model(torch.nn.Linear(2, 2), "m:build", vocab=16, device="cpu")
+    message = str(info.value)
+    assert message.startswith("--model m:build: one forward+backward failed (TypeError: ")
+    assert message.endswith(f"--model must be {cal.MODEL_FORM}") and "\n" not in message
 
 
 def test_clock_and_device_choices():

@@ -49,3 +49,120 @@ def _ray_fatal_lines() -> str:
         if " C " in line[:40]
     ]
     return "\nRay fatal lines:\n" + "\n".join(lines) if lines else ""
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["index", "plan"])
+def test_unreachable_ray_address_is_one_line_within_seconds(tmp_path, command):
+    import os
+    import time
+
+    port = _closed_port()
+    sample = CASES.parents[2] / "sample_data" / "mds.toml"
+    args = [sample, "-o", tmp_path / "out"]
+    if command == "plan":
+        args += ["--index", tmp_path / "none"]
+    args += ["--engine", "ray", "--address", f"127.0.0.1:{port}"]
+    mds_bin = Path(sys.executable).with_name("mds")
+    began = time.monotonic()
+    out = subprocess.run(
+        [mds_bin, command, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    took = time.monotonic() - began
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip() == (
+        f"error: cannot reach the Ray cluster at 127.0.0.1:{port} (Connection refused)"
+    )
+    assert took < 15, took
+
+
+def test_unreachable_ray_client_address_is_one_line(monkeypatch):
+    from mds.executor.errors import MdsError
+    from mds.planner.engine import RayEngine
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    port = _closed_port()
+    with pytest.raises(MdsError) as info:
+        RayEngine(f"ray://127.0.0.1:{port}")
+    assert str(info.value) == (
+        f"cannot reach the Ray cluster at ray://127.0.0.1:{port} (Connection refused)"
+    )
+
+
+def test_connect_timeout_is_configurable(monkeypatch):
+    from mds.executor.errors import ConfigError
+    from mds.planner import engine
+
+    monkeypatch.delenv(engine.RAY_CONNECT_TIMEOUT_ENV, raising=False)
+    assert engine.connect_timeout() == engine.RAY_CONNECT_TIMEOUT
+    assert engine.connect_timeout(0.5) == 0.5
+    monkeypatch.setenv(engine.RAY_CONNECT_TIMEOUT_ENV, "1.5")
+    assert engine.connect_timeout() == 1.5
+    monkeypatch.setenv(engine.RAY_CONNECT_TIMEOUT_ENV, "soon")
+    with pytest.raises(ConfigError, match="MDS_RAY_CONNECT_TIMEOUT must be a number"):
+        engine.connect_timeout()
+
+
+def test_ray_endpoints():
+    from mds.planner.engine import RAY_CLIENT_PORT, ray_endpoint
+
+    assert ray_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
+    assert ray_endpoint("ray://head:10002") == ("head", 10002)
+    assert ray_endpoint("ray://head") == ("head", RAY_CLIENT_PORT)
+    assert ray_endpoint("[::1]:6379") == ("::1", 6379)
+    assert ray_endpoint("local") is None
+
+
+def test_missing_ray_client_names_the_package_not_the_cluster(monkeypatch):
+    from mds.executor.errors import MdsError
+    from mds.planner.engine import RAY_INSTALL, RayEngine
+
+    # `import ray.util.client.worker` raises ImportError, as it does without grpcio
+    monkeypatch.setitem(sys.modules, "ray.util.client.worker", None)
+    monkeypatch.setitem(sys.modules, "grpc", None)
+    port = _closed_port()
+    with pytest.raises(MdsError) as info:
+        RayEngine(f"ray://127.0.0.1:{port}")
+    message = str(info.value)
+    assert "cannot reach" not in message
+    assert RAY_INSTALL in message and "ray[client]" in message
+    assert message.startswith(f"--address ray://127.0.0.1:{port} uses the Ray client, which needs")
+
+
+def test_a_head_that_does_not_answer_fails_after_the_connect_timeout(monkeypatch):
+    """A listener whose accept queue is full drops new connections unanswered, as a
+    firewalled or hung head does: the probe gives up after MDS_RAY_CONNECT_TIMEOUT."""
+    import socket
+    import time
+
+    from mds.executor.errors import MdsError
+    from mds.planner.engine import RayEngine
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("MDS_RAY_CONNECT_TIMEOUT", "0.5")
+    with socket.socket() as server, socket.socket() as queued:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        queued.connect(("127.0.0.1", port))  # fills the queue; never accepted
+        began = time.monotonic()
+        with pytest.raises(MdsError) as info:
+            RayEngine(f"127.0.0.1:{port}")
+        took = time.monotonic() - began
+    assert str(info.value) == (
+        f"cannot reach the Ray cluster at 127.0.0.1:{port} (no answer within 0.5 s; "
+        "MDS_RAY_CONNECT_TIMEOUT sets the wait)"
+    )
+    assert took < 3, took

@@ -266,22 +266,41 @@ def test_epochs_follow_the_streams(tmp_path):
     assert frame.filter(pl.col("source") == "a")["epoch"].max() >= 20
 
 
-def test_epochs_of_a_replanned_plan(tmp_path):
+@pytest.mark.parametrize(
+    ("at_step", "boundary"),
+    [(3, True), (5, False)],  # 'a' (3 samples, 8 a step) has drawn 24 = 8 epochs at step 3
+)
+def test_epochs_of_a_replanned_plan(tmp_path, at_step, boundary):
+    sources = {
+        **TINY,  # 'b' with a filter: its eligible samples are not its rows
+        "b": {
+            "lengths": [8, 9, 10, 11, 12, 13, 14],
+            "weight": 0.3,
+            "meta": {"q": [1, 0, 1, 1, 0, 1, 1]},
+            "filter": "q >= 1",
+        },
+    }
     data = synthetic(
         tmp_path,
-        TINY,
+        sources,
         {**TRAIN, "steps": 12, "samples_per_step": 16, "max_tokens_per_micro_batch": 1000},
     )
     build_plan(plan_config(tmp_path, data), tmp_path / "p.mds")
+    with PlanReader(tmp_path / "p.mds") as reader:
+        drawn = reader.section("source_samples")[:at_step, 0].sum()
+    assert (drawn % 3 == 0) == boundary
     data["source"][2]["weight"] = 0.6
     config = plan_config(tmp_path, data)
-    build_plan(config, tmp_path / "q.mds", parent=tmp_path / "p.mds", at_step=5)
+    build_plan(config, tmp_path / "q.mds", parent=tmp_path / "p.mds", at_step=at_step)
     frame = plan_frame(tmp_path / "q.mds")
-    assert frame["step"].min() == 5
-    known = frame.filter(pl.col("epoch").is_not_null())
-    assert known.height >= 0.9 * frame.height  # null only where the plan alone cannot tell
-    expected = expected_epochs(config, tmp_path / "q.mds")
-    assert not Counter(known.select("step", "sample_id", "epoch").iter_rows()) - expected
+    assert frame["step"].min() == at_step
+    assert frame["epoch"].null_count() == 0
+    got = Counter(frame.select("step", "sample_id", "epoch").iter_rows())
+    assert got == expected_epochs(config, tmp_path / "q.mds")
+    # every step crosses an epoch of 'a': its samples span two or three epochs
+    assert frame.filter(pl.col("source") == "a").group_by("step").agg(
+        pl.col("epoch").n_unique()
+    )["epoch"].min() >= 2
 
 
 def test_steps_and_rank_filters(sample, tmp_path):

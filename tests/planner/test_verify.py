@@ -90,7 +90,11 @@ def test_a_clean_plan_verifies(pristine, full):
     names = [c.name for c in result.checks]
     per_source = [f"source {s}: {what}" for s in SOURCES for what in ("table", "files")]
     index_checks = ["index manifest", "index fingerprint"]
-    assert names == PLAN_CHECKS + index_checks + per_source + ["fetch records"]
+    replay = [f"source {s}: replay" for s in SOURCES]  # the executor's start-up checks
+    assert names == PLAN_CHECKS + index_checks + per_source + replay + ["fetch records"]
+    assert check(result, "source forum: replay").detail == (
+        f"payload column, tokenizer {pristine / 'data' / 'tokenizer.json'} as indexed"
+    )
     assert check(result, "fetch records").detail == (
         "2,048 samples: files, rows, token counts and byte ranges match the index"
     )
@@ -316,6 +320,57 @@ def test_index_rebuilt_from_changed_data(work):
 
 
 # --- source files ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_changed_tokenizer_fails_verify_as_it_fails_the_executor(work, full):
+    from executor_builders import open_executor
+
+    from mds.executor.errors import DataChangedError
+
+    tokenizer = work / "data" / "tokenizer.json"
+    spec = json.loads(tokenizer.read_text())
+    spec["model"]["vocab"]["zzz-new-word"] = len(spec["model"]["vocab"])  # a new word
+    tokenizer.write_text(json.dumps(spec))
+    with pytest.raises(DataChangedError) as refused:
+        open_executor(work / "plan.mds", 0)
+    name, detail = failure(verify_plan(work / "plan.mds", full=full))
+    assert name == "source forum: replay"
+    assert detail == str(refused.value)
+    assert detail == (
+        f"{tokenizer}: tokenizer of source 'forum' changed since indexing; re-index, or "
+        "pass tokenize= explicitly"
+    )
+
+
+def test_a_missing_tokenizer_fails_verify_as_it_fails_the_executor(work):
+    from executor_builders import open_executor
+
+    from mds.executor.errors import ConfigError
+
+    (work / "data" / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError) as refused:
+        open_executor(work / "plan.mds", 0)
+    name, detail = failure(verify_plan(work / "plan.mds"))
+    assert (name, detail) == ("source forum: replay", str(refused.value))
+
+
+def test_a_source_indexed_for_lengths_only_fails_verify_as_it_fails_the_executor(tmp_path):
+    from plan_builders import plan_config, synthetic
+
+    from mds.executor import PlanExecutor
+    from mds.executor.errors import ConfigError
+    from mds.planner.plan import build_plan
+
+    train = {"steps": 4, "dp_size": 2, "micro_batches": 1, "samples_per_step": 4}
+    train["max_tokens_per_micro_batch"] = 64
+    data = synthetic(tmp_path, {"a": {"lengths": [5, 6, 7, 8], "weight": 1.0}}, train)
+    build_plan(plan_config(tmp_path, data), tmp_path / "plan.mds")
+    with pytest.raises(ConfigError) as refused:
+        PlanExecutor(tmp_path / "plan.mds", 0)
+    result = verify_plan(tmp_path / "plan.mds")
+    assert failure(result) == ("source a: replay", str(refused.value))
+    assert "indexed for lengths only" in str(refused.value)
 
 
 def test_same_size_same_mtime_edit_passes_stat_but_fails_full(work):
