@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import secrets
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -32,7 +33,10 @@ __all__ = [
     "open_input",
     "parent_url",
     "put_file",
+    "read_exact",
+    "replaced",
     "resolve_under",
+    "short_read",
     "stat",
 ]
 
@@ -214,7 +218,9 @@ def list_objects(url: str) -> list[tuple[str, int]]:
 
     prefix = _key(url)
     try:
-        infos = filesystem(url).get_file_info(fs.FileSelector(prefix, recursive=True))
+        infos = filesystem(url).get_file_info(
+            fs.FileSelector(prefix, recursive=True, allow_not_found=True)
+        )
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -249,13 +255,89 @@ def delete(url: str) -> None:
         raise failure(url, "delete", exc) from None
 
 
+def replaced(url: str, size: int) -> SourceDataError | None:
+    """The error for reads of an object opened at `size` bytes that no longer has that size
+    (it was replaced while being read: its bytes are another object's), else None."""
+    try:
+        now = stat(url).st_size
+    except SourceDataError:
+        return None
+    if now == size:
+        return None
+    return SourceDataError(
+        f"{url} changed while it was being read (it was replaced; {size} bytes when opened, "
+        f"{now} now)"
+    )
+
+
+def short_read(url: str, size: int, got: int, want: int, offset: int) -> SourceDataError:
+    """The error for a read of an object (opened at `size` bytes) that returned `got` of
+    the `want` bytes asked for at `offset`: replaced, or a short answer of the server."""
+    return replaced(url, size) or SourceDataError(
+        f"short read from {url} (got {got} of {want} bytes at offset {offset})"
+    )
+
+
+# pyarrow's S3 reads report every byte asked for even when the server sent fewer (the rest
+# of the buffer is left as it was), so a read goes into a buffer filled with a pattern
+# first, and a buffer whose end still holds it is read again over the opposite pattern:
+# a data byte equals at most one of the two, so the bytes both leave in place are exactly
+# those the server did not send. Random per process: no data is made to match it.
+_FILL = secrets.token_bytes(64)
+_OTHER = bytes(b ^ 0xFF for b in _FILL)
+
+
+def _unfilled(buf: bytearray, fill: bytes) -> int:
+    """How many bytes at the end of `buf` still hold the pattern `fill` (tiled from 0)."""
+    n, w = len(buf), len(fill)
+    k, r = n, n % w
+    if r == 0 or buf[n - r :] == fill[:r]:  # whole periods at C speed, then byte by byte
+        k = n - r
+        while k >= w and buf[k - w : k] == fill:
+            k -= w
+    while k > 0 and buf[k - 1] == fill[(k - 1) % w]:
+        k -= 1
+    return n - k
+
+
+def _read_into(f: Any, url: str, size: int, start: int, want: int, fill: bytes) -> bytearray:
+    buf = bytearray((fill * (want // len(fill) + 1))[:want])
+    try:
+        f.seek(start)
+        got = f.readinto(buf)
+    except OSError as exc:
+        raise replaced(url, size) or failure(url, "read", exc) from None
+    if got < want:
+        raise short_read(url, size, got, want, start)
+    return buf
+
+
+def read_exact(f: Any, url: str, size: int, start: int, want: int) -> bytes:
+    """Bytes [start, start + want) of the object `url` (opened, at `size` bytes, as the
+    pyarrow file `f`, whose position moves): SourceDataError if the read fails or the
+    server sent fewer bytes (short_read: names the object, or says it was replaced)."""
+    if want <= 0:
+        return b""
+    buf = _read_into(f, url, size, start, want, _FILL)
+    first = _unfilled(buf, _FILL)
+    if first == 0:
+        return bytes(buf)
+    again = _read_into(f, url, size, start, want, _OTHER)  # 1 read in 256 by chance
+    second = _unfilled(again, _OTHER)
+    if second == 0:
+        return bytes(again)
+    raise short_read(url, size, want - min(first, second), want, start)
+
+
 def get_bytes(url: str) -> bytes:
     """The whole object `url`, one request."""
     try:
-        with filesystem(url).open_input_file(_key(url)) as f:
-            return f.read()
+        f = filesystem(url).open_input_file(_key(url))
+        size = f.size()
     except OSError as exc:
         raise failure(url, "read", exc) from None
+    with f:
+        return read_exact(f, url, size, 0, size)
 
 
 def parent_url(url: str) -> str:

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 
 import numpy as np
 import pytest
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
+from fault_proxy import fault_proxy
 from s3_store import free_port, s3_server, silent_server
 from store_corpus import index_and_plan, replay, write_corpus
 
 import mds.executor.readers as readers_module
 from mds.executor import PlanExecutor, parquet_pages
-from mds.executor.errors import DataChangedError, SourceDataError
+from mds.executor.errors import DataChangedError, PlanError, SourceDataError
+from mds.executor.planfile import PlanReader
 from mds.executor.storage import DATA_ROOT_ENV
 
 CONFIG = """
@@ -247,3 +250,100 @@ def test_range_reads_of_an_object_are_exact_and_cached(world, monkeypatch):
     assert len(requests) == first  # served from the block cache
     assert f.read_ranges([len(body) - 5], [5]) == [body[-5:]]
     f.close()
+
+
+def test_a_short_read_names_the_object_and_the_bytes(world, monkeypatch):
+    """A server that sends fewer bytes than asked (a smaller body of a matching length):
+    pyarrow reports the whole length with the rest of its buffer unwritten; the read says
+    how many bytes came, not garbage that later reads as a corrupt file."""
+    from mds.executor.ranges import RangeFile
+    from mds.executor.storage import get_bytes
+
+    top, store, _ = world
+    body = bytes(range(256)) * 40
+    store.put("short/blob", body)
+    store.put("short/plan.mds", (top / "s3.mds").read_bytes())
+    url, plan_url = store.url("short/blob"), store.url("short/plan.mds")
+    with fault_proxy(store, monkeypatch) as proxy:
+        f, plan = RangeFile(url, None), PlanReader(plan_url)
+        try:
+            assert f.read_at(1000, 500) == body[500:1500]  # through the proxy, no fault
+            proxy.add("GET", "short/*", "short", keep=100)
+            with pytest.raises(
+                SourceDataError,
+                match=rf"^short read from {url} \(got 100 of 1000 bytes at offset 500\)$",
+            ):
+                f.read_at(1000, 500)
+            with pytest.raises(
+                SourceDataError,
+                match=rf"^short read from {url} \(got 100 of {len(body)} bytes at offset 0\)$",
+            ):
+                get_bytes(url)
+            with pytest.raises(PlanError, match=rf"cannot read plan: short read from {plan_url} "):
+                plan.rank_chunk(0, 0)
+        finally:
+            f.close()
+            plan.close()
+        one_error_line(mds("verify", plan_url), f"short read from {plan_url} (got 100 of")
+
+
+def test_a_full_read_whose_last_byte_matches_the_fill_is_whole(world, monkeypatch):
+    """The end of a buffer that happens to hold the fill pattern is read again, not taken
+    for a short answer."""
+    from mds.executor import storage
+    from mds.executor.ranges import RangeFile
+
+    _top, store, _ = world
+    body = bytes(range(256)) * 4
+    store.put("short/fill", body)
+    monkeypatch.setattr(storage, "_FILL", body[-64:])  # the data ends with the pattern
+    monkeypatch.setattr(storage, "_OTHER", bytes(b ^ 0xFF for b in body[-64:]))
+    f = RangeFile(store.url("short/fill"), None)
+    try:
+        assert f.read_at(len(body), 0) == body
+    finally:
+        f.close()
+
+
+def _replaced_same_size(plan: bytes) -> bytes:
+    """Another object of the plan's size: its footer and its first block differ."""
+    data = bytearray(plan)
+    offset, size, _digest, _magic = struct.unpack("<QQ8s8s", data[-32:])
+    data[offset + size // 2] ^= 0x01
+    data[64] ^= 0x01
+    return bytes(data)
+
+
+@pytest.mark.parametrize("other", ["another plan", "same size"])
+def test_a_plan_object_replaced_while_read_is_named_as_replaced(world, other):
+    top, store, _ = world
+    original = (top / "s3.mds").read_bytes()
+    store.put("replaced/plan.mds", original)
+    url = store.url("replaced/plan.mds")
+    with PlanReader(url) as plan:
+        if other == "another plan":
+            replacement = (top / "local.mds").read_bytes()
+            assert len(replacement) != len(original)
+        else:
+            replacement = _replaced_same_size(original)
+        store.put("replaced/plan.mds", replacement)
+        with pytest.raises(PlanError, match=rf"{url} changed while it was being read") as info:
+            for chunk in range(len(plan.chunks)):
+                for rank in range(plan.dp):
+                    plan.rank_chunk(chunk, rank)
+        assert "(it was replaced" in str(info.value)
+        assert "corrupt" not in str(info.value)
+
+
+def test_a_plan_object_damaged_in_place_is_still_corrupt(world):
+    """The same footer, a block that does not match its checksum: damage, not a new plan."""
+    top, store, _ = world
+    data = bytearray((top / "s3.mds").read_bytes())
+    store.put("damaged/plan.mds", bytes(data))
+    url = store.url("damaged/plan.mds")
+    with PlanReader(url) as plan:
+        offset, _size, _c = struct.unpack("<QQ8s", data[plan.chunks[0][2] : plan.chunks[0][2] + 24])
+        data[offset] ^= 0x01
+        store.put("damaged/plan.mds", bytes(data))
+        with pytest.raises(PlanError, match=r"chunk 0 rank 0: checksum mismatch \(corrupt file\)"):
+            plan.rank_chunk(0, 0)
