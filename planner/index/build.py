@@ -23,7 +23,13 @@ import numpy as np
 import polars as pl
 
 from mds.executor import storage
-from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
+from mds.executor.errors import (
+    ConfigError,
+    IndexFormatError,
+    Interrupted,
+    MdsError,
+    SourceDataError,
+)
 from mds.executor.fingerprint import fingerprint, hashes_every_byte, stat_signature
 from mds.planner.atomic import (
     cannot_write,
@@ -496,10 +502,11 @@ def build_index(
 def _build_to_objects(config, url, workers, progress, clock, engine) -> IndexSummary:
     """Index into a local temporary directory, then upload it under the prefix `url`: the
     tables first (named by their content, so a table of the index in place is never
-    changed), the manifest last, each one object. An object appears only when its upload
-    completes, so readers see the old manifest or the new one, and a failed run leaves the
-    old index valid. Tables the new manifest no longer names are removed after it. The
-    index in place is not reused: every file is scanned."""
+    changed), the manifest last, each one object (storage.put_file: never a partial one).
+    Readers see the old manifest or the new one, and a failed or interrupted run leaves
+    the old index valid; an interrupt says what it left (Interrupted). Tables the new
+    manifest no longer names are removed after it; temporaries of uploads in flight are
+    not tables. The index in place is not reused: every file is scanned."""
     import tempfile
 
     url = url.rstrip("/")
@@ -511,15 +518,70 @@ def _build_to_objects(config, url, workers, progress, clock, engine) -> IndexSum
         )
         manifest = read_manifest(local)
         live = {str(e["table"]) for e in manifest.sources}
-        for rel in sorted(live):
-            storage.put_file(local / rel, f"{url}/{rel}")
-        storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
-    for key, _size in storage.list_objects(f"{url}/{TABLES}"):
-        if f"{TABLES}/{key}" not in live:
-            storage.delete(f"{url}/{TABLES}/{key}")
+        before = _tables_at(url)
+        had_index = storage.exists(f"{url}/{MANIFEST}")
+        uploaded: list[str] = []
+        stale: list[str] | None = None  # set once the new manifest is committed
+        try:
+            for rel in sorted(live):
+                try:
+                    storage.put_file(local / rel, f"{url}/{rel}")
+                except Interrupted:  # the table was committed as the interrupt came
+                    uploaded.append(rel)
+                    raise
+                uploaded.append(rel)
+            try:
+                storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+            except Interrupted:
+                stale = sorted(before - live)
+                raise
+            stale = sorted(before - live)
+            stale = sorted(_tables_at(url) - live)  # what is there now
+            while stale:
+                storage.delete(f"{url}/{stale[0]}")
+                stale.pop(0)
+        except KeyboardInterrupt:
+            if stale is None:
+                raise Interrupted(_tables_left(url, had_index, set(uploaded) - before)) from None
+            raise Interrupted(_index_left(url, len(stale))) from None
     summary.path = url
     summary.seconds = clock() - started
     return summary
+
+
+def _tables_at(url: str) -> set[str]:
+    """The table objects under the index prefix `url` ("tables/NAME"), without temporaries."""
+    return {
+        f"{TABLES}/{key}"
+        for key, _size in storage.list_objects(f"{url}/{TABLES}")
+        if not storage.is_temp_name(key)
+    }
+
+
+def _tables_left(url: str, had_index: bool, new: set[str]) -> str:
+    """What an interrupt before the new manifest's commit left at `url`."""
+    state = (
+        f"the previous index at {url} is intact"
+        if had_index
+        else f"no index was written at {url} (no {MANIFEST})"
+    )
+    if not new:
+        return state
+    named = " it does not name" if had_index else ""
+    return f"{state}; {_were_left(len(new), 'new table object', named)} under {url}/{TABLES}/"
+
+
+def _index_left(url: str, stale: int) -> str:
+    """What an interrupt after the new manifest's commit left at `url`."""
+    state = f"the new index was written whole at {url}"
+    if not stale:
+        return state
+    left = _were_left(stale, "table object", " it no longer names")
+    return f"{state}; {left} under {url}/{TABLES}/"
+
+
+def _were_left(n: int, what: str, which: str = "") -> str:
+    return f"{n} {what}{'s' * (n != 1)}{which} {'was' if n == 1 else 'were'} left"
 
 
 def _build_locked(
