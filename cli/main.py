@@ -65,12 +65,19 @@ class MdsGroup(TyperGroup):
 
 def interrupted(exc: KeyboardInterrupt, before: int = 0) -> str:
     """What an interrupted command left: what the writer said (Interrupted), else the
-    objects committed since storage.written() held `before` of them, else nothing."""
+    outputs put in place since storage.written() held `before` of them (files that are
+    still there: a temporary directory's are not), else nothing."""
     if isinstance(exc, Interrupted) and str(exc):
         return str(exc)
+    import os
+
     from mds.executor import storage
 
-    done = storage.written()[before:]
+    done = [
+        w
+        for w in dict.fromkeys(storage.written()[before:])
+        if storage.is_url(w) or os.path.lexists(w)
+    ]
     if len(done) == 1:
         return f"the interrupt came after {done[0]} was written whole"
     if done:

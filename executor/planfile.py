@@ -355,6 +355,7 @@ class PlanWriter:
         os.fsync(self._f.fileno())
         self._f.close()
         os.replace(self.tmp, self.path)
+        storage.note_written(self.path)
         return data
 
     def abort(self) -> None:

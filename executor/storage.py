@@ -37,6 +37,7 @@ __all__ = [
     "is_url",
     "join",
     "list_objects",
+    "note_written",
     "open_input",
     "parent_url",
     "put_file",
@@ -245,7 +246,7 @@ def list_objects(url: str) -> list[tuple[str, int]]:
 # S3 CopyObject copies at most 5 GiB in one request; GCS copies (rewrites) any size.
 COPY_LIMIT = 5 << 30
 _TMP_MARK = ".tmp-"
-_written: list[str] = []  # objects this process committed, for the interrupt message
+_written: list[str] = []  # outputs this process committed, for the interrupt message
 
 
 def temp_url(url: str) -> str:
@@ -265,8 +266,14 @@ def is_temp_name(name: str) -> bool:
 
 
 def written() -> list[str]:
-    """The objects this process has committed with put_file, oldest first."""
+    """The outputs (objects, files) this process has put in place, oldest first: what an
+    interrupt did not undo."""
     return list(_written)
+
+
+def note_written(where: str | os.PathLike) -> None:
+    """Record an output put in place whole (a rename or a copy over its name)."""
+    _written.append(os.fspath(where))
 
 
 @contextmanager
@@ -331,7 +338,7 @@ def put_file(local: str | os.PathLike, url: str) -> None:
             except OSError as exc:
                 _deliver(held, None)
                 raise failure(url, "write", exc) from None
-            _written.append(url)
+            note_written(url)
         _deliver(held, committed)
         return
     tmp = temp_url(url)
@@ -346,7 +353,7 @@ def put_file(local: str | os.PathLike, url: str) -> None:
             except OSError as exc:
                 _deliver(held, None)
                 raise failure(url, "write", exc) from None
-            _written.append(url)
+            note_written(url)
         _deliver(held, committed)
     finally:
         try:  # best effort: a leftover temporary is hidden, never read as data
