@@ -418,7 +418,8 @@ def _unfilled(buf: bytearray, fill: bytes) -> int:
 
 
 def _read_into(f: Any, url: str, size: int, start: int, want: int, fill: bytes) -> bytearray:
-    buf = bytearray((fill * (want // len(fill) + 1))[:want])
+    buf = bytearray(fill) * (want // len(fill) + 1)
+    del buf[want:]
     try:
         f.seek(start)
         got = f.readinto(buf)

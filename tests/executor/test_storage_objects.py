@@ -505,3 +505,19 @@ def test_a_failed_copy_leaves_the_object_and_no_temporary(put, monkeypatch):
         storage.put_file(local, url)
     assert store.get(key) == old
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
+
+
+def test_an_upload_in_flight_is_never_a_source_object(world):
+    """put_file's temporary (a hidden sibling) under a data root is not listed as data, even
+    by a pattern that would match its name."""
+    from mds.planner.index.objects import listing
+
+    _top, store, url = world
+    key = "corpus/web/.part-9.parquet.tmp-1-abcdef-01234567"
+    store.put(key, b"half an upload")
+    try:
+        keys = listing(url)
+        assert "web/part-0.parquet" in keys
+        assert not [k for k in keys if ".tmp-" in k]
+    finally:
+        store.delete(key)
