@@ -520,30 +520,22 @@ def _build_to_objects(config, url, workers, progress, clock, engine) -> IndexSum
         live = {str(e["table"]) for e in manifest.sources}
         before = _tables_at(url)
         had_index = storage.exists(f"{url}/{MANIFEST}")
-        uploaded: list[str] = []
-        stale: list[str] | None = None  # set once the new manifest is committed
+        mark = len(storage.written())  # what this build puts in place is noted after it
+        stale = sorted(before - live)
         try:
             for rel in sorted(live):
-                try:
-                    storage.put_file(local / rel, f"{url}/{rel}")
-                except Interrupted:  # the table was committed as the interrupt came
-                    uploaded.append(rel)
-                    raise
-                uploaded.append(rel)
-            try:
-                storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
-            except Interrupted:
-                stale = sorted(before - live)
-                raise
-            stale = sorted(before - live)
-            stale = sorted(_tables_at(url) - live)  # what is there now
+                storage.put_file(local / rel, f"{url}/{rel}")
+            storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+            stale = sorted(_tables_at(url) - live)
             while stale:
                 storage.delete(f"{url}/{stale[0]}")
                 stale.pop(0)
         except KeyboardInterrupt:
-            if stale is None:
-                raise Interrupted(_tables_left(url, had_index, set(uploaded) - before)) from None
-            raise Interrupted(_index_left(url, len(stale))) from None
+            done = set(storage.written()[mark:])
+            if f"{url}/{MANIFEST}" in done:
+                raise Interrupted(_index_left(url, len(stale))) from None
+            new = {rel for rel in live if f"{url}/{rel}" in done} - before
+            raise Interrupted(_tables_left(url, had_index, new)) from None
     summary.path = url
     summary.seconds = clock() - started
     return summary
