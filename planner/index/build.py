@@ -588,6 +588,7 @@ def _build_locked(
     entries: list[dict[str, Any]] = []  # sources, without their "files" lists ...
     counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
+    mark = len(storage.written())
     try:
         output.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output, every=True)
@@ -718,9 +719,11 @@ def _build_locked(
         except OSError as exc:
             raise _cannot_write(output, MANIFEST, exc) from exc
     except BaseException:
-        writer.rollback()
-        if created_dir:
-            shutil.rmtree(output, ignore_errors=True)
+        # an interrupt just after the manifest's rename: the new index is in place, whole
+        if os.fspath(output / MANIFEST) not in storage.written()[mark:]:
+            writer.rollback()
+            if created_dir:
+                shutil.rmtree(output, ignore_errors=True)
         raise
     _collect_garbage(output, {e["table"] for e in entries})
     summary.fingerprint = manifest["fingerprint"]
