@@ -73,7 +73,7 @@ class RangeFile:
             self.size = int(self._file.size())
         except OSError as exc:
             raise failure(url, "stat", exc) from None
-        self._idle, self._lock = [self._file], threading.Lock()
+        self._idle = [self._file]
         self._staged_at: list[int] = []  # sorted starts of the staged runs
         self._staged: list[tuple[int, bytes | SourceDataError]] = []  # (end, bytes or error)
 
@@ -106,15 +106,14 @@ class RangeFile:
     def _read(self, start: int, size: int) -> bytes:
         """One request, on a handle of its own (a read moves the handle's position; reads
         of this object in parallel each take one, opened as needed)."""
-        with self._lock:
-            f = self._idle.pop() if self._idle else None
-        if f is None:
+        try:  # list.pop and append are atomic: no lock that a fork could copy held
+            f = self._idle.pop()
+        except IndexError:
             f = open_input(self.url)
         try:
             return read_exact(f, self.url, self.size, start, size)
         finally:
-            with self._lock:
-                self._idle.append(f)
+            self._idle.append(f)
 
     def _from_staged(self, start: int, end: int) -> bytes | None:
         """Bytes [start, end) if staged runs (one, or consecutive ones) hold them all."""
@@ -190,10 +189,8 @@ class RangeFile:
 
     def close(self) -> None:
         self.unstage()
-        with self._lock:
-            for f in self._idle:
-                f.close()
-            self._idle = []
+        while self._idle:
+            self._idle.pop().close()
 
 
 class _View(io.RawIOBase):
