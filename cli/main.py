@@ -14,7 +14,7 @@ from typer.core import TyperGroup
 
 from mds import DISTRIBUTION, __version__
 from mds.cli.output import ERROR_EXIT, err_console, json_requested, print_json
-from mds.executor.errors import MdsError
+from mds.executor.errors import Interrupted, MdsError
 
 __all__ = ["app", "run"]
 
@@ -47,6 +47,9 @@ class MdsGroup(TyperGroup):
     object on stdout) and a non-zero exit."""
 
     def invoke(self, ctx: typer.Context):
+        from mds.executor import storage
+
+        before = len(storage.written())
         try:
             return super().invoke(ctx)
         except MdsError as exc:
@@ -56,15 +59,40 @@ class MdsGroup(TyperGroup):
             if error is None:
                 raise
             _report(ctx, error, EXIT_USER_ERROR)
-        except KeyboardInterrupt:
-            _report(ctx, None, EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:
+            _report(ctx, None, EXIT_INTERRUPTED, interrupted(exc, before))
 
 
-def _report(ctx: typer.Context, exc: MdsError | None, code: int):
-    """Print the error once, on stderr or as JSON on stdout, and exit with `code`."""
+def interrupted(exc: KeyboardInterrupt, before: int = 0) -> str:
+    """What an interrupted command left: what the writer said (Interrupted), else the
+    outputs put in place since storage.written() held `before` of them (files that are
+    still there: a temporary directory's are not), else nothing."""
+    if isinstance(exc, Interrupted) and str(exc):
+        return str(exc)
+    import os
+
+    from mds.executor import storage
+
+    done = [
+        w
+        for w in dict.fromkeys(storage.written()[before:])
+        if storage.is_url(w) or os.path.lexists(w)
+    ]
+    if len(done) == 1:
+        return f"the interrupt came after {done[0]} was written whole"
+    if done:
+        return f"the interrupt came after {len(done)} objects were written whole: " + ", ".join(
+            done
+        )
+    return "nothing was written"
+
+
+def _report(ctx: typer.Context, exc: MdsError | None, code: int, state: str = ""):
+    """Print the error (or, for an interrupt, what it left: `state`) once, on stderr or as
+    JSON on stdout, and exit with `code`."""
     if json_requested(ctx):
         kind, message = (
-            ("Interrupted", "nothing was written")
+            ("Interrupted", state)
             if exc is None
             else (
                 type(exc).__name__,
@@ -73,7 +101,9 @@ def _report(ctx: typer.Context, exc: MdsError | None, code: int):
         )
         print_json({"error": {"type": kind, "message": message}})
     elif exc is None:
-        err_console.print("[bold red]interrupted[/]: nothing was written", highlight=False)
+        err_console.print(
+            f"[bold red]interrupted[/]: {escape(state)}", highlight=False, soft_wrap=True
+        )
     else:
         err_console.print(
             f"[bold red]error:[/] {escape(str(exc))}",

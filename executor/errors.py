@@ -10,6 +10,7 @@ __all__ = [
     "ConfigError",
     "DataChangedError",
     "IndexFormatError",
+    "Interrupted",
     "MdsError",
     "PlanError",
     "OutputError",
@@ -43,3 +44,8 @@ class OutputError(MdsError):
 
 class DataChangedError(MdsError):
     """Source files differ from the ones fingerprinted when the index or plan was made."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM after an output was already changed: the message says exactly what
+    was left (the CLI prints it instead of "nothing was written")."""

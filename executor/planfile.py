@@ -355,6 +355,7 @@ class PlanWriter:
         os.fsync(self._f.fileno())
         self._f.close()
         os.replace(self.tmp, self.path)
+        storage.note_written(self.path)
         return data
 
     def abort(self) -> None:
@@ -402,9 +403,41 @@ class PlanReader:
     def _fail(self, what: str) -> PlanError:
         return PlanError(f"{self.path}: {what}")
 
+    def _bad(self, what: str) -> PlanError:
+        """Bytes that do not check out: a plan object replaced since it was opened says so
+        (its bytes are those of another plan, not damage), anything else is corrupt."""
+        if self._object is not None and self._replaced():
+            return PlanError(
+                f"{self.path} changed while it was being read (it was replaced); open it "
+                "again to read the new plan, and write a plan that is being read to a new URL"
+            )
+        return self._fail(what)
+
+    def _replaced(self) -> bool:
+        """Whether the plan object now differs from the one opened: another size, or another
+        footer (which holds the checksums of everything else)."""
+        footer = getattr(self, "footer_bytes", None)
+        try:
+            now = self._open_object()
+        except SourceDataError:
+            return False
+        try:
+            if now.size != self.size:
+                return True
+            if footer is None:
+                return False
+            offset, size, _digest, tail = _TRAILER.unpack(
+                now.read_at(_TRAILER.size, self.size - _TRAILER.size)
+            )
+            return tail != MAGIC or now.read_at(min(size, self.size), offset) != footer
+        except (SourceDataError, struct.error):
+            return False
+        finally:
+            now.close()
+
     def _read(self, offset: int, size: int) -> bytes:
         if offset < 0 or size < 0 or offset + size > self.size:
-            raise self._fail(
+            raise self._bad(
                 f"corrupt plan: a reference points outside the file ({offset}+{size} > {self.size})"
             )
         if self._object is not None:
@@ -418,7 +451,7 @@ class PlanReader:
             # pread: no shared file position, so threads and forked workers can share it.
             data = os.pread(self._f.fileno(), size, offset)  # type: ignore[union-attr]
         if len(data) != size:
-            raise self._fail("truncated plan file")
+            raise self._bad("truncated plan file")
         return data
 
     def _load(self) -> None:
@@ -455,7 +488,7 @@ class PlanReader:
             raise self._fail("corrupt plan trailer")
         data = self._read(offset, size)
         if checksum(data) != digest:
-            raise self._fail("plan footer checksum mismatch (corrupt file)")
+            raise self._bad("plan footer checksum mismatch (corrupt file)")
         self.footer_bytes = data
         try:
             self.footer = json.loads(data)
@@ -530,7 +563,7 @@ class PlanReader:
             _a, _b, offset, digest, _w = self.chunks[chunk]
             data = self._read(offset, self.dp * _DIR_ENTRY.itemsize)
             if checksum(data) != digest:
-                raise self._fail(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
+                raise self._bad(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
             directory = np.frombuffer(data, dtype=_DIR_ENTRY)
             if len(self._dirs) > 256:
                 self._dirs.clear()
@@ -548,7 +581,7 @@ class PlanReader:
         data = self._read(int(entry["offset"]), int(entry["size"]))
         # An "S8" field drops trailing NUL bytes on read; pad it back to the stored 8 bytes.
         if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
-            raise self._fail(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
+            raise self._bad(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
         head = (b - a) * self.micro * width
         if head > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
@@ -579,7 +612,7 @@ class PlanReader:
             raise self._fail(f"corrupt plan footer (section {name!r}: {exc})") from None
         data = self._read(offset, size)
         if checksum(data) != digest:
-            raise self._fail(f"section {name!r}: checksum mismatch (corrupt file)")
+            raise self._bad(f"section {name!r}: checksum mismatch (corrupt file)")
         # Sections are plain numbers ("<i8", "<f8", "|u1", ...): no objects, records,
         # sub-arrays or zero-size types, whatever the footer says.
         if not _SECTION_DTYPE.fullmatch(dtype):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mds.executor.errors import SourceDataError
-from mds.executor.storage import failure, open_input
+from mds.executor.storage import failure, open_input, read_exact
 
 __all__ = [
     "HOLE",
@@ -73,6 +73,7 @@ class RangeFile:
             self.size = int(self._file.size())
         except OSError as exc:
             raise failure(url, "stat", exc) from None
+        self._idle = [self._file]
         self._staged_at: list[int] = []  # sorted starts of the staged runs
         self._staged: list[tuple[int, bytes | SourceDataError]] = []  # (end, bytes or error)
 
@@ -96,14 +97,23 @@ class RangeFile:
             return staged
         if size == 0:
             return b""
-        try:
-            data = self._file.read_at(size, start)
-        except OSError as exc:
-            raise failure(self.url, "read", exc) from None
+        data = self._read(start, size)
         with _counted:
             counters.requests += 1
             counters.bytes += len(data)
         return data
+
+    def _read(self, start: int, size: int) -> bytes:
+        """One request, on a handle of its own (a read moves the handle's position; reads
+        of this object in parallel each take one, opened as needed)."""
+        try:  # list.pop and append are atomic: no lock that a fork could copy held
+            f = self._idle.pop()
+        except IndexError:
+            f = open_input(self.url)
+        try:
+            return read_exact(f, self.url, self.size, start, size)
+        finally:
+            self._idle.append(f)
 
     def _from_staged(self, start: int, end: int) -> bytes | None:
         """Bytes [start, end) if staged runs (one, or consecutive ones) hold them all."""
@@ -179,7 +189,8 @@ class RangeFile:
 
     def close(self) -> None:
         self.unstage()
-        self._file.close()
+        while self._idle:
+            self._idle.pop().close()
 
 
 class _View(io.RawIOBase):

@@ -10,12 +10,19 @@ same plan.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import posixpath
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mds.executor.errors import ConfigError, SourceDataError
+from mds.executor.errors import ConfigError, Interrupted, SourceDataError
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -26,14 +33,21 @@ __all__ = [
     "filesystem",
     "get_bytes",
     "given_root",
+    "is_temp_name",
     "is_url",
     "join",
     "list_objects",
+    "note_written",
     "open_input",
     "parent_url",
     "put_file",
+    "read_exact",
+    "replaced",
     "resolve_under",
+    "short_read",
     "stat",
+    "temp_url",
+    "written",
 ]
 
 DATA_ROOT_ENV = "MDS_DATA_ROOT"
@@ -228,16 +242,123 @@ def list_objects(url: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def put_file(local: str | os.PathLike, url: str) -> None:
-    """Upload a local file as the object `url`. An object appears only when its upload
-    completes (a single PUT, or a multipart upload's completion), so a reader sees the old
-    object or the new one whole, never a part; a failed upload leaves no new object."""
+# S3 CopyObject copies at most 5 GiB in one request; GCS copies (rewrites) any size.
+COPY_LIMIT = 5 << 30
+_TMP_MARK = ".tmp-"
+_written: list[str] = []  # outputs this process committed, for the interrupt message
+
+
+def temp_url(url: str) -> str:
+    """A hidden, unique sibling of the object `url` to upload to before the copy over `url`:
+    `.NAME.tmp-PID-HOST-RANDOM`, the temporary names of planner/atomic.py. Hidden names are
+    never data, and no index or plan names one."""
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+    parent, _, name = url.rpartition("/")
+    return f"{parent}/.{name}{_TMP_MARK}{os.getpid()}-{host}-{secrets.token_hex(4)}"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether the last part of a key is a temporary (a writer's upload in flight, or one a
+    killed writer left)."""
+    base = name.rsplit("/", 1)[-1]
+    return base.startswith(".") and _TMP_MARK in base
+
+
+def written() -> list[str]:
+    """The outputs (objects, files) this process has put in place, oldest first: what an
+    interrupt did not undo."""
+    return list(_written)
+
+
+def note_written(where: str | os.PathLike) -> None:
+    """Record an output put in place whole (a rename or a copy over its name)."""
+    _written.append(os.fspath(where))
+
+
+@contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM arriving inside the block are held (listed) instead of acting;
+    the caller delivers them after (`_deliver`). Only the main thread receives signals."""
+    held: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or any(
+        signal.getsignal(s) is None for s in signals
+    ):
+        yield held
+        return
+
+    def hold(signum: int, frame: Any) -> None:  # noqa: ARG001
+        held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in signals}
     try:
-        with filesystem(url).open_output_stream(_key(url)) as out, open(local, "rb") as f:
-            while piece := f.read(8 << 20):
-                out.write(piece)
-    except OSError as exc:
-        raise failure(url, "write", exc) from None
+        yield held
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _deliver(held: list[int], committed: str | None) -> None:
+    """Act on the first held signal with its own handler; an interrupt that follows a
+    commit says so (`committed`)."""
+    if not held:
+        return
+    try:
+        signal.raise_signal(held[0])
+    except KeyboardInterrupt:
+        if committed is None:
+            raise
+        raise Interrupted(committed) from None
+
+
+def _upload(fs: Any, local: str | os.PathLike, key: str) -> None:
+    # the local file is opened first: a stream closed by a failed open would complete
+    with open(local, "rb") as f, fs.open_output_stream(key) as out:
+        while piece := f.read(8 << 20):
+            out.write(piece)
+
+
+def put_file(local: str | os.PathLike, url: str) -> None:
+    """Upload a local file as the object `url`, so that readers (and an interrupted writer)
+    see the old object or the new one whole, never a part.
+
+    A stream closed while an exception unwinds still completes its upload, so the bytes go
+    to a temporary sibling (temp_url) which one copy request puts over `url` (atomic on S3
+    and GCS), with SIGINT/SIGTERM held for that request so that after it we know whether
+    `url` changed; the temporary is then deleted. An S3 object over COPY_LIMIT cannot be
+    copied in one request: it is uploaded to `url` itself with the signals held throughout.
+    An interrupt after `url` was written raises Interrupted saying so."""
+    fs, key = filesystem(url), _key(url)
+    committed = f"the interrupt came after {url} was written whole"
+    if url.startswith("s3://") and os.path.getsize(local) > COPY_LIMIT:
+        with _signals_held() as held:
+            try:
+                _upload(fs, local, key)
+            except OSError as exc:
+                _deliver(held, None)
+                raise failure(url, "write", exc) from None
+            note_written(url)
+        _deliver(held, committed)
+        return
+    tmp = temp_url(url)
+    try:
+        try:
+            _upload(fs, local, _key(tmp))
+        except OSError as exc:
+            raise failure(url, "write", exc) from None
+        with _signals_held() as held:
+            try:
+                fs.copy_file(_key(tmp), key)
+            except OSError as exc:
+                _deliver(held, None)
+                raise failure(url, "write", exc) from None
+            note_written(url)
+        _deliver(held, committed)
+    finally:
+        try:  # best effort: a leftover temporary is hidden, never read as data
+            fs.delete_file(_key(tmp))
+        except OSError:
+            pass
 
 
 def delete(url: str) -> None:
@@ -250,13 +371,90 @@ def delete(url: str) -> None:
         raise failure(url, "delete", exc) from None
 
 
+def replaced(url: str, size: int) -> SourceDataError | None:
+    """The error for reads of an object opened at `size` bytes that no longer has that size
+    (it was replaced while being read: its bytes are another object's), else None."""
+    try:
+        now = stat(url).st_size
+    except SourceDataError:
+        return None
+    if now == size:
+        return None
+    return SourceDataError(
+        f"{url} changed while it was being read (it was replaced; {size} bytes when opened, "
+        f"{now} now)"
+    )
+
+
+def short_read(url: str, size: int, got: int, want: int, offset: int) -> SourceDataError:
+    """The error for a read of an object (opened at `size` bytes) that returned `got` of
+    the `want` bytes asked for at `offset`: replaced, or a short answer of the server."""
+    return replaced(url, size) or SourceDataError(
+        f"short read from {url} (got {got} of {want} bytes at offset {offset})"
+    )
+
+
+# pyarrow's S3 reads report every byte asked for even when the server sent fewer (the rest
+# of the buffer is left as it was), so a read goes into a buffer filled with a pattern
+# first, and a buffer whose end still holds it is read again over the opposite pattern:
+# a data byte equals at most one of the two, so the bytes both leave in place are exactly
+# those the server did not send. Random per process: no data is made to match it.
+_FILL = secrets.token_bytes(64)
+_OTHER = bytes(b ^ 0xFF for b in _FILL)
+
+
+def _unfilled(buf: bytearray, fill: bytes) -> int:
+    """How many bytes at the end of `buf` still hold the pattern `fill` (tiled from 0)."""
+    n, w = len(buf), len(fill)
+    k, r = n, n % w
+    if r == 0 or buf[n - r :] == fill[:r]:  # whole periods at C speed, then byte by byte
+        k = n - r
+        while k >= w and buf[k - w : k] == fill:
+            k -= w
+    while k > 0 and buf[k - 1] == fill[(k - 1) % w]:
+        k -= 1
+    return n - k
+
+
+def _read_into(f: Any, url: str, size: int, start: int, want: int, fill: bytes) -> bytearray:
+    buf = bytearray(fill) * (want // len(fill) + 1)
+    del buf[want:]
+    try:
+        f.seek(start)
+        got = f.readinto(buf)
+    except OSError as exc:
+        raise replaced(url, size) or failure(url, "read", exc) from None
+    if got < want:
+        raise short_read(url, size, got, want, start)
+    return buf
+
+
+def read_exact(f: Any, url: str, size: int, start: int, want: int) -> bytes:
+    """Bytes [start, start + want) of the object `url` (opened, at `size` bytes, as the
+    pyarrow file `f`, whose position moves): SourceDataError if the read fails or the
+    server sent fewer bytes (short_read: names the object, or says it was replaced)."""
+    if want <= 0:
+        return b""
+    buf = _read_into(f, url, size, start, want, _FILL)
+    first = _unfilled(buf, _FILL)
+    if first == 0:
+        return bytes(buf)
+    again = _read_into(f, url, size, start, want, _OTHER)  # 1 read in 256 by chance
+    second = _unfilled(again, _OTHER)
+    if second == 0:
+        return bytes(again)
+    raise short_read(url, size, want - min(first, second), want, start)
+
+
 def get_bytes(url: str) -> bytes:
     """The whole object `url`, one request."""
     try:
-        with filesystem(url).open_input_file(_key(url)) as f:
-            return f.read()
+        f = filesystem(url).open_input_file(_key(url))
+        size = f.size()
     except OSError as exc:
         raise failure(url, "read", exc) from None
+    with f:
+        return read_exact(f, url, size, 0, size)
 
 
 def parent_url(url: str) -> str:

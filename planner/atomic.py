@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mds.executor.errors import MdsError, OutputError
+from mds.executor.storage import note_written
 
 __all__ = [
     "atomic_path",
@@ -105,6 +106,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         yield tmp
         fsync_file(tmp)
         os.replace(tmp, path)
+        note_written(path)
         _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)

@@ -232,7 +232,9 @@ class _GCS:
     def _put(self, body: bytes, generation: str) -> str | None:
         url = f"{self.base}/upload/storage/v1/b/{self.bucket}/o"
         params = {"uploadType": "media", "name": self.key, "ifGenerationMatch": generation}
-        answer = self._request("POST", url, params=params, data=body)
+        # A content type, as every object of the store has one (clients parse it).
+        headers = {"Content-Type": "application/octet-stream"}
+        answer = self._request("POST", url, params=params, data=body, headers=headers)
         if answer.status_code in (404, 409, 412):
             return None
         answer.raise_for_status()

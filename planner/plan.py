@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mds.executor import storage
-from mds.executor.errors import ConfigError, PlanError
+from mds.executor.errors import ConfigError, Interrupted, PlanError
 from mds.executor.planfile import (
     MAGIC,
     ChunkBlocks,
@@ -403,16 +403,21 @@ def _check_replaceable(output: Path | str) -> None:
 
 
 def _build_to_object(config, url, held, *args) -> PlanSummary:
-    """Plan into a local temporary file, then upload it as one object: an object appears
-    whole when its upload completes, so a failed run leaves no plan, nor a partial one,
-    at `url`. The recorded paths are those of the plan's place, `url`. `held`: its lock
+    """Plan into a local temporary file, then upload it as one object (storage.put_file): a
+    failed or interrupted run leaves the previous object at `url` as it was, never a
+    partial one. The recorded paths are those of the plan's place, `url`. `held`: its lock
     object, checked before the upload."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mds-plan-") as tmp:
         local = Path(tmp) / url.rsplit("/", 1)[-1]
         summary = _build_locked(config, local, started, url, *args)
         held.check()
-        storage.put_file(local, url)
+        try:
+            storage.put_file(local, url)
+        except Interrupted:
+            raise Interrupted(
+                f"the new plan was written whole to {url} just before the interrupt"
+            ) from None
     return replace(summary, path=url, seconds=time.perf_counter() - started)
 
 

@@ -273,17 +273,30 @@ def full_disk_write_parquet(real: Callable[..., Any], budget: int):
 # process announces (touches a file) that it is mid-write and then waits for the test's signal.
 # No timing guesses: the signal always lands at the same point.
 SITECUSTOMIZE = """
+import fnmatch
 import os
-import time
+import select
+import signal
 
 _AT = os.environ.get("MDS_FAULT_AT")
 _READY = os.environ.get("MDS_FAULT_READY")
+_KEY = os.environ.get("MDS_FAULT_KEY", "*")  # put-*: the bucket/key glob to park at
 
 
 def _park():
-    with open(_READY, "w"):
-        pass
-    time.sleep(120)  # the test's SIGINT / SIGTERM ends this
+    # Wait for the test's SIGINT / SIGTERM (at most 120 s). Its handler acts as it would
+    # anywhere: raises, or, where mds holds signals, notes it and lets this return.
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w)
+    try:
+        with open(_READY, "w"):
+            pass
+        select.select([r], [], [], 120)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
 
 
 if _AT == "index-manifest":  # every new table is in place; the manifest is next
@@ -315,6 +328,57 @@ elif _AT == "plan-chunk":  # two chunks are in the temporary plan file; more are
             _park()
 
     planfile.PlanWriter.add_chunk = add_chunk
+elif _AT in ("put-stream", "put-before", "put-copy"):
+    # object writes: "put-stream" parks in an output stream to a matching key after half of
+    # its first write, "put-before" before a put_file to a matching URL, "put-copy" after a
+    # copy onto a matching key
+    import mds.executor.storage as storage
+
+    class _Stream:
+        def __init__(self, real):
+            self._real = real
+
+        def write(self, data):
+            self._real.write(data[: len(data) // 2])
+            _park()
+            self._real.write(data[len(data) // 2 :])
+
+        def close(self):
+            self._real.close()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._real.close()  # what a pyarrow stream does: complete the upload
+
+    class _Store:
+        def __init__(self, real):
+            self._real = real
+
+        def open_output_stream(self, key, *args, **kwargs):
+            stream = self._real.open_output_stream(key, *args, **kwargs)
+            return _Stream(stream) if _AT == "put-stream" and fnmatch.fnmatch(key, _KEY) else stream
+
+        def copy_file(self, src, dest):
+            self._real.copy_file(src, dest)
+            if _AT == "put-copy" and fnmatch.fnmatch(dest, _KEY):
+                _park()
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+    _filesystem, _put_file = storage.filesystem, storage.put_file
+
+    def filesystem(url="s3://"):
+        return _Store(_filesystem(url))
+
+    def put_file(local, url):
+        if _AT == "put-before" and fnmatch.fnmatch(url.split("://", 1)[1], _KEY):
+            _park()
+        return _put_file(local, url)
+
+    storage.filesystem, storage.put_file = filesystem, put_file
 """
 
 
@@ -325,36 +389,61 @@ def interrupt_mds(
     *args: Any,
     parked: Callable[[], Any] = lambda: None,
     timeout: float = 60,
+    key: str = "*",
 ) -> tuple[subprocess.CompletedProcess, Any]:
-    """Run `mds ARGS` as a real process, wait until it parks at `at`, call `parked()` (to look
-    at the disk mid-write), send `sig`; return the finished process (text output) and what
-    `parked()` returned."""
+    """Run `mds ARGS` as a real process, wait until it parks at `at` (the put-* phases: at
+    the object `key`, a bucket/key glob), call `parked()` (to look at the disk mid-write),
+    send `sig`; return the finished process (text output) and what `parked()` returned."""
     hook = tmp / "fault-hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
     ready = hook / f"ready-{at}-{sig.name}"
     ready.unlink(missing_ok=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(MDS_FAULT_AT=at, MDS_FAULT_READY=str(ready), COLUMNS="200", NO_COLOR="1")
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+    }
+    env.update(MDS_FAULT_AT=at, MDS_FAULT_READY=str(ready), MDS_FAULT_KEY=key)
+    return signal_mds(
+        sig, *args, ready=ready.exists, what=at, parked=parked, timeout=timeout, env=env
+    )
+
+
+def signal_mds(
+    sig: signal.Signals,
+    *args: Any,
+    ready: Callable[[], bool],
+    what: str = "the point to signal it at",
+    parked: Callable[[], Any] = lambda: None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    signalled: Callable[[], Any] = lambda: None,
+) -> tuple[subprocess.CompletedProcess, Any]:
+    """Run `mds ARGS` as a real process (the environment plus `env`), wait until `ready()`
+    (polled; e.g. a request held by tests/fault_proxy.py), call `parked()`, send `sig`,
+    call `signalled()` (e.g. release the held request); return the finished process (text output) and what `parked()` returned. Every wait
+    is bounded by `timeout`, and the process is killed if it outlives the test's wait."""
+    full = dict(os.environ)
+    full.update(env or {})
+    full.update(COLUMNS="200", NO_COLOR="1")
     proc = subprocess.Popen(
         [str(MDS_BIN), *[str(a) for a in args]],
-        env=env,
+        env=full,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         deadline = time.monotonic() + timeout
-        while not ready.exists():
+        while not ready():
             if proc.poll() is not None:
                 out, err = proc.communicate()
-                raise AssertionError(f"mds exited {proc.returncode} before {at}:\n{out}\n{err}")
+                raise AssertionError(f"mds exited {proc.returncode} before {what}:\n{out}\n{err}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"mds never reached {at}")
+                raise AssertionError(f"mds never reached {what}")
             time.sleep(0.01)
         seen = parked()
         proc.send_signal(sig)
+        signalled()
         out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:

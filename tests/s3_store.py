@@ -63,6 +63,12 @@ class Store:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=BUCKET, Key=key)
 
+    def empty(self) -> None:
+        """Remove every object of the bucket."""
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+            for item in page.get("Contents", []):
+                self.client.delete_object(Bucket=BUCKET, Key=item["Key"])
+
 
 def _atomic_preconditions(monkeypatch: Any) -> None:
     """Make moto's conditional PutObject and DeleteObject atomic, as S3's are: moto checks
@@ -85,7 +91,8 @@ def _atomic_preconditions(monkeypatch: Any) -> None:
 
 @contextmanager
 def s3_server(monkeypatch: Any) -> Iterator[Store]:
-    """Start the server, point the environment at it, create the bucket; stop it after."""
+    """Start the server, point the environment at it, create the bucket (empty: moto keeps
+    its objects in this process across servers); stop it after."""
     server_module = pytest.importorskip("moto.server")
     _atomic_preconditions(monkeypatch)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -98,6 +105,7 @@ def s3_server(monkeypatch: Any) -> Iterator[Store]:
             monkeypatch.setenv(key, value)
         store = Store(endpoint)
         store.client.create_bucket(Bucket=BUCKET)
+        store.empty()
         yield store
     finally:
         server.stop()

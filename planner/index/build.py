@@ -24,7 +24,13 @@ import numpy as np
 import polars as pl
 
 from mds.executor import storage
-from mds.executor.errors import ConfigError, IndexFormatError, MdsError, SourceDataError
+from mds.executor.errors import (
+    ConfigError,
+    IndexFormatError,
+    Interrupted,
+    MdsError,
+    SourceDataError,
+)
 from mds.executor.fingerprint import fingerprint, hashes_every_byte, stat_signature
 from mds.planner.atomic import (
     cannot_write,
@@ -561,12 +567,13 @@ def _build_dir(config, output, workers, progress, clock, engine, place) -> Index
 def _build_to_objects(config, url, workers, progress, clock, engine, held) -> IndexSummary:
     """Index into a local temporary directory, then upload it under the prefix `url`: the
     tables first (named by their content, so a table of the index in place is never
-    changed), the manifest last, each one object. An object appears only when its upload
-    completes, so readers see the old manifest or the new one, and a failed run leaves the
-    old index valid. Then the tables the old manifest named and the new one does not are
-    removed: nothing else under the prefix, which mds did not write. The index in place is
-    not reused: every file is scanned. `held`: the prefix's lock object, checked before the
-    manifest is written and before tables are removed."""
+    changed), the manifest last, each one object (storage.put_file: never a partial one).
+    Readers see the old manifest or the new one, and a failed or interrupted run leaves
+    the old index valid; an interrupt says what it left (Interrupted). Then the tables the
+    old manifest named and the new one does not are removed: nothing else under the prefix,
+    which mds did not write. The index in place is not reused: every file is scanned.
+    `held`: the prefix's lock object, checked before the manifest is written and before
+    tables are removed."""
     import tempfile
 
     url = url.rstrip("/")
@@ -578,16 +585,63 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
         summary = _build_dir(config, local, workers, progress, clock, engine, url)
         manifest = read_manifest(local)
         live = {str(e["table"]) for e in manifest.sources}
-        for rel in sorted(live):
-            storage.put_file(local / rel, f"{url}/{rel}")
-        held.check()
-        storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
-    held.check()
-    for rel in sorted(previous - live):
-        storage.delete(f"{url}/{rel}")
+        before = _tables_at(url)
+        had_index = storage.exists(f"{url}/{MANIFEST}")
+        mark = len(storage.written())  # what this build puts in place is noted after it
+        stale = sorted(previous - live)
+        try:
+            for rel in sorted(live):
+                storage.put_file(local / rel, f"{url}/{rel}")
+            held.check()
+            storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+            held.check()
+            while stale:
+                storage.delete(f"{url}/{stale[0]}")
+                stale.pop(0)
+        except KeyboardInterrupt:
+            done = set(storage.written()[mark:])
+            if f"{url}/{MANIFEST}" in done:
+                raise Interrupted(_index_left(url, len(stale))) from None
+            new = {rel for rel in live if f"{url}/{rel}" in done} - before
+            raise Interrupted(_tables_left(url, had_index, new)) from None
     summary.path = url
     summary.seconds = clock() - started
     return summary
+
+
+def _tables_at(url: str) -> set[str]:
+    """The table objects under the index prefix `url` ("tables/NAME"), without temporaries."""
+    return {
+        f"{TABLES}/{key}"
+        for key, _size in storage.list_objects(f"{url}/{TABLES}")
+        if not storage.is_temp_name(key)
+    }
+
+
+def _tables_left(url: str, had_index: bool, new: set[str]) -> str:
+    """What an interrupt before the new manifest's commit left at `url`."""
+    state = (
+        f"the previous index at {url} is intact"
+        if had_index
+        else f"no index was written at {url} (no {MANIFEST})"
+    )
+    if not new:
+        return state
+    named = " it does not name" if had_index else ""
+    return f"{state}; {_were_left(len(new), 'new table object', named)} under {url}/{TABLES}/"
+
+
+def _index_left(url: str, stale: int) -> str:
+    """What an interrupt after the new manifest's commit left at `url`."""
+    state = f"the new index was written whole at {url}"
+    if not stale:
+        return state
+    left = _were_left(stale, "table object", " it no longer names")
+    return f"{state}; {left} under {url}/{TABLES}/"
+
+
+def _were_left(n: int, what: str, which: str = "") -> str:
+    return f"{n} {what}{'s' * (n != 1)}{which} {'was' if n == 1 else 'were'} left"
 
 
 def _build_locked(
@@ -602,6 +656,7 @@ def _build_locked(
     entries: list[dict[str, Any]] = []  # sources, without their "files" lists ...
     counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
+    mark = len(storage.written())
     try:
         output.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output, every=True)
@@ -732,9 +787,11 @@ def _build_locked(
         except OSError as exc:
             raise _cannot_write(output, MANIFEST, exc) from exc
     except BaseException:
-        writer.rollback()
-        if created_dir:
-            shutil.rmtree(output, ignore_errors=True)
+        # an interrupt just after the manifest's rename: the new index is in place, whole
+        if os.fspath(output / MANIFEST) not in storage.written()[mark:]:
+            writer.rollback()
+            if created_dir:
+                shutil.rmtree(output, ignore_errors=True)
         raise
     owned = {str(e["table"]) for e in previous.sources} if previous else set()
     _collect_garbage(output, {e["table"] for e in entries}, owned)

@@ -95,3 +95,36 @@ def test_missing_extra_from_the_command_line(tmp_path):
         "error: this command needs polars, which is not installed: "
         "pip install 'mds-planner[plan]'\n"
     )
+
+
+def test_an_interrupt_after_an_output_was_written_names_it(root, monkeypatch):
+    """Ctrl-C once the plan is in place (while its summary prints): not "nothing was
+    written", on stderr or as JSON."""
+    import mds.cli.plan as plan_cli
+
+    def interrupted(summary):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_cli, "_print_summary", interrupted)
+    out = root / "new.mds"
+    result = mds("plan", root / "mds.toml", "-o", out)
+    assert result.exit_code == 130
+    said = f"the interrupt came after {out} was written whole"
+    assert result.stderr.strip() == f"interrupted: {said}"
+    out.unlink()
+    monkeypatch.setattr(plan_cli, "print_json", interrupted)
+    result = mds("plan", root / "mds.toml", "-o", out, "--json")
+    assert result.exit_code == 130
+    assert json.loads(result.stdout) == {"error": {"type": "Interrupted", "message": said}}
+
+
+def test_an_interrupt_before_any_output_says_nothing_was_written(root, monkeypatch):
+    import mds.planner.plan as plan_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_module, "_build_locked", interrupted)
+    result = mds("plan", root / "mds.toml", "-o", root / "new.mds")
+    assert result.exit_code == 130
+    assert result.stderr.strip() == "interrupted: nothing was written"

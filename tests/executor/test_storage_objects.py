@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import struct
 
 import numpy as np
 import pytest
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
-from s3_store import free_port, s3_server, silent_server
+from fault_proxy import fault_proxy
+from s3_store import BUCKET, free_port, s3_server, silent_server
 from store_corpus import index_and_plan, replay, write_corpus
 
 import mds.executor.readers as readers_module
 from mds.executor import PlanExecutor, parquet_pages
-from mds.executor.errors import DataChangedError, SourceDataError
+from mds.executor.errors import DataChangedError, Interrupted, PlanError, SourceDataError
+from mds.executor.planfile import PlanReader
 from mds.executor.storage import DATA_ROOT_ENV
 
 CONFIG = """
@@ -247,3 +251,273 @@ def test_range_reads_of_an_object_are_exact_and_cached(world, monkeypatch):
     assert len(requests) == first  # served from the block cache
     assert f.read_ranges([len(body) - 5], [5]) == [body[-5:]]
     f.close()
+
+
+def test_a_short_read_names_the_object_and_the_bytes(world, monkeypatch):
+    """A server that sends fewer bytes than asked (a smaller body of a matching length):
+    pyarrow reports the whole length with the rest of its buffer unwritten; the read says
+    how many bytes came, not garbage that later reads as a corrupt file."""
+    from mds.executor.ranges import RangeFile
+    from mds.executor.storage import get_bytes
+
+    top, store, _ = world
+    body = bytes(range(256)) * 40
+    store.put("short/blob", body)
+    store.put("short/plan.mds", (top / "s3.mds").read_bytes())
+    url, plan_url = store.url("short/blob"), store.url("short/plan.mds")
+    with fault_proxy(store, monkeypatch) as proxy:
+        f, plan = RangeFile(url, None), PlanReader(plan_url)
+        try:
+            assert f.read_at(1000, 500) == body[500:1500]  # through the proxy, no fault
+            proxy.add("GET", "short/*", "short", keep=100)
+            with pytest.raises(
+                SourceDataError,
+                match=rf"^short read from {url} \(got 100 of 1000 bytes at offset 500\)$",
+            ):
+                f.read_at(1000, 500)
+            with pytest.raises(
+                SourceDataError,
+                match=rf"^short read from {url} \(got 100 of {len(body)} bytes at offset 0\)$",
+            ):
+                get_bytes(url)
+            with pytest.raises(PlanError, match=rf"cannot read plan: short read from {plan_url} "):
+                plan.rank_chunk(0, 0)
+        finally:
+            f.close()
+            plan.close()
+        one_error_line(mds("verify", plan_url), f"short read from {plan_url} (got 100 of")
+
+
+def test_a_full_read_whose_last_byte_matches_the_fill_is_whole(world, monkeypatch):
+    """The end of a buffer that happens to hold the fill pattern is read again, not taken
+    for a short answer."""
+    from mds.executor import storage
+    from mds.executor.ranges import RangeFile
+
+    _top, store, _ = world
+    body = bytes(range(256)) * 4
+    store.put("short/fill", body)
+    monkeypatch.setattr(storage, "_FILL", body[-64:])  # the data ends with the pattern
+    monkeypatch.setattr(storage, "_OTHER", bytes(b ^ 0xFF for b in body[-64:]))
+    f = RangeFile(store.url("short/fill"), None)
+    try:
+        assert f.read_at(len(body), 0) == body
+    finally:
+        f.close()
+
+
+def _replaced_same_size(plan: bytes) -> bytes:
+    """Another object of the plan's size: its footer and its first block differ."""
+    data = bytearray(plan)
+    offset, size, _digest, _magic = struct.unpack("<QQ8s8s", data[-32:])
+    data[offset + size // 2] ^= 0x01
+    data[64] ^= 0x01
+    return bytes(data)
+
+
+@pytest.mark.parametrize("other", ["another plan", "same size"])
+def test_a_plan_object_replaced_while_read_is_named_as_replaced(world, other):
+    top, store, _ = world
+    original = (top / "s3.mds").read_bytes()
+    store.put("replaced/plan.mds", original)
+    url = store.url("replaced/plan.mds")
+    with PlanReader(url) as plan:
+        if other == "another plan":
+            replacement = (top / "local.mds").read_bytes()
+            assert len(replacement) != len(original)
+        else:
+            replacement = _replaced_same_size(original)
+        store.put("replaced/plan.mds", replacement)
+        with pytest.raises(PlanError, match=rf"{url} changed while it was being read") as info:
+            for chunk in range(len(plan.chunks)):
+                for rank in range(plan.dp):
+                    plan.rank_chunk(chunk, rank)
+        assert "(it was replaced" in str(info.value)
+        assert "corrupt" not in str(info.value)
+
+
+def test_a_plan_object_damaged_in_place_is_still_corrupt(world):
+    """The same footer, a block that does not match its checksum: damage, not a new plan."""
+    top, store, _ = world
+    data = bytearray((top / "s3.mds").read_bytes())
+    store.put("damaged/plan.mds", bytes(data))
+    url = store.url("damaged/plan.mds")
+    with PlanReader(url) as plan:
+        offset, _size, _c = struct.unpack("<QQ8s", data[plan.chunks[0][2] : plan.chunks[0][2] + 24])
+        data[offset] ^= 0x01
+        store.put("damaged/plan.mds", bytes(data))
+        with pytest.raises(PlanError, match=r"chunk 0 rank 0: checksum mismatch \(corrupt file\)"):
+            plan.rank_chunk(0, 0)
+
+
+# --- writes: put_file --------------------------------------------------------------------------
+
+
+class _Stream:
+    """A pyarrow output stream whose first write sends half its bytes, then `then()`."""
+
+    def __init__(self, real, then):
+        self._real, self._then = real, then
+
+    def write(self, data):
+        self._real.write(data[: len(data) // 2])
+        self._then()
+        self._real.write(data[len(data) // 2 :])
+
+    def close(self):
+        self._real.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._real.close()  # as pyarrow's: completes the upload, also while unwinding
+
+
+class _Store:
+    """A pyarrow filesystem whose output streams and copies call `during_write` and
+    `after_copy`, to land an interrupt there."""
+
+    def __init__(self, real, during_write=None, after_copy=None):
+        self._real, self.during_write, self.after_copy = real, during_write, after_copy
+        self.streams: list[str] = []
+
+    def open_output_stream(self, key, *args, **kwargs):
+        self.streams.append(key)
+        stream = self._real.open_output_stream(key, *args, **kwargs)
+        return _Stream(stream, self.during_write) if self.during_write else stream
+
+    def copy_file(self, src, dest):
+        self._real.copy_file(src, dest)
+        if self.after_copy:
+            self.after_copy()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
+def _sigint():
+    signal.raise_signal(signal.SIGINT)
+
+
+def _keys(store, prefix: str) -> list[str]:
+    listed = store.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return sorted(o["Key"] for o in listed if not o["Key"].endswith("/"))
+
+
+@pytest.fixture
+def put(world, monkeypatch, tmp_path):
+    """(store, local new file, URL of an object holding the old bytes, a patcher of the
+    filesystem put_file sees)."""
+    from mds.executor import storage
+
+    _top, store, _ = world
+    prefix = f"puts/{tmp_path.name}"
+    store.put(f"{prefix}/plan.mds", b"old plan " * 100)
+    local = tmp_path / "new"
+    local.write_bytes(b"new plan " * 1000)
+    real = storage.filesystem
+
+    def patch(**hooks):
+        fake = _Store(real(), **hooks)
+        monkeypatch.setattr(storage, "filesystem", lambda url="s3://": fake)
+        return fake
+
+    return store, local, store.url(f"{prefix}/plan.mds"), patch
+
+
+def test_put_file_replaces_an_object_through_a_hidden_temporary(put):
+    from mds.executor import storage
+
+    store, local, url, patch = put
+    fake = patch()
+    storage.put_file(local, url)
+    key = url.split("/", 3)[3]
+    assert store.get(key) == local.read_bytes()
+    (stream,) = fake.streams  # the bytes went to a hidden sibling, never to the object
+    assert stream.rsplit("/", 1)[1].startswith(".plan.mds.tmp-")
+    assert storage.is_temp_name(stream)
+    assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]  # the temporary is gone
+    assert url in storage.written()
+
+
+@pytest.mark.parametrize("how", [_interrupt, _sigint], ids=["KeyboardInterrupt", "SIGINT"])
+def test_an_interrupted_put_file_leaves_the_object_as_it_was(put, how):
+    from mds.executor import storage
+
+    store, local, url, patch = put
+    key = url.split("/", 3)[3]
+    old = store.get(key)
+    patch(during_write=how)
+    with pytest.raises(KeyboardInterrupt) as info:
+        storage.put_file(local, url)
+    assert not isinstance(info.value, Interrupted)  # nothing was committed
+    assert store.get(key) == old
+    assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
+    assert url not in storage.written()
+
+
+def test_an_interrupt_during_the_copy_is_held_and_says_the_object_was_written(put):
+    from mds.executor import storage
+
+    store, local, url, patch = put
+    key = url.split("/", 3)[3]
+    patch(after_copy=_sigint)  # the copy request is done when the signal lands
+    with pytest.raises(Interrupted, match=rf"^the interrupt came after {url} was written whole$"):
+        storage.put_file(local, url)
+    assert store.get(key) == local.read_bytes()
+    assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_an_object_over_the_copy_limit_is_uploaded_in_place_with_signals_held(put, monkeypatch):
+    """CopyObject copies at most 5 GiB: a larger object is streamed to its own key, and a
+    signal during that upload waits for its end (the object is then whole, and says so)."""
+    from mds.executor import storage
+
+    store, local, url, patch = put
+    key = url.split("/", 3)[3]
+    monkeypatch.setattr(storage, "COPY_LIMIT", 100)
+    fake = patch(during_write=_sigint)
+    with pytest.raises(Interrupted, match=rf"after {url} was written whole"):
+        storage.put_file(local, url)
+    assert fake.streams == [f"{BUCKET}/{key}"]
+    assert store.get(key) == local.read_bytes()
+
+
+def test_a_failed_copy_leaves_the_object_and_no_temporary(put, monkeypatch):
+    from mds.executor import storage
+
+    store, local, url, patch = put
+    key = url.split("/", 3)[3]
+    old = store.get(key)
+
+    def refuse():
+        raise OSError("When copying key: AWS Error ACCESS_DENIED")
+
+    fake = patch()
+    monkeypatch.setattr(fake, "copy_file", lambda src, dest: refuse())
+    with pytest.raises(SourceDataError, match=rf"^{url}: cannot write after 2 attempts"):
+        storage.put_file(local, url)
+    assert store.get(key) == old
+    assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
+
+
+def test_an_upload_in_flight_is_never_a_source_object(world):
+    """put_file's temporary (a hidden sibling) under a data root is not listed as data, even
+    by a pattern that would match its name."""
+    from mds.planner.index.objects import listing
+
+    _top, store, url = world
+    key = "corpus/web/.part-9.parquet.tmp-1-abcdef-01234567"
+    store.put(key, b"half an upload")
+    try:
+        keys = listing(url)
+        assert "web/part-0.parquet" in keys
+        assert not [k for k in keys if ".tmp-" in k]
+    finally:
+        store.delete(key)

@@ -95,8 +95,10 @@ def s3(tmp_path_factory):
 
 
 def _keys(store, prefix: str) -> list[str]:
+    """The objects under `prefix`, without the empty directory markers ("p/") that pyarrow
+    leaves when it deletes the last object of a prefix (an upload's temporary)."""
     listed = store.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)
-    return sorted(o["Key"] for o in listed.get("Contents", []))
+    return sorted(o["Key"] for o in listed.get("Contents", []) if not o["Key"].endswith("/"))
 
 
 def test_lock_object_sits_beside_the_output():

@@ -800,3 +800,22 @@ def test_length_percentiles_are_polars_nearest_ranks() -> None:
         n = pl.Series("n_tokens", rng.integers(0, 50, size), dtype=pl.UInt32)
         expected = [int(n.quantile(p / 100, interpolation="nearest")) for p in build.PERCENTILES]
         assert build._nearest_ranks(n) == expected, size
+
+
+def test_interrupt_just_after_the_manifest_keeps_the_new_index(root: Path, monkeypatch) -> None:
+    """Ctrl-C once manifest.json is renamed into place: the tables it names stay, so the
+    index in place is the new one, whole (not rolled back under its manifest)."""
+    _build(root)
+    _change_every_web_file(root)
+    real = build.write_manifest
+
+    def then_interrupt(path, manifest, files):
+        real(path, manifest, files)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "write_manifest", then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _build(root)
+    manifest = read_manifest(root / "index")
+    assert all((root / "index" / s["table"]).exists() for s in manifest.sources)
+    assert _table(root / "index", "web").height == 15
