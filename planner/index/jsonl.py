@@ -10,6 +10,7 @@ Offsets are positions in the (decompressed) byte stream; `length` excludes the n
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import mmap
@@ -487,7 +488,8 @@ def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.Da
     else:
         n_tokens = pl.col(column).alias("n_tokens")
     used = [column, *spec.keep]
-    query = pl.scan_ndjson(file.path, schema=strict).select(
+    # scan_ndjson always globs: escaped, `p[1].jsonl` reads that file and not `p1.jsonl`.
+    query = pl.scan_ndjson(glob.escape(str(file.path)), schema=strict).select(
         n_tokens,
         *[
             pl.col(c).cast(pl.String) if strict[c] == pl.Categorical else pl.col(c)

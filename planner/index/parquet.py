@@ -57,7 +57,7 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         if remote:
             lazy, groups = _object_columns(file, spec)
         else:
-            lazy, groups = pl.scan_parquet(file.path), []
+            lazy, groups = pl.scan_parquet(file.path, glob=False), []  # a name, not a pattern
             if spec.length.kind == "tokens":
                 # row-group sizes for `offset`; the same parse serves `list_lengths`
                 meta = pq.read_metadata(file.path)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from builders import ctx, data_file, source, write_arrow, write_save_to_disk
+from literal_names import IDS, NAMES, write_with_decoy
 
 from mds.executor.errors import SourceDataError
 from mds.planner.index.arrow import scan_arrow
@@ -119,3 +120,16 @@ def test_corrupt_file(tmp_path: Path, corrupt, stream: bool) -> None:
     message = str(info.value)
     assert message.startswith("bad.arrow: cannot read Arrow IPC file ("), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_a_file_name_with_glob_characters_is_read_as_it_is(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    def write(path: Path, n: int) -> None:
+        write_arrow(path, pa.table({"ids": [[1] * n] * 2}))
+
+    write_with_decoy(tmp_path, stem, decoy, ".arrow", write)
+    (file,) = discover(source(path=f"{stem}.arrow", tokens="ids"), tmp_path)
+    frame = scan_arrow(file, ctx(source(tokens="ids"), "arrow"))
+    assert frame["n_tokens"].to_list() == [2, 2]

@@ -13,6 +13,7 @@ import zstandard
 from builders import ctx, data_file, jsonl_bytes, source, write_jsonl, write_zst
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from literal_names import IDS, NAMES, write_with_decoy
 from polars.testing import assert_frame_equal
 
 from mds.executor.errors import SourceDataError
@@ -635,3 +636,17 @@ def test_one_pass_gives_way_to_the_chunked_scan(tmp_path: Path, late) -> None:
     else:
         assert_frame_equal(got, expected)
         assert sum(reported) == len(data)
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_a_file_name_with_glob_characters_is_read_as_it_is(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    def write(path: Path, n: int) -> None:
+        write_jsonl(path, [{"n": n, "text": "a" * n, "ids": [1] * n}] * 2)
+
+    path = write_with_decoy(tmp_path, stem, decoy, ".jsonl", write)
+    assert _scan(path)["n_tokens"].to_list() == [2, 2]  # the one-pass scan
+    assert _scan(path, count=None, tokens="ids")["n_tokens"].to_list() == [2, 2]
+    estimate = _scan(path, count=None, text="text", estimate="chars/1")
+    assert estimate["n_tokens"].to_list() == [2, 2]

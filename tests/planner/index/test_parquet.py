@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from builders import ctx, data_file, source, write_parquet, write_tokenizer
+from literal_names import IDS, NAMES, write_with_decoy
 
 from mds.executor.errors import SourceDataError
 from mds.planner.index import lengths
@@ -295,3 +296,15 @@ def test_tokenizing_reports_progress_batch_by_batch(tmp_path: Path, monkeypatch)
     scan_parquet(data_file(path), ctx(spec, "parquet", tok, progress=reported.append))
     assert len(reported) >= 9 and all(n > 0 for n in reported)
     assert sum(reported) == path.stat().st_size
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_a_file_name_with_glob_characters_is_read_as_it_is(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    def write(path: Path, n: int) -> None:
+        write_parquet(path, {"tokens": [[7] * n] * 2, "n": [n] * 2})
+
+    path = write_with_decoy(tmp_path, stem, decoy, ".parquet", write)
+    assert _scan(path, tokens="tokens")["n_tokens"].to_list() == [2, 2]
+    assert _scan(path, count="n")["n_tokens"].to_list() == [2, 2]
