@@ -319,3 +319,14 @@ def test_file_names_with_glob_characters_are_indexed_and_replayed_as_they_are(
         result = mds("index", config, "-o", tmp_path / "s3-idx")
         assert result.exit_code == 0, result.output
         assert _file_rows(tmp_path / "s3-idx") == expected
+
+
+def test_a_token_id_that_is_not_an_integer_is_one_error_line(tmp_path: Path) -> None:
+    from cli_helpers import mds, one_error_line
+
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", [{"ids": [1, 2]}, {"ids": [3, True]}])
+    config = config_file(
+        data, '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nweight = 1\n'
+    )
+    one_error_line(mds("index", config, "-o", tmp_path / "idx"), "a.jsonl line 2: token id true")

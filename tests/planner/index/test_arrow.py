@@ -133,3 +133,19 @@ def test_a_file_name_with_glob_characters_is_read_as_it_is(
     (file,) = discover(source(path=f"{stem}.arrow", tokens="ids"), tmp_path)
     frame = scan_arrow(file, ctx(source(tokens="ids"), "arrow"))
     assert frame["n_tokens"].to_list() == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("ids", "list_type", "shown"),
+    [
+        ([[1], [2, 2**63]], pa.list_(pa.uint64()), "token id 9223372036854775808 is outside"),
+        ([[1], [2, None]], pa.list_(pa.int32()), "token id null is not an integer"),
+    ],
+    ids=["uint64-2^63", "null"],
+)
+def test_token_ids_that_are_not_int64_integers_are_refused(
+    tmp_path: Path, ids, list_type, shown
+) -> None:
+    path = write_arrow(tmp_path / "a.arrow", pa.table({"ids": pa.array(ids, list_type)}))
+    with pytest.raises(SourceDataError, match=f"^a.arrow row 1: {shown}"):
+        _scan(path, tokens="ids")
