@@ -231,6 +231,8 @@ def _slow_rows(
             raise SourceDataError(
                 f"{where}: malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
             ) from None
+        except RecursionError:
+            raise SourceDataError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise SourceDataError(
                 f"{where}: expected a JSON object, got {_KIND.get(type(obj), 'null')}"
@@ -247,6 +249,8 @@ def _slow_rows(
             columns[f].append(value)
     try:
         return pl.DataFrame(columns, strict=False)
+    except RecursionError:
+        raise SourceDataError(f"{file.rel}: a field is nested too deeply to index") from None
     except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
         raise SourceDataError(f"{file.rel}: inconsistent field types ({first_line(exc)})") from None
 

@@ -330,3 +330,32 @@ def test_a_token_id_that_is_not_an_integer_is_one_error_line(tmp_path: Path) -> 
         data, '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nweight = 1\n'
     )
     one_error_line(mds("index", config, "-o", tmp_path / "idx"), "a.jsonl line 2: token id true")
+
+
+@pytest.mark.parametrize("depth", [65, 900, 100_000])
+def test_metadata_nested_too_deep_is_one_error_line(tmp_path: Path, depth: int) -> None:
+    from cli_helpers import mds, one_error_line
+
+    data = tmp_path / "data"
+    data.mkdir()
+    deep = "[" * depth + "]" * depth
+    (data / "a.jsonl").write_text(f'{{"ids": [1, 2]}}\n{{"ids": [3], "meta": {deep}}}\n')
+    config = config_file(
+        data,
+        '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nkeep = ["meta"]\nweight = 1\n',
+    )
+    one_error_line(mds("index", config, "-o", tmp_path / "idx"), "a.jsonl line 2: ")
+
+
+def test_metadata_64_deep_is_kept(tmp_path: Path) -> None:
+    from cli_helpers import mds
+
+    data = tmp_path / "data"
+    data.mkdir()
+    deep = "[" * 64 + "]" * 64
+    (data / "a.jsonl").write_text(f'{{"ids": [1, 2]}}\n{{"ids": [3], "meta": {deep}}}\n')
+    config = config_file(
+        data,
+        '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nkeep = ["meta"]\nweight = 1\n',
+    )
+    assert mds("index", config, "-o", tmp_path / "idx").exit_code == 0

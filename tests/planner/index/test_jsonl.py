@@ -673,3 +673,12 @@ def test_token_ids_that_are_not_int64_integers_are_refused(
     assert shown in message, message
     spec = source(tokens="ids")
     assert scan_jsonl_batch([data_file(path)], ctx(spec, "jsonl")) is None  # left to the scan
+
+
+@pytest.mark.parametrize("keep", [[], ["meta"]], ids=["dropped", "kept"])
+def test_json_nested_100000_deep_is_one_error_naming_the_line(tmp_path: Path, keep) -> None:
+    path = tmp_path / "deep.jsonl"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path.write_bytes(b'{"ids": [1, 2]}\n{"ids": [3], "meta": %s}\n' % deep)
+    message = _error(path, count=None, tokens="ids", keep=keep)
+    assert message == "deep.jsonl line 2: JSON nested too deeply to read"
