@@ -615,9 +615,13 @@ class SourceCatalog:
         self, s: _Source, entry: dict[str, Any], row: int, file_row: int, planned: int, payload
     ) -> np.ndarray:
         """Token ids of one sample; its length must be the one the plan was made with."""
+        # JSONL lines are 1-based in messages, as the indexer reports them
+        where = f"line {file_row + 1}" if s.fmt in _JSONL else f"row {file_row}"
         if isinstance(payload, str):
             assert s.tokenize is not None
-            ids = np.asarray(s.tokenize(payload), dtype=np.int64)
+            ids = _token_ids(
+                s.tokenize(payload), f"source {s.name!r} row {row} ({entry['path']} {where})"
+            )
         else:
             ids = np.asarray(payload)
             if ids.dtype.kind not in "iu":
@@ -625,8 +629,6 @@ class SourceCatalog:
         if len(ids) != planned:
             if s.exact:
                 what = "tokenize returned" if isinstance(payload, str) else "the file holds"
-                # JSONL lines are 1-based in messages, as the indexer reports them
-                where = f"line {file_row + 1}" if s.fmt in _JSONL else f"row {file_row}"
                 raise SourceDataError(
                     f"source {s.name!r} row {row} ({entry['path']} {where}): "
                     f"{what} {len(ids)} tokens, the index says {planned}; the plan "
@@ -636,3 +638,34 @@ class SourceCatalog:
         if self.truncate_to is not None and len(ids) > self.truncate_to:
             ids = ids[: self.truncate_to]
         return ids
+
+
+def _token_ids(out: Any, where: str) -> np.ndarray:
+    """What a tokenize function returned, as int64 token ids; SourceDataError naming `where`
+    and the value for anything but integers that fit int64 (a bool, 1.5, "7", None), which
+    a cast would silently turn into other ids."""
+    if isinstance(out, list | tuple) and bool in set(map(type, out)):
+        bad = next(x for x in out if type(x) is bool)
+        raise SourceDataError(f"{where}: tokenize returned token id {bad!r}, not an integer")
+    try:
+        ids = np.asarray(out)
+    except (TypeError, ValueError) as exc:
+        raise SourceDataError(f"{where}: tokenize returned no array of token ids ({exc})") from None
+    if ids.ndim != 1:
+        raise SourceDataError(
+            f"{where}: tokenize returned an array of shape {ids.shape}; it must return a flat "
+            "sequence of token ids"
+        )
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ids.dtype.kind == "u" and ids.itemsize == 8 and int(ids.max()) >= 2**63:
+        bad = int(ids[np.argmax(ids >= 2**63)])
+        raise SourceDataError(f"{where}: tokenize returned token id {bad}, outside int64")
+    if ids.dtype.kind not in "iu":
+        items = list(out) if isinstance(out, list | tuple) else ids.tolist()
+        bad = next((x for x in items if type(x) is not int or not -(2**63) <= x < 2**63), items[0])
+        raise SourceDataError(
+            f"{where}: tokenize returned token id {bad!r} ({ids.dtype}), not an integer that "
+            "fits int64"
+        )
+    return ids.astype(np.int64, copy=False)

@@ -397,6 +397,25 @@ def parse_mix(table: dict[str, Any], where: str) -> MixSpec:
     return MixSpec(table["name"], weight, filt, max_epochs)
 
 
+# The most the sources' largest weights may add up to: a step's weights are summed in
+# float64, which overflows past 1.8e308; this bound leaves ample room for rounding.
+MAX_WEIGHT_SUM = 1e307
+
+
+def _check_weight_sum(sources: list[MixSpec], where: str) -> None:
+    """Refuse weights whose sum could overflow float64 at some step (only ratios matter, so
+    such weights can always be scaled down), naming the source that takes the sum over."""
+    total = 0.0
+    for i, mix in enumerate(sources):
+        total += max(mix.weight.weights)
+        if total > MAX_WEIGHT_SUM:
+            raise ConfigError(
+                f"{where}[[source]] #{i + 1} ('{mix.name}'): `weight` {max(mix.weight.weights):g} "
+                f"takes the sum of the sources' largest weights past {MAX_WEIGHT_SUM:g} "
+                "(float64 overflows near 1.8e308); only their ratios matter: scale them down"
+            )
+
+
 def parse_plan_config(
     data: dict[str, Any], index_config: IndexConfig, *, path: Path | None = None
 ) -> PlanConfig:
@@ -418,6 +437,7 @@ def parse_plan_config(
     sources = []
     for i, table in enumerate(data.get("source", [])):
         sources.append(parse_mix(table, f"{where}[[source]] #{i + 1} ('{table.get('name')}'): "))
+    _check_weight_sum(sources, where)
     weights_by = [table.get("weight_by") for table in data.get("source", [])]
     for i, wb in enumerate(weights_by):
         if wb is not None and wb != train.weight_by:

@@ -24,7 +24,7 @@ from mds.executor.errors import ConfigError, PlanError
 from mds.planner.columns import AllRows, LengthCosts, QuantizedCosts
 from mds.planner.index.manifest import IndexManifest, source_table
 from mds.planner.plan_config import CostSpec, PlanConfig
-from mds.planner.sqlexpr import signed_ints, sql_expr
+from mds.planner.sqlexpr import first_overflow, overflow_error, signed_ints, sql_expr
 
 __all__ = ["COST_SCALE", "SourcePool", "load_pools", "location_columns"]
 
@@ -42,6 +42,7 @@ def location_columns(entry: dict) -> tuple[str, ...]:
     if (entry.get("payload") or {}).get("offsets") == "row_group":
         return ROW_GROUP_COLUMNS
     return ()
+
 
 # The largest per-sample cost maps to this integer; 2^40 leaves room for 2^23 samples per rank-step.
 COST_SCALE = float(1 << 40)
@@ -87,6 +88,18 @@ def _collect(frame: pl.LazyFrame, where: str, expr: str) -> pl.DataFrame:
         ) from None
 
 
+def _overflow(frame: pl.LazyFrame, expr: pl.Expr, where: str, text: str) -> int | None:
+    """The first row position where `expr` would wrap int64 (errors as `_collect` says)."""
+    try:
+        return first_overflow(frame, expr, where, text)
+    except pl.exceptions.ColumnNotFoundError:
+        return None  # the evaluation itself names the column
+    except (pl.exceptions.PolarsError, ValueError) as exc:
+        raise ConfigError(
+            f"{where}: cannot evaluate {text!r} ({str(exc).splitlines()[0]})"
+        ) from None
+
+
 def _costs(
     table: pl.DataFrame, rows: np.ndarray | None, lengths: np.ndarray, cost: CostSpec, name: str
 ) -> np.ndarray | LengthCosts:
@@ -102,10 +115,14 @@ def _costs(
         frame = frame.with_row_index("row")
     if rows is not None:
         frame = frame.select(pl.all().gather(rows))
+    frame = signed_ints(frame)
+    wrapped = _overflow(frame, expr, where, cost.expr)
+    if wrapped is not None:
+        raise overflow_error(where, cost.expr, _index_row(rows, wrapped))
     # with_columns, not select: a constant (`expr = "1"`) is broadcast to one value per row.
-    values = _collect(
-        signed_ints(frame).with_columns(expr.alias("cost")).select("cost"), where, cost.expr
-    )["cost"]
+    values = _collect(frame.with_columns(expr.alias("cost")).select("cost"), where, cost.expr)[
+        "cost"
+    ]
     if not values.dtype.is_numeric():
         raise ConfigError(f"{where}: must be numeric, got {values.dtype}")
     if values.null_count():
@@ -185,6 +202,9 @@ def eligible_rows(
             frame = signed_ints(table.lazy().with_row_index("row"))
         else:
             frame = signed_ints(table.lazy()).with_row_index("row")
+        wrapped = _overflow(frame, expr, where, filt)
+        if wrapped is not None:
+            raise overflow_error(where, filt, wrapped)
         # A row whose filter is null is not selected, as in SQL's WHERE.
         frame = frame.filter(expr).select("row")
         rows = _collect(frame, where, filt)["row"].rechunk().to_numpy()

@@ -11,7 +11,12 @@ import pyarrow.compute as pc
 
 from mds.executor import storage
 from mds.planner.index.discover import DataFile
-from mds.planner.index.lengths import check_column_type, checked_lengths, text_lengths
+from mds.planner.index.lengths import (
+    check_column_type,
+    check_token_ids,
+    checked_lengths,
+    text_lengths,
+)
 from mds.planner.index.scan import ScanContext, missing_column, reading
 
 __all__ = ["read_arrow", "scan_arrow"]
@@ -66,6 +71,7 @@ def scan_arrow(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     role = "text" if kind in ("tokenizer", "estimate") else kind
     check_column_type(frame.schema[column], role, column, f"{file.rel}: ")
     if kind == "tokens":
+        check_token_ids(frame[column], lambda i: f"{file.rel} row {i}")
         raw = pl.from_arrow(pc.list_value_length(table[column])).cast(pl.Int64)
     elif kind == "count":
         raw = frame[column].cast(pl.Int64)

@@ -64,7 +64,7 @@ from mds.planner.index.manifest import (
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.objects import discover_objects, head, listing, relative_key
 from mds.planner.index.parquet import scan_parquet
-from mds.planner.index.scan import ScanContext
+from mds.planner.index.scan import MAX_NESTING, ScanContext, check_nesting, nesting
 from mds.planner.lock import output_lock
 from mds.planner.outputs import check_output
 
@@ -836,12 +836,15 @@ def _scan_task(first: int, files: list[_File], ctx: ScanContext) -> list[_Part]:
     fmt = files[0].data.format
     if len(files) > 1:
         got = BATCH_SCANNERS[fmt]([f.data for f in files], ctx)
-        if got is not None:
+        if got is not None and not any(
+            nesting(got[0].schema[c]) > MAX_NESTING for c in ctx.spec.keep
+        ):
             frame, rows = got
             return [_Part(first, rows, frame, alone=False)]
     parts = []
     for i, f in enumerate(files):
         frame = SCANNERS[fmt](f.data, ctx)
+        check_nesting(frame, ctx.spec.keep, f.data)
         parts.append(_Part(first + i, np.array([frame.height], dtype=np.int64), frame))
     return parts
 

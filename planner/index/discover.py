@@ -208,30 +208,39 @@ def _check_explicit(full: Path, pattern: str, where: str, skip: _Excluded) -> No
 
 
 def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = None) -> list[Path]:
+    """The files `pattern` names. A name that exists is that file or directory, even with
+    glob characters in it (`data[1].parquet`); so is a Megatron prefix whose .idx or .bin
+    exists; only otherwise is a pattern with glob characters a glob."""
     skip = skip or _Excluded(root, ())
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
-    if glob.has_magic(pattern):
-        matches: list[Path] = []
-        dirs: set[Path] = set()
-        for m in (Path(g) for g in sorted(glob.glob(str(full), recursive=True))):
+    # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
+    # so a missing half is reported as such rather than as "matches no files").
+    halves = [full.with_name(full.name + ext) for ext in (".idx", ".bin")] if full.name else []
+    literal = full.exists() or any(h.is_file() for h in halves) or not glob.has_magic(pattern)
+    if full.exists():
+        _check_explicit(full, pattern, where, skip)
+        matches, dirs = [full], {full} if full.is_dir() else set()
+    elif literal:
+        matches, dirs = [h for h in halves if h.is_file()][:1], set()
+    else:
+        matches, dirs = [], set()
+        # Relative to the root, so glob characters in the root's own name stay literal.
+        found = (
+            glob.glob(pattern, recursive=True)
+            if Path(pattern).is_absolute()
+            else [str(root / g) for g in glob.glob(pattern, root_dir=root, recursive=True)]
+        )
+        for m in (Path(g) for g in sorted(found)):
             kind = _file_or_dir(m)
             # A regular file is never an index itself: only its directories need a look.
             if kind is not None and skip.index_of(m.parent if kind == "file" else m) is None:
                 matches.append(m)
                 if kind == "dir":
                     dirs.add(m)
-    elif full.exists():
-        _check_explicit(full, pattern, where, skip)
-        matches, dirs = [full], {full} if full.is_dir() else set()
-    else:
-        # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
-        # so a missing half is reported as such rather than as "matches no files").
-        halves = [full.with_name(full.name + ext) for ext in (".idx", ".bin")]
-        matches, dirs = [h for h in halves if h.is_file()][:1], set()
     out: list[Path] = []
     for match in matches:
         out.extend(_expand_dir(match, skip) if match in dirs else [match])
-    if not out and not glob.has_magic(pattern) and full.is_dir():
+    if not out and literal and full.is_dir():
         raise ConfigError(
             f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
             "save_to_disk state.json); point `path` at the files, or set it to a glob"

@@ -10,6 +10,7 @@ Offsets are positions in the (decompressed) byte stream; `length` excludes the n
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import mmap
@@ -31,6 +32,7 @@ from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import (
     MAX_TOKENS,
     check_column_type,
+    check_token_ids,
     checked_lengths,
     estimate_expr,
     text_lengths,
@@ -198,11 +200,21 @@ def _type_change(where: str, field: str, family: str, seen: tuple[str, int]) -> 
 
 
 def _slow_rows(
-    chunk: bytes, starts, lengths, keep_rows, fields, line0: int, file: DataFile, seen: dict
+    chunk: bytes,
+    starts,
+    lengths,
+    keep_rows,
+    fields,
+    line0: int,
+    file: DataFile,
+    seen: dict,
+    tokens: str | None = None,
 ) -> pl.DataFrame:
     """Parse line by line; raise naming the line on the first problem, else return the rows.
 
     `seen` maps a field to (JSON family, line) of its first non-null value; it is updated.
+    `tokens`: the field of token-id lists, whose items must be JSON integers (a `true` would
+    otherwise become 1 in the frame).
     """
     columns: dict[str, list] = {f: [] for f in fields}
     for i in np.flatnonzero(keep_rows):
@@ -219,12 +231,16 @@ def _slow_rows(
             raise SourceDataError(
                 f"{where}: malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
             ) from None
+        except RecursionError:
+            raise SourceDataError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise SourceDataError(
                 f"{where}: expected a JSON object, got {_KIND.get(type(obj), 'null')}"
             )
         for f in fields:
             value = obj.get(f)
+            if f == tokens and isinstance(value, list):
+                _check_ids_of_line(value, where)
             if value is not None:
                 family = _FAMILY.get(type(value), "value")
                 first = seen.setdefault(f, (family, line))
@@ -233,8 +249,28 @@ def _slow_rows(
             columns[f].append(value)
     try:
         return pl.DataFrame(columns, strict=False)
+    except RecursionError:
+        raise SourceDataError(f"{file.rel}: a field is nested too deeply to index") from None
     except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
         raise SourceDataError(f"{file.rel}: inconsistent field types ({first_line(exc)})") from None
+
+
+def _id_lists(dtype: pl.DataType) -> bool:
+    """Whether Polars parsed a token-id field as lists of integers (or found no values)."""
+    if dtype == pl.Null:
+        return True
+    return isinstance(dtype, pl.List) and (dtype.inner == pl.Null or dtype.inner.is_integer())
+
+
+def _check_ids_of_line(ids: list, where: str) -> None:
+    """Refuse a token-id list item that is not a JSON integer in int64 (true, null, 1.5, "7")."""
+    for item in ids:
+        if type(item) is not int or not -(2**63) <= item < 2**63:
+            text = json.dumps(item)
+            what = "outside int64" if type(item) is int else "not an integer"
+            raise SourceDataError(
+                f"{where}: token id {text[:40]} is {what}; token ids are integers that fit int64"
+            )
 
 
 def _parse(chunk: bytes, schema, fields, n_rows: int, loose: str | None) -> pl.DataFrame | None:
@@ -316,6 +352,7 @@ def _raw_lengths(
     if kind == "tokens":
         if dtype == pl.Null:
             return pl.Series("n_tokens", [None] * frame.height, dtype=pl.Int64)
+        check_token_ids(frame[column], line)
         return frame[column].list.len().cast(pl.Int64).alias("n_tokens")
     return frame[column].cast(pl.Int64).alias("n_tokens")
 
@@ -487,7 +524,8 @@ def _scan_mapped(file: DataFile, ctx: ScanContext, reported: list[int]) -> pl.Da
     else:
         n_tokens = pl.col(column).alias("n_tokens")
     used = [column, *spec.keep]
-    query = pl.scan_ndjson(file.path, schema=strict).select(
+    # scan_ndjson always globs: escaped, `p[1].jsonl` reads that file and not `p1.jsonl`.
+    query = pl.scan_ndjson(glob.escape(str(file.path)), schema=strict).select(
         n_tokens,
         *[
             pl.col(c).cast(pl.String) if strict[c] == pl.Categorical else pl.col(c)
@@ -535,6 +573,7 @@ def _scan_chunked(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     column = spec.length.column
     assert column is not None
     loose = column if spec.length.kind in ("tokenizer", "estimate") else None
+    tokens = column if spec.length.kind == "tokens" else None
     parts: list[pl.DataFrame] = []
     schema = None
     present = 0
@@ -551,8 +590,12 @@ def _scan_chunked(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
             n_rows = int(keep_rows.sum())
             idx = np.flatnonzero(keep_rows)
             frame = _parse(chunk, schema, fields, n_rows, loose) if n_rows else None
+            if frame is not None and tokens is not None and not _id_lists(frame.schema[tokens]):
+                frame = None  # read line by line: the error names the line and the id
             if frame is None and n_rows:
-                frame = _slow_rows(chunk, starts, lengths, keep_rows, fields, line0, file, seen)
+                frame = _slow_rows(
+                    chunk, starts, lengths, keep_rows, fields, line0, file, seen, tokens
+                )
             elif frame is not None:
                 _note_families(frame, idx, line0, seen)
             if frame is not None:

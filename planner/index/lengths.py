@@ -17,6 +17,7 @@ from mds.planner.config import Estimate, LengthSpec
 
 __all__ = [
     "check_column_type",
+    "check_token_ids",
     "checked_lengths",
     "estimate_expr",
     "load_tokenizer",
@@ -24,6 +25,9 @@ __all__ = [
 ]
 
 MAX_TOKENS = 2**32 - 1
+# Token ids are replayed as int64: a wider integer (uint64 ids >= 2^63) would come back wrong.
+_ID_MIN, _ID_MAX = -(2**63), 2**63 - 1
+_WIDE = (pl.UInt64, pl.Int128, pl.UInt128)
 TOKENIZE_BATCH = 4096
 
 
@@ -41,6 +45,30 @@ def check_column_type(dtype: pl.DataType, role: str, column: str, where: str) ->
             "text": "a string",
         }[role]
         raise SourceDataError(f"{where}column `{column}` has type {dtype}, expected {wanted}")
+
+
+def check_token_ids(ids: pl.Series, where: Callable[[int], str]) -> None:
+    """Refuse a list column of token ids holding a null id or one outside int64 (what the
+    executor replays them as), naming the first such row (`where(i)`) and value. Only the
+    null count is looked at unless the id type is wider than int64."""
+    if ids.dtype == pl.Null or not isinstance(ids.dtype, pl.List | pl.Array):
+        return
+    inner = ids.dtype.inner
+    flat = ids.explode(empty_as_null=False, keep_nulls=False)
+    wide = inner in _WIDE and flat.null_count() < len(flat)
+    if wide and flat.min() >= _ID_MIN and flat.max() <= _ID_MAX:
+        wide = False
+    if not flat.null_count() and not wide:
+        return
+    bad = pl.element().is_null()
+    if inner in _WIDE:
+        bad = bad | (pl.element() < _ID_MIN) | (pl.element() > _ID_MAX)
+    rows = ids.list.eval(bad).list.any().fill_null(False)
+    i = int(rows.arg_true()[0])
+    items = ids[i].to_list()
+    value = next(v for v in items if v is None or not _ID_MIN <= v <= _ID_MAX)
+    what = "null is not an integer" if value is None else f"{value} is outside int64"
+    raise SourceDataError(f"{where(i)}: token id {what}; token ids are integers that fit int64")
 
 
 def _tokenize(texts: pl.Series, path: str, done: Callable[[float], None] | None) -> pl.Series:

@@ -74,7 +74,8 @@ def head(url: str, size: int) -> bytes:
 
 
 def _pattern(glob_text: str) -> re.Pattern[str]:
-    """A glob over keys as a regex: `**/` any directories, `*` and `?` within one part."""
+    """A glob over keys as a regex: `**/` any directories, `*`, `?` and `[...]` within one
+    part."""
     out, i = [], 0
     while i < len(glob_text):
         if glob_text.startswith("**/", i):
@@ -89,10 +90,30 @@ def _pattern(glob_text: str) -> re.Pattern[str]:
         elif glob_text[i] == "?":
             out.append("[^/]")
             i += 1
+        elif glob_text[i] == "[" and (end := _class_end(glob_text, i)) > 0:
+            body = glob_text[i + 1 : end]
+            negate = body[:1] == "!"
+            body = body[1:] if negate else body
+            # As glob: `[!...]` negates, `-` makes a range; a class never matches "/".
+            escaped = body.replace("\\", "\\\\").replace("^", "\\^").replace("[", "\\[")
+            out.append(f"(?!/)[{'^' if negate else ''}{escaped}]")
+            i = end + 1
         else:
             out.append(re.escape(glob_text[i]))
             i += 1
     return re.compile("".join(out))
+
+
+def _class_end(text: str, i: int) -> int:
+    """Where the glob character class opened at `text[i]` ("[") closes, or -1 if it does
+    not (then "[" is a literal character, as in glob)."""
+    j = i + 1
+    if j < len(text) and text[j] == "!":
+        j += 1
+    if j < len(text) and text[j] == "]":  # a "]" first is a member, not the end
+        j += 1
+    end = text.find("]", j)
+    return -1 if end < 0 or "/" in text[i:end] else end
 
 
 def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list[DataFile]:
@@ -104,15 +125,16 @@ def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list
         pattern = raw.strip("/")
         if PurePosixPath(pattern).is_absolute() or ".." in PurePosixPath(pattern).parts:
             raise ConfigError(f"{where}`path` {raw!r} must be relative to the data root {root}")
-        if glob.has_magic(pattern):
-            regex = _pattern(pattern)
-            matches = [k for k in keys if regex.fullmatch(k)]
-        elif pattern in keys:
+        # A key or directory prefix that exists is meant literally, glob characters or not.
+        if pattern in keys:
             matches = [pattern]
         else:  # a directory prefix: its data objects
             matches = [
                 k for k in keys if k.startswith(pattern + "/") and detect_format(PurePosixPath(k))
             ]
+        if not matches and glob.has_magic(pattern):
+            regex = _pattern(pattern)
+            matches = [k for k in keys if regex.fullmatch(k)]
         if not matches:
             raise ConfigError(f"{where}`path` {raw!r} matches no objects under {root}")
         for key in matches:

@@ -28,7 +28,7 @@ from mds.executor.parquet_thrift import decompress, length_prefixed, page_fields
 from mds.executor.parquet_thrift import field_int as _field_int
 from mds.executor.parquet_thrift import field_struct as _field_struct
 
-__all__ = ["list_lengths"]
+__all__ = ["find_column", "list_lengths"]
 
 _MAX_VARINT = 5  # a 32-bit ULEB128 varint, the run headers of the RLE/bit-packed hybrid
 _WORKERS = min(2, os.cpu_count() or 1)
@@ -87,7 +87,7 @@ def list_lengths(
     if meta is None:  # else the caller's parse of the file's footer
         with pq.ParquetFile(path) as parquet:
             meta = parquet.metadata
-    col = _find_column(meta, column)
+    col = find_column(meta, column)
     if col is None:
         return None
     try:
@@ -114,7 +114,7 @@ def list_lengths(
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _find_column(meta: pq.FileMetaData, column: str) -> _Column | None:
+def find_column(meta: pq.FileMetaData, column: str) -> _Column | None:
     """The leaf of a top-level list<integer> column, or None if `column` is anything else."""
     # Converting without the stored ARROW:schema gives nullability straight from the
     # Parquet schema, so it always agrees with the definition levels.

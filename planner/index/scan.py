@@ -15,7 +15,20 @@ from mds.executor.errors import MdsError, SourceDataError
 from mds.planner.config import SourceSpec
 from mds.planner.index.discover import DataFile
 
-__all__ = ["ScanContext", "Stopped", "first_line", "missing_column", "reading"]
+__all__ = [
+    "MAX_NESTING",
+    "ScanContext",
+    "Stopped",
+    "check_nesting",
+    "nesting",
+    "first_line",
+    "missing_column",
+    "reading",
+]
+
+# Kept metadata nested deeper than this is refused: Polars and Parquet handle nested types
+# recursively, so a 100,000-deep JSON value would end in a RecursionError far from its line.
+MAX_NESTING = 64
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,34 @@ def first_line(exc: BaseException) -> str:
 def missing_column(file: DataFile, column: str, available: list[str]) -> SourceDataError:
     shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")
     return SourceDataError(f"{file.rel}: column `{column}` not found; columns are {shown}")
+
+
+def nesting(dtype: pl.DataType) -> int:
+    """How deep lists and structs nest in `dtype` (walked without recursion), stopping once
+    past MAX_NESTING."""
+    deepest, todo = 0, [(dtype, 0)]
+    while todo and deepest <= MAX_NESTING:
+        t, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(t, pl.List | pl.Array):
+            todo.append((t.inner, depth + 1))
+        elif isinstance(t, pl.Struct):
+            todo.extend((f.dtype, depth + 1) for f in t.fields)
+    return deepest
+
+
+def check_nesting(frame: pl.DataFrame, columns, file: DataFile) -> None:
+    """Refuse a kept column nested deeper than MAX_NESTING, naming the file and the first
+    row holding a value of it (JSONL: its line)."""
+    for column in columns:
+        if nesting(frame.schema[column]) > MAX_NESTING:
+            present = frame[column].is_not_null().arg_true()
+            row = int(frame["file_row"][int(present[0])]) if len(present) else 0
+            where = f"line {row + 1}" if file.format.startswith("jsonl") else f"row {row}"
+            raise SourceDataError(
+                f"{file.rel} {where}: field `{column}` is nested more than {MAX_NESTING} levels "
+                "deep; mds keeps metadata up to that depth"
+            )
 
 
 @contextmanager

@@ -256,3 +256,106 @@ def test_startup_imports_neither_torch_nor_polars() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False False"
+
+
+def _literal_corpus(root: Path) -> str:
+    """Parquet, JSONL and Arrow files named like globs, each beside a decoy the glob would
+    match (token id 5 where the named file holds 2); the config names them explicitly."""
+    import pyarrow as pa
+    from builders import write_arrow
+    from literal_names import write_with_decoy
+
+    sources = []
+    for i, (ext, write) in enumerate(
+        [
+            (".parquet", lambda p, n: write_parquet(p, {"ids": [[n] * n] * 2})),
+            (".jsonl", lambda p, n: write_jsonl(p, [{"ids": [n] * n}] * 2)),
+            (".arrow", lambda p, n: write_arrow(p, pa.table({"ids": [[n] * n] * 2}))),
+        ]
+    ):
+        write_with_decoy(root / "d", "p[1] ü ✓", "p1 ü ✓", ext, write)
+        write_with_decoy(root / "d", "q*", "qz", ext, write)
+        paths = [f"d/p[1] ü ✓{ext}", f"d/q*{ext}"]
+        sources.append(
+            f'[[source]]\nname = "s{i}"\npath = {json.dumps(paths)}\ntokens = "ids"\nweight = 1\n'
+        )
+    return "\n".join(sources)
+
+
+def _file_rows(index: Path) -> dict[str, tuple[int, int]]:
+    manifest = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+    return {f["path"]: (f["rows"], f["tokens"]) for s in manifest["sources"] for f in s["files"]}
+
+
+def test_file_names_with_glob_characters_are_indexed_and_replayed_as_they_are(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from cli_helpers import mds
+    from s3_store import s3_server
+
+    local = tmp_path / "data"
+    sources = _literal_corpus(local)
+    expected = {
+        f"d/{stem}{ext}": (2, 4)
+        for stem in ("p[1] ü ✓", "q*")
+        for ext in (".parquet", ".jsonl", ".arrow")
+    }
+    plan = "[train]\nsteps = 2\ndp_size = 1\nmicro_batches = 1\nsamples_per_step = 3\n"
+    plan += "max_tokens_per_micro_batch = 64\nseed = 1\n"
+    config = config_file(tmp_path, f'[index]\nroot = "{local}"\n\n{sources}\n{plan}')
+    result = mds("index", config, "-o", tmp_path / "idx")
+    assert result.exit_code == 0, result.output
+    assert _file_rows(tmp_path / "idx") == expected
+    result = mds("plan", config, "-o", tmp_path / "p.mds", "--index", tmp_path / "idx")
+    assert result.exit_code == 0, result.output
+    from mds.executor import PlanExecutor
+
+    with PlanExecutor(tmp_path / "p.mds", 0) as ex:
+        ids = {int(t) for batch in ex for t in batch["input_ids"].flatten().tolist()}
+    assert ids == {2}
+    with s3_server(monkeypatch) as store:
+        url = store.upload(local, "lit")
+        config = config_file(tmp_path, f'[index]\nroot = "{url}"\n\n{sources}\n{plan}', "s3.toml")
+        result = mds("index", config, "-o", tmp_path / "s3-idx")
+        assert result.exit_code == 0, result.output
+        assert _file_rows(tmp_path / "s3-idx") == expected
+
+
+def test_a_token_id_that_is_not_an_integer_is_one_error_line(tmp_path: Path) -> None:
+    from cli_helpers import mds, one_error_line
+
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", [{"ids": [1, 2]}, {"ids": [3, True]}])
+    config = config_file(
+        data, '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nweight = 1\n'
+    )
+    one_error_line(mds("index", config, "-o", tmp_path / "idx"), "a.jsonl line 2: token id true")
+
+
+@pytest.mark.parametrize("depth", [65, 200, 100_000])
+def test_metadata_nested_too_deep_is_one_error_line(tmp_path: Path, depth: int) -> None:
+    from cli_helpers import mds, one_error_line
+
+    data = tmp_path / "data"
+    data.mkdir()
+    deep = "[" * depth + "]" * depth
+    (data / "a.jsonl").write_text(f'{{"ids": [1, 2]}}\n{{"ids": [3], "meta": {deep}}}\n')
+    config = config_file(
+        data,
+        '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nkeep = ["meta"]\nweight = 1\n',
+    )
+    one_error_line(mds("index", config, "-o", tmp_path / "idx"), "a.jsonl line 2: ")
+
+
+def test_metadata_64_deep_is_kept(tmp_path: Path) -> None:
+    from cli_helpers import mds
+
+    data = tmp_path / "data"
+    data.mkdir()
+    deep = "[" * 64 + "]" * 64
+    (data / "a.jsonl").write_text(f'{{"ids": [1, 2]}}\n{{"ids": [3], "meta": {deep}}}\n')
+    config = config_file(
+        data,
+        '[[source]]\nname = "a"\npath = "a.jsonl"\ntokens = "ids"\nkeep = ["meta"]\nweight = 1\n',
+    )
+    assert mds("index", config, "-o", tmp_path / "idx").exit_code == 0

@@ -343,3 +343,27 @@ def test_importing_the_executor_loads_neither_polars_nor_the_planner():
     light = "import sys, mds.executor; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("returned", "shown"),
+    [
+        (lambda ids: [*ids[:-1], 1.5], "token id 1.5"),
+        (lambda ids: [*ids[:-1], 1.0], "token id 1.0"),
+        (lambda ids: [*ids[:-1], True], "token id True, not an integer"),
+        (lambda ids: [*ids[:-1], "7"], "token id '7'"),
+        (lambda ids: [*ids[:-1], None], "token id None"),
+        (lambda ids: np.array([*ids[:-1], 2**63], dtype=np.uint64), "9223372036854775808"),
+    ],
+    ids=["fraction", "whole-float", "bool", "string", "none", "uint64-2^63"],
+)
+def test_tokenize_output_that_is_not_int64_ids_is_refused(sample, returned, shown):
+    _, plan = sample
+    fn = TEXT["books"]
+    bad = {"books": lambda text: returned(list(fn(text))), "code": TEXT["code"]}
+    with pytest.raises(SourceDataError) as info, executor(plan, 0, tokenize=bad) as ex:
+        for _ in ex:
+            pass
+    message = str(info.value)
+    assert message.startswith("source 'books' row "), message
+    assert shown in message, message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_builders import ideal_targets, make_pools, mix_only_config
 
-from mds.executor.errors import PlanError
+from mds.executor.errors import ConfigError, PlanError
 from mds.planner.mixing import Mixer
 from mds.planner.stream import SourceStream
 
@@ -239,3 +240,11 @@ def test_exhaustion_step_inside_a_later_range():
     _, state = m.run(m.start(), 3)  # 6 consumed
     with pytest.raises(PlanError, match="runs out at step 5"):  # 12 > 10 after step 5
         m.run(state, 10)
+
+
+@pytest.mark.parametrize("weights", [{"a": 1e308, "b": 1e308}, {"a": 1.7e308, "b": 1.0}])
+def test_overflowing_weights_are_a_config_error_without_a_numpy_warning(weights):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ConfigError, match=r"\[\[source\]\] #\d \('\w'\): `weight`"):
+            mixer(weights, samples_per_step=8, steps=4)

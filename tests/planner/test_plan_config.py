@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -472,3 +473,31 @@ def test_absurd_sizes_refused(tmp_path, train, needle):
 
 def test_sizes_at_the_limits_accepted(tmp_path):
     assert parse(tmp_path, train=train_table(steps=2**27, samples_per_step=8)).train.steps == 2**27
+
+
+@pytest.mark.parametrize(
+    ("weights", "source"),
+    [
+        ([1e308, 1.0], "#1 ('a')"),
+        ([6e306, 6e306], "#2 ('b')"),
+        ([1.0, {"points": [[0, 1.0], [5, 1.7e308]]}], "#2 ('b')"),
+        ([1.0, 0.5, 5e306, 6e306], "#4 ('d')"),
+    ],
+)
+def test_weights_whose_sum_overflows_are_refused_naming_the_source(tmp_path, weights, source):
+    sources = [
+        {"name": name, "path": f"{name}/*", "count": "n", "weight": w}
+        for name, w in zip("abcd", weights, strict=False)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        message = error(tmp_path, sources=sources)
+    assert f"[[source]] {source}: `weight`" in message, message
+    assert "scale them down" in message
+
+
+def test_large_weights_whose_sum_fits_are_fine(tmp_path):
+    sources = [
+        {"name": n, "path": f"{n}/*", "count": "n", "weight": 3e306} for n in ("a", "b", "c")
+    ]
+    assert [s.weight.weights for s in parse(tmp_path, sources=sources).sources] == [(3e306,)] * 3

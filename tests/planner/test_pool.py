@@ -238,3 +238,43 @@ def test_quantize_all_zero_and_empty_pools():
     ps[1].raw_costs = np.zeros(2)
     quantize(ps)
     assert ps[0].costs.tolist() == [] and ps[1].costs.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("sources", "cost", "message"),
+    [
+        (
+            {"c": {"filter": "n_tokens * 100000000000000000 > 0"}},
+            None,
+            "source 'c': `filter`: 'n_tokens * 100000000000000000 > 0' overflows int64 at "
+            "index row 0;",
+        ),
+        (
+            {"c": {"filter": "abs(0 - n_tokens * 92233720368547758) > 5"}},
+            None,
+            "overflows int64 at index row 1;",
+        ),
+        (
+            None,
+            {"expr": "n_tokens * 92233720368547758 - n_tokens * 92233720368547758 + 1"},
+            "[cost] `expr` (source 'c'): 'n_tokens * 92233720368547758 - n_tokens * "
+            "92233720368547758 + 1' overflows int64 at index row 1;",
+        ),
+        (None, {"expr": "n_tokens * 4611686018427387904 + 1"}, "at index row 0;"),
+    ],
+)
+def test_integer_overflow_in_filter_or_cost_is_refused_naming_the_row(root, sources, cost, message):
+    with pytest.raises(ConfigError) as err:
+        pools(root, sources=sources, cost=cost, only=["c"])
+    assert message in str(err.value), err.value
+
+
+def test_integer_arithmetic_that_fits_int64_is_exact(root):
+    p = by_name(
+        pools(root, only=["c"], sources={"c": {"filter": "n_tokens * 23058430092136939 > 0"}})
+    )
+    assert p["c"].n == 4  # 400 * 23058430092136939 < 2^63
+    p = by_name(pools(root, only=["c"], cost={"expr": "n_tokens * 23058430092136939 - 1"}))
+    assert np.asarray(p["c"].raw_costs).tolist() == [
+        n * 23058430092136939 - 1.0 for n in (100, 200, 300, 400)
+    ]

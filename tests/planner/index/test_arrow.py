@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from builders import ctx, data_file, source, write_arrow, write_save_to_disk
+from literal_names import IDS, NAMES, write_with_decoy
 
 from mds.executor.errors import SourceDataError
 from mds.planner.index.arrow import scan_arrow
@@ -119,3 +120,32 @@ def test_corrupt_file(tmp_path: Path, corrupt, stream: bool) -> None:
     message = str(info.value)
     assert message.startswith("bad.arrow: cannot read Arrow IPC file ("), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_a_file_name_with_glob_characters_is_read_as_it_is(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    def write(path: Path, n: int) -> None:
+        write_arrow(path, pa.table({"ids": [[1] * n] * 2}))
+
+    write_with_decoy(tmp_path, stem, decoy, ".arrow", write)
+    (file,) = discover(source(path=f"{stem}.arrow", tokens="ids"), tmp_path)
+    frame = scan_arrow(file, ctx(source(tokens="ids"), "arrow"))
+    assert frame["n_tokens"].to_list() == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("ids", "list_type", "shown"),
+    [
+        ([[1], [2, 2**63]], pa.list_(pa.uint64()), "token id 9223372036854775808 is outside"),
+        ([[1], [2, None]], pa.list_(pa.int32()), "token id null is not an integer"),
+    ],
+    ids=["uint64-2^63", "null"],
+)
+def test_token_ids_that_are_not_int64_integers_are_refused(
+    tmp_path: Path, ids, list_type, shown
+) -> None:
+    path = write_arrow(tmp_path / "a.arrow", pa.table({"ids": pa.array(ids, list_type)}))
+    with pytest.raises(SourceDataError, match=f"^a.arrow row 1: {shown}"):
+        _scan(path, tokens="ids")

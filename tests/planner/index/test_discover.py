@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from builders import source, write_megatron, write_save_to_disk
+from literal_names import IDS, NAMES
 
 from mds.executor.errors import ConfigError, SourceDataError
 from mds.planner.index.discover import DataFile, detect_format, discover
@@ -226,3 +227,32 @@ def test_save_to_disk_without_state_json(tmp_path: Path) -> None:
     (tmp_path / "wiki/data-00000-of-00001.arrow").write_bytes(b"")
     with pytest.raises(SourceDataError, match="save_to_disk directory without state.json"):
         discover(source(path="wiki", tokens="x"), tmp_path)
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_an_existing_name_is_that_file_even_with_glob_characters(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    _touch(tmp_path, f"d/{stem}.parquet", *([f"d/{decoy}.parquet"] if decoy else []))
+    assert _rels(tmp_path, path=f"d/{stem}.parquet") == [f"d/{stem}.parquet"]
+    assert _rels(tmp_path, path=str(tmp_path / "d" / f"{stem}.parquet")) == [f"d/{stem}.parquet"]
+
+
+def test_a_name_that_does_not_exist_is_a_pattern(tmp_path: Path) -> None:
+    _touch(tmp_path, "p1.parquet", "p2.parquet", "p3.parquet")
+    assert _rels(tmp_path, path="p[12].parquet") == ["p1.parquet", "p2.parquet"]
+    _touch(tmp_path, "p[12].parquet")
+    assert _rels(tmp_path, path="p[12].parquet") == ["p[12].parquet"]
+
+
+def test_glob_characters_in_the_root_are_literal(tmp_path: Path) -> None:
+    root = tmp_path / "set[1]"
+    _touch(root, "a.parquet", "b.parquet")
+    _touch(tmp_path, "set1/c.parquet")
+    assert _rels(root, path="*.parquet") == ["a.parquet", "b.parquet"]
+
+
+def test_a_megatron_prefix_with_glob_characters(tmp_path: Path) -> None:
+    write_megatron(tmp_path / "m[1]", [[1, 2, 3]])
+    write_megatron(tmp_path / "m1", [[4]])
+    assert _rels(tmp_path, path="m[1]", format="megatron") == ["m[1].bin"]

@@ -13,6 +13,7 @@ import zstandard
 from builders import ctx, data_file, jsonl_bytes, source, write_jsonl, write_zst
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from literal_names import IDS, NAMES, write_with_decoy
 from polars.testing import assert_frame_equal
 
 from mds.executor.errors import SourceDataError
@@ -357,8 +358,9 @@ def test_float_token_ids_name_the_line(tmp_path: Path, chunk_bytes: int | None) 
     path = tmp_path / "f.jsonl"
     write_jsonl(path, [{"ids": [1, 2]}, {"ids": [3]}, {"ids": [4, 5.5]}, {"ids": [6]}])
     message = _error(path, tokens="ids", count=None, chunk_bytes=chunk_bytes)
-    assert message.startswith("f.jsonl line 3: column `ids` has type List(Float64)"), message
-    assert message.endswith("expected a list of integer token ids")
+    assert message == (
+        "f.jsonl line 3: token id 5.5 is not an integer; token ids are integers that fit int64"
+    )
 
 
 def test_float_count_names_the_line(tmp_path: Path) -> None:
@@ -635,3 +637,48 @@ def test_one_pass_gives_way_to_the_chunked_scan(tmp_path: Path, late) -> None:
     else:
         assert_frame_equal(got, expected)
         assert sum(reported) == len(data)
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_a_file_name_with_glob_characters_is_read_as_it_is(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    def write(path: Path, n: int) -> None:
+        write_jsonl(path, [{"n": n, "text": "a" * n, "ids": [1] * n}] * 2)
+
+    path = write_with_decoy(tmp_path, stem, decoy, ".jsonl", write)
+    assert _scan(path)["n_tokens"].to_list() == [2, 2]  # the one-pass scan
+    assert _scan(path, count=None, tokens="ids")["n_tokens"].to_list() == [2, 2]
+    estimate = _scan(path, count=None, text="text", estimate="chars/1")
+    assert estimate["n_tokens"].to_list() == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("item", "shown"),
+    [
+        ("true", "token id true is not an integer"),
+        ("null", "token id null is not an integer"),
+        ("9223372036854775808", "token id 9223372036854775808 is outside int64"),
+        ("18446744073709551616", "token id 18446744073709551616 is outside int64"),
+    ],
+)
+@pytest.mark.parametrize("chunk_bytes", [None, 16], ids=["one-chunk", "many-chunks"])
+def test_token_ids_that_are_not_int64_integers_are_refused(
+    tmp_path: Path, item: str, shown: str, chunk_bytes: int | None
+) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"ids": [1, 2]}\n{"ids": [3]}\n{"ids": [4, %s, 5]}\n' % item.encode())
+    message = _error(path, count=None, tokens="ids", chunk_bytes=chunk_bytes)
+    assert message.startswith("t.jsonl line 3: "), message
+    assert shown in message, message
+    spec = source(tokens="ids")
+    assert scan_jsonl_batch([data_file(path)], ctx(spec, "jsonl")) is None  # left to the scan
+
+
+@pytest.mark.parametrize("keep", [[], ["meta"]], ids=["dropped", "kept"])
+def test_json_nested_100000_deep_is_one_error_naming_the_line(tmp_path: Path, keep) -> None:
+    path = tmp_path / "deep.jsonl"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path.write_bytes(b'{"ids": [1, 2]}\n{"ids": [3], "meta": %s}\n' % deep)
+    message = _error(path, count=None, tokens="ids", keep=keep)
+    assert message == "deep.jsonl line 2: JSON nested too deeply to read"

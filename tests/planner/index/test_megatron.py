@@ -50,3 +50,10 @@ def test_corrupt_idx_names_the_idx(tmp_path: Path) -> None:
     idx_path.write_bytes(b"NOTMAGIC!" + idx_path.read_bytes()[9:])
     with pytest.raises(SourceDataError, match=f"{idx_path}: not a Megatron .idx file"):
         _scan(tmp_path / "doc.bin")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_float_token_dtypes_are_refused(tmp_path: Path, dtype) -> None:
+    bin_path, _ = write_dataset(tmp_path / "doc", [[1.0, 2.5], [3.0]], dtype)
+    with pytest.raises(SourceDataError, match=r"^doc\.bin: token dtype float\d\d in doc\.idx"):
+        scan_megatron(data_file(bin_path), ctx(source(format="megatron"), "megatron"))

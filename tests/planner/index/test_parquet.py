@@ -12,10 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from builders import ctx, data_file, source, write_parquet, write_tokenizer
+from literal_names import IDS, NAMES, write_with_decoy
 
 from mds.executor.errors import SourceDataError
 from mds.planner.index import lengths
 from mds.planner.index.parquet import group_offsets, scan_parquet
+from mds.planner.index.parquet_levels import list_lengths
 
 TOKENS = [[5, 6, 7], [], [1] * 40, [9], list(range(300))]
 
@@ -56,7 +58,15 @@ def test_token_lists_give_exact_lengths(tmp_path: Path, list_type: pa.DataType) 
     ids=["many-pages", "plain", "v2-pages"],
 )
 def test_token_lengths_across_row_groups_and_pages(tmp_path: Path, options: dict) -> None:
-    tokens = [list(range(i % 23)) + [None] * (i % 3) for i in range(200)]  # null ids count too
+    tokens = [list(range(i % 23)) + [None] * (i % 3) for i in range(200)]
+    path = write_parquet(
+        tmp_path / "a.parquet", {"tokens": pa.array(tokens, pa.list_(pa.int32()))}, **options
+    )
+    # the levels count null ids too; the scan then refuses the first row holding one
+    assert list_lengths(path, "tokens").tolist() == [len(t) for t in tokens]
+    with pytest.raises(SourceDataError, match="^a.parquet row 1: token id null is not"):
+        _scan(path, tokens="tokens")
+    tokens = [list(range(i % 23)) for i in range(200)]
     path = write_parquet(
         tmp_path / "a.parquet", {"tokens": pa.array(tokens, pa.list_(pa.int32()))}, **options
     )
@@ -295,3 +305,46 @@ def test_tokenizing_reports_progress_batch_by_batch(tmp_path: Path, monkeypatch)
     scan_parquet(data_file(path), ctx(spec, "parquet", tok, progress=reported.append))
     assert len(reported) >= 9 and all(n > 0 for n in reported)
     assert sum(reported) == path.stat().st_size
+
+
+@pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)
+def test_a_file_name_with_glob_characters_is_read_as_it_is(
+    tmp_path: Path, stem: str, decoy: str | None
+) -> None:
+    def write(path: Path, n: int) -> None:
+        write_parquet(path, {"tokens": [[7] * n] * 2, "n": [n] * 2})
+
+    path = write_with_decoy(tmp_path, stem, decoy, ".parquet", write)
+    assert _scan(path, tokens="tokens")["n_tokens"].to_list() == [2, 2]
+    assert _scan(path, count="n")["n_tokens"].to_list() == [2, 2]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["levels", "decoded"])
+@pytest.mark.parametrize("statistics", [True, False], ids=["stats", "no-stats"])
+@pytest.mark.parametrize(
+    ("ids", "list_type", "shown"),
+    [
+        ([[1, 2], [3], [4, 2**63 + 5]], pa.list_(pa.uint64()), "9223372036854775813 is outside"),
+        ([[1, 2], [3], [4, None]], pa.list_(pa.int64()), "null is not an integer"),
+        ([[1, 2], [3], [4, None]], pa.list_(pa.uint64()), "null is not an integer"),
+    ],
+    ids=["uint64-2^63", "null-int64", "null-uint64"],
+)
+def test_token_ids_that_are_not_int64_integers_are_refused(
+    tmp_path: Path, monkeypatch, fast: bool, statistics: bool, ids, list_type, shown
+) -> None:
+    if not fast:
+        monkeypatch.setattr("mds.planner.index.parquet.list_lengths", lambda *a, **k: None)
+    table = {"ids": pa.array([[7]] * 5 + ids, list_type)}
+    path = write_parquet(
+        tmp_path / "u.parquet", table, row_group_size=4, write_statistics=statistics
+    )
+    message = _error(path, tokens="ids")
+    assert message.startswith("u.parquet row 7: token id "), message
+    assert shown in message, message
+
+
+def test_uint64_token_ids_below_2_63_are_fine(tmp_path: Path) -> None:
+    ids = pa.array([[1, 2**63 - 1], [], [3]], pa.list_(pa.uint64()))
+    path = write_parquet(tmp_path / "u.parquet", {"ids": ids})
+    assert _scan(path, tokens="ids")["n_tokens"].to_list() == [2, 0, 1]
