@@ -607,7 +607,18 @@ class SourceCatalog:
             return
         handles = reader if isinstance(reader, list) else reader.handles()
         for which, handle in handles:
-            if isinstance(handle, RangeFile):
+            pinned = pins[which]
+            if type(handle) is int and pinned is not None and pinned[0] == "file":
+                st = os.fstat(handle)  # the common case, once per file a fetch: kept lean
+                if (
+                    st.st_mtime_ns == pinned[4]
+                    and st.st_size == pinned[3]
+                    and st.st_ino == pinned[2]
+                    and st.st_dev == pinned[1]
+                ):
+                    continue
+                now = stat_identity(st)
+            elif isinstance(handle, RangeFile):
                 now = storage.version(handle.url) if fresh else handle.version
                 if fresh:
                     handle.checked = handle.requests
@@ -615,7 +626,6 @@ class SourceCatalog:
                 now = stat_identity(os.fstat(handle))
             else:
                 now = file_identity(handle)
-            pinned = pins[which]
             if pinned is None:  # not known at the check: this first open pins it
                 pins[which] = now
                 continue

@@ -8,6 +8,7 @@ naming the first problem it found; the CLI turns the first failure into the exit
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,15 @@ from mds.executor.datacheck import entry_paths, file_problem
 from mds.executor.errors import ConfigError, MdsError, PlanError
 from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
-from mds.executor.storage import given_root, is_url, plan_data_root, relocated
+from mds.executor.storage import (
+    MOVED_HINT,
+    exists,
+    given_root,
+    is_url,
+    join,
+    plan_data_root,
+    relocated,
+)
 from mds.planner.index.manifest import (
     IndexManifest,
     index_fingerprint,
@@ -369,14 +378,39 @@ def _verify_index(
     # data elsewhere than where it was indexed: a copy keeps names, sizes and mtimes
     # whatever its bytes are, so every file's content fingerprint is checked
     moved = not isinstance(indexed, str) or relocated(_root(root), _root(indexed))
+    empty = _holds_none(_root(root), manifest)
+    if empty is not None:
+        result.add("data root", "data", empty, "")
     for sid, entry in enumerate(manifest.sources):
         name = entry["name"]
         result.add(
             f"source {name}: table", "data", tables.problem(sid), f"{entry['table']}, checksum ok"
         )
-        problem, detail = _files_problem(_root(root), entry, full, moved)
-        result.add(f"source {name}: files", "data", problem, detail)
+        if empty is None:
+            problem, detail = _files_problem(_root(root), entry, full, moved)
+            result.add(f"source {name}: files", "data", problem, detail)
     return tables
+
+
+def _holds_none(root: Path | str, manifest: IndexManifest) -> str | None:
+    """The problem of a root where none of (the first 16 of) the index's files exists: the
+    wrong root (moved data, a mistyped path, an empty directory, a missing bucket), not
+    files that changed; None otherwise."""
+    every = (
+        item["path"]
+        for entry in manifest.sources
+        for item in entry["files"]
+        if isinstance(item, dict) and isinstance(item.get("path"), str)
+    )
+    paths = list(itertools.islice(every, 16))
+    try:
+        if not paths or any(exists(join(root, p)) for p in paths):
+            return None
+    except (MdsError, ValueError):
+        return None  # the store failed: the file checks name it
+    return (
+        f"the data root {root} holds none of the indexed files (such as {paths[0]}); {MOVED_HINT}"
+    )
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from builders import jsonl_bytes, write_arrow, write_jsonl, write_megatron, write_parquet, write_zst
-from cli_helpers import mds
+from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from plan_builders import index_data, plan_config
 
@@ -283,6 +283,8 @@ def test_an_empty_root_says_it_holds_none_of_the_files(tmp_path, monkeypatch):
     message = str(info.value)
     assert f"data root {empty} (from data_root) holds none of the indexed files" in message
     assert "--data-root" in message and "the data changed" not in message
+    line = one_error_line(mds("verify", plan, "--data-root", empty), "holds none of the indexed")
+    assert str(empty) in line and "--data-root" in line
 
 
 def test_an_empty_prefix_or_a_missing_bucket_says_so(tmp_path, monkeypatch):
