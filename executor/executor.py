@@ -46,7 +46,9 @@ class PlanExecutor:
     content fingerprint (and, at start-up, every block of this rank);
     "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
     checked when the first step that reads it is built, before any of its samples is used:
-    the first step's files at construction, later steps' files as they are built.
+    the first step's files at construction, later steps' files as they are built. The
+    version a check saw is pinned: a file rewritten or replaced later raises
+    DataChangedError when it is next opened or read (see docs/executor.md).
 
     `data_root`: the directory the index was built over, when the plan or the data moved
     (default: where the plan records it, relative to its own directory). `read_ahead`: steps

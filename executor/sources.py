@@ -334,7 +334,7 @@ class SourceCatalog:
         """The versions of a file and its companion now (None: cannot be had; the check
         names the problem)."""
         try:
-            path, companion = entry_paths(self.root, entry, where)
+            path, companion = entry_paths(self.root, entry, where, self._dirs)
         except ValueError:
             return [None, None]
         return [file_identity(path), file_identity(companion) if companion else None]
