@@ -108,10 +108,11 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
     with pytest.raises(DataChangedError) as info:
         PlanExecutor(moved, 0, tokenize=word_ids)
     assert re.fullmatch(
-        rf"source '\w+': [\w/.-]+: missing under the data root {re.escape(str(moved.parent))} "
-        r"\(recorded relative to the plan's directory as '\.'\); if the plan or the data moved: "
-        r"pass data_root= \(or --data-root, or set MDS_DATA_ROOT\) with the directory that now "
-        "holds the indexed data; no re-index or re-plan is needed",
+        rf"the data root {re.escape(str(moved.parent))} \(recorded relative to the plan's "
+        r"directory as '\.'\) holds none of the indexed files \(source '\w+': [\w/.-]+: "
+        r"missing\); if the plan or the data moved, or the root is mistyped: pass data_root= "
+        r"\(or --data-root, or set MDS_DATA_ROOT\) with the directory that now holds the "
+        "indexed data; no re-index or re-plan is needed",
         str(info.value),
     ), str(info.value)
     # The fixes the messages name work.
