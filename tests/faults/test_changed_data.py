@@ -193,16 +193,22 @@ def test_the_switch_turns_the_re_checks_off(tmp_path, expected_of, monkeypatch):
 # --- objects ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_an_object_rewritten_during_the_run_stops_it(fmt, tmp_path, monkeypatch):
-    """S3 on a small cache: the reads of an open handle go to the object as it is now, so
-    each fetch that went to the store asks for the object's version after reading."""
+@pytest.mark.parametrize(
+    "store_kind,fmt",
+    [("s3", fmt) for fmt in FORMATS] + [("gcs", "jsonl")],
+)
+def test_an_object_rewritten_during_the_run_stops_it(store_kind, fmt, tmp_path, monkeypatch):
+    """A store on a small cache: the reads of an open handle go to the object as it is now
+    (the GCS emulator too, though the service pins the generation), so each fetch that went
+    to the store asks for the object's version after reading."""
+    from gcs_store import gcs_server
     from s3_store import s3_server
 
     monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
     plan, rel = _world(tmp_path, fmt)
     kwargs = dict(read_ahead=0, cache_bytes=1 << 10)
-    with s3_server(monkeypatch) as store:
+    server = s3_server if store_kind == "s3" else gcs_server
+    with server(monkeypatch) as store:
         url = store.upload(tmp_path / "data", "data")
         with PlanExecutor(plan, 0, data_root=url, **kwargs) as ex:
             expected = [batch_digest(b) for b in ex]
@@ -320,3 +326,19 @@ def test_a_changed_file_stays_refused(tmp_path, monkeypatch):
             with pytest.raises(DataChangedError) as info:
                 ex.micro_batch_at(pos)
             assert str(info.value) == first
+
+
+def test_a_spawned_worker_keeps_the_versions_its_parent_checked(tmp_path, monkeypatch):
+    """An executor rebuilt in a spawned DataLoader worker (from what it pickles to: its
+    `__reduce__`) does not check again what its parent checked, and compares what it reads
+    with the parent's pins."""
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+    plan, rel = _world(tmp_path, "jsonl")
+    with PlanExecutor(plan, 0, read_ahead=0, cache_bytes=0) as ex:
+        next(iter(ex))
+        _rewrite_in_place(tmp_path / "data" / rel)
+        rebuild, args = ex.__reduce__()
+        with rebuild(*args) as child:
+            assert child._catalog.pins == ex._catalog.pins
+            with pytest.raises(DataChangedError, match=f"{rel} changed after it was checked"):
+                list(child)
