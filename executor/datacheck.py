@@ -16,7 +16,16 @@ from mds.executor import storage
 from mds.executor.errors import MdsError
 from mds.executor.fingerprint import fingerprint, stat_signature
 
-__all__ = ["MODES", "entry_paths", "file_problem", "safe_path"]
+__all__ = [
+    "MODES",
+    "content_problem",
+    "entry_paths",
+    "file_identity",
+    "file_problem",
+    "identity_change",
+    "safe_path",
+    "stat_identity",
+]
 
 MODES = ("sampled", "full")
 
@@ -27,9 +36,7 @@ def escapes(rel: str) -> bool:
     return rel.startswith("/") or ".." in rel.split("/") or os.path.isabs(rel)
 
 
-def safe_path(
-    root: Path | str, rel: Any, where: str, dirs: set[str] | None = None
-) -> Path | str:
+def safe_path(root: Path | str, rel: Any, where: str, dirs: set[str] | None = None) -> Path | str:
     """`root / rel`; a ValueError for anything but a relative path inside the root (an
     s3:// root gives the object's URL: a store has no symlinks or special files).
 
@@ -102,13 +109,17 @@ def entry_paths(
     if not isinstance(item, dict):
         raise ValueError(f"{where}: not an object")
     path = safe_path(root, item.get("path"), where, dirs)
-    companion = (
-        safe_path(root, item["index_path"], where, dirs) if "index_path" in item else None
-    )
+    companion = safe_path(root, item["index_path"], where, dirs) if "index_path" in item else None
     return path, companion
 
 
-def file_problem(root: Path | str, item: Any, full: bool, where: str) -> str | None:
+def file_problem(
+    root: Path | str, item: Any, full: bool, where: str, content: bool = False
+) -> str | None:
+    """Why the file of manifest entry `item` under `root` is not the indexed one, or None:
+    `full` compares content fingerprints alone; otherwise size and mtime, with the content
+    fingerprint where the mtime differs, or always (`content`: a relocated root, where a copy
+    keeps names, sizes and mtimes whatever its bytes are)."""
     try:
         path, companion = entry_paths(root, item, where)
     except ValueError as exc:
@@ -117,7 +128,7 @@ def file_problem(root: Path | str, item: Any, full: bool, where: str) -> str | N
     try:
         if full:
             return _content_problem(path, companion, item, rel)
-        return _stat_problem(path, companion, item, rel)
+        return _stat_problem(path, companion, item, rel, content)
     except MdsError as exc:  # unreadable or missing: SourceDataError from the fingerprint helpers
         for where, name in ((path, rel), (companion, item.get("index_path"))):
             if where is not None and str(exc).startswith(f"{where}: "):
@@ -132,10 +143,13 @@ def file_problem(root: Path | str, item: Any, full: bool, where: str) -> str | N
         return f"{rel}: {exc}"
 
 
-def _stat_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
+def _stat_problem(
+    path: Any, companion: Any, item: dict, rel: str, content: bool = False
+) -> str | None:
     """Size, then mtime; a file whose only difference is its mtime (touched, copied without
     keeping times, synced from object storage) is checked by its content fingerprint, so
-    data that moved passes and data that changed fails naming the file."""
+    data that moved passes and data that changed fails naming the file. `content`: the
+    fingerprint is checked whatever the mtime."""
     size, mtime = stat_signature(path)
     if size != item.get("size"):
         return f"{rel}: size changed ({item.get('size')} -> {size} bytes)"
@@ -145,7 +159,14 @@ def _stat_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None
         problem = _content_problem(path, companion, item, rel)
         if problem is not None:
             return f"{problem}; modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
+    elif content:
+        return _content_problem(path, companion, item, rel)
     return None
+
+
+def content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
+    """Why the content of `path` (and its companion) is not what `item`'s fingerprint says."""
+    return _content_problem(path, companion, item, rel)
 
 
 def _content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
@@ -159,3 +180,46 @@ def _content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | N
     if got != stored:
         return f"{rel}: content changed ({mode} fingerprint {stored} -> {got})"
     return None
+
+
+# --- re-checks while reading ------------------------------------------------------------
+#
+# A file checked once can still be rewritten while a run reads it. Its version at the check
+# is pinned: for a file (device, inode, size, mtime_ns), for an object ("object", size,
+# ETag or generation); each open handle, and each read that goes to the file, is compared
+# with it (`identity_change`).
+
+
+def stat_identity(st: os.stat_result) -> tuple:
+    """The pinned version of a file from its stat (or fstat)."""
+    return ("file", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def file_identity(path: Any) -> tuple | None:
+    """The version of the file or object at `path` now; None if it cannot be had (the check
+    or the read then names the problem)."""
+    try:
+        if storage.is_url(path):
+            return storage.version(str(path))
+        return stat_identity(os.stat(path))
+    except (OSError, MdsError):
+        return None
+
+
+def identity_change(pinned: tuple, now: tuple) -> tuple[str, bool] | None:
+    """How version `now` differs from `pinned` (None: the same), and whether only its
+    identity did (another inode or object of the same size and mtime, as a copy that keeps
+    times or a re-upload makes): then the content decides."""
+    if now == pinned:
+        return None
+    if now[0] != pinned[0]:
+        return "replaced", False
+    if pinned[0] == "object":
+        if now[1] != pinned[1]:
+            return f"size {pinned[1]} -> {now[1]} bytes", False
+        return f"rewritten (version {pinned[2]} -> {now[2]})", True
+    if now[3] != pinned[3]:
+        return f"size {pinned[3]} -> {now[3]} bytes", False
+    if now[4] != pinned[4]:
+        return f"modified (mtime_ns {pinned[4]} -> {now[4]})", False
+    return "replaced by another file of the same size and mtime", True

@@ -46,7 +46,9 @@ class PlanExecutor:
     content fingerprint (and, at start-up, every block of this rank);
     "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
     checked when the first step that reads it is built, before any of its samples is used:
-    the first step's files at construction, later steps' files as they are built.
+    the first step's files at construction, later steps' files as they are built. The
+    version a check saw is pinned: a file rewritten or replaced later raises
+    DataChangedError when it is next opened or read (see docs/executor.md).
 
     `data_root`: the directory the index was built over, when the plan or the data moved
     (default: where the plan records it, relative to its own directory). `read_ahead`: steps
@@ -279,7 +281,7 @@ class PlanExecutor:
         with self._lock:
             block, lo, hi = self._slice(step, micro)
             self._check(block, lo, hi)
-            tokens = self._catalog.fetch(block, lo, hi)
+            tokens = self._catalog.fetch(block, lo, hi, step)
         return self._compact(block, lo, hi, tokens, step, micro, narrow)
 
     def _check(self, block: RankChunk, lo: int, hi: int) -> None:
@@ -300,7 +302,7 @@ class PlanExecutor:
             bounds = [self._slice(step, m) for m in range(self.micro_batches)]
             block, first = bounds[0][0], bounds[0][1]
             self._check(block, first, bounds[-1][2])
-            tokens = self._catalog.fetch(block, first, bounds[-1][2])
+            tokens = self._catalog.fetch(block, first, bounds[-1][2], step)
         return [
             expand(self._compact(block, lo, hi, tokens[lo - first : hi - first], step, m))
             for m, (_b, lo, hi) in enumerate(bounds)
@@ -402,12 +404,16 @@ class PlanExecutor:
     def __reduce__(self):
         # Spawned DataLoader workers rebuild the executor without the start-up checks the
         # parent made, and go on checking the files of chunks the parent did not load.
-        return (_rebuild, (self._args, self._pos, self._verify, self._catalog.checked))
+        catalog = self._catalog
+        return (_rebuild, (self._args, self._pos, self._verify, catalog.checked, catalog.pins))
 
 
-def _rebuild(args: dict[str, Any], pos: int, verify: str, checked: set) -> PlanExecutor:
+def _rebuild(
+    args: dict[str, Any], pos: int, verify: str, checked: set, pins: dict | None = None
+) -> PlanExecutor:
     executor = PlanExecutor(**args, verify="none")
     executor._pos = pos
     executor._verify = verify
     executor._catalog.checked = set(checked)
+    executor._catalog.pins = {k: list(v) for k, v in (pins or {}).items()}
     return executor

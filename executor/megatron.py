@@ -251,6 +251,12 @@ class SequenceFile:
             self.close()
             raise
 
+    def handles(self) -> list[tuple[int, Any]]:
+        """The .bin (0) and .idx (1): open descriptors, or RangeFiles of objects."""
+        if self._objects is not None:
+            return [(0, self._objects[1]), (1, self._objects[0])]
+        return [(0, self._bin), (1, self._idx)]
+
     @property
     def bin_object(self) -> Any:
         """The .bin's RangeFile, for an object; None for a file."""

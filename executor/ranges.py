@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mds.executor.errors import SourceDataError
-from mds.executor.storage import failure, open_input, read_exact
+from mds.executor.storage import failure, object_version, open_input, read_exact
 
 __all__ = [
     "HOLE",
@@ -31,6 +31,7 @@ __all__ = [
     "Counters",
     "RangeFile",
     "counters",
+    "parallel",
     "prefetch",
 ]
 
@@ -71,9 +72,19 @@ class RangeFile:
         self._file = open_input(url)
         try:
             self.size = int(self._file.size())
+            # the version this handle was opened at, and the requests made through it: the
+            # catalog compares both with what it pinned (a store reads the object as it is
+            # now, whatever version the handle was opened at)
+            self.version = object_version(self._file, url)
         except OSError as exc:
+            self._file.close()
             raise failure(url, "stat", exc) from None
+        except BaseException:
+            self._file.close()
+            raise
         self._idle = [self._file]
+        self.requests = 0
+        self.checked = 0  # `requests` when the catalog last asked the store for the version
         self._staged_at: list[int] = []  # sorted starts of the staged runs
         self._staged: list[tuple[int, bytes | SourceDataError]] = []  # (end, bytes or error)
 
@@ -101,6 +112,7 @@ class RangeFile:
         with _counted:
             counters.requests += 1
             counters.bytes += len(data)
+            self.requests += 1
         return data
 
     def _read(self, start: int, size: int) -> bytes:
@@ -153,7 +165,7 @@ class RangeFile:
         have = {b: self._blocks.get(self._key(b)) for b in need}
         missing = [b for b in need if have[b] is None]
         runs = _runs(missing)  # neighbouring blocks: one request; runs: requests in parallel
-        for (first, last), data in zip(runs, _parallel(self._read_run, runs), strict=True):
+        for (first, last), data in zip(runs, parallel(self._read_run, runs), strict=True):
             for b in range(first, last + 1):
                 piece = bytes(data[(b - first) * RANGE_BLOCK : (b - first + 1) * RANGE_BLOCK])
                 have[b] = piece
@@ -236,7 +248,7 @@ def prefetch(wants: list[tuple[RangeFile, list[tuple[int, int]]]]) -> None:
         except SourceDataError as exc:
             return exc
 
-    for (f, lo, hi), data in zip(jobs, _parallel(read, jobs), strict=True):
+    for (f, lo, hi), data in zip(jobs, parallel(read, jobs), strict=True):
         f.stage(lo, hi, data)
 
 
@@ -271,7 +283,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
-def _parallel(read: Callable[[Any], Any], items: list) -> list:
+def parallel(read: Callable[[Any], Any], items: list) -> list:
     """`read` of every item, up to REQUESTS at a time (a store answers requests in
     parallel; their latency, not the bandwidth, bounds a step's scattered reads). The
     pool is made per process: a forked DataLoader worker has none of its parent's threads."""

@@ -35,6 +35,7 @@ __all__ = ["FORMATS", "PAYLOAD_KINDS", "FileReader", "open_reader"]
 
 
 Payload = np.ndarray | str
+Handle = int | ranges.RangeFile | Path
 
 
 class FileReader(Protocol):
@@ -55,6 +56,8 @@ class FileReader(Protocol):
         self, file_rows: np.ndarray, offsets: np.ndarray | None, lengths: np.ndarray | None
     ) -> list[Payload]: ...
 
+    def handles(self) -> list[tuple[int, Handle]]: ...
+
     def close(self) -> None: ...
 
 
@@ -64,6 +67,12 @@ class _Reader:
     object: ranges.RangeFile | None = None
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        return []
+
+    def handles(self) -> list[tuple[int, Handle]]:
+        """What the reader reads, for the catalog's re-checks that the data is still the
+        version it pinned: (0 for the file, 1 for its companion, and an open descriptor, a
+        RangeFile, or the path of a memory-mapped file, whose replacement the map hides)."""
         return []
 
 
@@ -449,6 +458,11 @@ class ParquetReader(_ColumnReader):
         self._meta = meta
         self.starts = meta.starts
 
+    def handles(self) -> list[tuple[int, Handle]]:
+        if self.object is not None:
+            return [(0, self.object)]
+        return [(0, self._source.fileno())]
+
     def _parquet(self, metadata: pq.FileMetaData | None) -> pq.ParquetFile:
         """A ParquetFile over the descriptor held (closing it leaves the descriptor open)."""
         try:
@@ -662,6 +676,11 @@ class ArrowReader(_ColumnReader):
             self.close()
             raise
 
+    def handles(self) -> list[tuple[int, Handle]]:
+        # the map reads the file it was made of in place: a rewrite shows in its fstat, a
+        # replacement (a new file renamed over the path) only at the path
+        return [(0, self._map.fileno()), (0, Path(self.path))]
+
     def _open_batches(self) -> None:
         try:
             try:
@@ -721,6 +740,9 @@ class ArrowObjectReader(_ColumnReader):
             raise
         self._table, self._index = table, schema.get_field_index(column)
         self.starts = _row_starts(table.rows.tolist())
+
+    def handles(self) -> list[tuple[int, Handle]]:
+        return [(0, self.object)] if self.object is not None else []
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The messages of the batches these rows need that the block cache lacks."""
@@ -892,6 +914,9 @@ class JsonlReader(_LineReader):
             raise _cannot_open(display, exc) from None
         self.size = os.fstat(self._fd).st_size
 
+    def handles(self) -> list[tuple[int, Handle]]:
+        return [(0, self.object)] if self.object is not None else [(0, self._fd)]
+
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The blocks holding these lines that the block cache lacks, for an object."""
         around = self._spans_around(offsets, lengths)
@@ -920,6 +945,9 @@ class JsonlZstReader(_LineReader):
         self._file = ZstdSeekFile(path, display, blocks)
         self.size = self._file.size
         self.object = self._file.object
+
+    def handles(self) -> list[tuple[int, Handle]]:
+        return [(0, self.object if self.object is not None else self._file.fd)]
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The frames holding these lines that the block cache lacks, for an object."""
@@ -975,6 +1003,9 @@ class MegatronReader(_Reader):
         path, companion = self._paths
         exc = _relabel(exc, companion, self._idx_display)
         return _relabel(exc, path, self.display)
+
+    def handles(self) -> list[tuple[int, Handle]]:
+        return self._file.handles() if self._file is not None else []
 
     def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
         """The .bin spans of these sequences, for an object (their .idx entries are read

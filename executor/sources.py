@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from mds.executor import storage
-from mds.executor.datacheck import entry_paths, file_problem
+from mds.executor.datacheck import (
+    content_problem,
+    entry_paths,
+    file_identity,
+    file_problem,
+    identity_change,
+    stat_identity,
+)
 from mds.executor.errors import (
     ConfigError,
     DataChangedError,
@@ -34,7 +41,7 @@ from mds.executor.lookahead import Lookahead
 from mds.executor.lru import LRU, LockedLRU
 from mds.executor.manifest import FORMATS, PAYLOAD_KINDS
 from mds.executor.planfile import RankChunk
-from mds.executor.ranges import RangeFile, prefetch
+from mds.executor.ranges import RangeFile, parallel, prefetch
 from mds.executor.readers import FileReader, open_reader
 from mds.executor.storage import MOVED_HINT, given_root
 from mds.executor.tokenizer import index_tokenizer_path, load_tokenizer
@@ -46,6 +53,8 @@ ESTIMATED = ("error", "fit")
 _JSONL = ("jsonl", "jsonl.zst")
 # Formats read a block at a time (a row group, a zstd frame): worth reading rows ahead.
 _BLOCK_CODED = ("parquet", "jsonl.zst")
+# "0" turns off the re-checks of files already checked (for the benchmark's comparison).
+RECHECK_ENV = "MDS_RECHECK"
 
 
 @dataclass
@@ -122,32 +131,16 @@ def payload_problem(name: str, facts: dict[str, Any]) -> str | None:
     return None
 
 
-def _data_root(plan_path: Path, recorded: str, given: str | os.PathLike | None) -> Path | str:
-    """Where the data lies: `given` (data_root=), else $MDS_DATA_ROOT, else the root the plan
-    records (relative to its own directory, or an s3:// URL); a local one must be a
-    directory."""
-    given, origin = given_root(given)
-    if given is not None and storage.is_url(given):
-        return given.rstrip("/")
-    if given is not None:
-        root = Path(given)
-        if not root.is_dir():
-            raise ConfigError(f"{origin}={str(given)!r} is not a directory")
-        return root.absolute()
-    if storage.is_url(recorded):
-        return recorded.rstrip("/")
-    if storage.is_url(plan_path) and not os.path.isabs(recorded):  # beside a plan's object
-        return storage.resolve_under(storage.parent_url(str(plan_path)), recorded)
-    if storage.is_url(plan_path):
-        root = Path(recorded)
-    else:
-        root = Path(os.path.normpath(plan_path.absolute().parent / recorded))
-    if not root.is_dir():
-        raise ConfigError(
-            f"{plan_path}: its data root was expected at {root} (recorded relative to the "
-            f"plan's directory as {recorded!r}); the plan or the data moved: {MOVED_HINT}"
-        )
-    return root
+@dataclass
+class _ObjectRead:
+    """The payloads read from an object, with what `_recheck_objects` needs to check that
+    the object was not rewritten meanwhile."""
+
+    payloads: list
+    source: _Source
+    fid: int
+    entry: dict[str, Any]
+    reader: FileReader
 
 
 class SourceCatalog:
@@ -189,8 +182,13 @@ class SourceCatalog:
             raise PlanError(f"{plan_path}: corrupt plan footer (fetch facts: {exc})") from None
         if not isinstance(root, str) or not root:
             raise PlanError(f"{plan_path}: corrupt plan footer (data root {root!r})")
-        self.root = _data_root(plan_path, root, data_root)
-        self._recorded_root = root if given_root(data_root)[0] is None else None
+        self.root, recorded = storage.plan_data_root(plan_path, root, data_root)
+        given, self._origin = given_root(data_root)
+        self._recorded_root = root if given is None else None
+        # a root elsewhere than the plan's: a copy there keeps names, sizes and mtimes
+        # whatever its bytes are, so each file's content is checked on first use
+        self.relocated = given is not None and storage.relocated(self.root, recorded)
+        self.recheck = os.environ.get(RECHECK_ENV, "").strip() != "0"
         self.truncate_to = (
             int(train["max_tokens_per_micro_batch"])
             if train.get("overlong") == "truncate"
@@ -206,6 +204,12 @@ class SourceCatalog:
                 raise PlanError(f"{plan_path}: corrupt plan footer (source {s.name!r}: {problem})")
         self._bind_tokenizers(tokenize)
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
+        # (source id, file) -> the versions of the file and its companion seen at its check
+        # (datacheck.stat_identity, storage.object_version), which every open and every read
+        # of it is compared with (`_recheck`)
+        self.pins: dict[tuple[int, int], list[tuple | None]] = {}
+        self._changed: dict[tuple[int, int], str] = {}  # files found changed: their error
+        self._step: int | None = None  # the step being read, for messages
         self._records: dict[tuple[int, int], Any] = {}  # (source id, file) -> its record
         self._dirs: set[str] = set()  # directories under the root found to be no symlinks
         # cache_bytes bounds both kinds of decoded data: a quarter for rows read ahead
@@ -289,7 +293,9 @@ class SourceCatalog:
     def check_files(self, block: RankChunk, full: bool, lo: int = 0, hi: int | None = None) -> None:
         """Stat (or, with `full`, fingerprint) the files samples [lo, hi) of `block` read that
         this process has not checked yet, against the records the plan copied from the index:
-        start-up I/O follows what is read first, not the corpus's files or the whole chunk."""
+        start-up I/O follows what is read first, not the corpus's files or the whole chunk.
+        Under a relocated root each file's content fingerprint is checked too. The version
+        each file has is pinned first: what is read of it later must be that version."""
         files = block.fetch.files
         used = np.unique(block.fetch.file[lo:hi]).tolist() if hi != lo else []
         for sid, fid, entry in (files[f] for f in used):
@@ -297,12 +303,21 @@ class SourceCatalog:
             self._same_record(s, fid, entry)
             if (sid, fid) in self.checked:
                 continue
-            problem = file_problem(self.root, entry, full, f"{s.name} files[{fid}]")
+            where = f"{s.name} files[{fid}]"
+            if self.recheck:
+                self.pins[(sid, fid)] = self._versions_now(entry, where)
+            problem = file_problem(self.root, entry, full, where, content=self.relocated)
             if problem is not None and problem.endswith(": missing") and self._moved(block):
+                if self._recorded_root is not None:
+                    recorded = (
+                        f"recorded relative to the plan's directory as {self._recorded_root!r}"
+                    )
+                else:
+                    recorded = f"from {self._origin}"
                 raise DataChangedError(
-                    f"source {s.name!r}: {problem} under the data root {self.root} (recorded "
-                    f"relative to the plan's directory as {self._recorded_root!r}); if the plan or "
-                    f"the data moved: {MOVED_HINT}"
+                    f"the data root {self.root} ({recorded}) holds none of the indexed files "
+                    f"(source {s.name!r}: {problem}); if the plan or the data moved, or the "
+                    f"root is mistyped: {MOVED_HINT}"
                 )
             if problem is not None:
                 raise DataChangedError(
@@ -311,16 +326,28 @@ class SourceCatalog:
                 )
             self.checked.add((sid, fid))
 
+    def _versions_now(self, entry: Any, where: str) -> list[tuple | None]:
+        """The versions of a file and its companion now (None: cannot be had; the check
+        names the problem)."""
+        try:
+            path, companion = entry_paths(self.root, entry, where, self._dirs)
+        except ValueError:
+            return [None, None]
+        return [file_identity(path), file_identity(companion) if companion else None]
+
     def _moved(self, block: RankChunk) -> bool:
-        """Whether none of (the first 16 of) the block's files exists under a root taken
-        from the plan: the plan or the data moved, rather than one file disappearing."""
-        if self._recorded_root is None:
-            return False
+        """Whether none of (the first 16 of) the block's files exists under the root: the
+        root is the wrong one (the plan or the data moved, a mistyped root, an empty
+        directory or bucket), rather than one file disappearing."""
         entries = [entry for _s, _f, entry in block.fetch.files[:16]]
-        return not any(
-            isinstance(e.get("path"), str) and storage.exists(storage.join(self.root, e["path"]))
-            for e in entries
-        )
+        try:
+            return not any(
+                isinstance(e.get("path"), str)
+                and storage.exists(storage.join(self.root, e["path"]))
+                for e in entries
+            )
+        except (MdsError, ValueError):
+            return False
 
     def _same_record(self, s: _Source, fid: int, entry: Any) -> None:
         """Every block must give a file the same record: checks and open files are keyed by
@@ -346,10 +373,14 @@ class SourceCatalog:
             raise PlanError(f"{self.plan_path}: corrupt plan (a sample beyond its index's rows)")
         return sid, rows
 
-    def fetch(self, block: RankChunk, lo: int, hi: int) -> list[np.ndarray]:
+    def fetch(
+        self, block: RankChunk, lo: int, hi: int, step: int | None = None
+    ) -> list[np.ndarray]:
         """Token ids (integer arrays) of samples [lo, hi) of `block`, in order, checked and
         truncated. One reader call per file: its rows are read together, with the rows this
-        rank's later samples need from a block-coded file (see `Lookahead`)."""
+        rank's later samples need from a block-coded file (see `Lookahead`). `step`: the
+        step they are of, named by the error if a file changed."""
+        self._step = step
         rec = block.fetch
         ahead = self.ahead
         payloads: list[Any] = [None] * (hi - lo)
@@ -395,6 +426,7 @@ class SourceCatalog:
         finally:
             for obj in staged:
                 obj.unstage()
+        self._recheck_objects(results)
         for (group, later, _r), read in zip(reads, results, strict=True):
             if isinstance(read, Exception):
                 raise read  # the first file's problem, in file order, whichever thread met it
@@ -527,17 +559,123 @@ class SourceCatalog:
         rows, offsets, lengths = where
         reader = self._reader(s, fid, entry)
         try:
+            if s.fmt == "arrow" and reader.object is None:
+                # a memory map: a truncated file would fault (SIGBUS) where it is read
+                self._recheck(s, fid, entry, reader)
             if s.fmt == "parquet":
-                return reader.fetch(  # type: ignore[call-arg]
+                out = reader.fetch(  # type: ignore[call-arg]
                     rows, offsets, lengths, keep=_cache_groups(later), pages=pages
                 )
-            return reader.fetch(rows, offsets, lengths)
-        except SourceDataError:
-            if later is None or not len(later):
+            else:
+                out = reader.fetch(rows, offsets, lengths)
+            # after the read: a file rewritten before or while it was read shows here, and
+            # its bytes are not handed on (an object's are checked by `_recheck_objects`)
+            self._recheck(s, fid, entry, reader)
+            if reader.object is not None:
+                return _ObjectRead(out, s, fid, entry, reader)
+            return out
+        except Exception as exc:
+            # a changed file is often unreadable where the index says: say it changed
+            self._recheck(s, fid, entry, reader, fresh=True)
+            if not isinstance(exc, SourceDataError) or later is None or not len(later):
                 raise
         finally:
             self._release(reader)
         return self._read(block, s, fid, entry, now, None)
+
+    def _recheck(
+        self,
+        s: _Source,
+        fid: int,
+        entry: dict[str, Any],
+        reader: FileReader | list[tuple[int, Any]],
+        fresh: bool = False,
+    ) -> None:
+        """DataChangedError naming the file and the step if what `reader` reads is not the
+        version pinned at the file's check: a file's fstat (size, mtime, inode), a memory
+        map's path, an object's version when its handle was opened, or (`fresh`) now. Given
+        (which, path) pairs instead of a reader, the files at those paths now."""
+        key = (s.sid, fid)
+        if key in self._changed:
+            raise DataChangedError(self._changed[key])
+        pins = self.pins.get(key)
+        if pins is None:  # not checked (verify="none"), or re-checks off
+            return
+        handles = reader if isinstance(reader, list) else reader.handles()
+        for which, handle in handles:
+            pinned = pins[which]
+            if type(handle) is int and pinned is not None and pinned[0] == "file":
+                st = os.fstat(handle)  # the common case, once per file a fetch: kept lean
+                if (
+                    st.st_mtime_ns == pinned[4]
+                    and st.st_size == pinned[3]
+                    and st.st_ino == pinned[2]
+                    and st.st_dev == pinned[1]
+                ):
+                    continue
+                now = stat_identity(st)
+            elif isinstance(handle, RangeFile):
+                now = storage.version(handle.url) if fresh else handle.version
+                if fresh:
+                    handle.checked = handle.requests
+            elif isinstance(handle, int):
+                now = stat_identity(os.fstat(handle))
+            else:
+                now = file_identity(handle)
+            if pinned is None:  # not known at the check: this first open pins it
+                pins[which] = now
+                continue
+            change = identity_change(pinned, now) if now is not None else ("removed", False)
+            if change is None:
+                continue
+            reason, same_size = change
+            path, companion = entry_paths(self.root, entry, f"{s.name} files[{fid}]", self._dirs)
+            if same_size and content_problem(path, companion, entry, entry["path"]) is None:
+                pins[which] = now  # another copy of the same bytes
+                continue
+            self._changed_file(s, fid, entry, which, reason)
+
+    def _changed_file(self, s: _Source, fid: int, entry, which: int, reason: str) -> None:
+        """Raise (and remember, for every later read of the file) that it changed."""
+        rel = entry["path"] if which == 0 else entry.get("index_path", entry["path"])
+        shown = str(storage.join(self.root, rel)) if storage.is_url(self.root) else rel
+        at = f" at step {self._step}" if self._step is not None else ""
+        message = (
+            f"source {s.name!r}: {shown} changed after it was checked ({reason}), found "
+            f"reading{at}; none of its new bytes were used. Restore the file, or re-index and "
+            "re-plan and resume from a checkpoint"
+        )
+        self._changed[(s.sid, fid)] = message
+        raise DataChangedError(message)
+
+    def _recheck_objects(self, results: list) -> None:
+        """Ask the store for the version of every object this fetch read from (one request
+        each, all at once): the reads of a handle go to the object as it is now, whatever
+        version the handle was opened at, so a rewrite since shows here, before the bytes
+        are used. Objects whose reads were all served from caches need no request."""
+        todo = []
+        for k, read in enumerate(results):
+            if not isinstance(read, _ObjectRead):
+                continue
+            results[k] = read.payloads
+            if self.pins.get((read.source.sid, read.fid)) is None:
+                continue
+            if any(
+                isinstance(h, RangeFile) and h.requests != h.checked
+                for _w, h in read.reader.handles()
+            ):
+                todo.append(read)
+
+        def check(read: _ObjectRead) -> DataChangedError | None:
+            try:
+                self._recheck(read.source, read.fid, read.entry, read.reader, fresh=True)
+            except DataChangedError as exc:
+                return exc
+            return None
+
+        for error in parallel(check, todo):
+            if error is not None:
+                raise error
 
     def _all_tokens(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
         """Each sample's token ids (`_tokens`). An integer array of the planned length that
@@ -565,6 +703,8 @@ class SourceCatalog:
     def _reader(self, s: _Source, file_id: int, entry: dict[str, Any]) -> FileReader:
         """The open reader of a file (opened if need be), marked busy until `_release`."""
         key = (s.sid, file_id)
+        if key in self._changed:
+            raise DataChangedError(self._changed[key])
         with self._files_lock:
             reader = self._files.get(key)
             if reader is not None:
@@ -576,22 +716,37 @@ class SourceCatalog:
             except ValueError as exc:
                 raise PlanError(f"{self.plan_path}: {exc}") from None
             try:
-                reader = open_reader(
-                    s.fmt,
-                    path,
-                    payload_kind=s.payload["kind"],
-                    column=str(s.payload.get("column") or ""),
-                    companion=companion,
-                    blocks=self._blocks,
-                    # an object's errors name its URL (the store, not the file, may be at fault)
-                    display=str(path) if storage.is_url(path) else str(entry["path"]),
-                )
+                reader = self._open(s, file_id, entry, path, companion)
             except ValueError as exc:  # facts no reader takes (a forged plan)
                 raise PlanError(f"{self.plan_path}: corrupt plan ({where}: {exc})") from None
+            try:
+                self._recheck(s, file_id, entry, reader)  # the version this open found
+            except BaseException:
+                reader.close()
+                raise
             with self._files_lock:
                 self._busy[reader] = 1
                 self._files.put(key, reader)
         return reader
+
+    def _open(self, s: _Source, file_id: int, entry, path, companion) -> FileReader:
+        """`open_reader` of a file; one it cannot open (its header, footer or frames are
+        not where they were) is first compared with its pinned version, to say it changed."""
+        try:
+            return open_reader(
+                s.fmt,
+                path,
+                payload_kind=s.payload["kind"],
+                column=str(s.payload.get("column") or ""),
+                companion=companion,
+                blocks=self._blocks,
+                # an object's errors name its URL (the store, not the file, may be at fault)
+                display=str(path) if storage.is_url(path) else str(entry["path"]),
+            )
+        except SourceDataError:
+            paths = [(0, path)] + ([(1, companion)] if companion is not None else [])
+            self._recheck(s, file_id, entry, paths)
+            raise
 
     def _release(self, reader: FileReader) -> None:
         """A read of `reader` is done: close it if it was evicted meanwhile."""

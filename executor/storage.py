@@ -38,10 +38,13 @@ __all__ = [
     "join",
     "list_objects",
     "note_written",
+    "object_version",
     "open_input",
     "parent_url",
+    "plan_data_root",
     "put_file",
     "read_exact",
+    "relocated",
     "replaced",
     "resolve_under",
     "short_read",
@@ -66,6 +69,55 @@ def given_root(argument: str | os.PathLike | None) -> tuple[str | None, str]:
     if env:
         return env, DATA_ROOT_ENV
     return None, ""
+
+
+def plan_data_root(
+    plan_path: Path | str, recorded: str, given: str | os.PathLike | None
+) -> tuple[Path | str, Path | str | None]:
+    """Where a plan's data lies, and where the plan records it: `given` (data_root=), else
+    $MDS_DATA_ROOT, else the root the plan records (relative to its own directory, or a
+    URL). A local root in use must be a directory."""
+    given, origin = given_root(given)
+    own: Path | str | None
+    if is_url(recorded):
+        own = recorded.rstrip("/")
+    elif is_url(plan_path) and not os.path.isabs(recorded):  # beside a plan's object
+        own = resolve_under(parent_url(str(plan_path)), recorded)
+    elif is_url(plan_path):
+        own = Path(recorded)
+    else:
+        own = Path(os.path.normpath(Path(plan_path).absolute().parent / recorded))
+    if given is not None and is_url(given):
+        return given.rstrip("/"), own
+    if given is not None:
+        root = Path(given)
+        if not root.is_dir():
+            raise ConfigError(f"{origin}={str(given)!r} is not a directory")
+        return root.absolute(), own
+    if isinstance(own, Path) and not own.is_dir():
+        raise ConfigError(
+            f"{plan_path}: its data root was expected at {own} (recorded relative to the "
+            f"plan's directory as {recorded!r}); the plan or the data moved: {MOVED_HINT}"
+        )
+    return own, own
+
+
+def relocated(root: Path | str, recorded: Path | str | None) -> bool:
+    """Whether the data root in use is another place than the recorded one (where the data
+    was indexed): files there are then checked by content on first use, since a copy keeps
+    names, sizes and (`cp -p`, `rsync -a`) mtimes whatever its bytes are. An unknown
+    recorded root (None) counts as another place."""
+    if recorded is None:
+        return True
+    if is_url(root) or is_url(recorded):
+        return str(root).rstrip("/") != str(recorded).rstrip("/")
+    a, b = os.path.normpath(os.path.abspath(root)), os.path.normpath(os.path.abspath(recorded))
+    if a == b:
+        return False
+    try:
+        return not os.path.samefile(a, b)  # one directory by two names (a symlink)
+    except OSError:
+        return True
 
 
 # --- object storage -----------------------------------------------------------------------
@@ -196,6 +248,28 @@ def stat(path: str | os.PathLike) -> os.stat_result | ObjectStat:
     if info.type != fs.FileType.File:
         raise SourceDataError(f"{path}: missing (no such object)")
     return ObjectStat(int(info.size), int(info.mtime_ns or 0))
+
+
+def object_version(handle: Any, url: str) -> tuple:
+    """("object", size, tag) of an open object: the tag is the ETag (S3) or the generation
+    (GCS) the store gave when the handle was opened, so two opens of one version compare
+    equal and a rewritten object does not."""
+    try:
+        meta = handle.metadata()
+        size = int(handle.size())
+    except OSError as exc:
+        raise failure(url, "stat", exc) from None
+    tag = meta.get("ETag") or meta.get("generation") or meta.get("etag") or b""
+    return ("object", size, bytes(tag).decode("ascii", "replace"))
+
+
+def version(url: str) -> tuple:
+    """The `object_version` of the object `url` now (one metadata request)."""
+    handle = open_input(url)
+    try:
+        return object_version(handle, url)
+    finally:
+        handle.close()
 
 
 def exists(path: str | os.PathLike) -> bool:

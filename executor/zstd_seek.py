@@ -268,6 +268,11 @@ class ZstdSeekFile:
         """Bytes of the decompressed stream."""
         return self.table.total
 
+    @property
+    def fd(self) -> int:
+        """The open file's descriptor (-1 for an object)."""
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -8,6 +8,7 @@ naming the first problem it found; the CLI turns the first failure into the exit
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +17,19 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mds.executor.datacheck import entry_paths, file_problem
-from mds.executor.errors import MdsError, PlanError
+from mds.executor.errors import ConfigError, MdsError, PlanError
 from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
 from mds.executor.sources import facts_problem, payload_problem
-from mds.executor.storage import given_root, is_url
+from mds.executor.storage import (
+    MOVED_HINT,
+    exists,
+    given_root,
+    is_url,
+    join,
+    plan_data_root,
+    relocated,
+)
 from mds.executor.tokenizer import index_tokenizer_path
 from mds.planner.index.manifest import (
     IndexManifest,
@@ -355,9 +364,11 @@ def _verify_index(
     except MdsError as exc:
         result.add("index manifest", "index", str(exc), "")
         return None
-    root = manifest.data.get("root")
+    indexed = root = manifest.data.get("root")
     if result.data_root is not None:
         root = str(result.data_root)
+    elif footer is not None:
+        root = _plan_root(result.plan, footer) or root
     problem = _manifest_problem(manifest, root)
     files = sum(len(s["files"]) for s in manifest.sources)
     detail = f"{_count(len(manifest.sources), 'source')}, {_count(files, 'file')}, root {root}"
@@ -366,13 +377,20 @@ def _verify_index(
     tables = IndexTables(manifest)
     if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return tables
+    # data elsewhere than where it was indexed: a copy keeps names, sizes and mtimes
+    # whatever its bytes are, so every file's content fingerprint is checked
+    moved = not isinstance(indexed, str) or relocated(_root(root), _root(indexed))
+    empty = _holds_none(_root(root), manifest)
+    if empty is not None:
+        result.add("data root", "data", empty, "")
     for sid, entry in enumerate(manifest.sources):
         name = entry["name"]
         result.add(
             f"source {name}: table", "data", tables.problem(sid), f"{entry['table']}, checksum ok"
         )
-        problem, detail = _files_problem(_root(root), entry, full)
-        result.add(f"source {name}: files", "data", problem, detail)
+        if empty is None:
+            problem, detail = _files_problem(_root(root), entry, full, moved)
+            result.add(f"source {name}: files", "data", problem, detail)
     if footer is not None:
         _verify_replay(result, footer, _root(root))
     return tables
@@ -411,6 +429,27 @@ def _counted_with_tokenizer(facts: dict[str, Any]) -> bool:
     return (facts.get("payload") or {}).get("kind") == "text" and (
         facts.get("length") or {}
     ).get("kind") == "tokenizer"
+
+
+def _holds_none(root: Path | str, manifest: IndexManifest) -> str | None:
+    """The problem of a root where none of (the first 16 of) the index's files exists: the
+    wrong root (moved data, a mistyped path, an empty directory, a missing bucket), not
+    files that changed; None otherwise."""
+    every = (
+        item["path"]
+        for entry in manifest.sources
+        for item in entry["files"]
+        if isinstance(item, dict) and isinstance(item.get("path"), str)
+    )
+    paths = list(itertools.islice(every, 16))
+    try:
+        if not paths or any(exists(join(root, p)) for p in paths):
+            return None
+    except (MdsError, ValueError):
+        return None  # the store failed: the file checks name it
+    return (
+        f"the data root {root} holds none of the indexed files (such as {paths[0]}); {MOVED_HINT}"
+    )
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
@@ -464,12 +503,28 @@ def _changed_sources(manifest: IndexManifest, footer: dict[str, Any]) -> list[st
     return [n for n in dict.fromkeys([*planned, *now]) if planned.get(n) != now.get(n)]
 
 
-def _files_problem(root: Path, entry: dict[str, Any], full: bool) -> tuple[str | None, str]:
-    """Check every file of one source; returns (first problem or None, passing detail)."""
+def _plan_root(plan: Path, footer: dict[str, Any]) -> str | None:
+    """The data root as the executor finds it from the plan (relative to the plan's
+    directory), or None when the plan records none that is there."""
+    fetch = footer.get("fetch")
+    recorded = fetch.get("root") if isinstance(fetch, dict) else None
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    try:
+        return str(plan_data_root(plan, recorded, None)[0])
+    except ConfigError:
+        return None
+
+
+def _files_problem(
+    root: Path, entry: dict[str, Any], full: bool, moved: bool = False
+) -> tuple[str | None, str]:
+    """Check every file of one source (`moved`: by content too, see `file_problem`);
+    returns (first problem or None, passing detail)."""
     files = entry["files"]
     failed, first = 0, None
     for i, item in enumerate(files):
-        problem = file_problem(root, item, full, f"{entry['name']} files[{i}]")
+        problem = file_problem(root, item, full, f"{entry['name']} files[{i}]", content=moved)
         if problem is not None:
             failed += 1
             first = first or problem
@@ -477,6 +532,8 @@ def _files_problem(root: Path, entry: dict[str, Any], full: bool) -> tuple[str |
         {str(f.get("fingerprint", "")).partition(":")[0] for f in files if isinstance(f, dict)}
     )
     what = f"content fingerprints ({', '.join(modes)})" if full else "size and mtime"
+    if moved and not full:
+        what = f"size, mtime and content fingerprints ({', '.join(modes)}: the root moved)"
     detail = f"{_count(len(files), 'file')}, {what} match"
     if first is not None and failed > 1:
         first = f"{first} ({failed} of {len(files)} files differ)"

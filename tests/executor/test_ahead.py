@@ -62,9 +62,9 @@ def test_a_step_reads_each_file_once(plan, monkeypatch, mode):
         sources_module.SourceCatalog._read,
     )
 
-    def fetch(self, block, lo, hi):
+    def fetch(self, block, lo, hi, step=None):
         fetches.append([])
-        return real_fetch(self, block, lo, hi)
+        return real_fetch(self, block, lo, hi, step)
 
     def read(self, block, s, file_id, entry, now, later):
         fetches[-1].append((s.sid, file_id))

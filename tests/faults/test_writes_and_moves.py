@@ -10,7 +10,7 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 | disk-full-inspect-html (fresh / over an old report) | ENOSPC after 100 bytes of the HTML | exit 1, `<out>: cannot write the report (No space left on device)` |
 | **a plan moved away from its index** | | |
 | moved-plan (export, inspect --step) | plan.mds copied to another directory | exit 1: `<plan>: its index was expected at <dir> (recorded relative to the plan's directory as 'index'); if the plan or the index moved, pass --index`; with `--index` it works |
-| moved-plan (executor) | the same copy | DataChangedError: `source 'web': web/part-0.parquet: missing under the data root <dir> (recorded relative to the plan's directory as '.'); if the plan or the data moved, pass data_root= ...`; with `data_root=` it works, and needs no index |
+| moved-plan (executor) | the same copy | DataChangedError: `the data root <dir> (recorded relative to the plan's directory as '.') holds none of the indexed files (source 'web': web/part-0.parquet: missing); if the plan or the data moved, or the root is mistyped: pass data_root= ...`; with `data_root=` it works, and needs no index |
 | **an index whose file path leaves the data root** | | |
 | manifest-path-escapes (`../`, absolute, inner `..`; plan, export, verify, inspect --step) | web files[1].path forged, fingerprint recomputed | exit 1, `<index>/manifest.json: web files[1]: path '../secret.parquet' escapes the index root; refused, not read` |
 | **racing writers** | | |
@@ -108,10 +108,11 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
     with pytest.raises(DataChangedError) as info:
         PlanExecutor(moved, 0, tokenize=word_ids)
     assert re.fullmatch(
-        rf"source '\w+': [\w/.-]+: missing under the data root {re.escape(str(moved.parent))} "
-        r"\(recorded relative to the plan's directory as '\.'\); if the plan or the data moved: "
-        r"pass data_root= \(or --data-root, or set MDS_DATA_ROOT\) with the directory that now "
-        "holds the indexed data; no re-index or re-plan is needed",
+        rf"the data root {re.escape(str(moved.parent))} \(recorded relative to the plan's "
+        r"directory as '\.'\) holds none of the indexed files \(source '\w+': [\w/.-]+: "
+        r"missing\); if the plan or the data moved, or the root is mistyped: pass data_root= "
+        r"\(or --data-root, or set MDS_DATA_ROOT\) with the directory that now holds the "
+        "indexed data; no re-index or re-plan is needed",
         str(info.value),
     ), str(info.value)
     # The fixes the messages name work.
