@@ -97,6 +97,13 @@ def _s3_client(endpoint: str | None, region: str | None, timeout: float, tries: 
         )
 
 
+def _needs(url: str, package: str, extra: str) -> ConfigError:
+    return ConfigError(
+        f"writing to {url} needs {package} for its lock (a conditional request pyarrow "
+        f"cannot send): pip install 'mds-planner[{extra}]'"
+    )
+
+
 class _S3:
     """Conditional create, read, overwrite and delete of one S3 object, through boto3."""
 
@@ -104,10 +111,7 @@ class _S3:
         try:
             import boto3  # noqa: F401
         except ImportError:
-            raise ConfigError(
-                f"writing to {url} needs boto3 for its lock (a conditional request pyarrow "
-                "cannot send): pip install 'mds-planner[s3]'"
-            ) from None
+            raise _needs(url, "boto3", "s3") from None
         bucket_key = url.split("://", 1)[1]
         self.bucket, _, self.key = bucket_key.partition("/")
         timeout = storage._env_number(storage.TIMEOUT_ENV, storage._DEFAULT_TIMEOUT, float)
@@ -189,10 +193,7 @@ class _GCS:
             import requests
             from google.auth.transport.requests import AuthorizedSession
         except ImportError:
-            raise ConfigError(
-                f"writing to {url} needs google-auth for its lock (a conditional request "
-                "pyarrow cannot send): pip install 'mds-planner[gcs]'"
-            ) from None
+            raise _needs(url, "google-auth", "gcs") from None
         bucket_key = url.split("://", 1)[1]
         self.bucket, _, self.key = bucket_key.partition("/")
         self.timeout = storage._env_number(storage.TIMEOUT_ENV, storage._DEFAULT_TIMEOUT, float)

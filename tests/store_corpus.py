@@ -34,6 +34,46 @@ def write_corpus(
     write_jsonl(root / forum, lines)
 
 
+def corpus_config(
+    *,
+    web: str = "web/*.parquet",
+    forum: str = "forum.jsonl",
+    keep: str = "",
+    steps: int = 8,
+    dp_size: int = 2,
+    micro_batches: int = 2,
+    seed: int = 5,
+    tail: str = "",
+) -> str:
+    """The config of the corpus of write_corpus, as a template whose `{root}` the caller
+    fills; `tail`: more TOML after [train]."""
+    keep = f"keep = {keep}\n" if keep else ""
+    return f"""
+[index]
+root = "{{root}}"
+
+[[source]]
+name = "web"
+path = "{web}"
+tokens = "tokens"
+{keep}weight = 0.6
+
+[[source]]
+name = "forum"
+path = "{forum}"
+tokens = "ids"
+weight = 0.4
+
+[train]
+steps = {steps}
+dp_size = {dp_size}
+micro_batches = {micro_batches}
+samples_per_step = {4 if dp_size == 1 else 8}
+max_tokens_per_micro_batch = 400
+seed = {seed}
+{tail}"""
+
+
 def index_and_plan(top: Path, name: str, config: str, *index_args: str) -> Path:
     """Write `config` as top/<name>.toml, index it to top/<name>-index and plan top/<name>.mds."""
     path = top / f"{name}.toml"

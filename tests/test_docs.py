@@ -172,3 +172,25 @@ def test_storage_blocks_run_with_the_data_moved(workdir, tmp_path):
     assert run_shell_block(mds_lines.replace(MOUNT, str(moved)), workdir) == 1
     assert run_shell_block(reindex_moved.replace(MOUNT, str(moved)), workdir) == 1
     assert "s3://" in page and "mds index corpus.toml" in objects
+
+
+def test_every_guarantee_names_tests_that_exist():
+    """docs/guarantees.md names, for each promise, the tests that prove it: each named test
+    file exists under tests/ and defines each named test (`::name` continues the last file)."""
+    text = (ROOT / "docs" / "guarantees.md").read_text(encoding="utf-8")
+    named, last = [], None
+    for ref in re.findall(r"`([\w/.]*\.py)?((?:::\w+)?)(?:\[[^\]`]*\])?`", text):
+        path, test = ref
+        if not path and not test:
+            continue
+        last = path or last
+        assert last is not None, f"`{test}` names no file before it"
+        named.append((last, test.removeprefix("::")))
+    assert len(named) > 40
+    for path, test in named:
+        source = ROOT / "tests" / path
+        assert source.is_file(), f"docs/guarantees.md names {path}, which is not in tests/"
+        if test:
+            assert re.search(rf"^def {test}\(", source.read_text(encoding="utf-8"), re.M), (
+                f"docs/guarantees.md names {path}::{test}, which {path} does not define"
+            )

@@ -10,36 +10,19 @@ import json
 import pytest
 from cli_helpers import mds, one_error_line
 from gcs_store import gcs_server
-from store_corpus import assert_replays_as_local, index_and_plan, replay, write_corpus
+from store_corpus import (
+    assert_replays_as_local,
+    corpus_config,
+    index_and_plan,
+    replay,
+    write_corpus,
+)
 
 from mds.executor import PlanExecutor
 from mds.executor.errors import DataChangedError, PlanError, SourceDataError
 from mds.executor.storage import DATA_ROOT_ENV
 
-CONFIG = """
-[index]
-root = "{root}"
-
-[[source]]
-name = "web"
-path = "web/*.parquet"
-tokens = "tokens"
-weight = 0.6
-
-[[source]]
-name = "forum"
-path = "forum"
-tokens = "ids"
-weight = 0.4
-
-[train]
-steps = 8
-dp_size = 2
-micro_batches = 2
-samples_per_step = 8
-max_tokens_per_micro_batch = 400
-seed = 9
-"""
+CONFIG = corpus_config(forum="forum", seed=9)
 
 
 @pytest.fixture(scope="module")

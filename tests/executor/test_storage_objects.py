@@ -15,7 +15,7 @@ from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from fault_proxy import fault_proxy
 from s3_store import BUCKET, free_port, s3_server, silent_server
-from store_corpus import index_and_plan, replay, write_corpus
+from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
 import mds.executor.readers as readers_module
 from mds.executor import PlanExecutor, parquet_pages
@@ -23,34 +23,9 @@ from mds.executor.errors import DataChangedError, Interrupted, PlanError, Source
 from mds.executor.planfile import PlanReader
 from mds.executor.storage import DATA_ROOT_ENV
 
-CONFIG = """
-[index]
-root = "{root}"
-
-[[source]]
-name = "web"
-path = "web/*.parquet"
-tokens = "tokens"
-keep = ["lang"]
-weight = 0.6
-
-[[source]]
-name = "forum"
-path = "forum"
-tokens = "ids"
-weight = 0.4
-
-[train]
-steps = 12
-dp_size = 2
-micro_batches = 2
-samples_per_step = 8
-max_tokens_per_micro_batch = 400
-seed = 11
-
-[plan]
-chunk_steps = 4
-"""
+CONFIG = corpus_config(
+    forum="forum", keep='["lang"]', steps=12, seed=11, tail="\n[plan]\nchunk_steps = 4\n"
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,39 +12,13 @@ import pytest
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from s3_store import BUCKET, free_port, s3_server
-from store_corpus import index_and_plan, replay, write_corpus
+from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
 from mds.executor import PlanExecutor
 from mds.executor.errors import PlanError
 from mds.executor.storage import DATA_ROOT_ENV
 
-CONFIG = """
-[index]
-root = "{root}"
-
-[[source]]
-name = "web"
-path = "web/*.parquet"
-tokens = "tokens"
-weight = 0.6
-
-[[source]]
-name = "forum"
-path = "forum.jsonl"
-tokens = "ids"
-weight = 0.4
-
-[train]
-steps = 8
-dp_size = 2
-micro_batches = 2
-samples_per_step = 8
-max_tokens_per_micro_batch = 400
-seed = 5
-
-[plan]
-chunk_steps = 3
-"""
+CONFIG = corpus_config(seed=5, tail="\n[plan]\nchunk_steps = 3\n")
 
 
 @pytest.fixture(scope="module")

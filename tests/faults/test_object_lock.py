@@ -17,7 +17,7 @@ import pytest
 from cli_helpers import mds, one_error_line
 from gcs_store import gcs_server
 from s3_store import BUCKET, s3_server
-from store_corpus import write_corpus
+from store_corpus import corpus_config, write_corpus
 
 from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
@@ -26,30 +26,7 @@ from mds.planner.config import load_config
 from mds.planner.index.build import build_index
 from mds.planner.object_lock import TTL_ENV, lock_url, object_lock
 
-CONFIG = """
-[index]
-root = "{root}"
-
-[[source]]
-name = "web"
-path = "web/*.parquet"
-tokens = "tokens"
-weight = 0.6
-
-[[source]]
-name = "forum"
-path = "forum/forum.jsonl"
-tokens = "ids"
-weight = 0.4
-
-[train]
-steps = 4
-dp_size = 1
-micro_batches = 1
-samples_per_step = 4
-max_tokens_per_micro_batch = 400
-seed = 3
-"""
+CONFIG = corpus_config(forum="forum/forum.jsonl", steps=4, dp_size=1, micro_batches=1, seed=3)
 
 
 def _dead_pid() -> int:
@@ -327,7 +304,6 @@ def test_a_lock_object_cannot_be_taken_is_one_line(s3, monkeypatch):
     one_error_line(
         mds("index", top / "local.toml", "-o", url), f"{lock_url(url)}: cannot take the lock"
     )
-
 
 
 def test_a_writer_that_lost_its_lock_writes_no_manifest(s3, monkeypatch):

@@ -27,7 +27,7 @@ from gcs_store import gcs_server
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from s3_store import BUCKET, s3_server
-from store_corpus import write_corpus
+from store_corpus import corpus_config, write_corpus
 
 from mds.executor import storage
 from mds.executor.errors import SourceDataError
@@ -35,30 +35,7 @@ from mds.executor.planfile import MAGIC
 from mds.executor.storage import DATA_ROOT_ENV
 from mds.planner.atomic import is_temp
 
-CONFIG = """
-[index]
-root = "{root}"
-
-[[source]]
-name = "web"
-path = "{web}"
-tokens = "tokens"
-weight = 0.6
-
-[[source]]
-name = "forum"
-path = "forum.jsonl"
-tokens = "ids"
-weight = 0.4
-
-[train]
-steps = 4
-dp_size = 2
-micro_batches = 2
-samples_per_step = 8
-max_tokens_per_micro_batch = 400
-seed = 3
-"""
+CONFIG = corpus_config(web="{web}", steps=4, seed=3)
 WEB_ROWS = 60  # write_corpus: two Parquet parts of 30 rows
 _prefixes = itertools.count()
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -101,6 +102,18 @@ def test_directory_pattern_skips_another_index(root: Path) -> None:
     _set_path(root, "web", "web")  # a directory: every data file under it
     assert _rows(root)["web"] == 20
     assert _rows(root)["web"] == 20
+
+
+def test_the_output_without_a_manifest_is_not_data(root: Path) -> None:
+    """Tables a failed first run left in the output (no manifest yet) are not source data
+    of the next run, even under a glob that spans them."""
+    _set_path(root, "web", "**/part-*.parquet")
+    rows = _rows(root, "fresh")["web"]
+    (root / "fresh" / "manifest.json").unlink()  # as if the commit had failed
+    stray = root / "fresh" / "sources" / "part-9.parquet"
+    shutil.copy(next((root / "web").glob("part-*.parquet")), stray)
+    assert _rows(root, "fresh")["web"] == rows
+    assert stray.exists()  # not named by a manifest of ours: left alone
 
 
 def test_explicit_path_into_index(root: Path) -> None:
