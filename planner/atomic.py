@@ -34,10 +34,28 @@ def _host_tag() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
 
 
+# What a temporary's name adds to NAME: ".", ".tmp-", a pid of up to 7 digits, "-", the
+# host tag, "-", 8 random hex digits; NAME keeps the rest of a 255-byte file name.
+_STEM_MAX = 255 - len(f".{_TMP_MARK}4194304-abcdef-01234567")
+
+
+def _stem(name: str) -> str:
+    """NAME as its temporaries start, or, when a temporary's name would pass the file
+    system's 255 bytes, the start of NAME and a hash of all of it (still unique to it)."""
+    if len(os.fsencode(name)) <= _STEM_MAX:
+        return name
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+    room = _STEM_MAX - len(f"~{digest}")
+    head = os.fsencode(name)[:room].decode("utf-8", "ignore")
+    while len(os.fsencode(head)) > room:  # a name that is not UTF-8 (surrogate escapes)
+        head = head[:-1]
+    return f"{head}~{digest}"
+
+
 def temp_sibling(path: Path) -> Path:
     """A hidden, unique name next to `path`, so the final rename stays on one filesystem."""
     tag = f"{os.getpid()}-{_host_tag()}-{secrets.token_hex(4)}"
-    return path.with_name(f".{path.name}{_TMP_MARK}{tag}")
+    return path.with_name(f".{_stem(path.name)}{_TMP_MARK}{tag}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -56,7 +74,7 @@ def clean_stale_temps(path: Path, *, every: bool = False) -> list[Path]:
     by dead processes of this host, e.g. after SIGKILL; a live writer's, or another host's,
     are left alone."""
     removed: list[Path] = []
-    prefix, host = ("." if every else f".{path.name}{_TMP_MARK}"), _host_tag()
+    prefix, host = ("." if every else f".{_stem(path.name)}{_TMP_MARK}"), _host_tag()
     try:
         entries = list((path if every else path.parent).iterdir())
     except OSError:
