@@ -354,8 +354,7 @@ class PlanWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        os.replace(self.tmp, self.path)
-        storage.note_written(self.path)
+        storage.replace_local(self.tmp, self.path)
         return data
 
     def abort(self) -> None:

@@ -43,10 +43,12 @@ __all__ = [
     "parent_url",
     "plan_data_root",
     "put_file",
+    "replace_local",
     "read_exact",
     "relocated",
     "replaced",
     "resolve_under",
+    "s3_client",
     "short_read",
     "stat",
     "temp_url",
@@ -392,28 +394,77 @@ def _upload(fs: Any, local: str | os.PathLike, key: str) -> None:
             out.write(piece)
 
 
+@functools.lru_cache(maxsize=8)
+def _s3_client(endpoint: str | None, region: str | None, timeout: float, tries: int) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=timeout,
+        read_timeout=timeout,
+        retries={"max_attempts": tries, "mode": "standard"},
+    )
+    with _CLIENTS:  # clients are thread-safe, making one is not
+        return boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, region_name=region, config=config
+        )
+
+
+_CLIENTS = threading.Lock()
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client for the current environment (the endpoint, region, timeout and
+    attempts the pyarrow filesystem uses), cached per settings. Writers need boto3 for what
+    pyarrow cannot do: conditional requests, and copies of more than 5 GiB."""
+    timeout = _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    return _s3_client(endpoint or None, region or None, timeout, attempts())
+
+
+def _copy(fs: Any, url: str, src: str, size: int) -> None:
+    """Put the object `src` (a bucket/key) over `url` whole: one CopyObject, or for S3
+    objects over COPY_LIMIT, a multipart copy whose completion is the one atomic step
+    (boto3 aborts it on failure)."""
+    if not (url.startswith("s3://") and size > COPY_LIMIT):
+        fs.copy_file(src, _key(url))
+        return
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"writing {url} (over 5 GiB) needs boto3 for a multipart copy: "
+            "pip install 'mds-planner[s3]'"
+        ) from None
+    bucket, _, key = _key(url).partition("/")
+    from_bucket, _, from_key = src.partition("/")
+    try:
+        s3_client().copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
+    except Exception as exc:  # botocore's errors: one line naming the object
+        raise OSError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def replace_local(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """os.replace(tmp, path), noted as written (note_written) with SIGINT/SIGTERM held
+    until both are done: an interrupt never falls between a commit and its record."""
+    with _signals_held() as held:
+        os.replace(tmp, path)
+        note_written(path)
+    _deliver(held, None)
+
+
 def put_file(local: str | os.PathLike, url: str) -> None:
     """Upload a local file as the object `url`, so that readers (and an interrupted writer)
     see the old object or the new one whole, never a part.
 
     A stream closed while an exception unwinds still completes its upload, so the bytes go
-    to a temporary sibling (temp_url) which one copy request puts over `url` (atomic on S3
-    and GCS), with SIGINT/SIGTERM held for that request so that after it we know whether
-    `url` changed; the temporary is then deleted. An S3 object over COPY_LIMIT cannot be
-    copied in one request: it is uploaded to `url` itself with the signals held throughout.
-    An interrupt after `url` was written raises Interrupted saying so."""
-    fs, key = filesystem(url), _key(url)
+    to a temporary sibling (temp_url) which a copy puts over `url` (atomic on S3 and GCS;
+    see _copy), with SIGINT/SIGTERM held for the copy so that after it we know whether
+    `url` changed; the temporary is then deleted. An interrupt after `url` was written
+    raises Interrupted saying so."""
+    fs = filesystem(url)
     committed = f"the interrupt came after {url} was written whole"
-    if url.startswith("s3://") and os.path.getsize(local) > COPY_LIMIT:
-        with _signals_held() as held:
-            try:
-                _upload(fs, local, key)
-            except OSError as exc:
-                _deliver(held, None)
-                raise failure(url, "write", exc) from None
-            note_written(url)
-        _deliver(held, committed)
-        return
     tmp = temp_url(url)
     try:
         try:
@@ -422,10 +473,13 @@ def put_file(local: str | os.PathLike, url: str) -> None:
             raise failure(url, "write", exc) from None
         with _signals_held() as held:
             try:
-                fs.copy_file(_key(tmp), key)
+                _copy(fs, url, _key(tmp), os.path.getsize(local))
             except OSError as exc:
                 _deliver(held, None)
                 raise failure(url, "write", exc) from None
+            except BaseException:
+                _deliver(held, None)
+                raise
             note_written(url)
         _deliver(held, committed)
     finally:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mds.executor.errors import MdsError, OutputError
-from mds.executor.storage import note_written
+from mds.executor.storage import replace_local
 
 __all__ = [
     "atomic_path",
@@ -123,8 +123,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         fsync_file(tmp)
-        os.replace(tmp, path)
-        note_written(path)
+        replace_local(tmp, path)
         _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)

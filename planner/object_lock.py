@@ -19,7 +19,6 @@ needs neither.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -76,27 +75,6 @@ def _age(header_date: str | None, modified: Any) -> float:
     return (now if now is not None else time.time()) - modified.timestamp()
 
 
-_CLIENTS = threading.Lock()
-
-
-@functools.lru_cache(maxsize=8)
-def _s3_client(endpoint: str | None, region: str | None, timeout: float, tries: int) -> Any:
-    """A boto3 S3 client per endpoint and settings (clients are thread-safe, sessions are
-    not: one is made under a mutex)."""
-    import boto3
-    from botocore.config import Config
-
-    config = Config(
-        connect_timeout=timeout,
-        read_timeout=timeout,
-        retries={"max_attempts": tries, "mode": "standard"},
-    )
-    with _CLIENTS:
-        return boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name=region, config=config
-        )
-
-
 def _needs(url: str, package: str, extra: str) -> ConfigError:
     return ConfigError(
         f"writing to {url} needs {package} for its lock (a conditional request pyarrow "
@@ -114,10 +92,7 @@ class _S3:
             raise _needs(url, "boto3", "s3") from None
         bucket_key = url.split("://", 1)[1]
         self.bucket, _, self.key = bucket_key.partition("/")
-        timeout = storage._env_number(storage.TIMEOUT_ENV, storage._DEFAULT_TIMEOUT, float)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        self.client = _s3_client(endpoint or None, region or None, timeout, storage.attempts())
+        self.client = storage.s3_client()
 
     @staticmethod
     def _code(exc: Any) -> str:

@@ -449,19 +449,40 @@ def test_an_interrupt_during_the_copy_is_held_and_says_the_object_was_written(pu
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_an_object_over_the_copy_limit_is_uploaded_in_place_with_signals_held(put, monkeypatch):
-    """CopyObject copies at most 5 GiB: a larger object is streamed to its own key, and a
-    signal during that upload waits for its end (the object is then whole, and says so)."""
+def test_an_object_over_the_copy_limit_is_never_partial(put, monkeypatch):
+    """CopyObject copies at most 5 GiB: a larger object goes to its temporary like any other
+    and is put in place by a multipart copy (boto3), whose completion is atomic. A failure
+    mid-upload leaves the old object; a signal during the copy waits for its end."""
     from mds.executor import storage
 
     store, local, url, patch = put
     key = url.split("/", 3)[3]
+    old = store.get(key)
     monkeypatch.setattr(storage, "COPY_LIMIT", 100)
-    fake = patch(during_write=_sigint)
+
+    def fail():
+        raise OSError("local read error")
+
+    patch(during_write=fail)
+    with pytest.raises(SourceDataError, match=rf"^{url}: cannot write"):
+        storage.put_file(local, url)
+    assert store.get(key) == old
+    copied = []
+    client = storage.s3_client()
+    real_copy = client.copy
+
+    def copy(*args, **kwargs):
+        copied.append(args[1:3])
+        _sigint()
+        return real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(client, "copy", copy)
+    fake = patch()
     with pytest.raises(Interrupted, match=rf"after {url} was written whole"):
         storage.put_file(local, url)
-    assert fake.streams == [f"{BUCKET}/{key}"]
+    assert copied == [(BUCKET, key)] and fake.streams[0] != f"{BUCKET}/{key}"
     assert store.get(key) == local.read_bytes()
+    assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
 
 
 def test_a_failed_copy_leaves_the_object_and_no_temporary(put, monkeypatch):

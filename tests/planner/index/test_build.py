@@ -819,3 +819,26 @@ def test_interrupt_just_after_the_manifest_keeps_the_new_index(root: Path, monke
     manifest = read_manifest(root / "index")
     assert all((root / "index" / s["table"]).exists() for s in manifest.sources)
     assert _table(root / "index", "web").height == 15
+
+
+def test_a_signal_during_the_manifest_rename_keeps_the_new_index(root: Path, monkeypatch) -> None:
+    """SIGINT arriving while manifest.json is renamed into place (before the rename is
+    recorded) waits until it is: the new index is kept whole, never rolled back under its
+    manifest."""
+    import signal
+
+    _build(root)
+    _change_every_web_file(root)
+    real = os.replace
+
+    def replace(src, dst):
+        real(src, dst)
+        if os.path.basename(dst) == "manifest.json":
+            signal.raise_signal(signal.SIGINT)  # lands between the rename and its record
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        _build(root)
+    manifest = read_manifest(root / "index")
+    assert all((root / "index" / s["table"]).exists() for s in manifest.sources)
+    assert _table(root / "index", "web").height == 15
