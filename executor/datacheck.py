@@ -14,10 +14,11 @@ from typing import Any
 
 from mds.executor import storage
 from mds.executor.errors import MdsError
-from mds.executor.fingerprint import fingerprint, stat_signature
+from mds.executor.fingerprint import fingerprint, hashes_every_byte, stat_signature
 
 __all__ = [
     "MODES",
+    "content_decides",
     "content_problem",
     "entry_paths",
     "file_identity",
@@ -164,6 +165,15 @@ def _stat_problem(
     return None
 
 
+def content_decides(item: dict, pins: list[tuple | None]) -> bool:
+    """Whether `item`'s fingerprint covers every byte of the file (and companion) at the
+    pinned sizes, so that a same-size version whose content matches it is the same data; a
+    sampled fingerprint of a larger file skips most bytes, and cannot."""
+    stored = item.get("fingerprint")
+    sizes = [p[3] if p[0] == "file" else p[1] for p in pins if p is not None]
+    return isinstance(stored, str) and hashes_every_byte(stored, *sizes)
+
+
 def content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
     """Why the content of `path` (and its companion) is not what `item`'s fingerprint says."""
     return _content_problem(path, companion, item, rel)
@@ -207,9 +217,9 @@ def file_identity(path: Any) -> tuple | None:
 
 
 def identity_change(pinned: tuple, now: tuple) -> tuple[str, bool] | None:
-    """How version `now` differs from `pinned` (None: the same), and whether only its
-    identity did (another inode or object of the same size and mtime, as a copy that keeps
-    times or a re-upload makes): then the content decides."""
+    """How version `now` differs from `pinned` (None: the same), and whether its size did
+    not (another inode, mtime or object version of the same size, as `touch`, a copy that
+    keeps times or a re-upload makes): then the content may decide (`content_decides`)."""
     if now == pinned:
         return None
     if now[0] != pinned[0]:
@@ -220,6 +230,6 @@ def identity_change(pinned: tuple, now: tuple) -> tuple[str, bool] | None:
         return f"rewritten (version {pinned[2]} -> {now[2]})", True
     if now[3] != pinned[3]:
         return f"size {pinned[3]} -> {now[3]} bytes", False
-    if now[4] != pinned[4]:
-        return f"modified (mtime_ns {pinned[4]} -> {now[4]})", False
+    if now[4] != pinned[4]:  # touched, or edited in place: the content decides
+        return f"modified (mtime_ns {pinned[4]} -> {now[4]})", True
     return "replaced by another file of the same size and mtime", True

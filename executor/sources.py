@@ -23,6 +23,7 @@ import numpy as np
 
 from mds.executor import storage
 from mds.executor.datacheck import (
+    content_decides,
     content_problem,
     entry_paths,
     file_identity,
@@ -630,7 +631,11 @@ class SourceCatalog:
                 continue
             reason, same_size = change
             path, companion = entry_paths(self.root, entry, f"{s.name} files[{fid}]", self._dirs)
-            if same_size and content_problem(path, companion, entry, entry["path"]) is None:
+            if (
+                same_size
+                and content_decides(entry, pins)
+                and content_problem(path, companion, entry, entry["path"]) is None
+            ):
                 pins[which] = now  # another copy of the same bytes
                 continue
             self._changed_file(s, fid, entry, which, reason)

@@ -47,12 +47,13 @@ def _write(root: Path, fmt: str) -> tuple[str, dict[str, Any]]:
     return "d/data.bin", {"path": "d/data"}
 
 
-def _world(base: Path, fmt: str) -> tuple[Path, str]:
-    """Data, index and plan of one source in `fmt`: (the plan, the source file)."""
+def _world(base: Path, fmt: str, write=_write) -> tuple[Path, str]:
+    """Data, index and plan of one source in `fmt` (written by `write`): (the plan, the
+    source file)."""
     from mds.planner.plan import build_plan
 
     root = base / "data"
-    rel, source = _write(root, fmt)
+    rel, source = write(root, fmt)
     config = {
         "index": {"output": "index"},
         "source": [{"name": "src", "weight": 1, **source}],
@@ -164,6 +165,72 @@ def test_a_file_replaced_by_rename_is_not_read(fmt, tmp_path, expected_of, monke
                 got.append(batch_digest(batch))
     assert got == expected[: len(got)] and len(got) < len(expected)
     assert rel.rsplit(".", 1)[0] in str(info.value) and "at step 3" in str(info.value)
+
+
+def test_a_same_size_replacement_its_sampled_fingerprint_skips_stops_the_run(
+    tmp_path, expected_of, monkeypatch
+):
+    """A file over 3 MiB replaced (same size and mtime) by one that differs only in bytes
+    its sampled fingerprint does not read: that fingerprint cannot vouch for the new bytes,
+    so the run stops instead of reading them."""
+    from mds.executor.fingerprint import _BLOCK, _EDGE
+
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+
+    def write(root: Path, fmt: str) -> tuple[str, dict[str, Any]]:
+        pad = "x" * 200_000  # 24 lines: about 4.6 MiB
+        write_jsonl(root / "d/big.jsonl", [{"ids": _ids(r), "pad": pad} for r in range(ROWS)])
+        return "d/big.jsonl", {"path": "d/big.jsonl", "tokens": "ids"}
+
+    plan, rel = _world(tmp_path, "jsonl", write)
+    kwargs = dict(read_ahead=0, cache_bytes=0)
+    expected = expected_of(plan, **kwargs)
+    path = tmp_path / "data" / rel
+
+    def change() -> None:
+        st = path.stat()
+        raw = bytearray(path.read_bytes())
+        at = _EDGE + _BLOCK + 100  # between the first two sampled blocks
+        assert raw[at : at + 1] == b"x"
+        raw[at] = ord("y")
+        new = path.with_name("big.new")
+        new.write_bytes(bytes(raw))
+        os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(new, path)
+        with PlanExecutor(plan, 0, **kwargs):
+            pass  # the new bytes pass a fresh start-up check: only the pin can tell
+        ex_reset()
+
+    with PlanExecutor(plan, 0, **kwargs) as ex:
+        ex_reset = ex._catalog.reset
+        it = iter(ex)
+        got = [batch_digest(next(it)) for _ in range(3)]
+        change()
+        with pytest.raises(DataChangedError, match="replaced") as info:
+            for batch in it:
+                got.append(batch_digest(batch))
+    assert got == expected[: len(got)] and rel in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_touched_file_whose_bytes_are_the_same_replays_on(
+    fmt, tmp_path, expected_of, monkeypatch
+):
+    """`touch` during the run: the mtime moved, the bytes did not, and the fingerprint (every
+    byte of a small file) says so; the run goes on with the same batches."""
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+    plan, rel = _world(tmp_path, fmt)
+    kwargs = dict(read_ahead=0, cache_bytes=0)
+    expected = expected_of(plan, **kwargs)
+    path = tmp_path / "data" / rel
+    with PlanExecutor(plan, 0, **kwargs) as ex:
+        it = iter(ex)
+        got = [batch_digest(next(it)) for _ in range(3)]
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        ex._catalog.reset()
+        got += [batch_digest(batch) for batch in it]
+    assert got == expected
 
 
 def test_an_unchanged_file_touched_by_nothing_replays(tmp_path, expected_of, monkeypatch):
