@@ -31,7 +31,9 @@ _TMP_RE = re.compile(r"\.tmp-(\d+)-([0-9a-f]{6})-[0-9a-f]{8}$")
 
 
 def _host_tag() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+    """A short hash of the host name and machine_id: temporaries of another container
+    with the same host name are another host's, never removed as a dead process's."""
+    return hashlib.sha256(f"{socket.gethostname()}/{machine_id()}".encode()).hexdigest()[:6]
 
 
 # What a temporary's name adds to NAME: ".", ".tmp-", a pid of up to 7 digits, "-", the
@@ -56,6 +58,25 @@ def temp_sibling(path: Path) -> Path:
     """A hidden, unique name next to `path`, so the final rename stays on one filesystem."""
     tag = f"{os.getpid()}-{_host_tag()}-{secrets.token_hex(4)}"
     return path.with_name(f".{_stem(path.name)}{_TMP_MARK}{tag}")
+
+
+def machine_id() -> str:
+    """What tells this machine and PID namespace apart from another with the same host name
+    (containers sharing a node's name see other pids): the boot id and the PID namespace,
+    or "" where the system does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def same_machine(holder: dict, host: str) -> bool:
+    """Whether the writer a lock record names ran here, so that its pid is ours to ask
+    about: the same host name and, when both sides know it, the same machine_id."""
+    theirs, ours = holder.get("machine"), machine_id()
+    return holder.get("host") == host and (not theirs or not ours or theirs == ours)
 
 
 def pid_alive(pid: int) -> bool:

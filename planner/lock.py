@@ -29,7 +29,13 @@ from typing import Any
 
 from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
-from mds.planner.atomic import clean_stale_temps, pid_alive, temp_sibling
+from mds.planner.atomic import (
+    clean_stale_temps,
+    machine_id,
+    pid_alive,
+    same_machine,
+    temp_sibling,
+)
 
 __all__ = ["lock_name", "lock_path", "output_lock"]
 
@@ -77,7 +83,7 @@ def _parse(data: bytes) -> dict[str, Any]:
 def _stale(holder: dict[str, Any], host: str) -> bool:
     if not holder:
         return True
-    return holder.get("host") == host and not pid_alive(holder["pid"])
+    return same_machine(holder, host) and not pid_alive(holder["pid"])
 
 
 def _read(fd: int) -> bytes:
@@ -192,7 +198,12 @@ def _holder_or_take_over(lock: Path, host: str) -> dict[str, Any] | None:
 def _acquire(output: Path, lock: Path) -> tuple[int, int]:
     host = socket.gethostname()
     record = json.dumps(
-        {"pid": os.getpid(), "host": host, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        {
+            "pid": os.getpid(),
+            "host": host,
+            "machine": machine_id(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
     ).encode()
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)

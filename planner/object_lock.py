@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
-from mds.planner.atomic import pid_alive
+from mds.planner.atomic import machine_id, pid_alive, same_machine
 
 __all__ = ["TTL_ENV", "ObjectLock", "lock_url", "object_lock"]
 
@@ -304,26 +304,42 @@ class ObjectLock:
         self._thread.start()
 
     def _stale(self, holder: dict, age: float, host: str) -> bool:
-        if not holder or age > self.ttl:
+        """Damaged; not renewed for the holder's TTL (the larger of its and ours: a holder
+        with a longer TTL renews less often); or its pid is dead on this very machine."""
+        theirs = holder.get("ttl")
+        ttl = max(self.ttl, theirs if isinstance(theirs, int | float) else 0)
+        if not holder or age > ttl:
             return True
         pid = holder.get("pid")
-        return holder.get("host") == host and isinstance(pid, int) and not pid_alive(pid)
+        return same_machine(holder, host) and isinstance(pid, int) and not pid_alive(pid)
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl / 4):
             with self._mutex:
                 if self._lost is not None or self._tag is None:
                     return
+                sent = time.monotonic()  # others count the TTL from about now
                 try:
                     tag = self._client.replace(self._body(), self._tag)
+                    if tag is None:
+                        tag = self._still_ours()
                 except Exception:
                     tag = ""  # a failed request: try again next time
                 if tag is None:
                     self._lost = "another writer took it over"
                 elif tag:
-                    self._tag, self._renewed = tag, time.monotonic()
+                    self._tag, self._renewed = tag, sent
                 elif time.monotonic() - self._renewed > self.ttl:
                     self._lost = f"it could not be renewed for {self.ttl:g} s"
+
+    def _still_ours(self) -> str | None:
+        """After a renewal's precondition failed: our own version (tag) if the lock holds our
+        token (a renewal applied whose answer was lost, then retried), else None."""
+        current = self._client.read()
+        if current is None:
+            return None
+        data, tag, _age = current
+        return tag if _holder(data).get("token") == self._record["token"] else None
 
     def check(self) -> None:
         """Raise OutputError if the lock was lost: writing on could overwrite another's."""
@@ -365,10 +381,12 @@ def object_lock(output: str) -> Iterator[ObjectLock]:
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
+        "machine": machine_id(),
         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "token": secrets.token_hex(8),
+        "ttl": _ttl(),
     }
-    held = ObjectLock(output, url, _client(url), record, _ttl())
+    held = ObjectLock(output, url, _client(url), record, record["ttl"])
     held.acquire()
     try:
         yield held

@@ -253,7 +253,10 @@ def _previous_objects(url: str) -> set[str]:
     run) is refused; a damaged mds manifest is rebuilt from scratch, removing nothing."""
     import tempfile
 
-    keys = [key for key, _size in storage.list_objects(url)]
+    from mds.planner.object_lock import lock_url
+
+    own_lock = relative_key(lock_url(url), url)  # inside the prefix for a whole bucket
+    keys = [key for key, _size in storage.list_objects(url) if key != own_lock]
     manifest_url = f"{url}/{MANIFEST}"
     if MANIFEST not in keys:
         if any(k.split("/", 1)[0] != TABLES and not is_temp(PurePosixPath(k)) for k in keys):

@@ -326,3 +326,65 @@ def test_a_writer_that_lost_its_lock_writes_no_manifest(s3, monkeypatch):
     one_error_line(mds("index", top / "local.toml", "-o", url), "lost its lock", ".lost.lock")
     assert uploaded and not any(t.endswith("manifest.json") for t in uploaded)
     assert store.get("locks/lost/manifest.json") == before
+
+
+def test_a_holder_with_a_longer_ttl_is_not_taken_over_by_a_shorter_one(s3, monkeypatch):
+    """Staleness is judged by the holder's TTL when it is longer than the taker's: a writer
+    with MDS_LOCK_TTL=1 does not take the lock of one that renews every 10 s."""
+    _top, store = s3
+    url = f"s3://{BUCKET}/locks/ttls"
+    monkeypatch.setenv(TTL_ENV, "40")
+    with object_lock(url) as held:
+        monkeypatch.setenv(TTL_ENV, "1")
+        time.sleep(2.2)  # past the taker's TTL, the store's times being whole seconds
+        with pytest.raises(ConfigError, match="is being written by"):
+            with object_lock(url):
+                pass
+        held.check()
+
+
+def test_a_renewal_whose_answer_was_lost_keeps_the_lock(s3, monkeypatch):
+    """The store applied a renewal, its answer was lost and the retry failed its condition:
+    the lock holds our token, so it is still ours (not "taken over"), and is released."""
+    _top, store = s3
+    url = f"s3://{BUCKET}/locks/lost-answer"
+    monkeypatch.setenv(TTL_ENV, "2")
+    with object_lock(url) as held:
+        client = held._client
+        real = client.replace
+
+        def applied_but_answered_412(body, tag):
+            real(body, tag)  # done on the store...
+            return None  # ...but the retry saw its own version: precondition failed
+
+        monkeypatch.setattr(client, "replace", applied_but_answered_412)
+        time.sleep(1.2)  # two renewals
+        monkeypatch.setattr(client, "replace", real)
+        held.check()
+    assert _keys(store, "locks/.lost-answer.lock") == []
+
+
+def test_a_whole_bucket_can_be_an_index_output(s3, tmp_path):
+    """`-o s3://BUCKET`: the lock object, then at the bucket's top, is not taken for
+    someone else's object."""
+    top, store = s3
+    bucket = "whole-bucket-index"
+    store.client.create_bucket(Bucket=bucket)
+    result = mds("index", top / "local.toml", "-o", f"s3://{bucket}")
+    assert result.exit_code == 0, result.output
+    keys = [o["Key"] for o in store.client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "manifest.json" in keys and ".mds.lock" not in keys
+    assert mds("index", top / "local.toml", "-o", f"s3://{bucket}").exit_code == 0
+
+
+def test_a_dead_pid_of_another_pid_namespace_is_not_stale(s3, monkeypatch):
+    """A holder on a machine with our host name but another boot or PID namespace (a
+    container sharing the node's name): its pid means nothing here, so only the TTL makes
+    its lock stale."""
+    top, store = s3
+    url = f"s3://{BUCKET}/locks/container"
+    record = json.loads(_lock_record(_dead_pid()))
+    store.put("locks/.container.lock", json.dumps({**record, "machine": "b/pid:[1]"}).encode())
+    one_error_line(mds("index", top / "local.toml", "-o", url), "is being written by pid")
+    store.put("locks/.container.lock", _lock_record(_dead_pid()))  # an older record: no machine
+    assert mds("index", top / "local.toml", "-o", url).exit_code == 0
