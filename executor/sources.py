@@ -804,8 +804,8 @@ def _token_ids(out: Any, where: str) -> np.ndarray:
     """What a tokenize function returned, as int64 token ids; SourceDataError naming `where`
     and the value for anything but integers that fit int64 (a bool, 1.5, "7", None), which
     a cast would silently turn into other ids."""
-    if isinstance(out, list | tuple) and bool in set(map(type, out)):
-        bad = next(x for x in out if type(x) is bool)
+    if isinstance(out, list | tuple) and {bool, np.bool_} & set(map(type, out)):
+        bad = next(x for x in out if type(x) in (bool, np.bool_))
         raise SourceDataError(f"{where}: tokenize returned token id {bad!r}, not an integer")
     try:
         ids = np.asarray(out)

@@ -124,6 +124,23 @@ def _expr(node: Any) -> pl.Expr:
     return pl.Expr.deserialize(io.StringIO(json.dumps(node)), format="json")
 
 
+# A Float64 magnitude from which an int64 result may have wrapped (2^63 less the rounding
+# of a few operations: a result this close to the edge is refused, never wrapped).
+_FLOAT_EDGE = 2.0**63 * (1 - 2.0**-40)
+
+
+def _shadow(node: Any, paths: list[tuple], dtype: str) -> pl.Expr:
+    """`node` computed again with its children at `paths` cast (strictly) to `dtype`."""
+    shadow = json.loads(json.dumps(node))
+    payload = next(iter(shadow.values()))
+    for path in paths:
+        parent = _get(payload, path[:-1])
+        parent[path[-1]] = {
+            "Cast": {"expr": parent[path[-1]], "dtype": {"Literal": dtype}, "options": "Strict"}
+        }
+    return _expr(shadow)
+
+
 def overflow_flag(expr: pl.Expr, data: pl.LazyFrame, where: str, text: str) -> pl.Expr | None:
     """A boolean expression, true on the rows of `data` where an integer operation of `expr`
     wraps around int64; None if no operation can. The rule holds for any operation:
@@ -153,20 +170,15 @@ def overflow_flag(expr: pl.Expr, data: pl.LazyFrame, where: str, text: str) -> p
             raise _wider_error(where, text, out)
         if not out.is_integer():
             return
-        shadow = json.loads(json.dumps(node))
-        shadow_payload = next(iter(shadow.values()))
-        widened = 0
-        for path in paths:
-            child = _get(payload, path)
-            if dtype(child).is_integer():
-                parent = _get(shadow_payload, path[:-1])
-                parent[path[-1]] = {
-                    "Cast": {"expr": child, "dtype": {"Literal": "Int128"}, "options": "Strict"}
-                }
-                widened += 1
-        if widened:
-            exact = _expr(shadow).cast(pl.Int128)
+        integer = [path for path in paths if dtype(_get(payload, path)).is_integer()]
+        if integer:
+            exact = _shadow(node, integer, "Int128").cast(pl.Int128)
             flag = exact.ne_missing(_expr(node).cast(pl.Int128)).fill_null(False)
+            if _operation(node) is None:
+                # not + - * abs: the Int128 result may wrap too (a power), so a magnitude
+                # past int64 in Float64 (inputs cast) flags the row as well
+                far = _shadow(node, integer, "Float64").abs() >= _FLOAT_EDGE
+                flag = flag | far.fill_null(False)
             inputs = [_get(payload, p) for p in paths]
             checks.append((_operation(node), inputs, flag, node))
 

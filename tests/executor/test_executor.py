@@ -351,11 +351,12 @@ def test_importing_the_executor_loads_neither_polars_nor_the_planner():
         (lambda ids: [*ids[:-1], 1.5], "token id 1.5"),
         (lambda ids: [*ids[:-1], 1.0], "token id 1.0"),
         (lambda ids: [*ids[:-1], True], "token id True, not an integer"),
+        (lambda ids: [*ids[:-1], np.True_], "token id np.True_, not an integer"),
         (lambda ids: [*ids[:-1], "7"], "token id '7'"),
         (lambda ids: [*ids[:-1], None], "token id None"),
         (lambda ids: np.array([*ids[:-1], 2**63], dtype=np.uint64), "9223372036854775808"),
     ],
-    ids=["fraction", "whole-float", "bool", "string", "none", "uint64-2^63"],
+    ids=["fraction", "whole-float", "bool", "numpy-bool", "string", "none", "uint64-2^63"],
 )
 def test_tokenize_output_that_is_not_int64_ids_is_refused(sample, returned, shown):
     _, plan = sample
