@@ -41,17 +41,23 @@ def _host_tag() -> str:
 _STEM_MAX = 255 - len(f".{_TMP_MARK}4194304-abcdef-01234567")
 
 
-def _stem(name: str) -> str:
-    """NAME as its temporaries start, or, when a temporary's name would pass the file
-    system's 255 bytes, the start of NAME and a hash of all of it (still unique to it)."""
-    if len(os.fsencode(name)) <= _STEM_MAX:
+def shortened(name: str, room: int) -> str:
+    """`name` if it fits in `room` bytes, else its start and a hash of all of it (still
+    unique to it) in `room` bytes: for hidden names beside an output (its temporaries, its
+    lock) within the file system's 255."""
+    if len(os.fsencode(name)) <= room:
         return name
     digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
-    room = _STEM_MAX - len(f"~{digest}")
+    room -= len(f"~{digest}")
     head = os.fsencode(name)[:room].decode("utf-8", "ignore")
     while len(os.fsencode(head)) > room:  # a name that is not UTF-8 (surrogate escapes)
         head = head[:-1]
     return f"{head}~{digest}"
+
+
+def _stem(name: str) -> str:
+    """NAME as its temporaries start (shortened when a temporary's name would not fit)."""
+    return shortened(name, _STEM_MAX)
 
 
 def temp_sibling(path: Path) -> Path:

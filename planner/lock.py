@@ -17,7 +17,6 @@ instead (planner/object_lock.py), through the same `output_lock`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import socket
@@ -34,6 +33,7 @@ from mds.planner.atomic import (
     machine_id,
     pid_alive,
     same_machine,
+    shortened,
     temp_sibling,
 )
 
@@ -50,15 +50,7 @@ _TRIES = 50
 def lock_name(name: str) -> str:
     """`.NAME.lock`, or, when that is longer than LOCK_NAME_MAX bytes, the start of NAME and
     a hash of all of it: still beside the output, still unique to it."""
-    full = f".{name}.lock"
-    if len(os.fsencode(full)) <= LOCK_NAME_MAX:
-        return full
-    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
-    room = LOCK_NAME_MAX - len(f".~{digest}.lock")
-    head = os.fsencode(name)[:room].decode("utf-8", "ignore")
-    while len(os.fsencode(head)) > room:  # a name that is not UTF-8 (surrogate escapes)
-        head = head[:-1]
-    return f".{head}~{digest}.lock"
+    return f".{shortened(name, LOCK_NAME_MAX - len('..lock'))}.lock"
 
 
 def lock_path(output: Path) -> Path:
