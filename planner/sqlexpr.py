@@ -124,9 +124,9 @@ def _expr(node: Any) -> pl.Expr:
     return pl.Expr.deserialize(io.StringIO(json.dumps(node)), format="json")
 
 
-# A Float64 magnitude from which an int64 result may have wrapped (2^63 less the rounding
-# of a few operations: a result this close to the edge is refused, never wrapped).
-_FLOAT_EDGE = 2.0**63 * (1 - 2.0**-40)
+# A Float64 magnitude past which a result has surely left int64 even after rounding (2^64):
+# between 2^63 and this, Int128 is exact and its comparison flags the row.
+_FLOAT_EDGE = 2.0**64
 
 
 def _shadow(node: Any, paths: list[tuple], dtype: str) -> pl.Expr:
@@ -175,8 +175,8 @@ def overflow_flag(expr: pl.Expr, data: pl.LazyFrame, where: str, text: str) -> p
             exact = _shadow(node, integer, "Int128").cast(pl.Int128)
             flag = exact.ne_missing(_expr(node).cast(pl.Int128)).fill_null(False)
             if _operation(node) is None:
-                # not + - * abs: the Int128 result may wrap too (a power), so a magnitude
-                # past int64 in Float64 (inputs cast) flags the row as well
+                # not + - * abs: the Int128 result may wrap too (a power), so a Float64
+                # magnitude (inputs cast) far past int64 flags the row as well
                 far = _shadow(node, integer, "Float64").abs() >= _FLOAT_EDGE
                 flag = flag | far.fill_null(False)
             inputs = [_get(payload, p) for p in paths]
