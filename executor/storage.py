@@ -29,6 +29,7 @@ __all__ = [
     "MOVED_HINT",
     "ObjectStat",
     "delete",
+    "env_number",
     "exists",
     "filesystem",
     "get_bytes",
@@ -37,19 +38,21 @@ __all__ = [
     "is_url",
     "join",
     "list_objects",
+    "deliver_held",
     "note_written",
+    "object_key",
     "object_version",
     "open_input",
     "parent_url",
     "plan_data_root",
-    "put_file",
     "replace_local",
     "read_exact",
     "relocated",
+    "request_timeout",
     "replaced",
     "resolve_under",
-    "s3_client",
     "short_read",
+    "signals_held",
     "stat",
     "temp_url",
     "written",
@@ -149,7 +152,7 @@ def join(root: str | os.PathLike, rel: str) -> str | Path:
     return Path(root).joinpath(*PurePosixPath(rel).parts)
 
 
-def _env_number(name: str, default: float, kind: type) -> Any:
+def env_number(name: str, default: float, kind: type) -> Any:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -162,8 +165,13 @@ def _env_number(name: str, default: float, kind: type) -> Any:
     return value
 
 
+def request_timeout() -> float:
+    """Seconds a store's request may take (MDS_S3_TIMEOUT)."""
+    return env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+
+
 def attempts() -> int:
-    return _env_number(ATTEMPTS_ENV, _DEFAULT_ATTEMPTS, int)
+    return env_number(ATTEMPTS_ENV, _DEFAULT_ATTEMPTS, int)
 
 
 @functools.lru_cache(maxsize=8)
@@ -203,7 +211,7 @@ def filesystem(url: str = "s3://") -> Any:
     endpoint and settings). gs://: Google's default credentials chain (application default
     credentials, GOOGLE_APPLICATION_CREDENTIALS, the metadata server), or the emulator that
     $STORAGE_EMULATOR_HOST names, without credentials."""
-    timeout = _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+    timeout = env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
     if str(url).startswith("gs://"):
         return _gcs(os.environ.get(GCS_EMULATOR_ENV, "").strip() or None, timeout, attempts())
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -211,7 +219,7 @@ def filesystem(url: str = "s3://") -> Any:
     return _s3(endpoint or None, region or None, timeout, attempts())
 
 
-def _key(url: str) -> str:
+def object_key(url: str) -> str:
     """bucket/key, as pyarrow's S3 and GCS filesystems name an object."""
     return url.split("://", 1)[1].strip("/")
 
@@ -222,7 +230,7 @@ def failure(url: str, what: str, exc: BaseException) -> SourceDataError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     n = attempts()
     if url.startswith("gs://"):
-        limit = n * _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+        limit = n * env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
         return SourceDataError(f"{url}: cannot {what} after retrying for {limit:g} s ({text})")
     return SourceDataError(f"{url}: cannot {what} after {n} attempt{'s' * (n > 1)} ({text})")
 
@@ -244,7 +252,7 @@ def stat(path: str | os.PathLike) -> os.stat_result | ObjectStat:
     from pyarrow import fs
 
     try:
-        info = filesystem(str(path)).get_file_info(_key(str(path)))
+        info = filesystem(str(path)).get_file_info(object_key(str(path)))
     except OSError as exc:
         raise failure(str(path), "stat", exc) from None
     if info.type != fs.FileType.File:
@@ -293,7 +301,7 @@ def open_input(path: str | os.PathLike) -> Any:
     if not is_url(path):
         return pa.OSFile(os.fspath(path))
     try:
-        return filesystem(str(path)).open_input_file(_key(str(path)))
+        return filesystem(str(path)).open_input_file(object_key(str(path)))
     except OSError as exc:
         raise failure(str(path), "open", exc) from None
 
@@ -302,7 +310,7 @@ def list_objects(url: str) -> list[tuple[str, int]]:
     """(key relative to `url`, size) of every object under the prefix `url`, sorted."""
     from pyarrow import fs
 
-    prefix = _key(url)
+    prefix = object_key(url)
     try:
         selector = fs.FileSelector(prefix, recursive=True, allow_not_found=True)
         infos = filesystem(url).get_file_info(selector)
@@ -318,8 +326,6 @@ def list_objects(url: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-# S3 CopyObject copies at most 5 GiB in one request; GCS copies (rewrites) any size.
-COPY_LIMIT = 5 << 30
 _TMP_MARK = ".tmp-"
 _written: list[str] = []  # outputs this process committed, for the interrupt message
 
@@ -352,9 +358,9 @@ def note_written(where: str | os.PathLike) -> None:
 
 
 @contextmanager
-def _signals_held() -> Iterator[list[int]]:
+def signals_held() -> Iterator[list[int]]:
     """SIGINT and SIGTERM arriving inside the block are held (listed) instead of acting;
-    the caller delivers them after (`_deliver`). Only the main thread receives signals."""
+    the caller delivers them after (`deliver_held`). Only the main thread receives signals."""
     held: list[int] = []
     signals = (signal.SIGINT, signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread() or any(
@@ -374,7 +380,7 @@ def _signals_held() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
-def _deliver(held: list[int], committed: str | None) -> None:
+def deliver_held(held: list[int], committed: str | None) -> None:
     """Act on the first held signal with its own handler; an interrupt that follows a
     commit says so (`committed`)."""
     if not held:
@@ -387,112 +393,19 @@ def _deliver(held: list[int], committed: str | None) -> None:
         raise Interrupted(committed) from None
 
 
-def _upload(fs: Any, local: str | os.PathLike, key: str) -> None:
-    # the local file is opened first: a stream closed by a failed open would complete
-    with open(local, "rb") as f, fs.open_output_stream(key) as out:
-        while piece := f.read(8 << 20):
-            out.write(piece)
-
-
-@functools.lru_cache(maxsize=8)
-def _s3_client(endpoint: str | None, region: str | None, timeout: float, tries: int) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    config = Config(
-        connect_timeout=timeout,
-        read_timeout=timeout,
-        retries={"max_attempts": tries, "mode": "standard"},
-    )
-    with _CLIENTS:  # clients are thread-safe, making one is not
-        return boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name=region, config=config
-        )
-
-
-_CLIENTS = threading.Lock()
-
-
-def s3_client() -> Any:
-    """A boto3 S3 client for the current environment (the endpoint, region, timeout and
-    attempts the pyarrow filesystem uses), cached per settings. Writers need boto3 for what
-    pyarrow cannot do: conditional requests, and copies of more than 5 GiB."""
-    timeout = _env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    return _s3_client(endpoint or None, region or None, timeout, attempts())
-
-
-def _copy(fs: Any, url: str, src: str, size: int) -> None:
-    """Put the object `src` (a bucket/key) over `url` whole: one CopyObject, or for S3
-    objects over COPY_LIMIT, a multipart copy whose completion is the one atomic step
-    (boto3 aborts it on failure)."""
-    if not (url.startswith("s3://") and size > COPY_LIMIT):
-        fs.copy_file(src, _key(url))
-        return
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            f"writing {url} (over 5 GiB) needs boto3 for a multipart copy: "
-            "pip install 'mds-planner[s3]'"
-        ) from None
-    bucket, _, key = _key(url).partition("/")
-    from_bucket, _, from_key = src.partition("/")
-    try:
-        s3_client().copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
-    except Exception as exc:  # botocore's errors: one line naming the object
-        raise OSError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-
-
 def replace_local(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """os.replace(tmp, path), noted as written (note_written) with SIGINT/SIGTERM held
     until both are done: an interrupt never falls between a commit and its record."""
-    with _signals_held() as held:
+    with signals_held() as held:
         os.replace(tmp, path)
         note_written(path)
-    _deliver(held, None)
-
-
-def put_file(local: str | os.PathLike, url: str) -> None:
-    """Upload a local file as the object `url`, so that readers (and an interrupted writer)
-    see the old object or the new one whole, never a part.
-
-    A stream closed while an exception unwinds still completes its upload, so the bytes go
-    to a temporary sibling (temp_url) which a copy puts over `url` (atomic on S3 and GCS;
-    see _copy), with SIGINT/SIGTERM held for the copy so that after it we know whether
-    `url` changed; the temporary is then deleted. An interrupt after `url` was written
-    raises Interrupted saying so."""
-    fs = filesystem(url)
-    committed = f"the interrupt came after {url} was written whole"
-    tmp = temp_url(url)
-    try:
-        try:
-            _upload(fs, local, _key(tmp))
-        except OSError as exc:
-            raise failure(url, "write", exc) from None
-        with _signals_held() as held:
-            try:
-                _copy(fs, url, _key(tmp), os.path.getsize(local))
-            except OSError as exc:
-                _deliver(held, None)
-                raise failure(url, "write", exc) from None
-            except BaseException:
-                _deliver(held, None)
-                raise
-            note_written(url)
-        _deliver(held, committed)
-    finally:
-        try:  # best effort: a leftover temporary is hidden, never read as data
-            fs.delete_file(_key(tmp))
-        except OSError:
-            pass
+    deliver_held(held, None)
 
 
 def delete(url: str) -> None:
     """Remove the object `url` (gone already is fine)."""
     try:
-        filesystem(url).delete_file(_key(url))
+        filesystem(url).delete_file(object_key(url))
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -577,7 +490,7 @@ def read_exact(f: Any, url: str, size: int, start: int, want: int) -> bytes:
 def get_bytes(url: str) -> bytes:
     """The whole object `url`, one request."""
     try:
-        f = filesystem(url).open_input_file(_key(url))
+        f = filesystem(url).open_input_file(object_key(url))
         size = f.size()
     except OSError as exc:
         raise failure(url, "read", exc) from None

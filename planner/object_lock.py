@@ -34,6 +34,7 @@ from urllib.parse import quote
 from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
 from mds.planner.atomic import machine_id, pid_alive, same_machine
+from mds.planner.upload import s3_client
 
 __all__ = ["TTL_ENV", "ObjectLock", "lock_url", "object_lock"]
 
@@ -57,7 +58,7 @@ def lock_url(url: str) -> str:
 
 
 def _ttl() -> float:
-    return storage._env_number(TTL_ENV, DEFAULT_TTL, float)
+    return storage.env_number(TTL_ENV, DEFAULT_TTL, float)
 
 
 def _age(header_date: str | None, modified: Any) -> float:
@@ -92,7 +93,7 @@ class _S3:
             raise _needs(url, "boto3", "s3") from None
         bucket_key = url.split("://", 1)[1]
         self.bucket, _, self.key = bucket_key.partition("/")
-        self.client = storage.s3_client()
+        self.client = s3_client()
 
     @staticmethod
     def _code(exc: Any) -> str:
@@ -171,7 +172,7 @@ class _GCS:
             raise _needs(url, "google-auth", "gcs") from None
         bucket_key = url.split("://", 1)[1]
         self.bucket, _, self.key = bucket_key.partition("/")
-        self.timeout = storage._env_number(storage.TIMEOUT_ENV, storage._DEFAULT_TIMEOUT, float)
+        self.timeout = storage.request_timeout()
         self.tries = storage.attempts()
         emulator = os.environ.get(storage.GCS_EMULATOR_ENV, "").strip()
         if emulator:

@@ -29,6 +29,7 @@ from mds.executor.planfile import (
     encode_chunk,
     plan_id_of,
 )
+from mds.planner import upload
 from mds.planner.atomic import clean_stale_temps, temp_sibling
 from mds.planner.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.engine import Engine, EngineSpec, fork_shares_memory, open_engine
@@ -403,7 +404,7 @@ def _check_replaceable(output: Path | str) -> None:
 
 
 def _build_to_object(config, url, held, *args) -> PlanSummary:
-    """Plan into a local temporary file, then upload it as one object (storage.put_file): a
+    """Plan into a local temporary file, then upload it as one object (upload.put_file): a
     failed or interrupted run leaves the previous object at `url` as it was, never a
     partial one. The recorded paths are those of the plan's place, `url`. `held`: its lock
     object, checked before the upload."""
@@ -413,7 +414,7 @@ def _build_to_object(config, url, held, *args) -> PlanSummary:
         summary = _build_locked(config, local, started, url, *args)
         held.check()
         try:
-            storage.put_file(local, url)
+            upload.put_file(local, url)
         except Interrupted:
             raise Interrupted(
                 f"the new plan was written whole to {url} just before the interrupt"

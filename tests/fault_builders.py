@@ -333,6 +333,7 @@ elif _AT in ("put-stream", "put-before", "put-copy"):
     # its first write, "put-before" before a put_file to a matching URL, "put-copy" after a
     # copy onto a matching key
     import mds.executor.storage as storage
+    import mds.planner.upload as upload
 
     class _Stream:
         def __init__(self, real):
@@ -368,7 +369,7 @@ elif _AT in ("put-stream", "put-before", "put-copy"):
         def __getattr__(self, name):
             return getattr(self._real, name)
 
-    _filesystem, _put_file = storage.filesystem, storage.put_file
+    _filesystem, _put_file = storage.filesystem, upload.put_file
 
     def filesystem(url="s3://"):
         return _Store(_filesystem(url))
@@ -378,7 +379,7 @@ elif _AT in ("put-stream", "put-before", "put-copy"):
             _park()
         return _put_file(local, url)
 
-    storage.filesystem, storage.put_file = filesystem, put_file
+    storage.filesystem, upload.put_file = filesystem, put_file
 """
 
 

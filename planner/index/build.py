@@ -32,6 +32,7 @@ from mds.executor.errors import (
     SourceDataError,
 )
 from mds.executor.fingerprint import fingerprint, hashes_every_byte, stat_signature
+from mds.planner import upload
 from mds.planner.atomic import (
     cannot_write,
     clean_stale_temps,
@@ -570,7 +571,7 @@ def _build_dir(config, output, workers, progress, clock, engine, place) -> Index
 def _build_to_objects(config, url, workers, progress, clock, engine, held) -> IndexSummary:
     """Index into a local temporary directory, then upload it under the prefix `url`: the
     tables first (named by their content, so a table of the index in place is never
-    changed), the manifest last, each one object (storage.put_file: never a partial one).
+    changed), the manifest last, each one object (upload.put_file: never a partial one).
     Readers see the old manifest or the new one, and a failed or interrupted run leaves
     the old index valid; an interrupt says what it left (Interrupted). Then the tables the
     old manifest named and the new one does not are removed: nothing else under the prefix,
@@ -594,9 +595,9 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
         stale = sorted(previous - live)
         try:
             for rel in sorted(live):
-                storage.put_file(local / rel, f"{url}/{rel}")
+                upload.put_file(local / rel, f"{url}/{rel}")
             held.check()
-            storage.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+            upload.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
             held.check()
             while stale:
                 storage.delete(f"{url}/{stale[0]}")

@@ -407,10 +407,11 @@ def put(world, monkeypatch, tmp_path):
 
 def test_put_file_replaces_an_object_through_a_hidden_temporary(put):
     from mds.executor import storage
+    from mds.planner import upload
 
     store, local, url, patch = put
     fake = patch()
-    storage.put_file(local, url)
+    upload.put_file(local, url)
     key = url.split("/", 3)[3]
     assert store.get(key) == local.read_bytes()
     (stream,) = fake.streams  # the bytes went to a hidden sibling, never to the object
@@ -423,13 +424,14 @@ def test_put_file_replaces_an_object_through_a_hidden_temporary(put):
 @pytest.mark.parametrize("how", [_interrupt, _sigint], ids=["KeyboardInterrupt", "SIGINT"])
 def test_an_interrupted_put_file_leaves_the_object_as_it_was(put, how):
     from mds.executor import storage
+    from mds.planner import upload
 
     store, local, url, patch = put
     key = url.split("/", 3)[3]
     old = store.get(key)
     patch(during_write=how)
     with pytest.raises(KeyboardInterrupt) as info:
-        storage.put_file(local, url)
+        upload.put_file(local, url)
     assert not isinstance(info.value, Interrupted)  # nothing was committed
     assert store.get(key) == old
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
@@ -437,13 +439,13 @@ def test_an_interrupted_put_file_leaves_the_object_as_it_was(put, how):
 
 
 def test_an_interrupt_during_the_copy_is_held_and_says_the_object_was_written(put):
-    from mds.executor import storage
+    from mds.planner import upload
 
     store, local, url, patch = put
     key = url.split("/", 3)[3]
     patch(after_copy=_sigint)  # the copy request is done when the signal lands
     with pytest.raises(Interrupted, match=rf"^the interrupt came after {url} was written whole$"):
-        storage.put_file(local, url)
+        upload.put_file(local, url)
     assert store.get(key) == local.read_bytes()
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
@@ -453,22 +455,22 @@ def test_an_object_over_the_copy_limit_is_never_partial(put, monkeypatch):
     """CopyObject copies at most 5 GiB: a larger object goes to its temporary like any other
     and is put in place by a multipart copy (boto3), whose completion is atomic. A failure
     mid-upload leaves the old object; a signal during the copy waits for its end."""
-    from mds.executor import storage
+    from mds.planner import upload
 
     store, local, url, patch = put
     key = url.split("/", 3)[3]
     old = store.get(key)
-    monkeypatch.setattr(storage, "COPY_LIMIT", 100)
+    monkeypatch.setattr(upload, "COPY_LIMIT", 100)
 
     def fail():
         raise OSError("local read error")
 
     patch(during_write=fail)
     with pytest.raises(SourceDataError, match=rf"^{url}: cannot write"):
-        storage.put_file(local, url)
+        upload.put_file(local, url)
     assert store.get(key) == old
     copied = []
-    client = storage.s3_client()
+    client = upload.s3_client()
     real_copy = client.copy
 
     def copy(*args, **kwargs):
@@ -479,14 +481,14 @@ def test_an_object_over_the_copy_limit_is_never_partial(put, monkeypatch):
     monkeypatch.setattr(client, "copy", copy)
     fake = patch()
     with pytest.raises(Interrupted, match=rf"after {url} was written whole"):
-        storage.put_file(local, url)
+        upload.put_file(local, url)
     assert copied == [(BUCKET, key)] and fake.streams[0] != f"{BUCKET}/{key}"
     assert store.get(key) == local.read_bytes()
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
 
 
 def test_a_failed_copy_leaves_the_object_and_no_temporary(put, monkeypatch):
-    from mds.executor import storage
+    from mds.planner import upload
 
     store, local, url, patch = put
     key = url.split("/", 3)[3]
@@ -498,7 +500,7 @@ def test_a_failed_copy_leaves_the_object_and_no_temporary(put, monkeypatch):
     fake = patch()
     monkeypatch.setattr(fake, "copy_file", lambda src, dest: refuse())
     with pytest.raises(SourceDataError, match=rf"^{url}: cannot write after 2 attempts"):
-        storage.put_file(local, url)
+        upload.put_file(local, url)
     assert store.get(key) == old
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
 

@@ -73,16 +73,16 @@ def test_a_missing_plan_object_is_an_error_naming_it(world):
 def test_a_failed_upload_names_the_url_and_leaves_no_plan(world, monkeypatch):
     top, store, _url = world
     target = f"s3://{BUCKET}/plans/failed/plan.mds"
-    from mds.executor import storage
+    from mds.planner import upload
 
-    put = storage.put_file
+    put = upload.put_file
 
     def put_to_a_server_that_is_down(local, url):  # the server goes down for the upload
         with monkeypatch.context() as patch:
             patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
             put(local, url)
 
-    monkeypatch.setattr(storage, "put_file", put_to_a_server_that_is_down)
+    monkeypatch.setattr(upload, "put_file", put_to_a_server_that_is_down)
     one_error_line(
         mds("plan", top / "local.toml", "-o", target, "--index", top / "local-index"),
         target,
@@ -120,11 +120,11 @@ def test_a_re_index_replaces_the_manifest_last_and_keeps_unnamed_objects(world, 
     assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
     store.put("indexes/again/sources/stale-0000.parquet", b"old")
     order: list[str] = []
-    from mds.executor import storage
+    from mds.planner import upload
 
-    put = storage.put_file
+    put = upload.put_file
     monkeypatch.setattr(
-        storage, "put_file", lambda local, url: (order.append(url), put(local, url))
+        upload, "put_file", lambda local, url: (order.append(url), put(local, url))
     )
     assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
     assert order[-1] == f"{prefix}/manifest.json" and len(order) == 3  # two tables, manifest
@@ -142,16 +142,16 @@ def test_a_failed_index_upload_keeps_the_index_in_place(world, monkeypatch):
     prefix = f"s3://{BUCKET}/indexes/kept"
     assert mds("index", top / "local.toml", "-o", prefix).exit_code == 0
     before = store.get("indexes/kept/manifest.json")
-    from mds.executor import storage
     from mds.executor.errors import SourceDataError
+    from mds.planner import upload
 
     def fail_manifest(local, url):
         if url.endswith("manifest.json"):
             raise SourceDataError(f"{url}: cannot write after 2 attempts (test)")
         return put(local, url)
 
-    put = storage.put_file
-    monkeypatch.setattr(storage, "put_file", fail_manifest)
+    put = upload.put_file
+    monkeypatch.setattr(upload, "put_file", fail_manifest)
     one_error_line(mds("index", top / "s3.toml", "-o", prefix), f"{prefix}/manifest.json")
     assert store.get("indexes/kept/manifest.json") == before
     monkeypatch.undo()

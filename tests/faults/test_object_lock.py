@@ -19,9 +19,9 @@ from gcs_store import gcs_server
 from s3_store import BUCKET, s3_server
 from store_corpus import corpus_config, write_corpus
 
-from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
 from mds.executor.storage import DATA_ROOT_ENV
+from mds.planner import upload
 from mds.planner.config import load_config
 from mds.planner.index.build import build_index
 from mds.planner.object_lock import TTL_ENV, lock_url, object_lock
@@ -94,7 +94,7 @@ def test_two_writers_to_one_s3_prefix_one_wins(s3, monkeypatch):
     url = f"s3://{BUCKET}/locks/two"
     config = load_config(top / "local.toml")
     ended = threading.Event()
-    put = storage.put_file
+    put = upload.put_file
     seen_lock: list[list[str]] = []
 
     def slow_put(local, target):
@@ -102,7 +102,7 @@ def test_two_writers_to_one_s3_prefix_one_wins(s3, monkeypatch):
         seen_lock.append(_keys(store, "locks/.two.lock"))
         return put(local, target)
 
-    monkeypatch.setattr(storage, "put_file", slow_put)
+    monkeypatch.setattr(upload, "put_file", slow_put)
     results: list[object] = [None, None]
 
     def writer(i: int) -> None:
@@ -314,7 +314,7 @@ def test_a_writer_that_lost_its_lock_writes_no_manifest(s3, monkeypatch):
     assert mds("index", top / "local.toml", "-o", url).exit_code == 0
     before = store.get("locks/lost/manifest.json")
     monkeypatch.setenv(TTL_ENV, "0.4")
-    put, uploaded = storage.put_file, []
+    put, uploaded = upload.put_file, []
 
     def lose_lock(local, target):
         store.delete("locks/.lost.lock")
@@ -322,7 +322,7 @@ def test_a_writer_that_lost_its_lock_writes_no_manifest(s3, monkeypatch):
         uploaded.append(target)
         return put(local, target)
 
-    monkeypatch.setattr(storage, "put_file", lose_lock)
+    monkeypatch.setattr(upload, "put_file", lose_lock)
     one_error_line(mds("index", top / "local.toml", "-o", url), "lost its lock", ".lost.lock")
     assert uploaded and not any(t.endswith("manifest.json") for t in uploaded)
     assert store.get("locks/lost/manifest.json") == before

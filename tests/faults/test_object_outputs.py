@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 from s3_store import BUCKET, s3_server
 from store_corpus import corpus_config, write_corpus
 
-from mds.executor import storage
 from mds.executor.errors import SourceDataError
 from mds.executor.planfile import MAGIC
 from mds.executor.storage import DATA_ROOT_ENV
+from mds.planner import upload
 from mds.planner.atomic import is_temp
 
 CONFIG = corpus_config(web="{web}", steps=4, seed=3)
@@ -208,7 +208,7 @@ def test_orphan_tables_of_a_failed_commit_are_not_ingested(s3_world, monkeypatch
     root = w.corpus(f"{prefix}/corpus")
     index = f"{root}/idx"
     config = w.config(root, web="**/*.parquet")
-    put = storage.put_file
+    put = upload.put_file
 
     def fail_manifest(local, url):
         if url.endswith("manifest.json"):
@@ -216,7 +216,7 @@ def test_orphan_tables_of_a_failed_commit_are_not_ingested(s3_world, monkeypatch
         return put(local, url)
 
     with monkeypatch.context() as patch:
-        patch.setattr(storage, "put_file", fail_manifest)
+        patch.setattr(upload, "put_file", fail_manifest)
         one_error_line(mds("index", config, "-o", index), f"{index}/manifest.json")
     orphans = w.objects(f"{prefix}/corpus/idx")
     assert orphans and all("/idx/sources/" in k for k in orphans)
