@@ -27,33 +27,38 @@ from mds.executor.errors import ConfigError, Interrupted, SourceDataError
 __all__ = [
     "DATA_ROOT_ENV",
     "MOVED_HINT",
+    "TMP_MARK",
     "ObjectStat",
     "delete",
+    "deliver_held",
     "env_number",
     "exists",
     "filesystem",
     "get_bytes",
     "given_root",
+    "host_tag",
     "is_temp_name",
     "is_url",
     "join",
     "list_objects",
-    "deliver_held",
+    "machine_id",
     "note_written",
     "object_key",
     "object_version",
     "open_input",
     "parent_url",
     "plan_data_root",
-    "replace_local",
     "read_exact",
     "relocated",
-    "request_timeout",
+    "replace_local",
     "replaced",
+    "request_timeout",
     "resolve_under",
+    "s3_endpoint_region",
     "short_read",
     "signals_held",
     "stat",
+    "temp_name",
     "temp_url",
     "written",
 ]
@@ -211,12 +216,18 @@ def filesystem(url: str = "s3://") -> Any:
     endpoint and settings). gs://: Google's default credentials chain (application default
     credentials, GOOGLE_APPLICATION_CREDENTIALS, the metadata server), or the emulator that
     $STORAGE_EMULATOR_HOST names, without credentials."""
-    timeout = env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+    timeout = request_timeout()
     if str(url).startswith("gs://"):
         return _gcs(os.environ.get(GCS_EMULATOR_ENV, "").strip() or None, timeout, attempts())
+    return _s3(*s3_endpoint_region(), timeout, attempts())
+
+
+def s3_endpoint_region() -> tuple[str | None, str | None]:
+    """The S3 endpoint (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL) and region (AWS_REGION,
+    else AWS_DEFAULT_REGION) of the environment, None where unset."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    return _s3(endpoint or None, region or None, timeout, attempts())
+    return endpoint or None, region or None
 
 
 def object_key(url: str) -> str:
@@ -230,7 +241,7 @@ def failure(url: str, what: str, exc: BaseException) -> SourceDataError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     n = attempts()
     if url.startswith("gs://"):
-        limit = n * env_number(TIMEOUT_ENV, _DEFAULT_TIMEOUT, float)
+        limit = n * request_timeout()
         return SourceDataError(f"{url}: cannot {what} after retrying for {limit:g} s ({text})")
     return SourceDataError(f"{url}: cannot {what} after {n} attempt{'s' * (n > 1)} ({text})")
 
@@ -326,24 +337,47 @@ def list_objects(url: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-_TMP_MARK = ".tmp-"
+# Temporaries are `.NAME.tmp-PID-HOST-RANDOM`, beside what they become (files and objects
+# alike): hidden names are never data, and no index or plan names one. HOST is host_tag().
+TMP_MARK = ".tmp-"
 _written: list[str] = []  # outputs this process committed, for the interrupt message
 
 
+@functools.cache
+def machine_id() -> str:
+    """What tells this machine and PID namespace apart from another with the same host name
+    (containers sharing a node's name see other pids): the boot id and the PID namespace,
+    or "" where the system does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def host_tag() -> str:
+    """A short hash of the host name and machine_id: a temporary of another container with
+    the same host name is another host's, never removed as a dead process's."""
+    return hashlib.sha256(f"{socket.gethostname()}/{machine_id()}".encode()).hexdigest()[:6]
+
+
+def temp_name(name: str) -> str:
+    """A hidden, unique name for a temporary of `name`."""
+    return f".{name}{TMP_MARK}{os.getpid()}-{host_tag()}-{secrets.token_hex(4)}"
+
+
 def temp_url(url: str) -> str:
-    """A hidden, unique sibling of the object `url` to upload to before the copy over `url`:
-    `.NAME.tmp-PID-HOST-RANDOM`, the temporary names of planner/atomic.py. Hidden names are
-    never data, and no index or plan names one."""
-    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+    """A temporary sibling of the object `url`, to upload to before the copy over `url`."""
     parent, _, name = url.rpartition("/")
-    return f"{parent}/.{name}{_TMP_MARK}{os.getpid()}-{host}-{secrets.token_hex(4)}"
+    return f"{parent}/{temp_name(name)}"
 
 
 def is_temp_name(name: str) -> bool:
-    """Whether the last part of a key is a temporary (a writer's upload in flight, or one a
-    killed writer left)."""
+    """Whether the last part of a path or key is a temporary (a writer's file or upload in
+    flight, or one a killed writer left)."""
     base = name.rsplit("/", 1)[-1]
-    return base.startswith(".") and _TMP_MARK in base
+    return base.startswith(".") and TMP_MARK in base
 
 
 def written() -> list[str]:

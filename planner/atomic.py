@@ -5,15 +5,20 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import secrets
 import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from mds.executor.errors import MdsError, OutputError
-from mds.executor.storage import replace_local
+from mds.executor.storage import (
+    TMP_MARK,
+    host_tag,
+    is_temp_name,
+    machine_id,
+    replace_local,
+    temp_name,
+)
 
 __all__ = [
     "atomic_path",
@@ -21,24 +26,20 @@ __all__ = [
     "clean_stale_temps",
     "fsync_file",
     "is_temp",
+    "pid_alive",
+    "same_machine",
+    "shortened",
     "temp_sibling",
 ]
 
-_TMP_MARK = ".tmp-"
 # `.NAME.tmp-PID-HOST-RANDOM`: HOST is a short hash of the host name, so a writer can tell
 # the temporaries of dead processes on its own host (safe to remove) from any other.
 _TMP_RE = re.compile(r"\.tmp-(\d+)-([0-9a-f]{6})-[0-9a-f]{8}$")
 
 
-def _host_tag() -> str:
-    """A short hash of the host name and machine_id: temporaries of another container
-    with the same host name are another host's, never removed as a dead process's."""
-    return hashlib.sha256(f"{socket.gethostname()}/{machine_id()}".encode()).hexdigest()[:6]
-
-
 # What a temporary's name adds to NAME: ".", ".tmp-", a pid of up to 7 digits, "-", the
 # host tag, "-", 8 random hex digits; NAME keeps the rest of a 255-byte file name.
-_STEM_MAX = 255 - len(f".{_TMP_MARK}4194304-abcdef-01234567")
+_STEM_MAX = 255 - len(f".{TMP_MARK}4194304-abcdef-01234567")
 
 
 def shortened(name: str, room: int) -> str:
@@ -62,20 +63,7 @@ def _stem(name: str) -> str:
 
 def temp_sibling(path: Path) -> Path:
     """A hidden, unique name next to `path`, so the final rename stays on one filesystem."""
-    tag = f"{os.getpid()}-{_host_tag()}-{secrets.token_hex(4)}"
-    return path.with_name(f".{_stem(path.name)}{_TMP_MARK}{tag}")
-
-
-def machine_id() -> str:
-    """What tells this machine and PID namespace apart from another with the same host name
-    (containers sharing a node's name see other pids): the boot id and the PID namespace,
-    or "" where the system does not say."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        return ""
+    return path.with_name(temp_name(_stem(path.name)))
 
 
 def same_machine(holder: dict, host: str) -> bool:
@@ -101,7 +89,7 @@ def clean_stale_temps(path: Path, *, every: bool = False) -> list[Path]:
     by dead processes of this host, e.g. after SIGKILL; a live writer's, or another host's,
     are left alone."""
     removed: list[Path] = []
-    prefix, host = ("." if every else f".{_stem(path.name)}{_TMP_MARK}"), _host_tag()
+    prefix, host = ("." if every else f".{_stem(path.name)}{TMP_MARK}"), host_tag()
     try:
         entries = list((path if every else path.parent).iterdir())
     except OSError:
@@ -122,7 +110,7 @@ def clean_stale_temps(path: Path, *, every: bool = False) -> list[Path]:
 
 
 def is_temp(path: Path) -> bool:
-    return path.name.startswith(".") and _TMP_MARK in path.name
+    return is_temp_name(path.name)
 
 
 def _fsync_dir(directory: Path) -> None:

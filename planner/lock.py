@@ -30,7 +30,6 @@ from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
 from mds.planner.atomic import (
     clean_stale_temps,
-    machine_id,
     pid_alive,
     same_machine,
     shortened,
@@ -193,7 +192,7 @@ def _acquire(output: Path, lock: Path) -> tuple[int, int]:
         {
             "pid": os.getpid(),
             "host": host,
-            "machine": machine_id(),
+            "machine": storage.machine_id(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
     ).encode()

@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
-from mds.planner.atomic import machine_id, pid_alive, same_machine
+from mds.planner.atomic import pid_alive, same_machine
 from mds.planner.upload import s3_client
 
 __all__ = ["TTL_ENV", "ObjectLock", "lock_url", "object_lock"]
@@ -382,7 +382,7 @@ def object_lock(output: str) -> Iterator[ObjectLock]:
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "machine": machine_id(),
+        "machine": storage.machine_id(),
         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "token": secrets.token_hex(8),
         "ttl": _ttl(),

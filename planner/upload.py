@@ -50,9 +50,7 @@ def s3_client() -> Any:
     attempts the pyarrow filesystem uses), cached per settings. Writers need boto3 for what
     pyarrow cannot do: conditional requests, and copies of more than 5 GiB."""
     timeout = storage.request_timeout()
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    return _s3_client(endpoint or None, region or None, timeout, storage.attempts())
+    return _s3_client(*storage.s3_endpoint_region(), timeout, storage.attempts())
 
 
 def _copy(fs: Any, url: str, src: str, size: int) -> None:

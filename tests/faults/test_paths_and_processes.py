@@ -47,7 +47,7 @@ from builders import config_file, write_parquet
 from cli_helpers import mds, one_error_line
 from fault_builders import MDS_BIN, names, tree
 
-from mds.planner.atomic import _host_tag
+from mds.executor.storage import host_tag
 
 
 def _set_path(root: Path, source: str, path: str) -> None:
@@ -241,7 +241,7 @@ def test_lock_of_dead_pid_is_taken_over(root: Path, what: str) -> None:
 
 
 def test_stale_temporaries_are_removed(root: Path) -> None:
-    dead, tag = _dead_pid(), _host_tag()
+    dead, tag = _dead_pid(), host_tag()
     stale = [
         root / f".plan.mds.tmp-{dead}-{tag}-0123abcd",
         root / "index" / f".manifest.json.tmp-{dead}-{tag}-0123abcd",
