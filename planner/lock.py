@@ -36,7 +36,7 @@ from mds.planner.atomic import (
     temp_sibling,
 )
 
-__all__ = ["lock_name", "lock_path", "output_lock"]
+__all__ = ["held_by", "lock_name", "lock_path", "lock_record", "output_lock", "parse_record"]
 
 # A lock's name leaves room under NAME_MAX (255 bytes on every common filesystem) for the
 # suffix of its temporary, `.tmp-PID-HOST-RANDOM`.
@@ -60,7 +60,29 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
-def _parse(data: bytes) -> dict[str, Any]:
+def lock_record(**more: Any) -> dict[str, Any]:
+    """What a lock (file or object) says of its writer: pid, host, machine, start time."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "machine": storage.machine_id(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **more,
+    }
+
+
+def held_by(
+    output: Path | str, holder: dict[str, Any], lock: Path | str, more: str = ""
+) -> ConfigError:
+    """The error for a writer that finds `output` locked by `holder`."""
+    return ConfigError(
+        f"{output} is being written by pid {holder.get('pid')} on host {holder.get('host')} "
+        f"since {holder.get('since')}; wait for it, or remove {lock} if that process is "
+        f"gone{more}"
+    )
+
+
+def parse_record(data: bytes) -> dict[str, Any]:
     """The holder a lock names; {} when it is empty or damaged."""
     try:
         holder = json.loads(data.decode("utf-8"))
@@ -167,7 +189,7 @@ def _holder_or_take_over(lock: Path, host: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     try:
-        holder = _parse(_read(fd))
+        holder = parse_record(_read(fd))
         if not _stale(holder, host):
             return holder
         if not _flock(fd):
@@ -177,7 +199,7 @@ def _holder_or_take_over(lock: Path, host: str) -> dict[str, Any] | None:
             )
         if not _same(lock, os.fstat(fd)):
             return None  # taken over meanwhile: look at the new one
-        holder = _parse(_read(fd))
+        holder = parse_record(_read(fd))
         if not _stale(holder, host):
             return holder
         os.unlink(lock)
@@ -188,14 +210,7 @@ def _holder_or_take_over(lock: Path, host: str) -> dict[str, Any] | None:
 
 def _acquire(output: Path, lock: Path) -> tuple[int, int]:
     host = socket.gethostname()
-    record = json.dumps(
-        {
-            "pid": os.getpid(),
-            "host": host,
-            "machine": storage.machine_id(),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-    ).encode()
+    record = json.dumps(lock_record()).encode()
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(lock)
@@ -205,11 +220,7 @@ def _acquire(output: Path, lock: Path) -> tuple[int, int]:
                 return ours
             holder = _holder_or_take_over(lock, host)
             if holder is not None:
-                raise ConfigError(
-                    f"{output} is being written by pid {holder['pid']} on host "
-                    f"{holder.get('host')} since {holder.get('since')}; wait for it or remove "
-                    f"{lock} if that process is gone"
-                )
+                raise held_by(output, holder, lock)
     except OSError as exc:
         raise OutputError(f"cannot take the lock {lock}: {_reason(exc)}") from None
     raise ConfigError(f"{output}: cannot take the lock {lock}; remove it if no mds runs")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from urllib.parse import quote
 from mds.executor import storage
 from mds.executor.errors import ConfigError, OutputError
 from mds.planner.atomic import pid_alive, same_machine
+from mds.planner.lock import held_by, lock_name, lock_record, parse_record
 from mds.planner.upload import s3_client
 
 __all__ = ["TTL_ENV", "ObjectLock", "lock_url", "object_lock"]
@@ -46,8 +46,6 @@ _TRIES = 10
 def lock_url(url: str) -> str:
     """The lock object of the output `url`: `.NAME.lock` beside it (see planner/lock.py for
     names too long), or `.mds.lock` at the top of a bucket that is the output."""
-    from mds.planner.lock import lock_name
-
     url = url.rstrip("/")
     scheme, rest = url.split("://", 1)
     bucket, _, key = rest.partition("/")
@@ -281,15 +279,15 @@ class ObjectLock:
                 if current is None:
                     continue  # released meanwhile
                 data, tag, age = current
-                holder = _holder(data)
+                holder = parse_record(data)
                 if holder.get("token") == self._record["token"]:
                     break  # our own create, whose answer was lost and retried
                 if not self._stale(holder, age, host):
-                    raise ConfigError(
-                        f"{self.output} is being written by pid {holder.get('pid')} on host "
-                        f"{holder.get('host')} since {holder.get('since')}; wait for it, or "
-                        f"remove {self.url} if that process is gone (a lock not renewed for "
-                        f"{self.ttl:g} s is taken over)"
+                    raise held_by(
+                        self.output,
+                        holder,
+                        self.url,
+                        f" (a lock not renewed for {self.ttl:g} s is taken over)",
                     )
                 tag = self._client.replace(self._body(), tag)
                 if tag is not None:
@@ -340,7 +338,7 @@ class ObjectLock:
         if current is None:
             return None
         data, tag, _age = current
-        return tag if _holder(data).get("token") == self._record["token"] else None
+        return tag if parse_record(data).get("token") == self._record["token"] else None
 
     def check(self) -> None:
         """Raise OutputError if the lock was lost: writing on could overwrite another's."""
@@ -365,28 +363,13 @@ class ObjectLock:
             pass  # left behind: stale once this process is gone, or after the TTL
 
 
-def _holder(data: bytes) -> dict[str, Any]:
-    try:
-        holder = json.loads(data.decode("utf-8"))
-    except ValueError:
-        return {}
-    return holder if isinstance(holder, dict) and "pid" in holder else {}
-
-
 @contextmanager
 def object_lock(output: str) -> Iterator[ObjectLock]:
     """Hold the lock object of the output URL `output` for the block (see the module
     docstring); ConfigError if another writer holds it or the client is not installed."""
     output = output.rstrip("/")
     url = lock_url(output)
-    record = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "machine": storage.machine_id(),
-        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "token": secrets.token_hex(8),
-        "ttl": _ttl(),
-    }
+    record = lock_record(token=secrets.token_hex(8), ttl=_ttl())
     held = ObjectLock(output, url, _client(url), record, record["ttl"])
     held.acquire()
     try:

@@ -22,7 +22,7 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 | fifo-in-glob | a FIFO `forum/extra.jsonl`, forum `path = "forum/*.jsonl"` | exit 0 at once (skipped), rows unchanged |
 | fifo-explicit | forum `path = "forum/pipe.jsonl"`, a FIFO | exit 1, `forum/pipe.jsonl: a FIFO, not a regular file` |
 | **one writer per output** | | |
-| lock-held-by-live-pid | `.index.lock` / `.plan.mds.lock` naming this test's pid and host | exit 1, `<index> is being written by pid <pid> on host <h> since ...; wait for it or remove <lock> if that process is gone`; outputs byte-identical |
+| lock-held-by-live-pid | `.index.lock` / `.plan.mds.lock` naming this test's pid and host | exit 1, `<index> is being written by pid <pid> on host <h> since ...; wait for it, or remove <lock> if that process is gone`; outputs byte-identical |
 | lock-of-dead-pid | the lock names a finished process of this host | exit 0, taken over, no lock left |
 | **stale temporaries** | | |
 | plan-temp-of-dead-pid / index-temp-of-dead-pid | `.plan.mds.tmp-PID-HOST-RANDOM` of a dead pid; same in index/ and index/sources/ | removed by the next `mds plan` / `mds index`; a live pid's is kept |
