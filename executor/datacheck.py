@@ -7,8 +7,10 @@ Shared by `mds verify` and the executor's start-up check; stdlib only.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "content_decides",
     "content_problem",
     "entry_paths",
+    "holds_none",
     "file_identity",
     "file_problem",
     "identity_change",
@@ -100,6 +103,18 @@ def _links_below(
         if k < last and dirs is not None and stat.S_ISDIR(mode):
             dirs.add(path)
     return False, mode
+
+
+def holds_none(root: Path | str, entries: Iterable[Any]) -> bool:
+    """Whether none of (the first 16 of) the files that `entries` (records with a `path`)
+    name exists under `root`: the root is the wrong one (the plan or the data moved, a
+    mistyped root, an empty directory or bucket), rather than a file disappearing. False
+    when the store cannot be asked (the file checks then name its failure)."""
+    paths = [e["path"] for e in itertools.islice(entries, 16) if isinstance(e.get("path"), str)]
+    try:
+        return bool(paths) and not any(storage.exists(storage.join(root, p)) for p in paths)
+    except (MdsError, ValueError):
+        return False
 
 
 def entry_paths(

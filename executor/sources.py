@@ -28,6 +28,7 @@ from mds.executor.datacheck import (
     entry_paths,
     file_identity,
     file_problem,
+    holds_none,
     identity_change,
     stat_identity,
 )
@@ -308,7 +309,11 @@ class SourceCatalog:
             if self.recheck:
                 self.pins[(sid, fid)] = self._versions_now(entry, where)
             problem = file_problem(self.root, entry, full, where, content=self.relocated)
-            if problem is not None and problem.endswith(": missing") and self._moved(block):
+            if (
+                problem is not None
+                and problem.endswith(": missing")
+                and holds_none(self.root, (entry for _s, _f, entry in block.fetch.files))
+            ):
                 if self._recorded_root is not None:
                     recorded = (
                         f"recorded relative to the plan's directory as {self._recorded_root!r}"
@@ -335,20 +340,6 @@ class SourceCatalog:
         except ValueError:
             return [None, None]
         return [file_identity(path), file_identity(companion) if companion else None]
-
-    def _moved(self, block: RankChunk) -> bool:
-        """Whether none of (the first 16 of) the block's files exists under the root: the
-        root is the wrong one (the plan or the data moved, a mistyped root, an empty
-        directory or bucket), rather than one file disappearing."""
-        entries = [entry for _s, _f, entry in block.fetch.files[:16]]
-        try:
-            return not any(
-                isinstance(e.get("path"), str)
-                and storage.exists(storage.join(self.root, e["path"]))
-                for e in entries
-            )
-        except (MdsError, ValueError):
-            return False
 
     def _same_record(self, s: _Source, fid: int, entry: Any) -> None:
         """Every block must give a file the same record: checks and open files are keyed by

@@ -16,17 +16,15 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mds.executor.datacheck import entry_paths, file_problem
+from mds.executor.datacheck import entry_paths, file_problem, holds_none
 from mds.executor.errors import ConfigError, MdsError, PlanError
 from mds.executor.manifest import MANIFEST
 from mds.executor.planfile import PlanReader
 from mds.executor.sources import facts_problem, payload_problem
 from mds.executor.storage import (
     MOVED_HINT,
-    exists,
     given_root,
     is_url,
-    join,
     plan_data_root,
     relocated,
 )
@@ -380,7 +378,19 @@ def _verify_index(
     # data elsewhere than where it was indexed: a copy keeps names, sizes and mtimes
     # whatever its bytes are, so every file's content fingerprint is checked
     moved = not isinstance(indexed, str) or relocated(_root(root), _root(indexed))
-    empty = _holds_none(_root(root), manifest)
+    named = (
+        item
+        for entry in manifest.sources
+        for item in entry["files"]
+        if isinstance(item, dict) and isinstance(item.get("path"), str)
+    )
+    first = list(itertools.islice(named, 16))
+    empty = None
+    if holds_none(_root(root), first):
+        empty = (
+            f"the data root {root} holds none of the indexed files (such as "
+            f"{first[0]['path']}); {MOVED_HINT}"
+        )
     if empty is not None:
         result.add("data root", "data", empty, "")
     for sid, entry in enumerate(manifest.sources):
@@ -429,27 +439,6 @@ def _counted_with_tokenizer(facts: dict[str, Any]) -> bool:
     return (facts.get("payload") or {}).get("kind") == "text" and (
         facts.get("length") or {}
     ).get("kind") == "tokenizer"
-
-
-def _holds_none(root: Path | str, manifest: IndexManifest) -> str | None:
-    """The problem of a root where none of (the first 16 of) the index's files exists: the
-    wrong root (moved data, a mistyped path, an empty directory, a missing bucket), not
-    files that changed; None otherwise."""
-    every = (
-        item["path"]
-        for entry in manifest.sources
-        for item in entry["files"]
-        if isinstance(item, dict) and isinstance(item.get("path"), str)
-    )
-    paths = list(itertools.islice(every, 16))
-    try:
-        if not paths or any(exists(join(root, p)) for p in paths):
-            return None
-    except (MdsError, ValueError):
-        return None  # the store failed: the file checks name it
-    return (
-        f"the data root {root} holds none of the indexed files (such as {paths[0]}); {MOVED_HINT}"
-    )
 
 
 def _manifest_problem(manifest: IndexManifest, root: Any) -> str | None:
