@@ -247,22 +247,32 @@ def _not_an_index(output: Path | str) -> ConfigError:
 _TABLE_NAME = re.compile(rf"{TABLES}/[^/]+-[0-9a-f]{{16}}\.parquet")
 
 
-def _previous_objects(url: str) -> set[str]:
-    """The tables the index at the prefix `url` names, read before anything is written: the
-    only objects a re-index there may remove. The rule of `_previous` for a directory: a
-    prefix holding anything but an mds index (or tables without a manifest, left by a failed
-    run) is refused; a damaged mds manifest is rebuilt from scratch, removing nothing."""
+@dataclass
+class _Prefix:
+    """What an index prefix held before a build wrote anything (one listing)."""
+
+    named: set[str]  # tables its manifest names: the only objects a re-index may remove
+    present: set[str]  # table objects there, named or not (temporaries aside)
+    had_index: bool  # a manifest.json of ours was there
+
+
+def _previous_objects(url: str) -> _Prefix:
+    """What the prefix `url` holds, read before anything is written. The rule of `_previous`
+    for a directory: a prefix holding anything but an mds index (or tables without a
+    manifest, left by a failed run) is refused; a damaged mds manifest is rebuilt from
+    scratch, removing nothing."""
     import tempfile
 
     from mds.planner.object_lock import lock_url
 
     own_lock = relative_key(lock_url(url), url)  # inside the prefix for a whole bucket
     keys = [key for key, _size in storage.list_objects(url) if key != own_lock]
+    present = {k for k in keys if k.startswith(f"{TABLES}/") and not storage.is_temp_name(k)}
     manifest_url = f"{url}/{MANIFEST}"
     if MANIFEST not in keys:
-        if any(k.split("/", 1)[0] != TABLES and not is_temp(PurePosixPath(k)) for k in keys):
+        if any(k.split("/", 1)[0] != TABLES and not storage.is_temp_name(k) for k in keys):
             raise _not_an_index(url)
-        return set()
+        return _Prefix(set(), present, False)
     if not is_index_manifest(head(manifest_url, MANIFEST_HEAD)):
         raise _not_an_index(url)
     with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
@@ -274,8 +284,9 @@ def _previous_objects(url: str) -> set[str]:
                 raise IndexFormatError(
                     str(exc).replace(str(Path(tmp) / MANIFEST), manifest_url)
                 ) from None
-            return set()
-    return {str(e["table"]) for e in previous.sources if _TABLE_NAME.fullmatch(str(e["table"]))}
+            return _Prefix(set(), present, True)
+    named = {str(e["table"]) for e in previous.sources if _TABLE_NAME.fullmatch(str(e["table"]))}
+    return _Prefix(named, present, True)
 
 
 def _check_object_output(config: IndexConfig, url: str) -> None:
@@ -589,10 +600,8 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
         summary = _build_dir(config, local, workers, progress, clock, engine, url)
         manifest = read_manifest(local)
         live = {str(e["table"]) for e in manifest.sources}
-        before = _tables_at(url)
-        had_index = storage.exists(f"{url}/{MANIFEST}")
         mark = len(storage.written())  # what this build puts in place is noted after it
-        stale = sorted(previous - live)
+        stale = sorted(previous.named - live)
         try:
             for rel in sorted(live):
                 upload.put_file(local / rel, f"{url}/{rel}")
@@ -606,20 +615,11 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
             done = set(storage.written()[mark:])
             if f"{url}/{MANIFEST}" in done:
                 raise Interrupted(_index_left(url, len(stale))) from None
-            new = {rel for rel in live if f"{url}/{rel}" in done} - before
-            raise Interrupted(_tables_left(url, had_index, new)) from None
+            new = {rel for rel in live if f"{url}/{rel}" in done} - previous.present
+            raise Interrupted(_tables_left(url, previous.had_index, new)) from None
     summary.path = url
     summary.seconds = clock() - started
     return summary
-
-
-def _tables_at(url: str) -> set[str]:
-    """The table objects under the index prefix `url` ("tables/NAME"), without temporaries."""
-    return {
-        f"{TABLES}/{key}"
-        for key, _size in storage.list_objects(f"{url}/{TABLES}")
-        if not storage.is_temp_name(key)
-    }
 
 
 def _tables_left(url: str, had_index: bool, new: set[str]) -> str:
