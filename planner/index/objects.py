@@ -65,12 +65,14 @@ def relative_key(url: str, prefix: str) -> str | None:
 
 
 def head(url: str, size: int) -> bytes:
-    """The first `size` bytes of the object `url` (one range request)."""
+    """The first `size` bytes of the object `url` (one range request, checked whole as
+    every object read is: storage.read_exact)."""
     with storage.open_input(url) as f:
         try:
-            return f.read_at(min(size, f.size()), 0)
+            total = f.size()
         except OSError as exc:
-            raise storage.failure(url, "read", exc) from None
+            raise storage.failure(url, "stat", exc) from None
+        return storage.read_exact(f, url, total, 0, min(size, total))
 
 
 def _pattern(glob_text: str) -> re.Pattern[str]:
