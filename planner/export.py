@@ -209,7 +209,7 @@ def _stream_epochs(
     from types import SimpleNamespace
 
     from mds.planner.index.manifest import source_table
-    from mds.planner.pool import _columns, eligible_rows
+    from mds.planner.pool import eligible_rows, needed_columns
     from mds.planner.stream import SourceStream
 
     source = footer["sources"][s]
@@ -217,7 +217,7 @@ def _stream_epochs(
     train = footer["config"]["train"]
     mix = {x["name"]: x for x in footer["config"]["sources"]}.get(name, {})
     filt = mix.get("filter")
-    table = source_table(manifest, name, partial(_columns, exprs=[filt] if filt else []))
+    table = source_table(manifest, name, partial(needed_columns, exprs=[filt] if filt else []))
     eligible, *_ = eligible_rows(
         table, name, filt, int(train["max_tokens_per_micro_batch"]), str(train["overlong"])
     )

@@ -26,7 +26,14 @@ from mds.planner.index.manifest import IndexManifest, source_table
 from mds.planner.plan_config import CostSpec, PlanConfig
 from mds.planner.sqlexpr import first_overflow, overflow_error, signed_ints, sql_expr
 
-__all__ = ["COST_SCALE", "SourcePool", "load_pools", "location_columns"]
+__all__ = [
+    "COST_SCALE",
+    "SourcePool",
+    "eligible_rows",
+    "load_pools",
+    "location_columns",
+    "needed_columns",
+]
 
 JSONL_FORMATS = ("jsonl", "jsonl.zst")
 # What a JSONL sample's fetch record needs besides n_tokens: the line and its byte range.
@@ -145,7 +152,9 @@ def _index_row(rows: np.ndarray | None, position: int) -> int:
     return position if rows is None else int(rows[position])
 
 
-def _columns(schema: pl.Schema, exprs: list[str], extra: tuple[str, ...] = ()) -> list[str] | None:
+def needed_columns(
+    schema: pl.Schema, exprs: list[str], extra: tuple[str, ...] = ()
+) -> list[str] | None:
     """The index columns a source's pool needs: `n_tokens`, `extra` and those the expressions
     name, in table order; None (every column) where a name is unknown, so the error lists
     them all."""
@@ -261,7 +270,7 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         entry = manifest.source(mix.name)
         exprs = [e for e in (mix.filter, config.cost.expr) if e is not None]
         located = location_columns(entry)
-        needed = partial(_columns, exprs=exprs, extra=located)
+        needed = partial(needed_columns, exprs=exprs, extra=located)
         table = source_table(manifest, mix.name, needed)
         rows, lengths, tokens, dropped, truncated = eligible_rows(
             table, mix.name, mix.filter, capacity, train.overlong

@@ -10,7 +10,7 @@ from plan_builders import make_pool, plan_config, synthetic
 from mds.executor.errors import ConfigError, PlanError
 from mds.planner.columns import AllRows
 from mds.planner.index.manifest import read_manifest
-from mds.planner.pool import COST_SCALE, _columns, load_pools, quantize
+from mds.planner.pool import COST_SCALE, load_pools, needed_columns, quantize
 
 A_LENGTHS = [5, 0, 12, 3000, 7, 40]
 SOURCES = {
@@ -107,15 +107,15 @@ def test_columns_read_are_n_tokens_and_those_the_expressions_name():
     schema = pl.Schema(
         {"file_id": pl.UInt32, "n_tokens": pl.UInt32, "lang": pl.String, "q": pl.Float64}
     )
-    assert _columns(schema, []) == ["n_tokens"]
-    assert _columns(schema, ["q > 1 AND lang = 'en'", "row + n_tokens"]) == [
+    assert needed_columns(schema, []) == ["n_tokens"]
+    assert needed_columns(schema, ["q > 1 AND lang = 'en'", "row + n_tokens"]) == [
         "n_tokens",
         "lang",
         "q",
     ]
     # unknown or unparsable: every column, so the error raised later lists them all
-    assert _columns(schema, ["nope > 1"]) is None
-    assert _columns(schema, ["n_tokens >>> 1"]) is None
+    assert needed_columns(schema, ["nope > 1"]) is None
+    assert needed_columns(schema, ["n_tokens >>> 1"]) is None
 
 
 def test_default_cost_is_a_l_plus_b_l2(root):
