@@ -3,7 +3,7 @@
 Calibrates the cost model on a small GPT (the built-in packed model of mds calibrate), then
 plans the same samples (a heavy-tailed length mix) four ways for D in {2, 8}: mds balanced
 with the calibrated cost, mds balanced with the FLOP formula of the model's shape, naive
-random sharding (planner/balance.py naive_ranks) and naive in-order round-robin (the step's
+random sharding (src/mds/planner/plan/balance.py naive_ranks) and naive in-order round-robin (the step's
 samples in index order, sample i to rank i % D). Every rank's micro-batches of every step
 are timed through the model (forward + backward, per-sample causal attention over a packed
 row), each rank alone, one after another; a step's time is its slowest rank's. Measured
@@ -60,8 +60,8 @@ def make_index(data: Path) -> Path:
     """Two sources: mostly short documents (log-normal) and a Pareto tail up to MAX_LEN."""
     import polars as pl
 
-    from mds.planner.config import parse_config
     from mds.planner.index.build import build_index
+    from mds.planner.index.config import parse_config
 
     index = data / "index"
     marker = data / "meta.json"
@@ -88,11 +88,11 @@ def make_index(data: Path) -> Path:
 def plan_steps(index: Path, work: Path, cost: dict, dp: int, steps: int, tag: str) -> list:
     """mds plan of the mix with this [cost]: per step, per rank, micro-batches of lengths.
     Also returns each step's samples (source, row, n_tokens) in index order."""
-    from mds.executor.planfile import PlanReader
-    from mds.planner.export import plan_frame
-    from mds.planner.plan import build_plan
-    from mds.planner.plan_config import plan_config_from_dict
-    from mds.planner.report_plan import plan_report
+    from mds.core.planfile import PlanReader
+    from mds.planner.plan.build import build_plan
+    from mds.planner.plan.config import plan_config_from_dict
+    from mds.planner.report.export import plan_frame
+    from mds.planner.report.plan import plan_report
 
     data = {
         "plan": {"index": str(index.resolve())},
@@ -131,7 +131,7 @@ def naive_steps(samples: list[list[int]], dp: int, how: str) -> list:
     """Naive sharding of each step's samples (given in index order): `random` deals them in
     naive_ranks' seeded order, `round-robin` sends sample i to rank i % D. A rank's samples
     go, in that order, into MICRO micro-batches of near-equal count (no token capacity)."""
-    from mds.planner.balance import naive_ranks
+    from mds.planner.plan.balance import naive_ranks
 
     out = []
     for t, lengths in enumerate(samples):
@@ -166,7 +166,7 @@ def measure(model, plans: dict, grid: list, repeats: int, clock: str, seed: int)
     random order (calibrate.time_grid), the minimum of `repeats` rounds (other work on the
     machine only adds time), so load on the machine spreads over all plans and the grid
     alike."""
-    from mds.planner.calibrate import time_grid
+    from mds.planner.calibrate.fit import time_grid
 
     unique = sorted({tuple(mb) for plan in plans.values() for ranks in plan for rank in ranks
                      for mb in rank if mb} | {tuple(mb) for mb in grid})  # fmt: skip
@@ -209,8 +209,8 @@ def dist_child(spec_path: Path, result_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from mds.planner.calibrate import forward_backward, micro_batch_inputs
-    from mds.planner.packed_gpt import GptShape, build_packed_gpt
+    from mds.planner.calibrate.fit import forward_backward, micro_batch_inputs
+    from mds.planner.calibrate.packed_gpt import GptShape, build_packed_gpt
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -270,9 +270,9 @@ def main() -> None:
 
     import torch
 
-    from mds.planner import calibrate as cal
-    from mds.planner.packed_gpt import GptShape, build_packed_gpt
-    from mds.planner.plan_config import DEFAULT_A, DEFAULT_B, parse_cost
+    from mds.planner.calibrate import fit as cal
+    from mds.planner.calibrate.packed_gpt import GptShape, build_packed_gpt
+    from mds.planner.plan.config import DEFAULT_A, DEFAULT_B, parse_cost
 
     torch.set_num_threads(1)
     clock = "cpu"  # CPU time of the timing thread: the machine is shared (bench/README.md)

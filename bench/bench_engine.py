@@ -22,10 +22,10 @@ import pyarrow.parquet as pq
 from bench_plan import make_index, plan_config  # noqa: E402  (bench/ is on sys.path when run)
 from report import write_report  # noqa: E402
 
-from mds.planner.config import parse_config
-from mds.planner.engine import EngineSpec, open_engine
 from mds.planner.index.build import build_index
-from mds.planner.plan import build_plan
+from mds.planner.index.config import parse_config
+from mds.planner.plan.build import build_plan
+from mds.planner.runtime.engine import EngineSpec, open_engine
 
 SEED = 20261203
 SAMPLES_PER_STEP = 512  # bench_plan's geometry: 64 ranks x 512 samples a step

@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
-from mds.planner.config import parse_config
 from mds.planner.index.build import build_index
+from mds.planner.index.config import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATOR_VERSION = 2
@@ -319,7 +319,7 @@ def peak_rss_mb() -> float:
 def fast_path_status() -> str:
     """Whether parquet.py's `list_lengths` fast path (parquet_levels) can be imported."""
     try:
-        module = importlib.import_module("mds.planner.index.parquet_levels")
+        module = importlib.import_module("mds.formats.parquet.levels")
     except ImportError as exc:
         return f"inactive (not importable: {exc})"
     except Exception as exc:  # a half-written module: parquet.py would fail on it too

@@ -34,9 +34,9 @@ import pyarrow.parquet as pq
 import zstandard
 from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
-from mds.executor.lru import LRU
-from mds.executor.megatron import write_dataset
+from mds.core.lru import LRU
 from mds.executor.readers import FileReader, open_reader
+from mds.formats.megatron import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 20261203

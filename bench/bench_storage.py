@@ -112,7 +112,9 @@ def _step_waits(
 ) -> tuple[list[float], int, int]:
     """Per step, the seconds the loop waited for its micro-batches (fresh executor, cold
     block cache of `cache_mb`); and the range requests made and bytes they returned."""
-    from mds.executor import PlanExecutor, metacache, ranges
+    from mds.core import metacache
+    from mds.core import object_ranges as ranges
+    from mds.executor import PlanExecutor
 
     metacache.clear()  # every case starts cold: no footer parsed by an earlier one
     requests, nbytes = ranges.counters.requests, ranges.counters.bytes
@@ -155,10 +157,10 @@ def main() -> None:
     except ImportError:
         print("bench_storage: moto[server] is not installed (make setup installs it); skipped")
         return
-    from mds.planner.config import parse_config
     from mds.planner.index.build import build_index
-    from mds.planner.plan import build_plan
-    from mds.planner.plan_config import plan_config_from_dict
+    from mds.planner.index.config import parse_config
+    from mds.planner.plan.build import build_plan
+    from mds.planner.plan.config import plan_config_from_dict
 
     env: dict[str, str] = {}
     server = _serve(env)

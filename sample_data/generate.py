@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from mds.executor.megatron import write_dataset
+from mds.formats.megatron import write_dataset
 
 SEED = 20240601
 MAX_LEN = 4096

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from mds.planner.config import SourceSpec, parse_source, resolve_format
+from mds.planner.index.config import SourceSpec, parse_source, resolve_format
 from mds.planner.index.discover import DataFile, detect_format
 from mds.planner.index.scan import ScanContext
 
@@ -111,7 +111,7 @@ def write_zst(path: Path, data: bytes, *, frames: int = 1) -> Path:
 
 def write_megatron(prefix: Path, sequences: Sequence[Sequence[int]], dtype: Any = "uint16"):
     """A Megatron `prefix.bin` + `prefix.idx` written by the executor's writer."""
-    from mds.executor.megatron import write_dataset
+    from mds.formats.megatron import write_dataset
 
     _mkparent(prefix)
     return write_dataset(prefix, [list(s) for s in sequences], dtype)

@@ -21,8 +21,8 @@ import zstandard
 from builders import write_jsonl, write_megatron, write_parquet
 from plan_builders import REPO, sample_index, sample_plan_config
 
-from mds.executor.megatron import open_bin, read_index
-from mds.executor.planfile import PlanReader, PlanWriter, RankChunk
+from mds.core.planfile import PlanReader, PlanWriter, RankChunk
+from mds.formats.megatron import open_bin, read_index
 
 TOKENIZER = REPO / "sample_data" / "tokenizer.json"
 _PLANS: dict[str, tuple[Path, Path]] = {}
@@ -32,7 +32,7 @@ def sample_plan(
     tmp_path_factory, steps: int | None = None, dp_size: int | None = None
 ) -> tuple[Path, Path]:
     """(index, plan) of sample_data/mds.toml, planned once per session per override set."""
-    from mds.planner.plan import build_plan, with_overrides
+    from mds.planner.plan.build import build_plan, with_overrides
 
     key = json.dumps([steps, dp_size])
     if key not in _PLANS:

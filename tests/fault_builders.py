@@ -302,7 +302,7 @@ def _park():
 if _AT == "index-manifest":  # every new table is in place; the manifest is next
     import contextlib
 
-    import mds.planner.atomic as atomic
+    import mds.planner.runtime.atomic as atomic
 
     _real = atomic.atomic_path
 
@@ -315,7 +315,7 @@ if _AT == "index-manifest":  # every new table is in place; the manifest is next
 
     atomic.atomic_path = atomic_path
 elif _AT == "plan-chunk":  # two chunks are in the temporary plan file; more are coming
-    import mds.executor.planfile as planfile
+    import mds.core.planfile as planfile
 
     _real = planfile.PlanWriter.add_chunk
     _seen = []
@@ -332,8 +332,8 @@ elif _AT in ("put-stream", "put-before", "put-copy"):
     # object writes: "put-stream" parks in an output stream to a matching key after half of
     # its first write, "put-before" before a put_file to a matching URL, "put-copy" after a
     # copy onto a matching key
-    import mds.executor.storage as storage
-    import mds.planner.upload as upload
+    import mds.core.storage as storage
+    import mds.planner.runtime.upload as upload
 
     class _Stream:
         def __init__(self, real):

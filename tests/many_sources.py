@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.planner.config import parse_config
 from mds.planner.index.build import build_index
-from mds.planner.plan_config import plan_config_from_dict
+from mds.planner.index.config import parse_config
+from mds.planner.plan.config import plan_config_from_dict
 
 __all__ = [
     "CONFIG_FILE",
@@ -150,7 +150,7 @@ def token_plan(
     """Plan the sources under `root` (index `index`) with equal weights; returns the plan
     (default root/plan.mds). `max_tokens` per micro-batch defaults to room for every sample
     of a rank's step in any one micro-batch, so packing never fails."""
-    from mds.planner.plan import build_plan
+    from mds.planner.plan.build import build_plan
 
     root = Path(root)
     data = token_config(root)

@@ -22,12 +22,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.executor.planfile import PlanReader
-from mds.planner.config import load_config, parse_config
+from mds.core.planfile import PlanReader
 from mds.planner.index.build import build_index
-from mds.planner.plan import Planner
-from mds.planner.plan_config import PlanConfig, load_plan_config, plan_config_from_dict
-from mds.planner.pool import SourcePool, quantize
+from mds.planner.index.config import load_config, parse_config
+from mds.planner.plan.build import Planner
+from mds.planner.plan.config import PlanConfig, load_plan_config, plan_config_from_dict
+from mds.planner.plan.pool import SourcePool, quantize
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CONFIG = REPO / "sample_data" / "mds.toml"
@@ -144,7 +144,7 @@ def sample_plan_config(index: Path, **overrides: Any) -> PlanConfig:
 
 def sample_workdir(root: Path) -> Path:
     """root/data (a copy of sample_data), root/index and root/plan.mds; returns root."""
-    from mds.planner.plan import build_plan, with_overrides
+    from mds.planner.plan.build import build_plan, with_overrides
 
     shutil.copytree(REPO / "sample_data", root / "data")
     config = root / "data" / "mds.toml"
@@ -162,7 +162,7 @@ def golden_summary(workdir: Path) -> dict[str, Any]:
     into workdir/plan.mds (fixed relative layout: the footer stores the index's and the
     data's paths relative to the plan), and return the `mds plan --json` summary minus path,
     seconds and how it ran (workers, notice), plus sha256."""
-    from mds.planner.plan import build_plan, with_overrides
+    from mds.planner.plan.build import build_plan, with_overrides
 
     workdir = Path(workdir)
     data = workdir / "data"
@@ -256,7 +256,7 @@ def ideal_targets(weights: Sequence[Any], size: int, steps: int) -> np.ndarray:
 
 def plan_slots(plan: Path) -> list[tuple[int, int, int, int]]:
     """Every planned sample as (step, rank, micro_batch, global id), read with PlanReader."""
-    from mds.executor.planfile import PlanReader
+    from mds.core.planfile import PlanReader
 
     out = []
     with PlanReader(plan) as reader:

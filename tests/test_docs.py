@@ -16,7 +16,7 @@ from cli_helpers import mds, run_python
 from typer.testing import CliRunner
 
 from mds.cli.main import app
-from mds.planner.plan_config import load_plan_config
+from mds.planner.plan.config import load_plan_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -92,10 +92,10 @@ from fault_builders import (
     world_toml,
 )
 
+from mds.core import planfile as planfile_mod
 from mds.executor import DataChangedError, PlanError
-from mds.executor import planfile as planfile_mod
-from mds.planner.atomic import is_temp
-from mds.planner.index import manifest as index_manifest_mod
+from mds.planner.index import tables as index_manifest_mod
+from mds.planner.runtime.atomic import is_temp
 
 
 def no_temporaries(directory: Path) -> None:

@@ -23,15 +23,21 @@ PROJECT = PYPROJECT["project"]
 
 # Which extras each folder of the package may import from, besides the core.
 SIDES = {
-    "package": (),
-    "executor": ("train", "tokenizers"),
-    "executor/integrations": ("train", "tokenizers", "lightning", "hf", "megatron"),
-    "planner": ("plan", "tokenizers", "ray", "s3", "gcs"),
-    "cli": ("plan",),
+    "src/mds": (),
+    "src/mds/core": ("tokenizers",),
+    "src/mds/formats": (),
+    "src/mds/executor": ("train", "tokenizers"),
+    "src/mds/executor/integrations": ("train", "tokenizers", "lightning", "hf", "megatron"),
+    "src/mds/planner": ("plan", "tokenizers", "ray", "s3", "gcs"),
+    "src/mds/cli": ("plan",),
 }
 # Files that run on a training box although they live in a planning folder: `mds calibrate`
 # times the user's model, so it takes the `train` extra too (it says so when torch is missing).
-TRAINING_FILES = {"planner/calibrate.py", "planner/packed_gpt.py", "cli/calibrate.py"}
+TRAINING_FILES = {
+    "src/mds/planner/calibrate/fit.py",
+    "src/mds/planner/calibrate/packed_gpt.py",
+    "src/mds/cli/calibrate.py",
+}
 # What the training side must never load, and what the planning side must never load.
 NOT_IN_TRAINING = ("polars", "typer", "rich", "click", "mds.planner", "mds.cli")
 NOT_IN_PLANNING = ("torch",)
@@ -221,7 +227,7 @@ def test_wheel_in_a_clean_venv(tmp_path):
     assert "Usage: mds" in run(exe, "--help").stdout
     assert run(py, "-m", "mds", "--version").stdout.startswith("mds ")
     code = (
-        "import sys, mds.executor; import mds.executor.planfile; "
+        "import sys, mds.executor; import mds.core.planfile; "
         "print(sorted(m for m in ('torch', 'polars') if m in sys.modules))"
     )
     assert run(py, "-c", code).stdout.strip() == "[]"

@@ -9,7 +9,7 @@ import tomllib
 import pytest
 from cli_helpers import mds, one_error_line
 
-from mds.planner.plan_config import parse_cost
+from mds.planner.plan.config import parse_cost
 
 TINY = ("--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "64", "--threads", "1")
 GRID = ("--lengths", "16,256", "--max-tokens", "256", "--mixed", "1", "--repeats", "1")
@@ -73,7 +73,7 @@ def test_calibrate_bad_flags(args, needles):
     ],
 )
 def test_calibrate_a_model_that_is_not_a_model_factory(tmp_path, monkeypatch, spec, needle):
-    from mds.planner.calibrate import MODEL_FORM
+    from mds.planner.calibrate.fit import MODEL_FORM
 
     (tmp_path / "calibration_bad_model.py").write_text(
         "import torch\n"
@@ -87,7 +87,7 @@ def test_calibrate_a_model_that_is_not_a_model_factory(tmp_path, monkeypatch, sp
 
 def test_calibrate_a_model_from_module_function(tmp_path, monkeypatch):
     (tmp_path / "calibration_user_model.py").write_text(
-        "from mds.planner.packed_gpt import GptShape, build_packed_gpt\n"
+        "from mds.planner.calibrate.packed_gpt import GptShape, build_packed_gpt\n"
         "def build():\n"
         "    return build_packed_gpt(GptShape(layers=1, hidden=16, heads=2, vocab=64))\n"
     )

@@ -12,7 +12,7 @@ from builders import config_file, multi_source, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from mds.cli.main import app
-from mds.planner.index.manifest import read_manifest
+from mds.planner.index.tables import read_manifest
 
 
 @pytest.fixture

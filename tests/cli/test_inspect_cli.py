@@ -16,11 +16,11 @@ from cli_helpers import mds
 from cli_helpers import one_error_line as _one_error_line
 from plan_builders import SAMPLE_CONFIG
 
-from mds.planner.config import load_config
-from mds.planner.export import plan_frame
 from mds.planner.index.build import build_index
-from mds.planner.plan import STAT_COLUMNS, build_plan, with_overrides
-from mds.planner.plan_config import load_plan_config
+from mds.planner.index.config import load_config
+from mds.planner.plan.build import STAT_COLUMNS, build_plan, with_overrides
+from mds.planner.plan.config import load_plan_config
+from mds.planner.report.export import plan_frame
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -483,7 +483,7 @@ def test_plan_names_its_cost_model(built, tmp_path):
     import dataclasses
 
     from mds.cli.inspect import cost_text
-    from mds.planner.plan_config import CostSpec
+    from mds.planner.plan.config import CostSpec
 
     index, plan = built
     text = ok("inspect", plan).stdout
@@ -533,7 +533,7 @@ def test_plan_names_its_cost_model(built, tmp_path):
 )  # fmt: skip
 def test_cost_text(cost, kind, text):
     from mds.cli.inspect import cost_text
-    from mds.planner.report_plan import cost_model
+    from mds.planner.report.plan import cost_model
 
     assert cost_model(cost) == kind
     assert cost_text(cost, kind) == text

@@ -119,7 +119,7 @@ def test_an_interrupt_after_an_output_was_written_names_it(root, monkeypatch):
 
 
 def test_an_interrupt_before_any_output_says_nothing_was_written(root, monkeypatch):
-    import mds.planner.plan as plan_module
+    import mds.planner.plan.build as plan_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

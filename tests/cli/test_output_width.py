@@ -7,7 +7,7 @@ import pytest
 from cli_helpers import mds
 from plan_builders import SAMPLE_CONFIG, sample_index
 
-from mds.planner.index.manifest import read_manifest
+from mds.planner.index.tables import read_manifest
 
 
 @pytest.fixture(scope="module")

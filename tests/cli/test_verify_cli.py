@@ -11,10 +11,10 @@ import pytest
 from cli_helpers import mds, one_error_line
 from plan_builders import REPO
 
-from mds.planner.config import load_config
 from mds.planner.index.build import build_index
-from mds.planner.plan import build_plan, with_overrides
-from mds.planner.plan_config import load_plan_config
+from mds.planner.index.config import load_config
+from mds.planner.plan.build import build_plan, with_overrides
+from mds.planner.plan.config import load_plan_config
 
 
 @pytest.fixture

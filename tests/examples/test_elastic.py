@@ -23,7 +23,7 @@ from plan_builders import (
     stream_prefix,
 )
 
-from mds.planner.plan import build_plan, with_overrides
+from mds.planner.plan.build import build_plan, with_overrides
 
 EXAMPLE = REPO / "examples" / "train_tiny.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

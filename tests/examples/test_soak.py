@@ -20,7 +20,7 @@ _spec.loader.exec_module(soak)
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    from mds.planner.plan import build_plan, with_overrides
+    from mds.planner.plan.build import build_plan, with_overrides
 
     config = with_overrides(sample_plan_config(sample_index(tmp_path_factory)), dp_size=2)
     out = tmp_path_factory.mktemp("soak") / "plan-dp2.mds"

@@ -35,7 +35,7 @@ needs_gloo = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[int, Path]:
     """The sample config planned for dp_size 2 (8 steps) and for dp_size 1 (2 steps)."""
-    from mds.planner.plan import build_plan, with_overrides
+    from mds.planner.plan.build import build_plan, with_overrides
 
     index = sample_index(tmp_path_factory)
     out = tmp_path_factory.mktemp("train-plans")

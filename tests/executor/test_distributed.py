@@ -16,8 +16,8 @@ import pytest
 import torch.distributed as dist
 from plan_builders import plan_slots, sample_index, sample_plan_config
 
+from mds.core.planfile import PlanReader
 from mds.executor import ConfigError, PlanExecutor
-from mds.executor.planfile import PlanReader
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 TOKENIZER = Path(__file__).resolve().parents[2] / "sample_data" / "tokenizer.json"
@@ -31,7 +31,7 @@ needs_gloo = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def plan_dp2(tmp_path_factory) -> Path:
     """sample_data/mds.toml planned for dp_size 2 (the index is the session's sample index)."""
-    from mds.planner.plan import build_plan, with_overrides
+    from mds.planner.plan.build import build_plan, with_overrides
 
     config = with_overrides(sample_plan_config(sample_index(tmp_path_factory)), dp_size=2)
     out = tmp_path_factory.mktemp("dist-plan") / "plan-dp2.mds"

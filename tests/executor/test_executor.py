@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from plan_builders import REPO
 
 import mds.executor.readers as readers_module
+from mds.core.planfile import PlanReader
+from mds.errors import ConfigError, PlanError, SourceDataError
 from mds.executor import DataChangedError, PlanExecutor
-from mds.executor.errors import ConfigError, PlanError, SourceDataError
-from mds.executor.planfile import PlanReader
 
 TEXT = text_tokenizers()  # forum brings its own tokenizer.json
 
@@ -247,10 +247,10 @@ def test_one_tokenize_function_serves_every_text_source(sample, full_run):
 @pytest.fixture
 def data_copy(tmp_path):
     """A private copy of the sample data, indexed and planned, that a test may damage."""
-    from mds.planner.config import load_config
     from mds.planner.index.build import build_index
-    from mds.planner.plan import build_plan
-    from mds.planner.plan_config import load_plan_config
+    from mds.planner.index.config import load_config
+    from mds.planner.plan.build import build_plan
+    from mds.planner.plan.config import load_plan_config
 
     shutil.copytree(REPO / "sample_data", tmp_path / "data")
     config = tmp_path / "data" / "mds.toml"
@@ -305,7 +305,7 @@ def test_the_executor_needs_no_index(data_copy, monkeypatch):
         ranks = reader.dp
     before = {r: [batch_digest(b) for b in executor(plan, r)] for r in range(ranks)}
     shutil.rmtree(data_copy / "index")
-    import mds.executor.manifest as manifest_module
+    import mds.core.index_manifest as manifest_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the executor read an index manifest")

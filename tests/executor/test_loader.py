@@ -8,8 +8,8 @@ from executor_builders import batch_digest, open_executor, sample_plan, uninterr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mds.errors import ConfigError
 from mds.executor import PlanLoader
-from mds.executor.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mds.executor.errors import ConfigError
+from mds.errors import ConfigError
 from mds.executor.mesh import mesh_position, peer_groups, torchrun_rank
 
 

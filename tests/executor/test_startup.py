@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from many_sources import token_plan, token_sources
 
-import mds.executor.sources as sources_module
+import mds.executor.catalog.sources as sources_module
 from mds.executor import DataChangedError, PlanExecutor
 
 STEPS, SAMPLES_PER_STEP, DP, CHUNK_STEPS = 8, 8, 2, 4

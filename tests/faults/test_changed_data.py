@@ -15,9 +15,9 @@ from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from plan_builders import index_data, plan_config
 
+from mds.core.storage import DATA_ROOT_ENV
+from mds.errors import DataChangedError
 from mds.executor import PlanExecutor
-from mds.executor.errors import DataChangedError
-from mds.executor.storage import DATA_ROOT_ENV
 
 ROWS = 24
 RECHECK_ENV = "MDS_RECHECK"  # the benchmark's switch (sources.RECHECK_ENV)
@@ -50,7 +50,7 @@ def _write(root: Path, fmt: str) -> tuple[str, dict[str, Any]]:
 def _world(base: Path, fmt: str, write=_write) -> tuple[Path, str]:
     """Data, index and plan of one source in `fmt` (written by `write`): (the plan, the
     source file)."""
-    from mds.planner.plan import build_plan
+    from mds.planner.plan.build import build_plan
 
     root = base / "data"
     rel, source = write(root, fmt)
@@ -173,7 +173,7 @@ def test_a_same_size_replacement_its_sampled_fingerprint_skips_stops_the_run(
     """A file over 3 MiB replaced (same size and mtime) by one that differs only in bytes
     its sampled fingerprint does not read: that fingerprint cannot vouch for the new bytes,
     so the run stops instead of reading them."""
-    from mds.executor.fingerprint import _BLOCK, _EDGE
+    from mds.core.fingerprint import _BLOCK, _EDGE
 
     monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
 

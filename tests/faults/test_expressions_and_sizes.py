@@ -50,10 +50,10 @@ import pytest
 from cli_helpers import mds, one_error_line
 from fault_builders import BOOK_LENGTHS, names, plan_layout, word_ids, world_toml
 
+from mds.core.planfile import PlanReader
+from mds.errors import ConfigError, PlanError
 from mds.executor import PlanExecutor
-from mds.executor.errors import ConfigError, PlanError
-from mds.executor.planfile import PlanReader
-from mds.planner.export import plan_frame
+from mds.planner.report.export import plan_frame
 
 
 def no_temporaries(directory: Path) -> None:

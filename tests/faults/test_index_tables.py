@@ -39,7 +39,7 @@ import pytest
 from cli_helpers import mds, one_error_line
 from fault_builders import flip_byte, names, truncate, word_ids
 
-from mds.planner.atomic import is_temp
+from mds.planner.runtime.atomic import is_temp
 
 FIX = "the index is damaged: re-run `mds index` to rebuild the table from its sources"
 

@@ -19,12 +19,12 @@ from gcs_store import gcs_server
 from s3_store import BUCKET, s3_server
 from store_corpus import corpus_config, write_corpus
 
-from mds.executor.errors import ConfigError, OutputError
-from mds.executor.storage import DATA_ROOT_ENV
-from mds.planner import upload
-from mds.planner.config import load_config
+from mds.core.storage import DATA_ROOT_ENV
+from mds.errors import ConfigError, OutputError
 from mds.planner.index.build import build_index
-from mds.planner.object_lock import TTL_ENV, lock_url, object_lock
+from mds.planner.index.config import load_config
+from mds.planner.runtime import upload
+from mds.planner.runtime.object_lock import TTL_ENV, lock_url, object_lock
 
 CONFIG = corpus_config(forum="forum/forum.jsonl", steps=4, dp_size=1, micro_batches=1, seed=3)
 
@@ -255,7 +255,7 @@ def gcs(tmp_path_factory):
 
 def test_gcs_emulator_honours_generation_preconditions(gcs):
     """The precondition semantics of GCS, as tests/gcs_emulator.py emulates them."""
-    from mds.planner.object_lock import _GCS
+    from mds.planner.runtime.object_lock import _GCS
 
     client = _GCS(f"gs://{BUCKET}/pre/.x.lock")
     first = client.create(b"a")

@@ -29,11 +29,11 @@ from hypothesis import strategies as st
 from s3_store import BUCKET, s3_server
 from store_corpus import corpus_config, write_corpus
 
-from mds.executor.errors import SourceDataError
-from mds.executor.planfile import MAGIC
-from mds.executor.storage import DATA_ROOT_ENV
-from mds.planner import upload
-from mds.planner.atomic import is_temp
+from mds.core.planfile import MAGIC
+from mds.core.storage import DATA_ROOT_ENV
+from mds.errors import SourceDataError
+from mds.planner.runtime import upload
+from mds.planner.runtime.atomic import is_temp
 
 CONFIG = corpus_config(web="{web}", steps=4, seed=3)
 WEB_ROWS = 60  # write_corpus: two Parquet parts of 30 rows

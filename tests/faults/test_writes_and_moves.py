@@ -39,9 +39,9 @@ from fault_builders import (
     word_ids,
 )
 
+from mds.core.index_manifest import index_fingerprint
 from mds.executor import DataChangedError, PlanExecutor
-from mds.executor.manifest import index_fingerprint
-from mds.planner.atomic import is_temp
+from mds.planner.runtime.atomic import is_temp
 
 
 def no_temporaries(directory: Path) -> None:

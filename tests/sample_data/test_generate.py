@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from mds.executor.megatron import check_bin, read_index
+from mds.formats.megatron import check_bin, read_index
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 SCRIPT = SAMPLE / "generate.py"

@@ -13,7 +13,7 @@ STEPS = 4
 
 
 def _plan(tmp_path_factory, dp_size: int, **derive) -> Path:
-    from mds.planner.plan import build_plan
+    from mds.planner.plan.build import build_plan
 
     config = sample_plan_config(sample_index(tmp_path_factory))
     train = replace(config.train, steps=STEPS, dp_size=dp_size, samples_per_step=4)

@@ -10,7 +10,7 @@ import pytest
 from builders import ctx, data_file, source, write_arrow, write_save_to_disk
 from literal_names import IDS, NAMES, write_with_decoy
 
-from mds.executor.errors import SourceDataError
+from mds.errors import SourceDataError
 from mds.planner.index.arrow import scan_arrow
 from mds.planner.index.discover import discover
 

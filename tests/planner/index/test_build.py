@@ -27,12 +27,12 @@ from builders import (
     write_parquet,
 )
 
-from mds.executor.errors import ConfigError, IndexFormatError, SourceDataError
-from mds.executor.fingerprint import fingerprint
-from mds.planner.config import load_config
+from mds.core.fingerprint import fingerprint
+from mds.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.planner.index import build
 from mds.planner.index.build import build_index
-from mds.planner.index.manifest import index_fingerprint, read_manifest, source_frame
+from mds.planner.index.config import load_config
+from mds.planner.index.tables import index_fingerprint, read_manifest, source_frame
 
 WEB = [web_part(i) for i in range(3)]
 

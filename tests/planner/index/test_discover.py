@@ -9,7 +9,7 @@ import pytest
 from builders import source, write_megatron, write_save_to_disk
 from literal_names import IDS, NAMES
 
-from mds.executor.errors import ConfigError, SourceDataError
+from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.discover import DataFile, detect_format, discover
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from literal_names import IDS, NAMES, write_with_decoy
 from polars.testing import assert_frame_equal
 
-from mds.executor.errors import SourceDataError
+from mds.errors import SourceDataError
 from mds.planner.index import jsonl
 from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
 

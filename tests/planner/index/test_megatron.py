@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from builders import ctx, data_file, source
 
-from mds.executor.errors import SourceDataError
-from mds.executor.megatron import write_dataset
+from mds.errors import SourceDataError
+from mds.formats.megatron import write_dataset
 from mds.planner.index.megatron import scan_megatron
 
 SEQUENCES = [[1, 2, 3], [], [9] * 50, [4], list(range(1000))]

@@ -6,7 +6,7 @@ import pytest
 from builders import source
 from literal_names import IDS, NAMES
 
-from mds.executor.errors import ConfigError
+from mds.errors import ConfigError
 from mds.planner.index.objects import discover_objects
 
 ROOT = "s3://bucket/corpus"

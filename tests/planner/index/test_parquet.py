@@ -14,10 +14,10 @@ import pytest
 from builders import ctx, data_file, source, write_parquet, write_tokenizer
 from literal_names import IDS, NAMES, write_with_decoy
 
-from mds.executor.errors import SourceDataError
+from mds.errors import SourceDataError
+from mds.formats.parquet.levels import list_lengths
 from mds.planner.index import lengths
 from mds.planner.index.parquet import group_offsets, scan_parquet
-from mds.planner.index.parquet_levels import list_lengths
 
 TOKENS = [[5, 6, 7], [], [1] * 40, [9], list(range(300))]
 

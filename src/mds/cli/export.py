@@ -1,0 +1,61 @@
+"""`mds export`: one row per planned sample, as Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mds.cli.output import console, json_option, print_json
+from mds.errors import ConfigError
+
+__all__ = ["export_command"]
+
+
+def export_command(
+    plan: Path = typer.Argument(..., metavar="PLAN", help="Plan file written by `mds plan`."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", metavar="FILE", help="Parquet file to write."
+    ),
+    index: Path | None = typer.Option(
+        None, "--index", metavar="DIR", help="Index directory (default: the one the plan names)."
+    ),
+    steps: str | None = typer.Option(
+        None, "--steps", metavar="A:B", help="Only steps A to B-1 (A: or :B leave an end open)."
+    ),
+    rank: list[int] = typer.Option(
+        [], "--rank", metavar="R", help="Only DP rank R (repeatable; default: every rank)."
+    ),
+    json_out: bool = json_option("Print a JSON summary."),
+) -> None:
+    """Export a plan as a flat Parquet table, one row per planned sample: step, rank,
+    micro_batch, sample_id, source, row, epoch, file and location in it, n_tokens,
+    planned_tokens (after truncation), cost, cost_units and kept metadata.
+
+    Example:
+
+    \b
+        mds export build/plan.mds -o build/plan.parquet
+        mds export build/plan.mds -o build/steps.parquet --steps 10:20 --rank 3
+        duckdb -c "SELECT rank, sum(cost) FROM 'build/plan.parquet' GROUP BY 1"
+    """
+    from mds.planner.report.export import export_plan
+
+    rows = export_plan(plan, output, index, _step_range(steps), rank or None)
+    if json_out:
+        print_json({"output": str(output), "rows": rows})
+    else:
+        console.print(f"wrote {rows:,} rows to {output}")
+
+
+def _step_range(text: str | None) -> tuple[int | None, int | None] | None:
+    """`A:B` (either end may be left out) as (A, B); a ConfigError names the option."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return tuple(int(p) if p.strip() else None for p in parts)  # type: ignore[return-value]
+    except ValueError:
+        raise ConfigError(f"--steps {text!r}: expected A:B, e.g. 10:20, 10: or :20") from None

@@ -1,0 +1,326 @@
+"""`mds inspect --html`: the same report as one self-contained page (inline CSS and SVG, no
+scripts, no external assets), written atomically.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from mds.cli.inspect import cost_text
+from mds.cli.svg import PALETTE, bar_chart, line_chart
+from mds.planner.runtime.atomic import atomic_path, cannot_write
+
+__all__ = ["render_html", "write_html"]
+
+_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1150px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; } h3 { font-size: 15px; }
+table { border-collapse: collapse; margin: 8px 0 16px; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: right; }
+th:first-child, td:first-child, .l { text-align: left; }
+th { background: #f3f3f3; }
+code { font-size: 12px; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+svg { background: #fff; border: 1px solid #e3e3e3; }
+svg text { font: 11px system-ui, sans-serif; fill: #333; }
+.note { color: #666; }
+"""
+
+
+def _e(value: Any) -> str:
+    return escape("-" if value is None else str(value))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def _num(x: float | None, fmt: str = ".4f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _table(head: list[str], rows: list[list[Any]], left: tuple[int, ...] = (0,)) -> str:
+    def cell(tag: str, i: int, value: Any) -> str:
+        cls = ' class="l"' if i in left else ""
+        return f"<{tag}{cls}>{_e(value)}</{tag}>"
+
+    out = ["<table><thead><tr>", *(cell("th", i, h) for i, h in enumerate(head)), "</tr></thead>"]
+    out.append("<tbody>")
+    for row in rows:
+        out.append("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _pairs(rows: list[tuple[str, Any]]) -> str:
+    return _table(["what", "value"], [list(r) for r in rows], left=(0, 1))
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+def _short(n: int) -> str:
+    for unit, size in (("M", 1 << 20), ("k", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _index_body(r: dict[str, Any]) -> list[str]:
+    out = [
+        f"<h1>mds index <code>{_e(r['path'])}</code></h1>",
+        _pairs(
+            [
+                ("format version", r["format_version"]),
+                ("fingerprint", f"{r['fingerprint']} ({r['fingerprint_mode']})"),
+                ("root", r["root"]),
+                ("rows", f"{r['rows']:,}"),
+                ("tokens", f"{r['tokens']:,}" + ("" if r["exact"] else " (includes estimates)")),
+            ]
+        ),
+    ]
+    rows = []
+    for s in r["sources"]:
+        n, mark = s["lengths"], "" if s["exact"] else "~"
+        rows.append(
+            [s["name"], s["format"], f"{s['rows']:,}", f"{mark}{s['tokens']:,}"]
+            + [f"{mark}{n[k]:,}" if n[k] is not None else "-" for k in ("p50", "p90", "p99", "max")]
+        )
+    out.append("<h2>Sources</h2>")
+    out.append(_table(["source", "format", "rows", "tokens", "p50", "p90", "p99", "max"], rows))
+    if not r["exact"]:
+        out.append('<p class="note">~ estimated token counts (a length rule, not a tokenizer)</p>')
+    for s in r["sources"]:
+        out.append(f"<h2>{_e(s['name'])}</h2>")
+        length = s["length"]
+        how = length.get("kind", "?") + (f" {length['rule']}" if "rule" in length else "")
+        out.append(f'<p class="note">{_e(s["format"])}, lengths from {_e(how)}</p>')
+        if s["histogram"]:
+            labels = [_short(b["lo"]) for b in s["histogram"]]
+            out.append(
+                bar_chart(
+                    f"{s['name']}: samples per length bucket [2^k, 2^(k+1)) tokens",
+                    labels,
+                    [b["count"] for b in s["histogram"]],
+                )
+            )
+        meta = []
+        for m in s["metadata"]:
+            if m["kind"] == "numeric":
+                text = f"min {m['min']}, mean {_num(m['mean'], '.4g')}, max {m['max']}"
+            else:
+                text = ", ".join(f"{t['value']}: {t['count']:,}" for t in m["top"])
+                text += f", other: {m['other']:,}" if m["other"] else ""
+            meta.append([m["column"], m["dtype"], f"{m['nulls']:,}", text])
+        if meta:
+            out.append(_table(["column", "dtype", "nulls", "values"], meta, left=(0, 1, 3)))
+        files = [
+            [f["path"], f"{f['size']:,}", f"{f['rows']:,}", f"{f['tokens']:,}", f["fingerprint"]]
+            for f in s["files"]
+        ]
+        out.append(_table(["file", "size", "rows", "tokens", "fingerprint"], files, left=(0, 4)))
+    return out
+
+
+def _plan_body(r: dict[str, Any]) -> list[str]:
+    h = r["header"]
+    size = (
+        f"{h['samples_per_step']:,} samples"
+        if h["samples_per_step"] is not None
+        else f"{h['tokens_per_step']:,} tokens"
+    )
+    out = [
+        f"<h1>mds plan <code>{_e(r['path'])}</code></h1>",
+        _pairs(
+            [
+                ("format version", h["format_version"]),
+                ("plan id", h["plan_id"]),
+                ("steps x dp ranks x micro-batches", f"{h['steps']:,} x {h['dp_size']} x {h['micro_batches']}"),
+                ("step size", size),
+                ("capacity (tokens per micro-batch)", f"{h['capacity']:,}"),
+                ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
+                ("cost model", cost_text(h["cost"], h["cost_model"])),
+                ("index fingerprint", f"{h['index_fingerprint']} ({h['index_path']})"),
+                ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
+                *(
+                    [("re-planned from", f"plan {h['lineage']['parent']} at step {h['first_step']:,}")]
+                    if h.get("lineage")
+                    else []
+                ),
+                ("samples / tokens", f"{r['totals']['samples']:,} / {r['totals']['tokens']:,}"),
+            ]
+        ),
+        f"<h2>Mix (shares of {_e(r['share_unit'])})</h2>",
+    ]  # fmt: skip
+    rows = [
+        [
+            s["name"], _pct(s["target"]), _pct(s["realized"]),
+            f"{100 * (s['realized'] - s['target']):+.2f}", f"{s['samples']:,}",
+            f"{s['eligible']:,}", f"{s['epochs']:.3f}", s["epochs_started"],
+            s["dropped_overlong"], s["truncated"],
+        ]
+        for s in r["sources"]
+    ]  # fmt: skip
+    head = ["source", "target", "realized", "diff (pp)", "samples", "eligible", "epochs"]
+    out.append(_table(head + ["epochs started", "dropped", "truncated"], rows))
+    phases = r["phases"]
+    out.append("<h3>Per schedule phase: target / realized</h3>")
+    rows = [
+        [s["name"]]
+        + [
+            f"{_pct(p['sources'][i]['target'])} / {_pct(p['sources'][i]['realized'])}"
+            for p in phases
+        ]
+        for i, s in enumerate(r["sources"])
+    ]
+    out.append(_table(["source"] + [f"steps {p['start']}-{p['end'] - 1}" for p in phases], rows))
+    out.extend(_balance(r))
+    out.extend(_charts(r))
+    return out
+
+
+def _balance(r: dict[str, Any]) -> list[str]:
+    imb, fill = r["imbalance"], r["capacity_fill"]
+    rows = [
+        [label] + [_num(imb[key][k]) for k in ("mean", "median", "p99", "max")]
+        for label, key in (
+            ("max rank cost / mean", "max_over_mean"),
+            ("max rank cost / lower bound", "max_over_lower_bound"),
+            ("naive sharding / lower bound", "naive_over_lower_bound"),
+            ("in-order interleave / lower bound", "interleave_over_lower_bound"),
+        )
+        if imb[key] is not None
+    ]
+    return [
+        "<h2>Balance</h2>",
+        _table(["per-step ratio", "mean", "median", "p99", "max"], rows),
+        f"<p>Predicted speedup vs naive sharding: <b>{imb['speedup_vs_naive']:.3f}x</b>"
+        + (
+            f"; <b>{imb['speedup_vs_naive_with_c']:.3f}x</b> counting c per micro-batch"
+            if imb["speedup_vs_naive_with_c"] is not None
+            else ""
+        )
+        + (
+            f"; vs in-order interleaving: <b>{imb['speedup_vs_interleave']:.3f}x</b> "
+            f"(stronger baseline: {imb['stronger_baseline']})"
+            if imb["speedup_vs_interleave"] is not None
+            else ""
+        )
+        + "</p>",
+        _table(
+            ["capacity fill", "mean", "min", "max"],
+            [
+                ["step tokens / (dp x micro x capacity)"]
+                + [_pct(fill["step"][k]) for k in ("mean", "min", "max")],
+                ["max micro-batch tokens / capacity"]
+                + [_pct(fill["max_micro_batch"][k]) for k in ("mean", "min", "max")],
+            ],
+        ),
+    ]
+
+
+def _charts(r: dict[str, Any]) -> list[str]:
+    series = r["series"]
+    if not series["start"]:
+        return []
+    xs = [s + (series["bucket"] - 1) / 2 for s in series["start"]]
+    out = [
+        "<h2>Over steps</h2>",
+        f'<p class="note">one point per {series["bucket"]} step(s); dashed: target</p>',
+        '<div class="charts">',
+    ]
+    for i, s in enumerate(series["sources"]):
+        hi = max(max(s["target"]), max(s["realized"]))
+        lines = [
+            {"label": "realized", "values": s["realized"], "color": PALETTE[i % len(PALETTE)]},
+            {"label": "target", "values": s["target"], "color": "#333", "dashed": True},
+        ]
+        out.append(line_chart(f"{s['name']}: share", xs, lines, 0.0, min(1.0, hi * 1.15), ".1%"))
+    inter = series.get("interleave_ratio") or []
+    hi = max(max(series["ratio"]), max(series["naive_ratio"]), *inter)
+    lines = [
+        {"label": "max / lower bound", "values": series["ratio"], "color": PALETTE[0]},
+        {"label": "naive / lower bound", "values": series["naive_ratio"], "color": PALETTE[1]},
+    ]
+    if inter:
+        lines.append({"label": "interleave / lower bound", "values": inter, "color": PALETTE[2]})
+    out.append(line_chart("rank imbalance per step", xs, lines, 1.0, hi * 1.05 or 1.0, ".2f"))
+    out.append("</div>")
+    return out
+
+
+def _step_body(r: dict[str, Any]) -> list[str]:
+    st = r["stats"]
+    out = [
+        f"<h1>mds plan <code>{_e(r['path'])}</code>, step {r['step']}</h1>",
+        _pairs(
+            [
+                ("plan id", r["plan_id"]),
+                ("index", f"{r['index']} (root {r['index_root']})"),
+                ("ranks shown", ", ".join(map(str, r["ranks"]))),
+                ("step samples / tokens", f"{st['samples']:,} / {st['tokens']:,}"),
+                ("max rank cost / lower bound (units)", f"{st['max_rank_cost']:,} / {st['lower_bound']:,}"),
+                ("naive max rank cost (units)", f"{st['naive_max_rank_cost']:,}"),
+                *(
+                    [("in-order interleave max rank cost (units)",
+                      f"{st['interleave_max_rank_cost']:,}")]
+                    if "interleave_max_rank_cost" in st
+                    else []
+                ),
+            ]
+        ),
+        "<h2>Per rank</h2>",
+    ]  # fmt: skip
+    totals = r["rank_totals"]
+    out.append(
+        bar_chart(
+            "cost per rank (as configured)",
+            [f"r{t['rank']}" for t in totals],
+            [t["cost"] for t in totals],
+        )
+    )
+    rows = [
+        [t["rank"], f"{t['samples']:,}", f"{t['tokens']:,}", f"{t['cost']:.6g}",
+         f"{t['cost_units']:,}", " / ".join(f"{m['tokens']:,}" for m in t["micro_batches"])]
+        for t in totals
+    ]  # fmt: skip
+    head = ["rank", "samples", "tokens", "cost", "cost units", "micro-batch tokens"]
+    out.append(_table(head, rows))
+    out.append("<h2>Samples</h2>")
+    keys = ("rank", "micro_batch", "source", "row", "file", "file_row", "offset", "length")
+    rows = [
+        [s[k] for k in keys] + [f"{s['n_tokens']:,}", f"{s['cost']:.6g}", f"{s['cost_units']:,}"]
+        for s in r["samples"]
+    ]
+    head = [*keys, "n_tokens", "cost", "cost units"]
+    out.append(_table(head, rows, left=(2, 4)))
+    return out
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """The report as a complete HTML document."""
+    body = {"index": _index_body, "plan": _plan_body, "step": _step_body}[report["kind"]](report)
+    title = f"mds inspect: {report['kind']} {report['path']}"
+    return "".join(
+        [
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+            *body,
+            f'<p class="note">mds inspect, report schema {report["schema"]}</p>',
+            "</body></html>\n",
+        ]
+    )
+
+
+def write_html(report: dict[str, Any], path: str | Path) -> None:
+    """Render and write atomically (the old file, if any, stays until the new one is whole)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page = render_html(report)
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise cannot_write(path, "the report", exc) from exc

@@ -1,0 +1,182 @@
+"""`mds plan`: precompute every step's samples per DP rank and micro-batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mds.cli.output import address_option, console, engine_option, json_option, print_json
+
+__all__ = ["plan_command"]
+
+
+def plan_command(
+    config: Path = typer.Argument(
+        ...,
+        metavar="CONFIG",
+        help="TOML config with [train], [cost] and weighted [[source]] tables.",
+    ),
+    output: str = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Plan file to write (or an s3:// URL: uploaded as one object when complete).",
+    ),
+    index: str | None = typer.Option(
+        None,
+        "--index",
+        metavar="DIR|URL",
+        help="Index directory or s3:// prefix (default: [plan].index, else [index].output).",
+    ),
+    steps: int | None = typer.Option(None, "--steps", metavar="N", help="Override [train] steps."),
+    dp_size: int | None = typer.Option(
+        None, "--dp-size", metavar="N", help="Override [train] dp_size."
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", "-j", min=1, metavar="N", help="Chunks planned in parallel."
+    ),
+    engine: str | None = engine_option(),
+    address: str | None = address_option(),
+    parent: Path | None = typer.Option(
+        None,
+        "--from",
+        metavar="PLAN",
+        help="Re-plan: continue this plan from --at-step with the new config.",
+    ),
+    at_step: int | None = typer.Option(
+        None,
+        "--at-step",
+        min=0,
+        metavar="K",
+        help="With --from: the first step the new config plans.",
+    ),
+    json_out: bool = json_option("Print a JSON summary instead of a table."),
+) -> None:
+    """Plan which samples every DP rank and micro-batch trains on at every step.
+
+    The mix follows each source's weight schedule exactly (within one sample); each step's
+    samples are balanced across ranks by cost (a*L + b*L^2 by default) under the
+    micro-batch token capacity. Same inputs give the same plan bytes.
+
+    Example:
+
+    \b
+        mds index sample_data/mds.toml -o build/index
+        mds plan sample_data/mds.toml -o build/plan.mds
+        mds plan sample_data/mds.toml -o build/plan8.mds --dp-size 8 --json
+        mds plan sample_data/mds.toml -o build/plan.mds --index build/other-index
+        mds plan sample_data/new-mix.toml --index build/index \\
+            -o build/plan-2.mds --from build/plan.mds --at-step 32
+
+    With --from and --at-step K the new plan holds steps K.. only: every source continues
+    from its cursor in the old plan at K (nothing consumed is repeated within its epoch,
+    nothing unconsumed is skipped), and the new weights, dp_size, micro-batches or sources
+    apply from K. The executor resumes it from a state the old plan saved at step K.
+    """
+    from mds.cli.progress import StepProgress
+    from mds.errors import ConfigError
+    from mds.planner.plan.build import build_plan, with_overrides
+    from mds.planner.plan.config import load_plan_config
+
+    if (parent is None) != (at_step is None):
+        raise ConfigError("--from and --at-step go together: the old plan and the step K")
+    cfg = with_overrides(load_plan_config(config), steps=steps, dp_size=dp_size, index=index)
+    from mds.core.storage import is_url
+    from mds.planner.runtime.outputs import check_output, index_inputs
+
+    target: Path | str = output if is_url(output) else Path(output)
+    manifest = None
+    if isinstance(target, Path):
+        local_index = not is_url(cfg.index)
+        if local_index and target.exists():  # its file list is checked, then planned from
+            manifest = _manifest_or_none(cfg.index)
+        check_output(
+            "-o",
+            target,
+            [
+                ("config file", config),
+                ("plan given to --from", parent),
+                *(
+                    index_inputs(cfg.index, target, manifest and manifest.data)
+                    if local_index
+                    else []
+                ),
+            ],
+        )
+    from mds.planner.runtime.engine import EngineSpec
+    from mds.planner.runtime.malloc import keep_freed_memory
+
+    keep_freed_memory()  # with one worker this process plans every chunk (src/mds/planner/runtime/malloc.py)
+    spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
+    with StepProgress("planning", enabled=not json_out) as bar:
+        summary = build_plan(
+            cfg,
+            target,
+            workers=workers,
+            progress=bar,
+            parent=parent,
+            at_step=at_step,
+            engine=spec,
+            manifest=manifest,
+        )
+    if json_out:
+        print_json(summary.to_json())
+        return
+    if summary.notice:
+        console.print(f"note: {summary.notice}", soft_wrap=True)
+    _print_summary(summary)
+
+
+def _manifest_or_none(index: Path):
+    """The index's manifest, or None where it cannot be read (planning then says why)."""
+    from mds.core.index_manifest import read_manifest
+    from mds.errors import MdsError
+
+    try:
+        return read_manifest(index)
+    except MdsError:
+        return None
+
+
+def _print_summary(s) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"plan {s.path}", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("steps x dp ranks x micro-batches", f"{s.steps} x {s.dp_size} x {s.micro_batches}"),
+        ("samples / tokens", f"{s.samples:,} / {s.tokens:,}"),
+        ("plan size", f"{s.bytes:,} bytes ({s.bytes / max(s.samples, 1):.2f} per sample)"),
+        ("max rank cost / lower bound", f"mean {s.ratio_mean:.4f}, max {s.ratio_max:.4f}"),
+        (
+            "naive sharding, same samples",
+            f"mean {s.naive_ratio_mean:.4f}, max {s.naive_ratio_max:.4f}",
+        ),
+        (
+            "in-order interleaving, same samples",
+            f"mean {s.interleave_ratio_mean:.4f}, max {s.interleave_ratio_max:.4f}",
+        ),
+        ("predicted speedup vs naive", f"{s.speedup_vs_naive:.3f}x"),
+        ("predicted speedup vs interleaving", f"{s.speedup_vs_interleave:.3f}x"),
+        ("stronger baseline", s.stronger_baseline),
+        ("plan id", s.plan_id),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    src = Table(title="sources", title_justify="left")
+    for col in ("source", "samples", "eligible", "epochs"):
+        src.add_column(col, justify="left" if col == "source" else "right")
+    for entry in s.sources:
+        src.add_row(
+            entry["name"],
+            f"{entry['samples']:,}",
+            f"{entry['eligible']:,}",
+            f"{entry['epochs']:.3f}",
+        )
+    console.print(src)
+    who = f" by {s.workers} workers" if s.workers > 1 else ""
+    console.print(f"planned in {s.seconds:.2f}s{who}")

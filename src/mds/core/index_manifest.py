@@ -1,0 +1,277 @@
+"""The index manifest (`manifest.json`): format version, sources, files and fingerprints.
+
+JSON and stdlib only, so the executor can check an index without the planner.
+
+The manifest is the index's commit point: tables it does not name are not part of the index.
+The layout is specified in docs/index-format.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mds.core.datacheck import escapes
+from mds.errors import DataChangedError, IndexFormatError, PlanError
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "VERSION",
+    "IndexManifest",
+    "index_fingerprint",
+    "plan_manifest",
+    "read_manifest",
+    "read_table_bytes",
+    "table_checksum",
+    "table_damage",
+]
+
+FORMAT = "mds-index"
+VERSION = 1
+MANIFEST = "manifest.json"
+# The source formats and payload kinds an index may name (the executor's readers read all).
+FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
+PAYLOAD_KINDS = ("token_ids", "text")
+
+
+@dataclass(frozen=True)
+class IndexManifest:
+    """A parsed, version-checked manifest plus the directory it came from."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        return self.data["sources"]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.data["fingerprint"]
+
+    def source(self, name: str) -> dict[str, Any]:
+        for entry in self.sources:
+            if entry["name"] == name:
+                return entry
+        known = ", ".join(s["name"] for s in self.sources)
+        raise IndexFormatError(f"{self.path}: no source named {name!r}; the index has {known}")
+
+
+def table_checksum(path: Path) -> str:
+    """ "blake2b:<hex>" of an index table file, read in pieces (the manifest's `table_checksum`)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while piece := f.read(8 << 20):
+            h.update(piece)
+    return "blake2b:" + h.hexdigest()
+
+
+def table_damage(path: Path | str, got: str, expected: str) -> IndexFormatError:
+    """The one-line error for an index table whose bytes differ from its manifest entry."""
+    return IndexFormatError(
+        f"{path}: checksum {got} differs from the manifest's {expected}; the index is damaged: "
+        "re-run `mds index` to rebuild the table from its sources, or delete the index"
+    )
+
+
+def read_table_bytes(path: Path, expected: str) -> bytes:
+    """An index table's bytes, checked against the manifest's `table_checksum` in the same read
+    that loads them (so the check costs one hash pass, not a second read of the file)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read index table ({exc.strerror or exc})") from None
+    got = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+    if got != expected:
+        raise table_damage(path, got, expected)
+    return data
+
+
+def index_fingerprint(sources: list[dict[str, Any]]) -> str:
+    """Identity of an index's content: its tables' checksums and its files' fingerprints."""
+    ident = [
+        [s["name"], s["table_checksum"], [[f["path"], f["fingerprint"]] for f in s["files"]]]
+        for s in sources
+    ]
+    blob = json.dumps(ident, separators=(",", ":"), sort_keys=True).encode()
+    return "blake2b:" + hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _source_problem(entry: dict[str, Any]) -> str | None:
+    """What the executor relies on in a source entry, beyond the keys `_check` requires:
+    a known format, a payload it can read, file entries whose rows tile the table."""
+    if not _count(entry["rows"]):
+        return f"rows {entry['rows']!r} is not an integer >= 0"
+    fmt = entry.get("format")
+    if fmt not in FORMATS:
+        return f"format {fmt!r} is not one of {', '.join(FORMATS)}"
+    payload = entry.get("payload")
+    if payload is not None:
+        if not (
+            isinstance(payload, dict)
+            and payload.get("kind") in PAYLOAD_KINDS
+            and isinstance(payload.get("column"), str)
+            and (payload["column"] or fmt == "megatron")
+            and (payload["kind"] == "token_ids" or fmt != "megatron")
+        ):
+            return f"payload {payload!r} is not a {fmt} payload (kind and column)"
+    length = entry.get("length")
+    if not (length is None or isinstance(length, dict)):
+        return f"length {length!r} is not an object"
+    if (
+        length
+        and length.get("kind") == "tokenizer"
+        and not isinstance(length.get("tokenizer"), str)
+    ):
+        return "length.tokenizer is missing or not a string"
+    if not isinstance(entry.get("spec_key", ""), str):
+        return "spec_key is not a string"
+    first = 0
+    for j, item in enumerate(entry["files"]):
+        if not isinstance(item, dict):
+            return f"files[{j}] is not an object"
+        if not isinstance(item.get("path"), str):
+            return f"files[{j}].path is missing or not a string"
+        if (fmt == "megatron" or "index_path" in item) and not isinstance(
+            item.get("index_path"), str
+        ):
+            return f"files[{j}].index_path is missing or not a string"
+        # Samples are located by these: a row's file is the last with first_row <= row.
+        if not (_count(item.get("rows")) and item.get("first_row") == first):
+            return (
+                f"files[{j}] rows {item.get('rows')!r} from first_row "
+                f"{item.get('first_row')!r} do not follow the previous file (first_row {first})"
+            )
+        first += item["rows"]
+    if first != entry["rows"]:
+        return f"files hold {first} rows, the source {entry['rows']}"
+    return None
+
+
+def _check(data: Any, where: Path) -> None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise IndexFormatError(f"{where}: not an mds index manifest")
+    version = data.get("version")
+    if not isinstance(version, int):
+        raise IndexFormatError(f"{where}: manifest has no integer `version`")
+    if version > VERSION:
+        raise IndexFormatError(
+            f"{where}: index format version {version} is newer than this mds supports "
+            f"({VERSION}); upgrade mds"
+        )
+    if version < 1:
+        raise IndexFormatError(f"{where}: invalid index format version {version}")
+    sources = data.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
+        raise IndexFormatError(f"{where}: manifest `sources` must be a list of objects")
+    for i, entry in enumerate(sources):
+        for key, kind in (
+            ("name", str),
+            ("table", str),
+            ("table_checksum", str),
+            ("files", list),
+            ("rows", int),
+        ):
+            if not isinstance(entry.get(key), kind):
+                raise IndexFormatError(
+                    f"{where}: sources[{i}].{key} is missing or not a {kind.__name__}"
+                )
+        table = Path(entry["table"])
+        if table.is_absolute() or ".." in table.parts:
+            raise IndexFormatError(
+                f"{where}: sources[{i}].table {entry['table']!r} leaves the index directory"
+            )
+        problem = _source_problem(entry)
+        if problem is not None:
+            raise IndexFormatError(f"{where}: sources[{i}].{problem}")
+        for j, item in enumerate(entry["files"]):
+            for key in ("path", "index_path"):
+                if isinstance(item.get(key), str) and escapes(item[key]):
+                    # Every command refuses it, not only the ones that open files.
+                    raise IndexFormatError(
+                        f"{where}: {entry['name']} files[{j}]: path {item[key]!r} escapes the "
+                        "index root; refused, not read"
+                    )
+    if not isinstance(data.get("fingerprint"), str):
+        raise IndexFormatError(f"{where}: manifest has no `fingerprint`")
+
+
+def read_manifest(directory: str | Path) -> IndexManifest:
+    """Load and validate `directory/manifest.json`."""
+    directory = Path(directory)
+    where = directory / MANIFEST
+    try:
+        data = json.loads(where.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexFormatError(
+            f"{directory}: not an mds index (no {MANIFEST}); run `mds index`"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # deep nesting
+        raise IndexFormatError(f"{where}: unreadable manifest ({exc})") from None
+    _check(data, where)
+    return IndexManifest(directory, data)
+
+
+def plan_manifest(
+    plan: str | Path,
+    footer: dict[str, Any],
+    index: str | Path | None = None,
+    option: str = "--index",
+) -> IndexManifest:
+    """The index a plan was made from (`index`, else the path its footer names), checked
+    against the fingerprint the plan recorded; `option` is how the caller names `index`."""
+    try:
+        recorded = footer["index"]
+        index_dir = Path(index) if index else Path(plan).parent / recorded["path"]
+    except (KeyError, TypeError):
+        raise PlanError(f"{plan}: the footer does not name its index") from None
+    if not index and not (index_dir / MANIFEST).is_file():
+        raise IndexFormatError(
+            f"{plan}: its index was expected at {index_dir} (recorded relative to the plan's "
+            f"directory as {recorded['path']!r}); if the plan or the index moved, pass {option} "
+            "with the index directory"
+        )
+    manifest = read_manifest(index_dir)
+    if manifest.fingerprint != recorded.get("fingerprint"):
+        raise DataChangedError(
+            f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "
+            f"was made from ({recorded.get('fingerprint')}); pass the right {option} or re-plan"
+        )
+    return manifest
+
+
+def facts_problem(facts: Any) -> str | None:
+    """Why a footer `fetch.sources` entry cannot be read with, or None (the executor refuses
+    the plan at start-up; `mds verify` runs the same check)."""
+    if not isinstance(facts, dict):
+        return "no reading facts"
+    if facts.get("format") not in FORMATS:
+        return f"unknown format {facts.get('format')!r}"
+    payload, length = facts.get("payload"), facts.get("length")
+    if payload is not None and not (
+        isinstance(payload, dict) and isinstance(payload.get("column", ""), str)
+    ):
+        return "bad payload"
+    if not isinstance(length, dict):
+        return "bad length rule"
+    return None
+
+
+def payload_problem(name: str, facts: dict[str, Any]) -> str | None:
+    """Why the executor cannot replay source `name` whatever it is given (no payload column
+    in the index), or None; `mds verify` runs the same check."""
+    payload = facts.get("payload") or {}
+    if payload.get("kind") not in PAYLOAD_KINDS:
+        return (
+            f"source {name!r} has no payload column in the index (it was indexed "
+            "for lengths only); re-index it with `tokens` or `text`"
+        )
+    return None

@@ -1,0 +1,419 @@
+"""PlanExecutor: replay one DP rank's slice of a plan as packed micro-batches.
+
+The only state is the plan's identity and the position of the next micro-batch, so
+resuming is a seek: find the chunk, read this rank's block, index into it. Every byte
+read from the plan is checksum-verified, and the source files it reads are checked against
+the records the plan copied from the index before any of their samples is used.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core import storage
+from mds.core.planfile import PlanReader, RankChunk
+from mds.errors import ConfigError, PlanError
+from mds.executor.batch import compact, expand
+from mds.executor.catalog.sources import SourceCatalog, Tokenize
+from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
+from mds.executor.readahead import ReadAhead
+
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "VERIFY_MODES", "PlanExecutor"]
+
+STATE_FORMAT = "mds-executor-state"
+STATE_VERSION = 1
+VERIFY_MODES = ("stat", "full", "none")
+
+
+def _integer(value: Any, name: str, error: type[Exception] = ConfigError) -> int:
+    """`value` as an int if it is a Python or NumPy integer; a bool, float or string is an
+    error naming `name` (True would otherwise pass as rank 1)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise error(f"{name}={value!r} must be an integer, not {type(value).__name__}")
+    return int(value)
+
+
+class PlanExecutor:
+    """Iterate one DP rank's micro-batches of a plan, in plan order, from any position.
+
+    `verify`: "stat" (default) checks size and mtime of each file this rank reads, "full" its
+    content fingerprint (and, at start-up, every block of this rank);
+    "none" skips the file checks (plan bytes are always checksum-verified on read). A file is
+    checked when the first step that reads it is built, before any of its samples is used:
+    the first step's files at construction, later steps' files as they are built. The
+    version a check saw is pinned: a file rewritten or replaced later raises
+    DataChangedError when it is next opened or read (see docs/executor.md).
+
+    `data_root`: the directory the index was built over, when the plan or the data moved
+    (default: where the plan records it, relative to its own directory). `read_ahead`: steps
+    built in a background thread ahead of the one iterated (0: none; a loop that comes
+    straight back for the next step gets them built on its own thread, which is quicker
+    then); each step's samples are read together, one reader call per file.
+    `cache_bytes`: the decoded data a process keeps, whole blocks (row groups, zstd frames)
+    and rows read ahead for this rank's later samples from the blocks it decodes (0:
+    neither). `read_threads`: threads that read a
+    step's files side by side (1: the building thread alone; 2, the default, pays where a
+    core is free, see docs/executor.md); batches are the same.
+    """
+
+    def __init__(
+        self,
+        plan: str | os.PathLike,
+        dp_rank: int,
+        *,
+        dp_size: int | None = None,
+        data_root: str | os.PathLike | None = None,
+        tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
+        verify: str = "stat",
+        estimated: str = "error",
+        cache_bytes: int = 256 << 20,
+        max_open_files: int = 64,
+        read_ahead: int = 1,
+        read_threads: int = 2,
+    ):
+        if verify not in VERIFY_MODES:
+            raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
+        self._args = dict(
+            plan=plan,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            data_root=data_root,
+            tokenize=tokenize,
+            estimated=estimated,
+            cache_bytes=cache_bytes,
+            max_open_files=max_open_files,
+            read_ahead=read_ahead,
+            read_threads=read_threads,
+        )
+        if _integer(read_ahead, "read_ahead") < 0:
+            raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
+        self.plan_path: Any = str(plan) if storage.is_url(plan) else Path(plan)
+        self._reader = PlanReader(self.plan_path)
+        try:
+            self._setup()
+            self._verify = verify
+            if verify == "full":
+                for chunk in range(len(self._reader.chunks)):
+                    self._reader.rank_chunk(chunk, self.dp_rank)
+            if verify != "none" and self._pos < self.total:
+                self._check_step(self.position[0])  # the files the first step reads
+        except BaseException:
+            self._reader.close()
+            raise
+
+    def _setup(self) -> None:
+        """Check the rank against the plan and build the catalog, from the constructor's
+        arguments (kept in self._args, which is also what a pickled executor is rebuilt from)."""
+        reader, args = self._reader, self._args
+        dp_rank = _integer(args["dp_rank"], "dp_rank")
+        dp_size = args["dp_size"]
+        if dp_size is not None:
+            dp_size = _integer(dp_size, "dp_size")
+        if dp_size is not None and dp_size != reader.dp:
+            raise ConfigError(
+                f"this job has dp_size {dp_size}, but {self.plan_path} was planned for dp_size "
+                f"{reader.dp}; re-plan with dp_size = {dp_size}"
+            )
+        if not 0 <= dp_rank < reader.dp:
+            raise ConfigError(
+                f"dp_rank {dp_rank!r} is outside {self.plan_path}'s dp_size {reader.dp} "
+                f"(valid: 0..{reader.dp - 1})"
+            )
+        self.dp_rank, self.dp_size = dp_rank, reader.dp
+        self.micro_batches, self.steps = reader.micro, reader.steps
+        self.first_step = reader.first_step  # > 0 for a plan re-planned from another at K
+        self.plan_id = reader.plan_id
+        lineage = reader.footer.get("lineage")
+        self.lineage = lineage if isinstance(lineage, dict) else None
+        self._catalog = SourceCatalog(
+            reader.footer,
+            self.plan_path,
+            data_root=args["data_root"],
+            tokenize=args["tokenize"],
+            estimated=args["estimated"],
+            cache_bytes=args["cache_bytes"],
+            max_open_files=args["max_open_files"],
+            read_threads=_integer(args["read_threads"], "read_threads"),
+        )
+        self.source_names = self._catalog.names
+        self.mesh: MeshPosition | None = None
+        self._pos = self.first_step * self.micro_batches
+        self._pid = os.getpid()
+        self._block: tuple[int, RankChunk, np.ndarray] | None = None
+        self._read_early: dict[int, RankChunk] = {}  # later chunks' blocks, loaded to read ahead
+        self._lock = threading.Lock()  # the catalog and the current block: one thread at a time
+        if self._catalog.ahead is not None:
+            self._catalog.ahead.next_block = self._next_block
+        depth = args["read_ahead"]
+        self._ahead = ReadAhead(self._step_batches, depth, self.steps) if depth else None
+
+    @classmethod
+    def from_env(
+        cls,
+        plan: str | os.PathLike,
+        *,
+        tp: int = 1,
+        cp: int = 1,
+        pp: int = 1,
+        order: str = DEFAULT_ORDER,
+        environ: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> PlanExecutor:
+        """An executor for this process's DP rank, from torchrun's RANK and WORLD_SIZE and the
+        sizes of the other parallel dimensions (their peers get the same micro-batches)."""
+        rank, world = torchrun_rank(environ)
+        tp, cp, pp = (_integer(v, k) for k, v in (("tp", tp), ("cp", cp), ("pp", pp)))
+        where = mesh_position(rank, world, tp=tp, cp=cp, pp=pp, order=order)
+        executor = cls(plan, where.dp_rank, dp_size=where.dp_size, **kwargs)
+        executor.mesh = where
+        return executor
+
+    # --- position and state -------------------------------------------------------------
+
+    @property
+    def total(self) -> int:
+        """The end position, steps x micro_batches (positions of a plan re-planned at step K
+        start at K x micro_batches)."""
+        return self.steps * self.micro_batches
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(step, micro_batch) of the next micro-batch to be yielded."""
+        return divmod(self._pos, self.micro_batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        step, micro = self.position
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "plan_id": self.plan_id,
+            "step": step,
+            "micro_batch": micro,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Seek to the position a `state_dict()` recorded; refuses another plan's state."""
+        self._pos = self._position_of(state)
+
+    def _position_of(self, state: Mapping[str, Any]) -> int:
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise PlanError("not an mds executor state (no format 'mds-executor-state')")
+        if state.get("version") != STATE_VERSION:
+            raise PlanError(
+                f"executor state version {state.get('version')!r} is not supported "
+                f"(this mds reads {STATE_VERSION})"
+            )
+        if state.get("plan_id") != self.plan_id:
+            parent = self.lineage or {}
+            if state.get("plan_id") == parent.get("parent") and self._integers(state) == (
+                parent.get("at_step"),
+                0,
+            ):
+                return self.first_step * self.micro_batches  # the hand-over point of a re-plan
+            derived = (
+                f" (it continues plan {parent.get('parent')} from step {parent.get('at_step')}, "
+                "whose state must be at that step)"
+                if parent
+                else ""
+            )
+            raise PlanError(
+                f"the executor state is from plan {state.get('plan_id')}, but {self.plan_path} "
+                f"is plan {self.plan_id}{derived}; resume with the plan the run started with"
+            )
+        step, micro = self._integers(state)
+        pos = step * self.micro_batches + micro
+        first = self.first_step * self.micro_batches
+        if not (0 <= micro < self.micro_batches and first <= pos <= self.total):
+            raise PlanError(
+                f"executor state (step {step}, micro-batch {micro}) is outside the plan's "
+                f"{self._span()} x {self.micro_batches} micro-batches"
+            )
+        return pos
+
+    @staticmethod
+    def _integers(state: Mapping[str, Any]) -> tuple[int, int]:
+        """The state's (step, micro_batch), refused unless both are integers (not bools)."""
+        return (
+            _integer(state.get("step"), "step", PlanError),
+            _integer(state.get("micro_batch"), "micro_batch", PlanError),
+        )
+
+    def _span(self) -> str:
+        if self.first_step:
+            return f"steps {self.first_step} to {self.steps - 1}"
+        return f"{self.steps} steps"
+
+    def seek(self, step: int, micro_batch: int = 0) -> None:
+        """Make (step, micro_batch) the next micro-batch: what `load_state_dict` does."""
+        self.load_state_dict({**self.state_dict(), "step": step, "micro_batch": micro_batch})
+
+    # --- iteration -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Micro-batches from the current position to the end of the plan. The position
+        moves past each one as it is handed out, so `state_dict()` after receiving a batch
+        resumes with the next."""
+        while self._pos < self.total:
+            pos = self._pos
+            self._ensure_process()
+            if self._ahead is None:
+                batch = self.micro_batch_at(pos)
+            else:
+                batch = self._ahead.get(*divmod(pos, self.micro_batches))
+            self._pos = pos + 1
+            yield batch
+
+    def micro_batch_at(self, pos: int) -> dict[str, Any]:
+        """The micro-batch at linear position step * micro_batches + micro_batch."""
+        return expand(self._compact_at(pos))
+
+    def _compact_at(self, pos: int, narrow: bool = False) -> dict[str, Any]:
+        """The micro-batch at `pos` as numpy arrays (`batch.compact`)."""
+        assert 0 <= pos < self.total, pos
+        self._ensure_process()
+        step, micro = divmod(pos, self.micro_batches)
+        with self._lock:
+            block, lo, hi = self._slice(step, micro)
+            self._check(block, lo, hi)
+            tokens = self._catalog.fetch(block, lo, hi, step)
+        return self._compact(block, lo, hi, tokens, step, micro, narrow)
+
+    def _check(self, block: RankChunk, lo: int, hi: int) -> None:
+        """Check the files samples [lo, hi) read, unless checked already or verify="none"."""
+        if self._verify != "none":
+            self._catalog.check_files(block, full=self._verify == "full", lo=lo, hi=hi)
+
+    def _check_step(self, step: int) -> None:
+        with self._lock:
+            block, lo, _ = self._slice(step, 0)
+            _, _, hi = self._slice(step, self.micro_batches - 1)
+            self._check(block, lo, hi)
+
+    def _step_batches(self, step: int) -> list[dict[str, Any]]:
+        """All of this rank's micro-batches of `step`, their samples read together (one
+        reader call per file for the whole step)."""
+        with self._lock:
+            bounds = [self._slice(step, m) for m in range(self.micro_batches)]
+            block, first = bounds[0][0], bounds[0][1]
+            self._check(block, first, bounds[-1][2])
+            tokens = self._catalog.fetch(block, first, bounds[-1][2], step)
+        return [
+            expand(self._compact(block, lo, hi, tokens[lo - first : hi - first], step, m))
+            for m, (_b, lo, hi) in enumerate(bounds)
+        ]
+
+    def _compact(self, block: RankChunk, lo, hi, tokens, step, micro, narrow=False):
+        """Samples [lo, hi) of `block` as one micro-batch's numpy arrays (`batch.compact`)."""
+        ids = block.ids[lo:hi]
+        sid, rows = self._catalog.locate(ids)
+        return compact(
+            tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro, narrow=narrow
+        )
+
+    def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
+        """Global sample ids of one of this rank's micro-batches, from the plan alone."""
+        with self._lock:
+            block, lo, hi = self._slice(step, micro_batch)
+        return block.ids[lo:hi]
+
+    def _slice(self, step: int, micro_batch: int) -> tuple[RankChunk, int, int]:
+        """This rank's block holding (step, micro_batch) and the micro-batch's sample range
+        in it (loaded and checksum-checked on first use)."""
+        chunk = self._reader.chunk_of(step)
+        if self._block is None or self._block[0] != chunk:
+            block = self._read_early.pop(chunk, None) or self._reader.rank_chunk(
+                chunk, self.dp_rank
+            )
+            for early in [c for c in self._read_early if c < chunk]:
+                del self._read_early[early]
+            starts = np.zeros(block.counts.size + 1, dtype=np.int64)
+            np.cumsum(block.counts.ravel(), out=starts[1:])
+            self._block = (chunk, block, starts)
+        _, block, starts = self._block
+        local = (step - block.step_start) * self.micro_batches + micro_batch
+        return block, int(starts[local]), int(starts[local + 1])
+
+    def _ensure_process(self) -> None:
+        """After a fork (DataLoader workers), drop inherited open files and caches."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            if self._ahead is not None:
+                self._ahead.forget()
+            self._catalog.reset()
+            self._block = None
+
+    def _next_block(self, block: RankChunk) -> RankChunk | None:
+        """This rank's block of the chunk after `block`'s (None after the last)."""
+        chunk = self._reader.chunk_of(block.step_start) + 1
+        if chunk >= len(self._reader.chunks):
+            return None
+        if chunk not in self._read_early:
+            self._read_early[chunk] = self._reader.rank_chunk(chunk, self.dp_rank)
+        return self._read_early[chunk]
+
+    def _build_every(self, stride: int) -> None:
+        """This process builds every `stride`-th micro-batch (one of `stride` DataLoader
+        workers): rows are read ahead only for those."""
+        if self._catalog.ahead is not None:
+            self._catalog.ahead.stride = stride
+
+    def _stop_ahead(self) -> None:
+        """Let the read-ahead thread finish (before workers fork, so none holds the lock)."""
+        if self._ahead is not None and os.getpid() == self._pid:
+            self._ahead.stop()
+
+    def shared(self, group: Any = None, src: int | None = None) -> Iterator[dict[str, Any]]:
+        """Iterate with one read per DP rank: global rank `src` (default: the first of this
+        process's mesh peers) reads and broadcasts each micro-batch to `group`, its TP, CP
+        and PP peers; every peer's position advances, so any of them can checkpoint."""
+        from mds.executor.broadcast import broadcast_batches
+
+        if src is None:
+            if self.mesh is None:
+                raise ConfigError("shared() needs src= unless the executor came from from_env()")
+            src = self.mesh.peers[0]
+        return broadcast_batches(self, src=src, group=group)
+
+    def dataloader(self, num_workers: int = 2, **kwargs: Any):
+        """A torch DataLoader over this executor's remaining micro-batches, with workers; see
+        `PlanLoader`."""
+        from mds.executor.loader import PlanLoader
+
+        return PlanLoader(self, num_workers=num_workers, **kwargs)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._stop_ahead()
+        self._catalog.close()
+        self._reader.close()
+
+    def __enter__(self) -> PlanExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self):
+        # Spawned DataLoader workers rebuild the executor without the start-up checks the
+        # parent made, and go on checking the files of chunks the parent did not load.
+        catalog = self._catalog
+        return (_rebuild, (self._args, self._pos, self._verify, catalog.checked, catalog.pins))
+
+
+def _rebuild(
+    args: dict[str, Any], pos: int, verify: str, checked: set, pins: dict | None = None
+) -> PlanExecutor:
+    executor = PlanExecutor(**args, verify="none")
+    executor._pos = pos
+    executor._verify = verify
+    executor._catalog.checked = set(checked)
+    executor._catalog.pins = {k: list(v) for k, v in (pins or {}).items()}
+    return executor

@@ -1,0 +1,307 @@
+"""Turn a source's `path` patterns into the sorted list of data files it covers.
+
+A pattern is a file, a glob (`**` allowed), a directory (every data file under it), a
+Hugging Face `save_to_disk` directory, or a Megatron prefix (`name` for `name.bin`/`name.idx`).
+
+Only regular files are data. Globs and directories skip FIFOs, sockets, devices, hidden files
+(temporaries, lock files) and everything inside an mds index (the output directory of this
+run, or any directory holding an mds manifest.json), so an index never ingests itself; an
+explicit path to any of these is an error naming it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mds.core.index_manifest import FORMAT as INDEX_FORMAT
+from mds.core.index_manifest import MANIFEST
+from mds.errors import ConfigError, SourceDataError
+from mds.planner.index.config import SourceSpec
+
+__all__ = [
+    "MANIFEST_HEAD",
+    "DataFile",
+    "detect_format",
+    "discover",
+    "is_index_dir",
+    "is_index_manifest",
+    "one_format",
+]
+
+_EXTENSIONS = (
+    (".jsonl.zst", "jsonl.zst"),
+    (".json.zst", "jsonl.zst"),
+    (".ndjson.zst", "jsonl.zst"),
+    (".parquet", "parquet"),
+    (".pq", "parquet"),
+    (".jsonl", "jsonl"),
+    (".ndjson", "jsonl"),
+    (".json", "jsonl"),
+    (".arrow", "arrow"),
+    (".feather", "arrow"),
+    (".ipc", "arrow"),
+    (".idx", "megatron"),
+    (".bin", "megatron"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx."""
+
+    path: Path
+    rel: str
+    format: str
+    companion: Path | None = None
+
+
+def detect_format(path: Path) -> str | None:
+    name = path.name.lower()
+    for ext, fmt in _EXTENSIONS:
+        if name.endswith(ext):
+            return fmt
+    return None
+
+
+MANIFEST_HEAD = 1 << 20  # bytes of a manifest.json read to tell whether it is an mds index's
+
+
+def is_index_dir(directory: Path) -> bool:
+    """True if `directory` holds an mds manifest.json (its `format` is "mds-index")."""
+    try:
+        with open(directory / MANIFEST, "rb") as f:
+            head = f.read(MANIFEST_HEAD)
+    except OSError:
+        return False
+    return is_index_manifest(head)
+
+
+def is_index_manifest(head: bytes) -> bool:
+    """True if `head`, the first MANIFEST_HEAD bytes of a manifest.json, is an mds index's
+    (a damaged one still names the format); shared by directories and object prefixes."""
+    if INDEX_FORMAT.encode() not in head:
+        return False
+    try:
+        return json.loads(head).get("format") == INDEX_FORMAT
+    except (ValueError, AttributeError):
+        return True  # a manifest too long to parse from its head, but it names the format
+
+
+def _kind(path: Path) -> str | None:
+    """None for a regular file (after symlinks), else what it is, for an error message."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "missing or unreadable"
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _file_or_dir(path: Path) -> str | None:
+    """ "file" or "dir" (after symlinks), else None, in one stat."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else None
+
+
+class _Resolver:
+    """Path.resolve() for many files in few directories: each directory is resolved once and
+    a file that is not a symlink joins its name to it (a symlink is resolved in full)."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[Path, Path] = {}
+
+    def __call__(self, path: Path) -> Path:
+        if path.is_symlink() or path.name in ("", ".", ".."):
+            return path.resolve()
+        parent = self._dirs.get(path.parent)
+        if parent is None:
+            parent = self._dirs[path.parent] = path.parent.resolve()
+        return parent / path.name
+
+
+class _Excluded:
+    """The directories that are never a source: `exclude` plus every mds index, found by
+    walking a path's parents up to the data root (each directory checked once)."""
+
+    def __init__(self, root: Path, exclude: Iterable[Path]):
+        self.root = root
+        self.exclude = {Path(p).resolve() for p in exclude if not Path(p).is_file()}
+        self._seen: dict[Path, bool] = {}
+        self._answers: dict[Path, Path | None] = {}
+
+    def index_of(self, path: Path) -> Path | None:
+        """The index directory `path` is in (or is), else None."""
+        if path in self._answers:  # many files share a directory
+            return self._answers[path]
+        answer = self._answers[path] = self._walk(Path(path).absolute())
+        return answer
+
+    def _walk(self, path: Path) -> Path | None:
+        for directory in (path, *path.parents):
+            if directory not in self._seen:
+                self._seen[directory] = directory.resolve() in self.exclude or is_index_dir(
+                    directory
+                )
+            if self._seen[directory]:
+                return directory
+            if directory == self.root:
+                break
+        return None
+
+
+def _hf_files(directory: Path) -> list[Path]:
+    state = directory / "state.json"
+    try:
+        files = json.loads(state.read_text(encoding="utf-8"))["_data_files"]
+        return [directory / entry["filename"] for entry in files]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SourceDataError(f"{state}: not a readable save_to_disk state file ({exc})") from None
+
+
+def _expand_dir(directory: Path, skip: _Excluded) -> list[Path]:
+    if (directory / "state.json").is_file():
+        return _hf_files(directory)
+    if (directory / "dataset_info.json").is_file() and any(directory.glob("data-*.arrow")):
+        raise SourceDataError(
+            f"{directory}: a save_to_disk directory without state.json; restore state.json "
+            "(save_to_disk writes it), or set `path` to its data-*.arrow files"
+        )
+    return [
+        p
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+        and not p.name.startswith(".")
+        and detect_format(p) is not None
+        and skip.index_of(p.parent) is None
+    ]
+
+
+def _check_explicit(full: Path, pattern: str, where: str, skip: _Excluded) -> None:
+    """An explicit (glob-free) path must be data: not in an index, not a FIFO or device."""
+    inside = skip.index_of(full)
+    if inside is not None:
+        raise ConfigError(
+            f"{where}`path` {pattern!r} is inside the mds index {inside}; an index (and a "
+            "plan or export output) is never a source: point `path` at the data files"
+        )
+    kind = _kind(full)
+    if kind not in (None, "a directory"):
+        raise SourceDataError(f"{where}{full}: {kind}, not a regular file; mds reads only files")
+
+
+def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = None) -> list[Path]:
+    """The files `pattern` names. A name that exists is that file or directory, even with
+    glob characters in it (`data[1].parquet`); so is a Megatron prefix whose .idx or .bin
+    exists; only otherwise is a pattern with glob characters a glob."""
+    skip = skip or _Excluded(root, ())
+    full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
+    # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
+    # so a missing half is reported as such rather than as "matches no files").
+    halves = [full.with_name(full.name + ext) for ext in (".idx", ".bin")] if full.name else []
+    literal = full.exists() or any(h.is_file() for h in halves) or not glob.has_magic(pattern)
+    if full.exists():
+        _check_explicit(full, pattern, where, skip)
+        matches, dirs = [full], {full} if full.is_dir() else set()
+    elif literal:
+        matches, dirs = [h for h in halves if h.is_file()][:1], set()
+    else:
+        matches, dirs = [], set()
+        # Relative to the root, so glob characters in the root's own name stay literal.
+        found = (
+            glob.glob(pattern, recursive=True)
+            if Path(pattern).is_absolute()
+            else [str(root / g) for g in glob.glob(pattern, root_dir=root, recursive=True)]
+        )
+        for m in (Path(g) for g in sorted(found)):
+            kind = _file_or_dir(m)
+            # A regular file is never an index itself: only its directories need a look.
+            if kind is not None and skip.index_of(m.parent if kind == "file" else m) is None:
+                matches.append(m)
+                if kind == "dir":
+                    dirs.add(m)
+    out: list[Path] = []
+    for match in matches:
+        out.extend(_expand_dir(match, skip) if match in dirs else [match])
+    if not out and literal and full.is_dir():
+        raise ConfigError(
+            f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
+            "save_to_disk state.json); point `path` at the files, or set it to a glob"
+        )
+    return out
+
+
+def _megatron_pair(path: Path, where: str) -> tuple[Path, Path]:
+    # The prefix may itself contain dots (`wiki.en_text_document`): strip only the extension.
+    ext = path.suffix if path.suffix.lower() in (".bin", ".idx") else ""
+    prefix = path.name[: len(path.name) - len(ext)]
+    bin_path, idx_path = path.with_name(prefix + ".bin"), path.with_name(prefix + ".idx")
+    for needed in (bin_path, idx_path):
+        if not needed.is_file():
+            raise SourceDataError(
+                f"{where}{needed}: missing (a Megatron dataset needs both .bin and .idx)"
+            )
+    return bin_path, idx_path
+
+
+def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list[DataFile]:
+    """Resolve the source's patterns under `root` into DataFiles, sorted and de-duplicated;
+    nothing under `exclude` (this run's index output) or any other mds index is a source."""
+    where = f"source '{spec.name}': "
+    root = root.resolve()
+    skip = _Excluded(root, exclude)
+    resolve = _Resolver()
+    found: dict[Path, DataFile] = {}
+    for pattern in spec.paths:
+        matches = _expand(pattern, root, where, skip)
+        if not matches:
+            raise ConfigError(f"{where}`path` {pattern!r} matches no files under {root}")
+        for match in matches:
+            fmt = spec.format or detect_format(match)
+            if fmt is None:
+                raise ConfigError(
+                    f"{where}cannot tell the format of {match} from its name; set `format`"
+                )
+            companion = None
+            if fmt == "megatron":
+                match, companion = _megatron_pair(match, where)
+            resolved = resolve(match)
+            try:
+                rel = resolved.relative_to(root).as_posix()
+            except ValueError:
+                raise ConfigError(
+                    f"{where}{match} is outside the data root {root}; set [index] `root`"
+                ) from None
+            found[resolved] = DataFile(
+                resolved, rel, fmt, companion.resolve() if companion else None
+            )
+    return one_format(found.values(), where, "files")
+
+
+def one_format(found: Iterable[DataFile], where: str, what: str) -> list[DataFile]:
+    """A source's files in path order; a source reads one format, so several are refused."""
+    files = sorted(found, key=lambda f: f.rel)
+    formats = sorted({f.format for f in files})
+    if len(formats) > 1:
+        raise ConfigError(
+            f"{where}{what} of several formats ({', '.join(formats)}); split them into sources "
+            "or narrow `path`"
+        )
+    return files

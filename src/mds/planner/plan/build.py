@@ -1,0 +1,688 @@
+"""Build a plan: mix, select, balance and encode every step, chunk by chunk.
+
+A chunk of steps [a, b) is a pure function of the config, the index and the mixing state
+at a. A sequential pass computes the states (and counts) chunk by chunk, ahead of the
+chunks themselves, which are planned independently (in worker processes with --workers)
+and written in order.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core import storage
+from mds.core.planfile import (
+    MAGIC,
+    ChunkBlocks,
+    EncodedChunk,
+    PlanWriter,
+    encode_chunk,
+    plan_id_of,
+)
+from mds.errors import ConfigError, Interrupted, PlanError
+from mds.planner.index.objects import head, relative_key
+from mds.planner.index.tables import IndexManifest, download_index, read_manifest
+from mds.planner.plan.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
+from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes
+from mds.planner.plan.fetch import FetchTable, source_facts
+from mds.planner.plan.mixing import Mixer, MixState
+from mds.planner.plan.pool import COST_SCALE, SourcePool, load_pools
+from mds.planner.plan.stream import SourceStream
+from mds.planner.runtime import upload
+from mds.planner.runtime.atomic import clean_stale_temps, temp_sibling
+from mds.planner.runtime.engine import Engine, EngineSpec, fork_shares_memory, open_engine
+from mds.planner.runtime.lock import output_lock
+from mds.planner.runtime.malloc import keep_freed_memory
+from mds.planner.runtime.outputs import recorded_root
+
+__all__ = ["STAT_COLUMNS", "ChunkResult", "PlanSummary", "Planner", "build_plan"]
+
+PLAN_FORMAT = "mds-plan"
+STAT_COLUMNS = (
+    "samples",
+    "tokens",
+    "cost",
+    "max_rank_cost",
+    "min_rank_cost",
+    "lower_bound",
+    "naive_max_rank_cost",
+    "max_micro_tokens",
+    "max_micro_cost",
+    "interleave_max_rank_cost",
+)
+
+
+@dataclass
+class ChunkResult:
+    """One planned chunk: per-rank (counts, ids, fetch records) blocks and per-step stats."""
+
+    start: int
+    end: int
+    blocks: ChunkBlocks | EncodedChunk  # per rank (counts, ids, fetch); encoded in workers
+    stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
+    source_samples: np.ndarray  # [steps, sources] int64
+
+
+@dataclass
+class PlanSummary:
+    path: str
+    plan_id: str
+    steps: int
+    dp_size: int
+    micro_batches: int
+    samples: int
+    tokens: int
+    bytes: int
+    ratio_mean: float
+    ratio_max: float
+    naive_ratio_mean: float
+    naive_ratio_max: float
+    speedup_vs_naive: float
+    interleave_ratio_mean: float
+    interleave_ratio_max: float
+    speedup_vs_interleave: float
+    stronger_baseline: str  # "naive" or "interleave": the one whose max rank cost is lower
+    seconds: float
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    workers: int = 1  # processes (or Ray tasks in flight) that planned chunks; 1: this one
+    notice: str | None = None  # why fewer workers were used than asked for
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+class Planner:
+    """Everything needed to plan any chunk: pools, streams, mixer (see module docstring)."""
+
+    def __init__(
+        self,
+        config: PlanConfig,
+        manifest: IndexManifest | None = None,
+        start: MixState | None = None,
+        lineage: dict[str, Any] | None = None,
+    ):
+        """`start`: the mixing state to plan from (a plan derived from another at step K
+        starts at K with the parent's cursors; `lineage` records that in the footer)."""
+        self.config = config
+        self.start = start
+        self.lineage = lineage
+        self.index_place: str | None = None  # the index's URL when read from object storage
+        self.manifest = manifest or read_manifest(config.index)
+        self.pools: list[SourcePool] = load_pools(config, self.manifest)
+        self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
+        self.mixer = Mixer(config, self.pools, self.streams)
+        self.fetch = FetchTable(self.manifest, self.pools)
+        self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
+
+    @property
+    def id_width(self) -> int:
+        """Bytes per global sample id in the plan file."""
+        return max(1, (max(self.total_rows - 1, 1).bit_length() + 7) // 8)
+
+    @property
+    def first_step(self) -> int:
+        return self.start.step if self.start is not None else 0
+
+    def start_state(self) -> MixState:
+        return self.start.copy() if self.start is not None else self.mixer.start()
+
+    def boundaries(self) -> list[tuple[int, int]]:
+        steps, size = self.config.train.steps, self.config.chunk_steps
+        return [(a, min(a + size, steps)) for a in range(self.first_step, steps, size)]
+
+    def mix_chunks(self) -> Iterator[tuple[MixState, int, np.ndarray, MixState]]:
+        """The sequential mixing pass: per chunk (state at its start, end step, counts,
+        state at its end)."""
+        state = self.start_state()
+        for _a, b in self.boundaries():
+            counts, after = self.mixer.run(state, b)
+            yield state, b, counts, after
+            state = after
+
+    def states(self) -> list[MixState]:
+        """Mixing state at the start of every chunk, plus the final state."""
+        out = [self.start_state()]
+        out += [after for _state, _b, _counts, after in self.mix_chunks()]
+        return out
+
+    def plan_chunk(
+        self, state: MixState, end: int, counts: np.ndarray | None = None
+    ) -> ChunkResult:
+        """Steps [state.step, end); `counts` are the mixer's counts for them, if known."""
+        train = self.config.train
+        a = state.step
+        T, D, M = end - a, train.dp_size, train.micro_batches
+        if counts is None:
+            counts, _ = self.mixer.run(state, end)  # [T, S]
+        per_step = counts.sum(axis=1)
+        width = int(per_step.max(initial=0))
+        gid = np.zeros((T, width), dtype=np.int64)
+        length = np.zeros((T, width), dtype=np.int64)
+        cost = np.zeros((T, width), dtype=np.int64)
+        valid = np.arange(width)[None, :] < per_step[:, None]
+        offsets = np.cumsum(counts, axis=1) - counts  # where each source starts inside a step
+        for s, (pool, stream) in enumerate(zip(self.pools, self.streams, strict=True)):
+            total = int(counts[:, s].sum())
+            if total == 0:
+                continue
+            pos = stream.positions(int(state.consumed[s]), total)
+            step_of = np.repeat(np.arange(T), counts[:, s])
+            first = np.cumsum(counts[:, s]) - counts[:, s]
+            slot = offsets[step_of, s] + np.arange(total) - first[step_of]
+            gid[step_of, slot] = pool.base + pool.rows[pos]
+            length[step_of, slot] = pool.lengths[pos]
+            cost[step_of, slot] = pool.costs[pos]
+        steps = np.arange(a, end)
+        assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
+        per_cell, ids, bounds = _blocks(assign, gid, valid, T, D, M)
+        columns, files = self.fetch.chunk_records(ids, bounds)
+        blocks = ChunkBlocks(per_cell, ids, bounds, columns, files)
+        return ChunkResult(
+            a,
+            end,
+            blocks,
+            _stats(assign, cost, length, valid, steps, D, M),
+            counts,
+        )
+
+
+def _blocks(
+    assign, gid: np.ndarray, valid: np.ndarray, T: int, D: int, M: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample counts [D, T, M], the global ids by rank and then in (step, micro-batch,
+    slot) order, and where each rank's ids start and end in them ([D + 1])."""
+    t, j = np.nonzero(valid)
+    r, m = assign.rank[t, j], assign.micro[t, j]
+    cell = (r * T + t) * M + m
+    order = _stable_order(cell, D * T * M)  # (t, j) come in order: j ascends in a cell
+    ids = gid[t, j][order]
+    per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
+    bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
+    return per_cell, ids, bounds
+
+
+def _stable_order(keys: np.ndarray, size: int) -> np.ndarray:
+    """np.argsort(keys, kind="stable") for keys in [0, size): numpy radix-sorts 16-bit keys,
+    so keys below 2^32 take two such passes (least significant half first)."""
+    if size <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    if size <= 1 << 32:
+        low = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+        return low[np.argsort((keys[low] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(keys, kind="stable")
+
+
+def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
+    """Per-step rows of STAT_COLUMNS, costs in integer units."""
+    T = cost.shape[0]
+    naive = naive_ranks(valid, D, steps)
+    rows = np.arange(T)[:, None]
+    naive_load = group_sums(rows * (D + 1) + np.where(naive >= 0, naive, D), cost, T * (D + 1))
+    naive_load = naive_load.reshape(T, D + 1)
+    inter = interleave_ranks(valid, D)
+    inter_load = group_sums(rows * (D + 1) + np.where(inter >= 0, inter, D), cost, T * (D + 1))
+    inter_load = inter_load.reshape(T, D + 1)
+    cell = rows * (D * M + 1) + np.where(valid, assign.rank * M + assign.micro, D * M)
+    micro_tok = group_sums(cell, length, T * (D * M + 1)).reshape(T, D * M + 1)
+    micro_cost = group_sums(cell, cost, T * (D * M + 1)).reshape(T, D * M + 1)
+    out = np.stack(
+        [
+            valid.sum(axis=1),
+            length.sum(axis=1),
+            cost.sum(axis=1),
+            assign.load.max(axis=1),
+            assign.load.min(axis=1),
+            lower_bound(cost, D),
+            naive_load[:, :D].max(axis=1),
+            micro_tok[:, : D * M].max(axis=1),
+            micro_cost[:, : D * M].max(axis=1),
+            inter_load[:, :D].max(axis=1),
+        ],
+        axis=1,
+    )
+    return out.astype(np.int64)
+
+
+# Worker plumbing: each worker (a local process or a Ray worker) builds the Planner of a
+# run once, keyed by the run's id, and plans that run's chunks with it.
+_WORKER: tuple[str, Planner] | None = None
+
+
+def _init_worker(run: str, config: PlanConfig) -> None:
+    global _WORKER
+    _WORKER = (run, Planner(config))
+
+
+def _init_local_worker(run: str, config: PlanConfig) -> None:
+    """A spawned planning process: malloc tuned (src/mds/planner/runtime/malloc.py), then the planner."""
+    keep_freed_memory()
+    _init_worker(run, config)
+
+
+def _run_chunk(
+    run: str, config: PlanConfig, state: MixState, end: int, counts: np.ndarray
+) -> ChunkResult:
+    """The unit of work an engine runs: steps [state.step, end) of the run `run`, its
+    blocks encoded here (the writer then only copies bytes)."""
+    if _WORKER is None or _WORKER[0] != run:
+        _init_worker(run, config)
+    assert _WORKER is not None
+    planner = _WORKER[1]
+    result = planner.plan_chunk(state, end, counts)
+    train = planner.config.train
+    result.blocks = encode_chunk(
+        result.blocks, end - state.step, train.micro_batches, planner.id_width
+    )
+    return result
+
+
+def with_overrides(
+    config: PlanConfig,
+    steps: int | None = None,
+    dp_size: int | None = None,
+    index: Path | str | None = None,
+) -> PlanConfig:
+    """Apply --steps / --dp-size / --index and re-check what they affect."""
+    if index is not None:
+        where = str(index).rstrip("/") if storage.is_url(index) else Path(index).resolve()
+        config = replace(config, index=where)
+    train = config.train
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {steps}")
+        train = replace(train, steps=steps)
+    if dp_size is not None:
+        if dp_size < 1:
+            raise ConfigError(f"--dp-size must be >= 1, got {dp_size}")
+        train = replace(train, dp_size=dp_size)
+        if train.samples_per_step is not None and train.samples_per_step < dp_size:
+            raise ConfigError(
+                f"--dp-size {dp_size} exceeds samples_per_step = {train.samples_per_step}"
+            )
+        room = train.bins * train.max_tokens_per_micro_batch
+        if train.tokens_per_step is not None and train.tokens_per_step > room:
+            # the check parse_train makes, redone for the new geometry
+            raise ConfigError(
+                f"--dp-size {dp_size}: tokens_per_step ({train.tokens_per_step}) exceeds the "
+                f"step's capacity dp_size x micro_batches x max_tokens_per_micro_batch = {room}"
+            )
+    check_sizes(train, "--steps/--dp-size: ")
+    check_chunk_size(train, config.chunk_steps, "--steps/--dp-size: ")
+    return replace(config, train=train)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    # An empty step (possible with tokens_per_step) is perfectly balanced: ratio 1, not 0.
+    return np.where(den > 0, num / np.maximum(den, 1), 1.0)
+
+
+def build_plan(
+    config: PlanConfig,
+    output: Path,
+    *,
+    workers: int | None = None,
+    progress: Any = None,
+    parent: Path | None = None,
+    at_step: int | None = None,
+    engine: EngineSpec | None = None,
+    index_place: str | None = None,
+    manifest: IndexManifest | None = None,
+) -> PlanSummary:
+    """Plan every step of `config` into the file `output` (written atomically). With
+    `parent` and `at_step` K, plan steps [K, steps) continuing the parent plan's cursors
+    (see src/mds/planner/plan/derive.py). `engine`: where chunks are planned (default: the config's
+    [plan] engine, else local processes with more than one worker, else this process).
+    An index in object storage (config.index an s3:// URL) is downloaded to a temporary
+    directory first; `output` may be an s3:// URL too (see _build_to_object). `manifest`:
+    the local index's manifest, when the caller has read it already."""
+    started = time.perf_counter()
+    engine = engine or EngineSpec(config.engine, config.address)
+    if storage.is_url(output):
+        _check_object_output(str(output), config.index)
+    if storage.is_url(config.index):
+        with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
+            url = str(config.index)
+            local = replace(config, index=download_index(url, Path(tmp) / "index"))
+            return build_plan(
+                local,
+                output,
+                workers=workers,
+                progress=progress,
+                parent=parent,
+                at_step=at_step,
+                engine=engine,
+                index_place=url,
+            )
+    args = (workers, parent, at_step, progress, engine, index_place, manifest)
+    if storage.is_url(output):
+        with output_lock(str(output)) as held:
+            return _build_to_object(config, str(output), held, *args)
+    output = Path(output).resolve()
+    with output_lock(output):
+        _check_replaceable(output)
+        return _build_locked(config, output, started, None, *args)
+
+
+def _check_object_output(url: str, index: Path | str | None) -> None:
+    """Refuse a plan URL that is, or holds, the index prefix, or replaces an object that is
+    not a plan (an index's manifest or table, a source object, anything else)."""
+    if storage.is_url(index):
+        if relative_key(url, str(index)) == "":
+            raise ConfigError(f"-o {url} is the index directory {index}; choose another output")
+        if relative_key(str(index), url) is not None:
+            raise ConfigError(f"-o {url} holds the index directory {index}; choose another output")
+    _check_replaceable(url)
+
+
+def _check_replaceable(output: Path | str) -> None:
+    """A plan replaces only a plan: an existing file or object at `output` that has bytes and
+    does not start as an mds plan does is someone else's, and is refused."""
+    if storage.is_url(output):
+        if not storage.exists(output):
+            return
+        first = head(str(output), len(MAGIC))
+    else:
+        try:
+            with open(output, "rb") as f:
+                first = f.read(len(MAGIC))
+        except OSError:  # missing, or not a file: the write says what is wrong, if anything
+            return
+    if first and first != MAGIC:
+        raise ConfigError(f"{output}: exists and is not an mds plan; pick another -o/--output")
+
+
+def _build_to_object(config, url, held, *args) -> PlanSummary:
+    """Plan into a local temporary file, then upload it as one object (upload.put_file): a
+    failed or interrupted run leaves the previous object at `url` as it was, never a
+    partial one. The recorded paths are those of the plan's place, `url`. `held`: its lock
+    object, checked before the upload."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mds-plan-") as tmp:
+        local = Path(tmp) / url.rsplit("/", 1)[-1]
+        summary = _build_locked(config, local, started, url, *args)
+        held.check()
+        try:
+            upload.put_file(local, url)
+        except Interrupted:
+            raise Interrupted(
+                f"the new plan was written whole to {url} just before the interrupt"
+            ) from None
+    return replace(summary, path=url, seconds=time.perf_counter() - started)
+
+
+def _build_locked(
+    config,
+    output,
+    started,
+    place,
+    workers,
+    parent,
+    at_step,
+    progress,
+    engine,
+    index_place,
+    manifest,
+) -> PlanSummary:
+    """The part of build_plan that writes, under the output's lock."""
+    train = config.train
+    chunks = -(-train.steps // config.chunk_steps)
+    asked = workers or config.workers or 1
+    run = uuid.uuid4().hex
+    notice = None
+    if engine.kind == "local":
+        workers = max(1, min(asked, chunks, os.cpu_count() or 1))
+        if asked > 1 and chunks == 1:
+            notice = (
+                f"1 of {asked} workers used: the plan's {train.steps} steps are one chunk "
+                f"(chunk_steps = {config.chunk_steps}); a smaller chunk_steps plans in parallel"
+            )
+    else:  # on Ray, None: as many chunks in flight as the cluster has CPUs
+        workers = min(workers, chunks) if workers else workers
+    # Local workers are forked once this process has loaded the index, and share its pages;
+    # where fork is not available they are spawned now and load the index while this
+    # process does. Ray workers load it with their first chunk.
+    fork = engine.kind == "local" and workers > 1 and fork_shares_memory()
+    pool = (
+        open_engine(
+            engine, workers, processes=True, initializer=_init_local_worker, initargs=(run, config)
+        )
+        if engine.kind != "local" or (workers > 1 and not fork)
+        else None
+    )
+    failed = True
+    global _WORKER
+    try:
+        planner = Planner(config, manifest)
+        planner.index_place = index_place
+        if parent is not None:
+            from mds.planner.plan.derive import derive_start
+
+            assert at_step is not None
+            planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
+        if fork:
+            _WORKER = (run, planner)  # what every forked worker starts with
+            pool = open_engine(
+                engine, workers, processes=True, fork=True, initializer=keep_freed_memory
+            )
+            _WORKER = None
+        data, footer, stats_arr = _write(planner, output, pool, run, progress, place)
+        failed = False
+    finally:
+        _WORKER = None
+        if pool is not None:
+            pool.close(wait=not failed)
+    plan_id = plan_id_of(data)
+    used = pool.workers if pool is not None else 1
+    return _summary(
+        output,
+        plan_id,
+        planner,
+        stats_arr,
+        footer,
+        time.perf_counter() - started,
+        workers=used,
+        notice=notice,
+    )
+
+
+def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixState]):
+    """Planned chunks in order. The sequential mixing pass runs here, ahead of the workers,
+    which get each chunk's counts with its start state."""
+    states.append(planner.start_state())
+    if pool is None:
+        for state, b, counts, after in planner.mix_chunks():
+            states.append(after)
+            yield planner.plan_chunk(state, b, counts)
+        return
+
+    def units():
+        for state, b, counts, after in planner.mix_chunks():
+            states.append(after)
+            yield run, planner.config, state, b, counts
+
+    # _run_chunk is looked up here, at call time, so a test can wrap it.
+    yield from pool.map(_run_chunk, units(), window=2 * pool.workers + 1)
+
+
+def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progress, place=None):
+    """Plan every chunk (in `pool` when given) and write the file; returns footer bytes.
+    `place`: where the plan will live if not at `output` (an object's URL)."""
+    train = planner.config.train
+    try:  # a PlanWriter that fails to start removes its temporary itself
+        output.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(output)
+        writer = PlanWriter(
+            output,
+            temp_sibling(output),
+            dp_size=train.dp_size,
+            micro_batches=train.micro_batches,
+            id_width=planner.id_width,
+        )
+    except OSError as exc:
+        raise _cannot_write(output, exc) from exc
+    if progress is not None:
+        progress.start(train.steps - planner.first_step)
+    stats, mixed = [], []
+    states: list[MixState] = []
+    try:
+        for result in _chunks(planner, pool, run, states):
+            writer.add_chunk(result.start, result.end, result.blocks)
+            stats.append(result.stats)
+            mixed.append(result.source_samples)
+            if progress is not None:
+                progress.advance(result.end - result.start)
+        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(STAT_COLUMNS)), np.int64)
+        mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
+        writer.add_section("stats", stats_arr)
+        writer.add_section("source_samples", mixed_arr)
+        writer.add_section("cursor_consumed", np.stack([s.consumed for s in states]))
+        writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
+        writer.add_section("cursor_target", np.stack([s.target for s in states]))
+        footer = _footer(planner, place or output, states[-1], stats_arr)
+        data = writer.commit(footer)
+    except BaseException as exc:
+        writer.abort()
+        if isinstance(exc, OSError):
+            raise _cannot_write(output, exc) from exc
+        raise
+    return data, footer, stats_arr
+
+
+def _cannot_write(output: Path, exc: OSError) -> PlanError:
+    """A failed write (disk full, read-only, permissions) as one line naming the plan."""
+    return PlanError(f"{output}: cannot write the plan ({exc.strerror or exc})")
+
+
+def index_sources(manifest: IndexManifest) -> list[dict[str, Any]]:
+    """The footer's record of the index: each source's name, global id base, rows, table."""
+    out, base = [], 0
+    for s in manifest.sources:
+        out.append(
+            {
+                "name": s["name"],
+                "base": base,
+                "rows": s["rows"],
+                "table_checksum": s["table_checksum"],
+            }
+        )
+        base += s["rows"]
+    return out
+
+
+def _footer(
+    planner: Planner, output: Path | str, final: MixState, stats: np.ndarray
+) -> dict[str, Any]:
+    config, manifest = planner.config, planner.manifest
+    peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
+    sources = []
+    for s, pool in enumerate(planner.pools):
+        consumed = int(final.consumed[s])
+        sources.append(
+            {
+                "name": pool.name,
+                "base": pool.base,
+                "eligible": pool.n,
+                "dropped_overlong": pool.dropped,
+                "truncated": pool.truncated,
+                "samples": consumed,
+                "tokens": int(final.tokens[s]) if config.train.tokens_per_step else None,
+                "epochs": round(consumed / pool.n, 6) if pool.n else 0.0,
+                "epochs_started": -(-consumed // pool.n) if pool.n else 0,
+            }
+        )
+    return {
+        "format": PLAN_FORMAT,
+        "config": config.canonical(),
+        "index": {
+            "fingerprint": manifest.fingerprint,
+            "path": planner.index_place or _relative(str(manifest.path), output),
+            "sources": index_sources(manifest),
+        },
+        "sources": sources,
+        "fetch": _fetch_facts(planner, output),
+        "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
+        "stats_columns": list(STAT_COLUMNS),
+        "steps": config.train.steps,
+        **(
+            {"first_step": planner.first_step, "lineage": planner.lineage}
+            if planner.lineage is not None
+            else {}
+        ),
+    }
+
+
+def _relative(path: str, plan: Path | str) -> str:
+    """`path` as a plan at `plan` records it: relative to the plan's directory when both
+    are files; absolute (or a URL) when the plan is an object."""
+    if storage.is_url(path) or storage.is_url(plan):
+        return path if storage.is_url(path) else os.path.abspath(path)
+    return os.path.relpath(path, Path(plan).parent)
+
+
+def _fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
+    """What the executor needs besides the blocks' records: the data root (relative to the
+    plan's directory, as the index's path is, so the bytes do not depend on where the
+    tree lies), and for each planned source how to read and tokenize it."""
+    manifest = planner.manifest
+    sources = {}
+    for pool in planner.pools:
+        sources[pool.name] = source_facts(manifest.source(pool.name))
+    root = manifest.data["root"]
+    if storage.is_url(output):
+        return {"root": _relative(root, output), "sources": sources}
+    return {"root": recorded_root(root, Path(output).parent), "sources": sources}
+
+
+def _summary(
+    output: Path,
+    plan_id: str,
+    planner: Planner,
+    stats: np.ndarray,
+    footer,
+    seconds: float,
+    workers: int = 1,
+    notice: str | None = None,
+) -> PlanSummary:
+    col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
+    ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
+    naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
+    inter = _ratio(col["interleave_max_rank_cost"], col["lower_bound"])
+    planned = int(col["max_rank_cost"].sum())
+    naive_total = int(col["naive_max_rank_cost"].sum())
+    inter_total = int(col["interleave_max_rank_cost"].sum())
+    train = planner.config.train
+    return PlanSummary(
+        path=str(output),
+        plan_id=plan_id,
+        steps=train.steps,
+        dp_size=train.dp_size,
+        micro_batches=train.micro_batches,
+        samples=int(col["samples"].sum()),
+        tokens=int(col["tokens"].sum()),
+        bytes=output.stat().st_size,
+        ratio_mean=round(float(ratio.mean()), 6) if len(ratio) else 1.0,
+        ratio_max=round(float(ratio.max()), 6) if len(ratio) else 1.0,
+        naive_ratio_mean=round(float(naive.mean()), 6) if len(naive) else 1.0,
+        naive_ratio_max=round(float(naive.max()), 6) if len(naive) else 1.0,
+        speedup_vs_naive=round(naive_total / planned, 6) if planned else 1.0,
+        interleave_ratio_mean=round(float(inter.mean()), 6) if len(inter) else 1.0,
+        interleave_ratio_max=round(float(inter.max()), 6) if len(inter) else 1.0,
+        speedup_vs_interleave=round(inter_total / planned, 6) if planned else 1.0,
+        stronger_baseline="interleave" if inter_total < naive_total else "naive",
+        seconds=seconds,
+        sources=footer["sources"],
+        workers=workers,
+        notice=notice,
+    )

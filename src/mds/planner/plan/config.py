@@ -1,0 +1,474 @@
+"""The planning part of the config: `[train]`, `[cost]`, `[plan]` and per-source mixing keys.
+
+`PlanConfig.canonical()` is what the plan header stores: everything that changes the plan,
+in one normalized form, so equal configs give equal plan bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mds.core.storage import is_url
+from mds.errors import ConfigError
+from mds.planner.index.config import (
+    IndexConfig,
+    _check_keys,
+    load_toml,
+    parse_config,
+    parse_engine,
+    place,
+    read_whole,
+)
+from mds.planner.plan.schedule import WeightSchedule, parse_schedule
+
+__all__ = [
+    "CostSpec",
+    "MixSpec",
+    "PlanConfig",
+    "TrainSpec",
+    "load_plan_config",
+    "parse_plan_config",
+]
+
+TRAIN_KEYS = (
+    "steps",
+    "dp_size",
+    "micro_batches",
+    "samples_per_step",
+    "tokens_per_step",
+    "max_tokens_per_micro_batch",
+    "seed",
+    "overlong",
+    "weight_by",
+)
+COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file")
+FIT_ERROR_KEYS = ("max", "median", "points")
+COST_SOURCES = ("calibrated",)
+MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
+PLAN_KEYS = ("index", "chunk_steps", "workers", "engine", "address")
+OVERLONG = ("error", "drop", "truncate")
+WEIGHT_BY = ("samples", "tokens")
+DEFAULT_CHUNK_STEPS = 256
+# Bounds on the sizes that drive the planner's allocations (docs/config.md, "Size limits").
+MAX_STEPS = 2**27  # per-step arrays (stats, mix schedule) are held in memory whole
+MAX_BINS = 2**20  # dp_size x micro_batches: micro-batches of one step
+MAX_PLAN_SAMPLES = 2**40  # steps x samples_per_step: sample ids planned in all
+MAX_CHUNK_ITEMS = 2**24  # chunk_steps x samples_per_step (or x bins): one chunk's arrays
+# Without [cost]: the a:b ratio of a causal model with hidden size 4096 (see docs/config.md).
+DEFAULT_A, DEFAULT_B = 1.0, 1.0 / (6 * 4096)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Batch geometry: steps x dp_size ranks x micro_batches, one step's size, capacity."""
+
+    steps: int
+    dp_size: int
+    micro_batches: int
+    samples_per_step: int | None
+    tokens_per_step: int | None
+    max_tokens_per_micro_batch: int
+    seed: int
+    overlong: str
+    weight_by: str
+
+    @property
+    def bins(self) -> int:
+        return self.dp_size * self.micro_batches
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    """Per-sample cost: `a*L + b*L^2 + d` (L = n_tokens), or an SQL expression over index
+    columns.
+
+    `d` is a per-sample constant (from `mds calibrate`: e.g. one attention call per sample),
+    part of every sample's cost. `c` is a per-micro-batch constant: recorded in the plan and
+    used for predicted step times, not for balancing, since every rank runs the same number
+    of micro-batches. `fit_error` is the calibration's {max, median, points}."""
+
+    a: float = DEFAULT_A
+    b: float = DEFAULT_B
+    expr: str | None = None
+    origin: str = "default"  # "default" | "given" | "model" | "expr" | "calibrated"
+    c: float = 0.0
+    fit_error: dict[str, Any] | None = None
+    d: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        if self.expr is not None:
+            return {"expr": self.expr}
+        out: dict[str, Any] = {"a": self.a, "b": self.b, "origin": self.origin}
+        # Only present when set, so plans of configs without them keep their bytes.
+        if self.c:
+            out["c"] = self.c
+        if self.d:
+            out["d"] = self.d
+        if self.fit_error is not None:
+            out["fit_error"] = dict(self.fit_error)
+        return out
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """One source's part in the mix: its weight schedule, filter and epoch limit."""
+
+    name: str
+    weight: WeightSchedule
+    filter: str | None
+    max_epochs: int | None
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    train: TrainSpec
+    cost: CostSpec
+    sources: tuple[MixSpec, ...]
+    index: Path | str  # a directory, or an s3:// / gs:// prefix
+    chunk_steps: int = DEFAULT_CHUNK_STEPS
+    workers: int | None = None
+    path: Path | None = None
+    engine: str = "local"  # where chunks are planned: local or ray (src/mds/planner/runtime/engine.py)
+    address: str | None = None  # the Ray cluster's address
+
+    def canonical(self) -> dict[str, Any]:
+        """The plan-relevant config in normalized form (stored in the plan header)."""
+        t = self.train
+        return {
+            "train": {
+                "steps": t.steps,
+                "dp_size": t.dp_size,
+                "micro_batches": t.micro_batches,
+                "samples_per_step": t.samples_per_step,
+                "tokens_per_step": t.tokens_per_step,
+                "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
+                "seed": t.seed,
+                "overlong": t.overlong,
+                "weight_by": t.weight_by,
+            },
+            "cost": self.cost.describe(),
+            "chunk_steps": self.chunk_steps,
+            "sources": [
+                {
+                    "name": s.name,
+                    "weight": s.weight.describe(),
+                    "filter": s.filter,
+                    "max_epochs": s.max_epochs,
+                }
+                for s in self.sources
+            ],
+        }
+
+
+def _int(
+    table: dict[str, Any], key: str, where: str, *, minimum: int = 1, default: int | None = None
+) -> int | None:
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}`{key}` must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _float(table: dict[str, Any], key: str, where: str) -> float | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(f"{where}`{key}` must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _choice(
+    table: dict[str, Any], key: str, choices: tuple[str, ...], where: str, default: str
+) -> str:
+    value = table.get(key, default)
+    if value not in choices:
+        raise ConfigError(f"{where}`{key}` must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _table(table: Any, keys: tuple[str, ...], where: str) -> None:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}must be a table")
+    _check_keys(table, keys, where)
+
+
+def parse_train(table: Any, where: str) -> TrainSpec:
+    where = f"{where}[train]: "
+    _table(table, TRAIN_KEYS, where)
+    for key in ("steps", "dp_size", "max_tokens_per_micro_batch"):
+        if key not in table:
+            raise ConfigError(f"{where}`{key}` is required")
+    sps = _int(table, "samples_per_step", where)
+    tps = _int(table, "tokens_per_step", where)
+    if (sps is None) == (tps is None):
+        raise ConfigError(f"{where}set exactly one of `samples_per_step` and `tokens_per_step`")
+    unit = "samples" if sps is not None else "tokens"
+    weight_by = _choice(table, "weight_by", WEIGHT_BY, where, unit)
+    if weight_by != unit:
+        raise ConfigError(
+            f'{where}`weight_by = "{weight_by}"` needs `{weight_by}_per_step`: the mix is a share of '
+            "what a step holds"
+        )
+    seed = table.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"{where}`seed` must be an integer in [0, 2^63), got {seed!r}")
+    spec = TrainSpec(
+        steps=_int(table, "steps", where),
+        dp_size=_int(table, "dp_size", where),
+        micro_batches=_int(table, "micro_batches", where, default=1),
+        samples_per_step=sps,
+        tokens_per_step=tps,
+        max_tokens_per_micro_batch=_int(table, "max_tokens_per_micro_batch", where),
+        seed=seed,
+        overlong=_choice(table, "overlong", OVERLONG, where, "error"),
+        weight_by=weight_by,
+    )
+    if sps is not None and sps < spec.dp_size:
+        raise ConfigError(
+            f"{where}`samples_per_step` ({sps}) must be at least `dp_size` ({spec.dp_size})"
+        )
+    check_sizes(spec, where)
+    if tps is not None and tps > spec.bins * spec.max_tokens_per_micro_batch:
+        raise ConfigError(
+            f"{where}`tokens_per_step` ({tps}) exceeds the step's capacity dp_size x micro_batches x "
+            f"max_tokens_per_micro_batch = {spec.bins * spec.max_tokens_per_micro_batch}"
+        )
+    return spec
+
+
+def _check_limit(where: str, what: str, value: int, limit: int, unit: str) -> None:
+    if value > limit:
+        raise ConfigError(
+            f"{where}{what} = {value:.3g} {unit}; the limit is {limit} "
+            f"(2^{limit.bit_length() - 1}, docs/config.md)"
+        )
+
+
+def check_sizes(train: TrainSpec, where: str) -> None:
+    """Refuse step counts and step geometries whose plan could not be held (MAX_* above)."""
+    _check_limit(where, "steps", train.steps, MAX_STEPS, "steps to plan")
+    bins = f"dp_size = {train.dp_size} x micro_batches = {train.micro_batches}"
+    _check_limit(where, bins, train.bins, MAX_BINS, "micro-batches per step")
+    if train.samples_per_step is not None:
+        what = f"steps = {train.steps} x samples_per_step = {train.samples_per_step}"
+        total = train.steps * train.samples_per_step
+        _check_limit(where, what, total, MAX_PLAN_SAMPLES, "samples to plan")
+
+
+def check_chunk_size(train: TrainSpec, chunk_steps: int, where: str) -> None:
+    """One chunk's arrays (its samples, its micro-batches) must stay within MAX_CHUNK_ITEMS."""
+    steps = min(chunk_steps, train.steps)
+    sps = train.samples_per_step or 0
+    if sps >= train.bins:
+        what, per_step = f"samples_per_step = {sps}", sps
+    else:
+        what, per_step = f"dp_size x micro_batches = {train.bins}", train.bins
+    what = f"chunk_steps = {steps} x {what}"
+    _check_limit(where, what, steps * per_step, MAX_CHUNK_ITEMS, "items in a chunk's arrays")
+
+
+def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
+    """The `[cost]` table; `file = "..."` reads the table from another TOML file (relative
+    to `base`, the config's directory), e.g. the output of `mds calibrate`."""
+    where = f"{where}[cost]: "
+    _table(table, COST_KEYS, where)
+    if "file" in table:
+        return _cost_file(table, where, base or Path.cwd())
+    given = [k for k in ("expr", "model") if k in table] + (
+        ["a/b"] if {"a", "b"} & set(table) else []
+    )
+    if len(given) > 1:
+        raise ConfigError(f"{where}use one of `a`/`b`, `model` or `expr`; got {', '.join(given)}")
+    if given and given[0] != "a/b":
+        extra = [k for k in ("c", "d", "source", "fit_error") if k in table]
+        if extra:
+            raise ConfigError(f"{where}`{extra[0]}` goes with `a`/`b`, not with `{given[0]}`")
+    if "expr" in table:
+        expr = table["expr"]
+        if not isinstance(expr, str) or not expr.strip():
+            raise ConfigError(f"{where}`expr` must be a non-empty SQL expression string")
+        return CostSpec(expr=expr, origin="expr")
+    if "model" in table:
+        model = table["model"]
+        mwhere = f"{where}model: "
+        if not isinstance(model, dict):
+            raise ConfigError(f"{mwhere}must be a table with `layers` and `hidden`")
+        _check_keys(model, MODEL_KEYS, mwhere)
+        layers = _int(model, "layers", mwhere)
+        hidden = _int(model, "hidden", mwhere)
+        if layers is None or hidden is None:
+            raise ConfigError(f"{mwhere}`layers` and `hidden` are required")
+        vocab = _int(model, "vocab", mwhere, minimum=0, default=0)
+        causal = model.get("causal", True)
+        if not isinstance(causal, bool):
+            raise ConfigError(f"{mwhere}`causal` must be true or false, got {causal!r}")
+        # Training FLOPs of one sequence of L tokens (Narayanan et al. 2021, Megatron-LM):
+        # 72*l*h^2*L + 6*h*V*L for the dense parts, 12*l*h*L^2 for attention (half if causal).
+        a = 72.0 * layers * hidden * hidden + 6.0 * hidden * vocab
+        b = (6.0 if causal else 12.0) * layers * hidden
+        return CostSpec(a=a, b=b, origin="model")
+    a, b = _float(table, "a", where), _float(table, "b", where)
+    c, d = _float(table, "c", where), _float(table, "d", where)
+    if a is None and b is None:
+        extra = [k for k in ("c", "d", "source", "fit_error") if k in table]
+        if extra:
+            raise ConfigError(f"{where}`{extra[0]}` needs `a` and `b`")
+        return CostSpec()
+    a, b = a or 0.0, b or 0.0
+    if a == 0 and b == 0:
+        raise ConfigError(f"{where}`a` and `b` cannot both be 0")
+    source = table.get("source")
+    if source is None:
+        if "fit_error" in table:
+            raise ConfigError(f'{where}`fit_error` needs `source = "calibrated"`')
+        return CostSpec(a=a, b=b, origin="given", c=c or 0.0, d=d or 0.0)
+    if source not in COST_SOURCES:
+        raise ConfigError(
+            f"{where}`source` must be one of {', '.join(COST_SOURCES)}, got {source!r}"
+        )
+    fit = _fit_error(table.get("fit_error"), where)
+    return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, d=d or 0.0, fit_error=fit)
+
+
+def _fit_error(value: Any, where: str) -> dict[str, Any]:
+    """`fit_error = { max, median, points }` of a calibrated cost: relative errors, >= 0."""
+    if value is None:
+        raise ConfigError(
+            f'{where}`fit_error` is required with `source = "calibrated"` '
+            "(the { max, median, points } that mds calibrate writes)"
+        )
+    fwhere = f"{where}fit_error: "
+    if not isinstance(value, dict):
+        raise ConfigError(f"{fwhere}must be a table {{ max, median, points }}")
+    _check_keys(value, FIT_ERROR_KEYS, fwhere)
+    for key in FIT_ERROR_KEYS:
+        if key not in value:
+            raise ConfigError(f"{fwhere}`{key}` is required")
+    return {
+        "max": _float(value, "max", fwhere),
+        "median": _float(value, "median", fwhere),
+        "points": _int(value, "points", fwhere),
+    }
+
+
+def _cost_file(table: dict[str, Any], where: str, base: Path) -> CostSpec:
+    """`[cost] file = "cost.toml"`: the `[cost]` table of that file stands for this one."""
+    others = sorted(set(table) - {"file"})
+    if others:
+        raise ConfigError(f"{where}`file` stands for the whole table; remove `{others[0]}`")
+    name = table["file"]
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}`file` must be a path string")
+    path = base / name
+    try:
+        data = tomllib.loads(read_whole(path).decode("utf-8-sig"))
+    except OSError as exc:
+        raise ConfigError(f"{where}`file`: cannot read {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}`file`: {path} is not valid TOML: {exc}") from None
+    inner = data.get("cost")
+    if not isinstance(inner, dict):
+        raise ConfigError(f"{where}`file`: {path} has no [cost] table")
+    if "file" in inner:
+        raise ConfigError(f"{path}: [cost]: `file` cannot refer to another file")
+    return parse_cost(inner, f"{path}: ", path.parent)
+
+
+def parse_mix(table: dict[str, Any], where: str) -> MixSpec:
+    if "weight" not in table:
+        raise ConfigError(f"{where}`weight` is required for planning")
+    weight = parse_schedule(table["weight"], f"{where}`weight`")
+    filt = table.get("filter")
+    if filt is not None and (not isinstance(filt, str) or not filt.strip()):
+        raise ConfigError(f"{where}`filter` must be a non-empty SQL expression string")
+    max_epochs = _int(table, "max_epochs", where)
+    return MixSpec(table["name"], weight, filt, max_epochs)
+
+
+# The most the sources' largest weights may add up to: a step's weights are summed in
+# float64, which overflows past 1.8e308; this bound leaves ample room for rounding.
+MAX_WEIGHT_SUM = 1e307
+
+
+def _check_weight_sum(sources: list[MixSpec], where: str) -> None:
+    """Refuse weights whose sum could overflow float64 at some step (only ratios matter, so
+    such weights can always be scaled down), naming the source that takes the sum over."""
+    total = 0.0
+    for i, mix in enumerate(sources):
+        total += max(mix.weight.weights)
+        if total > MAX_WEIGHT_SUM:
+            raise ConfigError(
+                f"{where}[[source]] #{i + 1} ('{mix.name}'): `weight` {max(mix.weight.weights):g} "
+                f"takes the sum of the sources' largest weights past {MAX_WEIGHT_SUM:g} "
+                "(float64 overflows near 1.8e308); only their ratios matter: scale them down"
+            )
+
+
+def parse_plan_config(
+    data: dict[str, Any], index_config: IndexConfig, *, path: Path | None = None
+) -> PlanConfig:
+    where = f"{path}: " if path else ""
+    base = path.parent if path else Path.cwd()
+    if "train" not in data:
+        raise ConfigError(f"{where}[train] is required for planning")
+    train = parse_train(data["train"], where)
+    cost = parse_cost(data.get("cost", {}), where, base)
+    plan = data.get("plan", {})
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{where}[plan]: must be a table")
+    _check_keys(plan, PLAN_KEYS, f"{where}[plan]: ")
+    index = plan.get("index")
+    if index is not None and (not isinstance(index, str) or not index):
+        raise ConfigError(f"{where}[plan]: `index` must be a path or URL string")
+    # An s3:// root has no default index beside it: [index] output or --index names it.
+    index_dir = place(base, index) or index_config.output or Path(index_config.root) / "index"
+    sources = []
+    for i, table in enumerate(data.get("source", [])):
+        sources.append(parse_mix(table, f"{where}[[source]] #{i + 1} ('{table.get('name')}'): "))
+    _check_weight_sum(sources, where)
+    weights_by = [table.get("weight_by") for table in data.get("source", [])]
+    for i, wb in enumerate(weights_by):
+        if wb is not None and wb != train.weight_by:
+            raise ConfigError(
+                f"{where}[[source]] #{i + 1}: `weight_by = {wb!r}` differs from the run's "
+                f"{train.weight_by!r} (set by {train.weight_by}_per_step); every source must use the same unit"
+            )
+    chunk_steps = _int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS)
+    check_chunk_size(train, chunk_steps, f"{where}[plan]: ")
+    engine, address = parse_engine(plan, f"{where}[plan]: ")
+    return PlanConfig(
+        train=train,
+        cost=cost,
+        sources=tuple(sources),
+        index=index_dir if is_url(index_dir) else Path(index_dir).resolve(),
+        chunk_steps=chunk_steps,
+        workers=_int(plan, "workers", f"{where}[plan]: "),
+        path=path,
+        engine=engine,
+        address=address,
+    )
+
+
+def load_plan_config(path: str | Path) -> PlanConfig:
+    """Read a TOML config and validate everything planning needs."""
+    path = Path(path)
+    data = load_toml(path)  # once: a pipe or `<(...)` cannot be read twice
+    return parse_plan_config(data, parse_config(data, path=path), path=path)
+
+
+def plan_config_from_dict(data: dict[str, Any], base: Path) -> PlanConfig:
+    """Same as load_plan_config for an already-parsed TOML document (tests, tools)."""
+    fake = base / "config.toml"
+    return parse_plan_config(data, parse_config(data, path=fake), path=fake)

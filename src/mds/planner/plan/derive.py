@@ -1,0 +1,134 @@
+"""Re-planning from step K: the exact mixing state a plan reached at K, as the start of a
+new plan with another config (mix, schedule, dp_size, micro-batches, sources).
+
+Every source continues from its stream position at K, so nothing consumed before K is
+drawn again inside the same epoch and nothing unconsumed is skipped. The new schedule's
+cumulative target starts at what each source had consumed, so the mix from K follows the
+new weights exactly. A source that leaves the mix keeps its cursor in the lineage, so a
+later plan that brings it back continues it too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mds.core.planfile import PlanReader
+from mds.errors import ConfigError, PlanError
+from mds.planner.plan.mixing import MixState
+
+if TYPE_CHECKING:
+    from mds.planner.plan.build import Planner
+
+__all__ = ["derive_start", "parent_cursors"]
+
+
+def parent_cursors(
+    reader: PlanReader, at_step: int
+) -> tuple[dict[str, tuple[int, int | None]], dict[str, int]]:
+    """A plan's cursors at step K: per source (stream position, tokens at the chunk boundary
+    before K, or None in samples mode), including sources its own lineage carries; and the
+    samples each planned source took between that boundary and K."""
+    first, steps = reader.first_step, reader.steps
+    if not first <= at_step <= steps:
+        raise ConfigError(
+            f"--at-step {at_step} is outside {reader.path}'s steps {first} to {steps}"
+        )
+    footer = reader.footer
+    names = [s["name"] for s in footer["sources"]]
+    reader.verify_sections()
+    consumed = reader.section("cursor_consumed")
+    tokens = reader.section("cursor_tokens")
+    per_step = reader.section("source_samples")
+    chunk = len(reader.chunks) if at_step == steps else reader.chunk_of(at_step)
+    start = reader.chunks[chunk][0] if chunk < len(reader.chunks) else steps
+    rows = (len(reader.chunks) + 1, len(names))
+    if consumed.shape != rows or tokens.shape != rows or per_step.shape[1:] != rows[1:]:
+        raise PlanError(f"{reader.path}: corrupt plan (cursor sections do not match its sources)")
+    taken = per_step[start - first : at_step - first].sum(axis=0)
+    tokens_mode = footer["config"]["train"].get("tokens_per_step") is not None
+    out: dict[str, tuple[int, int | None]] = dict(
+        (name, tuple(c)) for name, c in (footer.get("lineage") or {}).get("cursors", {}).items()
+    )
+    for s, name in enumerate(names):
+        out[name] = (
+            int(consumed[chunk, s] + taken[s]),
+            int(tokens[chunk, s]) if tokens_mode else None,
+        )
+    return out, {name: int(taken[s]) for s, name in enumerate(names)}
+
+
+def _index_problem(planner: Planner, footer: dict[str, Any]) -> str | None:
+    """The new index must hold every source of the parent's index unchanged (same rows in
+    the same global id range), so the parent's sample ids mean the same samples."""
+    from mds.planner.plan.build import index_sources
+
+    now = {s["name"]: s for s in index_sources(planner.manifest)}
+    for s in footer["index"]["sources"]:
+        if now.get(s["name"]) != s:
+            return s["name"]
+    return None
+
+
+def derive_start(planner: Planner, parent: Path, at_step: int) -> tuple[MixState, dict[str, Any]]:
+    """The start state at `at_step` for `planner`'s config, continuing plan `parent`, and the
+    lineage the new plan's footer records."""
+    with PlanReader(parent) as reader:
+        footer = reader.footer
+        old = footer["config"]
+        new = planner.config
+        if old["train"]["seed"] != new.train.seed:
+            raise ConfigError(
+                f"[train] seed {new.train.seed} differs from {parent}'s {old['train']['seed']}: "
+                "every source's order would change; keep the seed when re-planning"
+            )
+        if (old["train"].get("tokens_per_step") is None) != (new.train.tokens_per_step is None):
+            raise ConfigError(
+                "[train] samples_per_step / tokens_per_step: keep the parent plan's step unit"
+            )
+        if new.train.steps <= at_step:
+            raise ConfigError(f"[train] steps {new.train.steps} must be > --at-step {at_step}")
+        changed = _index_problem(planner, footer)
+        if changed is not None:
+            raise PlanError(
+                f"source {changed!r} differs between {parent}'s index and this one; re-plan "
+                "from the index the parent plan was made from (sources may only be added)"
+            )
+        cursors, taken = parent_cursors(reader, at_step)
+        filters = {s["name"]: s.get("filter") for s in old["sources"]}
+        eligible = {s["name"]: s["eligible"] for s in footer["sources"]}
+        parent_id = reader.plan_id
+    n = len(planner.pools)
+    consumed = np.zeros(n, np.int64)
+    tokens = np.zeros(n, np.int64)
+    for i, (pool, stream) in enumerate(zip(planner.pools, planner.streams, strict=True)):
+        if pool.name not in cursors:
+            continue  # a source new to the mix starts at the beginning of its stream
+        spec = new.sources[i]
+        if pool.name in filters and filters[pool.name] != spec.filter:
+            raise ConfigError(
+                f"source '{pool.name}': `filter` changed from {filters[pool.name]!r} to "
+                f"{spec.filter!r}; its remaining epoch order would change, so it cannot "
+                "continue (add it as a new source name instead)"
+            )
+        if pool.name in eligible and eligible[pool.name] != pool.n:
+            raise ConfigError(
+                f"source '{pool.name}': {pool.n} eligible samples, the parent plan had "
+                f"{eligible[pool.name]} (`overlong` or the capacity changed which samples "
+                "qualify); keep them as they were"
+            )
+        consumed[i], tok = cursors[pool.name]
+        if tok is not None:
+            between = taken.get(pool.name, 0)  # tokens of the steps from the boundary to K
+            tokens[i] = tok + stream.tokens_between(int(consumed[i]) - between, between)
+    target = (tokens if new.train.tokens_per_step else consumed).astype(np.float64)
+    live = {pool.name for pool in planner.pools}  # their cursors are the new plan's own
+    carried = {name: c for name, c in cursors.items() if name not in live}
+    lineage = {
+        "parent": parent_id,
+        "at_step": at_step,
+        "cursors": {name: list(c) for name, c in sorted(carried.items())},
+    }
+    return MixState(at_step, consumed, tokens, target), lineage

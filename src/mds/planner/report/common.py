@@ -1,0 +1,79 @@
+"""`mds inspect` reports: plain dicts (the JSON of docs/inspect.md) about an index, a plan or
+one plan step, plus the small numeric helpers they share. Pure: nothing here prints.
+
+The reports themselves live in `report_index`, `report_plan` and `report_step`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core.planfile import MAGIC
+from mds.errors import ConfigError
+from mds.planner.index.tables import MANIFEST
+
+__all__ = ["SCHEMA", "buckets", "detect", "finite", "ratio", "summary"]
+
+SCHEMA = 1
+
+
+def detect(path: str | Path) -> str:
+    """ "index" for an index directory, "plan" for a plan file; anything else is an error."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / MANIFEST).is_file():
+            return "index"
+        raise ConfigError(
+            f"{path}: neither an mds index (a directory with {MANIFEST}) nor an mds plan file"
+        )
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if head != MAGIC:
+        raise ConfigError(f"{path}: neither an mds plan file nor an mds index directory")
+    return "plan"
+
+
+def finite(value: Any) -> float | None:
+    """A JSON-safe float: NaN and infinities become None."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den per element; 1.0 where den is 0 (an empty step is perfectly balanced)."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+
+
+def summary(values: np.ndarray) -> dict[str, float | None]:
+    """mean, min, median, p99 (linear interpolation) and max of a per-step series."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return {"mean": None, "min": None, "median": None, "p99": None, "max": None}
+    return {
+        "mean": float(values.mean()),
+        "min": float(values.min()),
+        "median": float(np.quantile(values, 0.5)),
+        "p99": float(np.quantile(values, 0.99)),
+        "max": float(values.max()),
+    }
+
+
+def buckets(steps: int, points: int) -> tuple[int, np.ndarray]:
+    """Split [0, steps) into runs of `size` = ceil(steps / points) steps; returns (size,
+    first step of each run)."""
+    assert points >= 1
+    size = max(1, -(-steps // points))
+    return size, np.arange(0, steps, size, dtype=np.int64)

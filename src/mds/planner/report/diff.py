@@ -1,0 +1,257 @@
+"""Compare two plans: config differences, the first step where their samples differ, and how
+each source's share of the samples moved, to see what a config change did to the data.
+
+Both plans are read one chunk at a time; a difference is a result, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core.planfile import PlanReader
+from mds.errors import PlanError
+
+__all__ = ["HeaderDiff", "PlanDiff", "ShareDiff", "StepDiff", "diff_plans", "header_diff"]
+
+_ABSENT = "(absent)"
+
+
+@dataclass(frozen=True)
+class HeaderDiff:
+    """One differing footer value, at a dotted path like `train.dp_size` or `sources[2].weight`."""
+
+    key: str
+    a: Any
+    b: Any
+
+    @property
+    def shown(self) -> tuple[str, str]:
+        """Both values as compact JSON (or "(absent)")."""
+        return _show(self.a), _show(self.b)
+
+    def __str__(self) -> str:
+        a, b = self.shown
+        return f"{self.key}: {a} -> {b}"
+
+
+@dataclass(frozen=True)
+class StepDiff:
+    """The first step where any rank's samples differ. `rank` is None when the plans' dp
+    sizes differ (ranks are not comparable); `same_samples` says whether the step's
+    multiset of samples is the same, so only their assignment to ranks differs."""
+
+    step: int
+    rank: int | None
+    same_samples: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class ShareDiff:
+    """A source's planned samples in each plan and its share of all samples, in percent."""
+
+    name: str
+    samples_a: int | None
+    samples_b: int | None
+    share_a: float | None
+    share_b: float | None
+
+    @property
+    def delta_pp(self) -> float | None:
+        if self.share_a is None or self.share_b is None:
+            return None
+        return round(self.share_b - self.share_a, 4)
+
+
+@dataclass
+class PlanDiff:
+    a: Path
+    b: Path
+    plan_id_a: str
+    plan_id_b: str
+    steps_a: int
+    steps_b: int
+    dp_a: int
+    dp_b: int
+    header: list[HeaderDiff] = field(default_factory=list)
+    first_step: StepDiff | None = None
+    first_sample_step: int | None = None  # first step whose multiset of samples differs
+    sources: list[ShareDiff] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.plan_id_a == self.plan_id_b
+
+    @property
+    def only_in_a(self) -> list[str]:
+        return [s.name for s in self.sources if s.samples_b is None]
+
+    @property
+    def only_in_b(self) -> list[str]:
+        return [s.name for s in self.sources if s.samples_a is None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "identical": self.identical,
+            "a": {"path": str(self.a), "plan_id": self.plan_id_a, "steps": self.steps_a},
+            "b": {"path": str(self.b), "plan_id": self.plan_id_b, "steps": self.steps_b},
+            "header": [{"key": h.key, "a": h.a, "b": h.b, "text": str(h)} for h in self.header],
+            "first_difference": asdict(self.first_step) if self.first_step else None,
+            "first_sample_difference": self.first_sample_step,
+            "sources": [{**asdict(s), "delta_pp": s.delta_pp} for s in self.sources],
+            "only_in_a": self.only_in_a,
+            "only_in_b": self.only_in_b,
+        }
+
+
+def diff_plans(a: str | os.PathLike, b: str | os.PathLike) -> PlanDiff:
+    """Compare plan files `a` and `b` (PlanError if either is unreadable or corrupt)."""
+    with PlanReader(a) as ra, PlanReader(b) as rb:
+        out = PlanDiff(Path(a), Path(b), ra.plan_id, rb.plan_id, ra.steps, rb.steps, ra.dp, rb.dp)
+        out.sources = _shares(ra, rb)
+        if out.identical:  # the plan id hashes the footer, which checksums every byte
+            return out
+        out.header = header_diff(ra.footer, rb.footer)
+        out.first_step, out.first_sample_step = _first_difference(ra, rb)
+    return out
+
+
+# --- header ---------------------------------------------------------------------------------
+
+
+def header_diff(footer_a: dict[str, Any], footer_b: dict[str, Any]) -> list[HeaderDiff]:
+    """Differences of the footers' `config` and `index.fingerprint`, leaf by leaf."""
+    out: list[HeaderDiff] = []
+    _walk(footer_a.get("config", {}), footer_b.get("config", {}), "", out)
+    for key in ("first_step", "lineage"):  # a re-planned plan: what it continues, from where
+        la, lb = footer_a.get(key, _ABSENT), footer_b.get(key, _ABSENT)
+        if la != lb:
+            out.append(HeaderDiff(key, la, lb))
+    fa = footer_a.get("index", {}).get("fingerprint")
+    fb = footer_b.get("index", {}).get("fingerprint")
+    if fa != fb:
+        out.append(HeaderDiff("index.fingerprint", fa, fb))
+    return out
+
+
+def _walk(a: Any, b: Any, path: str, out: list[HeaderDiff]) -> None:
+    """Recurse while both sides have the same container type; report leaves that differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in dict.fromkeys([*a, *b]):
+            sub = f"{path}.{key}" if path else str(key)
+            _walk(a.get(key, _ABSENT), b.get(key, _ABSENT), sub, out)
+    elif isinstance(a, list) and isinstance(b, list) and _named(a) and _named(b):
+        for i in range(max(len(a), len(b))):
+            _walk(
+                a[i] if i < len(a) else _ABSENT,
+                b[i] if i < len(b) else _ABSENT,
+                f"{path}[{i}]",
+                out,
+            )
+    elif a != b:
+        out.append(HeaderDiff(path, a, b))
+
+
+def _named(items: list[Any]) -> bool:
+    """Lists of objects (like `sources`) are compared item by item; other lists as values."""
+    return all(isinstance(x, dict) for x in items)
+
+
+def _show(value: Any) -> str:
+    if value is _ABSENT:
+        return _ABSENT
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# --- steps ----------------------------------------------------------------------------------
+
+
+def _steps(reader: PlanReader, start: int = 0) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Per step from `start`: the ranks' sample counts [D, M] and each rank's ids, one chunk
+    in memory."""
+    for c, (a, b, *_rest) in enumerate(reader.chunks):
+        if b <= start:
+            continue
+        blocks = [reader.rank_chunk(c, r) for r in range(reader.dp)]
+        starts = [np.concatenate([[0], np.cumsum(k.counts.sum(axis=1))]) for k in blocks]
+        for t in range(max(start - a, 0), b - a):
+            counts = np.stack([k.counts[t] for k in blocks])
+            ids = [k.ids[s[t] : s[t + 1]] for k, s in zip(blocks, starts, strict=True)]
+            yield counts, ids
+
+
+def _first_difference(ra: PlanReader, rb: PlanReader) -> tuple[StepDiff | None, int | None]:
+    """Walk the common steps: the first step where a rank differs, and the first step whose
+    samples (as a multiset) differ. Stops as soon as both are known. A re-planned plan
+    starts at its hand-over step; the walk starts where both plans have steps."""
+    same_dp = ra.dp == rb.dp and ra.micro == rb.micro
+    first: StepDiff | None = None
+    start = max(ra.first_step, rb.first_step)
+    pairs = zip(_steps(ra, start), _steps(rb, start), strict=False)
+    for step, ((ca, ia), (cb, ib)) in enumerate(pairs, start=start):
+        same_set = np.array_equal(np.sort(np.concatenate(ia)), np.sort(np.concatenate(ib)))
+        if first is None:
+            first = _step_diff(step, ra, rb, same_dp, same_set, (ca, ia), (cb, ib))
+        if not same_set:
+            return first, step
+    if ra.steps != rb.steps:
+        common = min(ra.steps, rb.steps)
+        detail = f"plan A has {ra.steps} steps, plan B {rb.steps}"
+        return first or StepDiff(common, None, False, detail), common
+    return first, None
+
+
+def _step_diff(step, ra, rb, same_dp, same_set, a, b) -> StepDiff | None:
+    """This step's difference, or None if every rank has the same samples."""
+    kind = "same samples, different assignment" if same_set else "different samples"
+    if not same_dp:
+        geometry = (
+            f"dp_size differs ({ra.dp} -> {rb.dp})"
+            if ra.dp != rb.dp
+            else f"micro_batches differ ({ra.micro} -> {rb.micro})"
+        )
+        what = kind if same_set else "differs in its samples"
+        return StepDiff(step, None, same_set, f"{geometry}; step {step}: {what}")
+    (ca, ia), (cb, ib) = a, b
+    for rank in range(ra.dp):
+        if not (np.array_equal(ca[rank], cb[rank]) and np.array_equal(ia[rank], ib[rank])):
+            return StepDiff(step, rank, same_set, f"step {step} rank {rank}: {kind}")
+    return None
+
+
+# --- source shares --------------------------------------------------------------------------
+
+
+def _totals(reader: PlanReader) -> dict[str, int]:
+    """Samples per planned source, from the checksummed `source_samples` section."""
+    try:
+        names = [str(s["name"]) for s in reader.footer["sources"]]
+    except (KeyError, TypeError):
+        raise PlanError(f"{reader.path}: corrupt plan footer (no `sources`)") from None
+    per_step = reader.section("source_samples")
+    if per_step.ndim != 2 or per_step.shape[1] != len(names):
+        raise PlanError(f"{reader.path}: section 'source_samples' does not match the sources")
+    totals = per_step.sum(axis=0) if per_step.size else np.zeros(len(names), np.int64)
+    return {n: int(t) for n, t in zip(names, totals, strict=True)}
+
+
+def _shares(ra: PlanReader, rb: PlanReader) -> list[ShareDiff]:
+    ta, tb = _totals(ra), _totals(rb)
+    sa, sb = sum(ta.values()), sum(tb.values())
+
+    def share(n: int | None, total: int) -> float | None:
+        return None if n is None else round(100.0 * n / total, 4) if total else 0.0
+
+    return [
+        ShareDiff(
+            name, ta.get(name), tb.get(name), share(ta.get(name), sa), share(tb.get(name), sb)
+        )
+        for name in dict.fromkeys([*ta, *tb])
+    ]

@@ -1,0 +1,447 @@
+"""Where the parallel work of `mds index` and `mds plan` runs: a local pool (threads or
+processes, the default, needing nothing) or tasks on a Ray cluster.
+
+Both engines map the same module-level function over the same units of work (a group of
+files to scan, a chunk of steps to plan) and hand the results back in order, so the driver
+writes the same bytes whichever scheduled them. Ray is imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import dataclass
+from typing import Any
+
+from mds.errors import ConfigError, MdsError
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineSpec",
+    "LocalEngine",
+    "RayEngine",
+    "check_address",
+    "check_engine",
+    "fork_shares_memory",
+    "open_engine",
+]
+
+ENGINES = ("local", "ray")
+RAY_INSTALL = "pip install 'mds-planner[ray]'"
+# Seconds a TCP connect to the Ray head may take before the address counts as unreachable;
+# ray.init itself retries for minutes and ignores Ctrl-C meanwhile.
+RAY_CONNECT_TIMEOUT = 5.0
+RAY_CONNECT_TIMEOUT_ENV = "MDS_RAY_CONNECT_TIMEOUT"
+RAY_CLIENT_PORT = 10001  # Ray's default for a ray:// address without a port
+# Times Ray re-runs a task whose worker died (killed, out of memory, node lost). A task that
+# raises is never retried: bad input fails the same way every time.
+RAY_RETRIES = 3
+RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
+
+
+def check_engine(value: Any, where: str) -> str:
+    """`value` as an engine name; `where` names the key or option in the error."""
+    if value not in ENGINES:
+        raise ConfigError(f"{where} must be one of {', '.join(ENGINES)}, got {value!r}")
+    return value
+
+
+def check_address(value: Any, where: str) -> str:
+    """A Ray address: auto (a running cluster), local (start one here), ray://host:port
+    (Ray client) or host:port (a head node's GCS)."""
+    ok = isinstance(value, str) and (
+        value in ("auto", "local")
+        or (value.startswith("ray://") and len(value) > len("ray://"))
+        or (":" in value and value.rsplit(":", 1)[1].isdigit())
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where} must be auto, local, ray://host:port or host:port, got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine runs a command's parallel work (from the config, overridden by options)."""
+
+    kind: str = "local"
+    # Ray only; None: Ray's default (RAY_ADDRESS, else the `ray start` cluster on this
+    # machine, else a new local one)
+    address: str | None = None
+
+    def override(self, kind: str | None, address: str | None) -> EngineSpec:
+        """The spec with command-line options applied; an --address alone implies Ray."""
+        kind = check_engine(kind, "--engine") if kind is not None else None
+        if address is not None:
+            check_address(address, "--address")
+            if kind is None:
+                kind = "ray"
+        kind = kind or self.kind
+        if kind != "ray" and address is not None:
+            raise ConfigError("--address applies to --engine ray only")
+        return EngineSpec(kind, address if address is not None else self.address)
+
+
+class Engine:
+    """Runs fn(*item) for each item with at most `window` tasks in flight (or done and not
+    yet handed out), yielding the results in item order or as they complete. The first task
+    to fail ends the map with its error and stops the others (see each engine's _cancel)."""
+
+    name = "engine"
+    workers = 1
+    # Tasks run in this process and may share its objects (an Event, a progress callback).
+    in_process = False
+
+    def map(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+    ) -> Iterator[Any]:
+        """fn(*item) per item, the results in item order."""
+        for _, result in self._run(fn, items, window, ordered=True):
+            yield result
+
+    def map_unordered(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """(position of the item, result) as tasks complete: a slow task does not hold the
+        others back."""
+        return self._run(fn, items, window, ordered=False)
+
+    def default_window(self) -> int:
+        return 4 * self.workers
+
+    def _run(
+        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None, ordered: bool
+    ) -> Iterator[tuple[int, Any]]:
+        window = max(1, window or self.default_window())
+        source = enumerate(items)
+        pending: dict[Any, int] = {}  # handle -> position, for tasks not yet complete
+        self._pending = pending  # for close() after a failure outside the map
+        done: dict[int, Any] = {}  # position -> result, complete but not yet handed out
+        head = 0  # the next position handed out, when ordered
+        try:
+            while True:
+                while len(pending) + len(done) < window:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        break
+                    pending[self._submit(fn, nxt[1])] = nxt[0]
+                if ordered and head in done:
+                    yield head, done.pop(head)
+                    head += 1
+                    continue
+                if not pending:
+                    return
+                for handle, value in self._wait(list(pending)):
+                    i = pending.pop(handle)
+                    if ordered:
+                        done[i] = value
+                    else:
+                        yield i, value
+        finally:
+            if pending:
+                self._cancel(list(pending))
+                pending.clear()
+
+    def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
+        raise NotImplementedError
+
+    def _wait(self, handles: list) -> list[tuple[Any, Any]]:
+        """Block until one or more of `handles` is done; their (handle, result) pairs. A
+        failed task raises its error here."""
+        raise NotImplementedError
+
+    def _cancel(self, handles: list) -> None:
+        raise NotImplementedError
+
+    _pending: dict[Any, int] = {}
+
+    def close(self, wait: bool = True) -> None:
+        """Release the workers; `wait`: let running tasks finish (False after a failure,
+        which cancels the tasks of a map the caller left unfinished)."""
+        if not wait and self._pending:
+            self._cancel(list(self._pending))
+            self._pending = {}
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(wait=exc_type is None)
+
+
+class LocalEngine(Engine):
+    """The embedded pool: a concurrent.futures executor (threads for scans, which release
+    the GIL; spawned processes for planning)."""
+
+    name = "local"
+
+    def __init__(self, executor: Executor, workers: int, in_process: bool):
+        self.executor = executor
+        self.workers = workers
+        self.in_process = in_process
+
+    def _submit(self, fn: Callable[..., Any], item: tuple) -> Future:
+        return self.executor.submit(fn, *item)
+
+    def _wait(self, handles: list[Future]) -> list[tuple[Future, Any]]:
+        done, _ = wait(handles, return_when=FIRST_COMPLETED)
+        return [(f, f.result()) for f in done]
+
+    def _cancel(self, handles: list[Future]) -> None:
+        for f in handles:
+            f.cancel()
+
+    def close(self, wait: bool = True) -> None:
+        super().close(wait)
+        # Processes are always joined (none is left behind); threads of a failed run are
+        # not waited for: their scans stop at the next chunk.
+        self.executor.shutdown(wait=wait or not self.in_process, cancel_futures=True)
+
+
+def _call(fn: Callable[..., Any], args: tuple) -> Any:
+    """What a Ray task runs: the unit of work, exactly as the local pool calls it."""
+    return fn(*args)
+
+
+class RayEngine(Engine):
+    """Tasks on a Ray cluster. Connects on creation (or uses the connection this process
+    already has); a task whose worker dies is retried, one that raises is not."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int | None = None,
+        connect_timeout: float | None = None,
+    ):
+        try:
+            import ray
+        except ImportError:
+            raise MdsError(
+                f"--engine ray needs Ray, which is not installed: {RAY_INSTALL}"
+            ) from None
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            target = address if address is not None else os.environ.get("RAY_ADDRESS") or None
+            if target is not None and target.startswith("ray://"):
+                _check_ray_client(target)
+            where = target or "the default address"
+            probe_ray_address(target, where, connect_timeout)
+            try:
+                # Workers' output and Ray's INFO lines stay in Ray's logs, off the terminal.
+                ray.init(
+                    address=address,
+                    log_to_driver=False,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+                raise MdsError(f"cannot reach the Ray cluster at {where} ({line})") from None
+            self.started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = max(1, workers or cpus)
+        self.remote = ray.remote(max_retries=RAY_RETRIES)(_call)
+
+    def default_window(self) -> int:
+        # A round trip to the cluster costs milliseconds: keep more tasks queued than CPUs.
+        return RAY_WINDOW * self.workers
+
+    def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
+        return self.remote.remote(fn, item)
+
+    def _wait(self, handles: list) -> list[tuple[Any, Any]]:
+        ready, rest = self.ray.wait(handles, num_returns=1)
+        if rest:  # and every other one already done, at no extra wait
+            ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        return [(ref, self._get(ref)) for ref in ready]
+
+    def _get(self, ref: Any) -> Any:
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(ref)
+        except exceptions.RayTaskError as exc:
+            # The task's own error, unwrapped: the same one line as a local run.
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, MdsError | KeyboardInterrupt):
+                raise cause from None
+            raise
+        except exceptions.RayError as exc:
+            line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+            raise MdsError(f"a Ray task failed after {RAY_RETRIES} retries ({line})") from None
+
+    def _cancel(self, handles: list) -> None:
+        """Nothing, on purpose: ray.cancel is unsafe. In Ray 2.60 a cancel that meets a task
+        whose result is arriving fails an internal check and ends this process with no
+        message (the submitter fails the task, then the reply completes it). Tasks on a
+        connection this engine opened end when close() shuts it down: Ray stops the tasks of
+        a job whose driver left. On the caller's own connection they run to their end (at
+        most the map's window) and their results are dropped."""
+
+    def close(self, wait: bool = True) -> None:
+        super().close(wait)
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+
+
+def _check_ray_client(address: str) -> None:
+    """A ray:// address goes through the Ray client, which needs grpcio (Ray's `client`
+    extra); say which package to install rather than that the cluster is unreachable."""
+    try:
+        import ray.util.client.worker  # noqa: F401  (imports grpc)
+    except ImportError:
+        raise MdsError(
+            f"--address {address} uses the Ray client, which needs Ray's `client` extra "
+            f"(grpcio), not installed: {RAY_INSTALL} (or pip install 'ray[client]')"
+        ) from None
+
+
+def connect_timeout(value: float | None = None) -> float:
+    """Seconds to wait for the Ray head to accept a connection: `value`, else
+    $MDS_RAY_CONNECT_TIMEOUT, else RAY_CONNECT_TIMEOUT."""
+    if value is None:
+        raw = os.environ.get(RAY_CONNECT_TIMEOUT_ENV)
+        if not raw:
+            return RAY_CONNECT_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(
+                f"{RAY_CONNECT_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}"
+            )
+    return value
+
+
+def ray_endpoint(target: str | None) -> tuple[str, int] | None:
+    """The (host, port) that connecting to Ray at `target` opens first: the head's GCS, or
+    the Ray client server for ray://. None when there is nothing to probe (`local`, or no
+    cluster this machine knows of: ray.init then starts one)."""
+    if target == "local":
+        return None
+    if target is None or target == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(target)
+        except Exception:  # noqa: BLE001 - Ray's own lookup; ray.init reports its failure
+            return None
+        if target is None:
+            return None
+    default = None
+    if target.startswith("ray://"):
+        target, default = target[len("ray://") :].split("/", 1)[0], RAY_CLIENT_PORT
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        if default is None:
+            return None
+        host, port = target, str(default)
+    host = host.strip("[]")  # an IPv6 literal
+    return (host, int(port)) if host else None
+
+
+def probe_ray_address(target: str | None, where: str, timeout: float | None = None) -> None:
+    """Connect to the Ray head's port with a bounded timeout: an address with nothing behind
+    it fails here in seconds, with one line, instead of ray.init waiting without bound."""
+    endpoint = ray_endpoint(target)
+    if endpoint is None:
+        return
+    seconds = connect_timeout(timeout)
+    try:
+        with socket.create_connection(endpoint, timeout=seconds):
+            pass
+    except TimeoutError:
+        raise MdsError(
+            f"cannot reach the Ray cluster at {where} (no answer within {seconds:g} s; "
+            f"{RAY_CONNECT_TIMEOUT_ENV} sets the wait)"
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise MdsError(f"cannot reach the Ray cluster at {where} ({reason})") from None
+
+
+def fork_shares_memory() -> bool:
+    """Whether local worker processes can be forked from this one and so share its loaded
+    memory (copy-on-write pages): on Linux. Elsewhere fork is unsafe (macOS) or missing."""
+    import sys
+    from multiprocessing import get_all_start_methods
+
+    return sys.platform.startswith("linux") and "fork" in get_all_start_methods()
+
+
+def open_engine(
+    spec: EngineSpec,
+    workers: int | None,
+    *,
+    processes: bool = False,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple = (),
+    fork: bool = False,
+) -> Engine:
+    """The engine `spec` names. Locally: `workers` threads, or spawned processes (each set
+    up by `initializer`), or with `fork` processes forked here at once, which share what
+    this process has loaded (`initializer`, if any, then only tunes the process). On Ray
+    `workers` bounds the tasks in flight (None: the cluster's CPUs); there a task sets
+    itself up on first use, as Ray has no per-worker initializer."""
+    if spec.kind == "ray":
+        return RayEngine(spec.address, workers)
+    workers = workers or 1
+    if processes:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        if fork:
+            pool = _forked_pool(workers, initializer, initargs)
+            return LocalEngine(pool, workers, in_process=False)
+        pool: Executor = ProcessPoolExecutor(
+            workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
+        )
+        return LocalEngine(pool, workers, in_process=False)
+    from concurrent.futures import ThreadPoolExecutor
+
+    return LocalEngine(ThreadPoolExecutor(max_workers=workers), workers, in_process=True)
+
+
+def _forked_pool(
+    workers: int, initializer: Callable[..., None] | None, initargs: tuple
+) -> Executor:
+    """A process pool whose workers are forked now, from the calling thread. The objects
+    alive here are frozen out of the garbage collector first, so the children's
+    collections do not write to (and so copy) the pages they share with this process."""
+    import gc
+    import sys
+    import warnings
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    pool = ProcessPoolExecutor(
+        workers, mp_context=get_context("fork"), initializer=initializer, initargs=initargs
+    )
+    # A child flushes the standard streams it inherits when it ends: empty them first, or
+    # what this process had buffered would be written once more per worker.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when a process with threads forks (a lock another thread
+            # holds stays locked in the child). The workers run numpy code only, and take
+            # no lock that this process's threads (Polars' pool, a progress bar) use.
+            warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
+            pool.submit(int).result()  # with fork, the first task starts every worker
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        gc.unfreeze()
+    return pool

@@ -1,0 +1,35 @@
+"""Index table bytes as the executor and planner read them: checked in the same read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mds.core.index_manifest import read_table_bytes, table_checksum
+from mds.errors import IndexFormatError
+
+
+def test_read_table_bytes_returns_the_bytes_it_checked(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1 table bytes PAR1")
+    assert read_table_bytes(path, table_checksum(path)) == b"PAR1 table bytes PAR1"
+
+
+def test_read_table_bytes_refuses_other_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1 table bytes PAR1")
+    recorded = table_checksum(path)
+    path.write_bytes(b"PAR1 table byteZ PAR1")
+    with pytest.raises(IndexFormatError) as info:
+        read_table_bytes(path, recorded)
+    assert str(info.value) == (
+        f"{path}: checksum {table_checksum(path)} differs from the manifest's {recorded}; "
+        "the index is damaged: re-run `mds index` to rebuild the table from its sources, "
+        "or delete the index"
+    )
+
+
+def test_read_table_bytes_of_a_missing_table(tmp_path: Path) -> None:
+    with pytest.raises(IndexFormatError, match="gone.parquet: cannot read index table"):
+        read_table_bytes(tmp_path / "gone.parquet", "blake2b:00")

@@ -1,0 +1,83 @@
+"""Google Cloud Storage (gs://) end to end, against a GCS emulator started by the tests on
+127.0.0.1: index objects, plan, replay 2 ranks as from local files, a plan and an index
+written to the store, a missing or changed object and a server that is down (one line
+naming the URL, after bounded retries)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_helpers import mds, one_error_line
+from gcs_store import gcs_server
+from store_corpus import (
+    assert_replays_as_local,
+    corpus_config,
+    index_and_plan,
+    replay,
+    write_corpus,
+)
+
+from mds.core.storage import DATA_ROOT_ENV
+from mds.errors import DataChangedError, PlanError, SourceDataError
+from mds.executor import PlanExecutor
+
+CONFIG = corpus_config(forum="forum", seed=9)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    top = tmp_path_factory.mktemp("gcs")
+    write_corpus(top / "local", 12)
+    with pytest.MonkeyPatch.context() as patch, gcs_server(patch) as store:
+        patch.delenv(DATA_ROOT_ENV, raising=False)
+        url = store.upload(top / "local", "corpus")
+        for name, root in (("gs", url), ("local", str(top / "local"))):
+            index_and_plan(top, name, CONFIG.format(root=root))
+        yield top, store, url
+
+
+def test_gcs_objects_index_and_replay_as_local_files(world):
+    top, _store, url = world
+    gs = json.loads((top / "gs-index" / "manifest.json").read_text())
+    local = json.loads((top / "local-index" / "manifest.json").read_text())
+    assert gs["root"] == url and gs["fingerprint"] == local["fingerprint"]
+    assert_replays_as_local(top / "local.mds", top / "gs.mds", url)
+
+
+def test_an_index_and_a_plan_in_gcs(world):
+    top, store, _url = world
+    prefix = "gs://mds-test/indexes/corpus"
+    assert mds("index", top / "gs.toml", "-o", prefix).exit_code == 0
+    keys = store.keys("indexes/corpus/")
+    assert keys[0] == "indexes/corpus/manifest.json"
+    assert [k.split("/")[3].split("-")[0] for k in keys[1:]] == ["forum", "web"]
+    target = "gs://mds-test/plans/plan.mds"
+    out = mds("plan", top / "gs.toml", "-o", target, "--index", prefix)
+    assert out.exit_code == 0, out.output
+    assert replay(target, 1) == replay(top / "local.mds", 1)
+
+
+def test_a_missing_or_changed_gcs_object_is_an_error_naming_it(world):
+    top, store, url = world
+    key = "corpus/forum/forum.jsonl"
+    original = store.get(key)
+    try:
+        store.delete(key)
+        with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: missing"):
+            replay(top / "gs.mds", 0)
+        one_error_line(mds("verify", top / "gs.mds"), "forum/forum.jsonl: missing")
+        store.put(key, original + b'{"ids": [1]}\n')
+        with pytest.raises(DataChangedError, match=r"forum/forum.jsonl: size changed"):
+            replay(top / "gs.mds", 0)
+    finally:
+        store.put(key, original)
+    with pytest.raises(PlanError, match=r"gs://mds-test/plans/none.mds: missing"):
+        PlanExecutor("gs://mds-test/plans/none.mds", 0)
+
+
+def test_a_gcs_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch):
+    top, _store, url = world
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens
+    with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after retrying for 2 s"):
+        replay(top / "gs.mds", 0)

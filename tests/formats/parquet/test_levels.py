@@ -1,0 +1,610 @@
+"""Tests for the level-only Parquet list-length reader: agreement with a full pyarrow decode
+over writer settings, the files it must decline (None), and truncated files."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mds.errors import SourceDataError
+from mds.formats.parquet import levels as parquet_levels
+from mds.formats.parquet.levels import list_lengths
+
+FAST = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+COMPRESSIONS = ["none", "snappy", "zstd", "gzip", "lz4", "brotli"]
+VALUE_TYPES = [pa.int32(), pa.int64(), pa.uint16()]
+
+
+def oracle(path: Path, column: str = "tokens") -> np.ndarray:
+    lengths = pc.list_value_length(pq.read_table(path, columns=[column])[column])
+    return pc.fill_null(lengths, -1).to_numpy().astype(np.int64)
+
+
+def assert_fast_path(path: Path, column: str = "tokens") -> None:
+    got = list_lengths(path, column)
+    assert got is not None, "the fast path declined a file it should read"
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, oracle(path, column))
+
+
+@st.composite
+def list_arrays(draw, value_type: pa.DataType | None = None) -> pa.Array:
+    """Lists with empty, null and very long rows; the shape is drawn, the values are random."""
+    rows = draw(st.integers(0, 400))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    p_null, p_empty, p_null_element = (draw(st.sampled_from([0.0, 0.05, 0.5])) for _ in range(3))
+    lengths = rng.geometric(draw(st.sampled_from([0.5, 0.1, 0.01])), rows) - 1
+    long_rows = rng.random(rows) < draw(st.sampled_from([0.0, 0.02]))
+    lengths[long_rows] = rng.integers(1000, 5000, int(long_rows.sum()))
+    lengths[rng.random(rows) < p_empty] = 0
+    nulls = rng.random(rows) < p_null
+    lengths[nulls] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    value_type = value_type or draw(st.sampled_from(VALUE_TYPES))
+    # A few distinct values: dictionary pages and RLE'd indices show up.
+    hi = draw(st.sampled_from([3, 60000]))
+    values = pa.array(
+        rng.integers(0, hi, int(offsets[-1])),
+        value_type,
+        mask=rng.random(int(offsets[-1])) < p_null_element,
+    )
+    large = draw(st.booleans())
+    cls = pa.LargeListArray if large else pa.ListArray
+    return cls.from_arrays(
+        pa.array(offsets, pa.int64() if large else pa.int32()), values, mask=pa.array(nulls)
+    )
+
+
+def write_random(tmp: Path, array: pa.Array, draw, *, nullable: tuple[bool, bool]) -> Path:
+    """Write `array` as column `tokens` with drawn writer settings and list/element nullability."""
+    list_nullable, element_nullable = nullable
+    values = array.values if element_nullable else pc.fill_null(array.values, 7)
+    element = pa.field("element", values.type, nullable=element_nullable)
+    large = pa.types.is_large_list(array.type)
+    list_type = pa.large_list(element) if large else pa.list_(element)
+    # Null rows have no values (see list_arrays), so dropping the mask makes them empty lists.
+    mask = array.is_null() if list_nullable else None
+    array = type(array).from_arrays(array.offsets, values, type=list_type, mask=mask)
+    schema = pa.schema([("id", pa.int64()), pa.field("tokens", list_type, list_nullable)])
+    table = pa.table({"id": pa.array(range(len(array))), "tokens": array}, schema=schema)
+    path = tmp / "t.parquet"
+    pq.write_table(
+        table,
+        path,
+        compression=draw(st.sampled_from(COMPRESSIONS)),
+        data_page_version=draw(st.sampled_from(["1.0", "2.0"])),
+        use_dictionary=draw(st.booleans()),
+        data_page_size=draw(st.sampled_from([None, 1024])),
+        write_batch_size=draw(st.sampled_from([None, 37])),
+        row_group_size=draw(st.sampled_from([None, 50, 7])),
+        write_statistics=draw(st.booleans()),
+        write_page_checksum=draw(st.booleans()),
+        write_page_index=draw(st.booleans()),
+        max_rows_per_page=draw(st.sampled_from([None, 5])),
+    )
+    return path
+
+
+@FAST
+@given(data=st.data())
+def test_matches_full_decode_for_pyarrow_files(tmp_path: Path, data) -> None:
+    array = data.draw(list_arrays())
+    path = write_random(tmp_path, array, data.draw, nullable=(True, True))
+    assert_fast_path(path)
+
+
+@FAST
+@given(data=st.data(), nullable=st.sampled_from([(False, True), (True, False), (False, False)]))
+def test_required_list_or_element(tmp_path: Path, data, nullable) -> None:
+    array = data.draw(list_arrays())
+    path = write_random(tmp_path, array, data.draw, nullable=nullable)
+    col = pq.ParquetFile(path).schema.column(1)
+    assert col.max_definition_level == 1 + sum(nullable)
+    assert_fast_path(path)
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_each_codec_and_page_version(tmp_path: Path, compression: str, version: str) -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(0, 3000, 60)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    array = pa.ListArray.from_arrays(
+        offsets,
+        pa.array(rng.integers(0, 50000, offsets[-1], dtype=np.int32)),
+        mask=pa.array(rng.random(60) < 0.1),
+    )
+    path = tmp_path / "c.parquet"
+    pq.write_table(
+        pa.table({"tokens": array}),
+        path,
+        compression=compression,
+        data_page_version=version,
+        data_page_size=4096,
+        row_group_size=25,
+    )
+    assert_fast_path(path)
+
+
+@FAST
+@given(
+    array=list_arrays(pa.int64()),
+    statistics=st.booleans(),
+    compression=st.sampled_from(["zstd", "snappy", "lz4", "uncompressed"]),
+)
+def test_polars_written_files(array: pa.Array, statistics: bool, compression: str) -> None:
+    frame = pl.DataFrame({"tokens": pl.from_arrow(array), "n": list(range(len(array)))})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.parquet"
+        frame.write_parquet(path, statistics=statistics, compression=compression)
+        assert_fast_path(path)
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_polars_defaults(tmp_path: Path, statistics: bool) -> None:
+    rows = [[1, 2, 3], None, [], [None, 4], list(range(5000)), [7] * 900] * 50
+    path = tmp_path / "p.parquet"
+    pl.DataFrame({"tokens": rows}).write_parquet(path, statistics=statistics)
+    assert_fast_path(path)
+
+
+def test_declines_what_it_cannot_read(tmp_path: Path) -> None:
+    path = tmp_path / "other.parquet"
+    table = pa.table(
+        {
+            "n": pa.array([1, 2]),
+            "nested": pa.array([[[1], [2, 3]], None], pa.list_(pa.list_(pa.int32()))),
+            "words": pa.array([["a"], ["b", "c"]]),
+            "floats": pa.array([[1.0], []]),
+            "inner": pa.array([{"t": [1, 2]}, {"t": None}]),
+            "dotted.name": pa.array([[1], [2, 3]]),
+            "dotted": pa.array([[1], [2]]),
+        }
+    )
+    pq.write_table(table, path)
+    for column in ["n", "nested", "words", "floats", "inner", "inner.t", "missing"]:
+        assert list_lengths(path, column) is None, column
+    # `dotted` is ambiguous with the leaves of `dotted.name`: declined, not guessed.
+    assert list_lengths(path, "dotted") is None
+    np.testing.assert_array_equal(list_lengths(str(path), "dotted.name"), [1, 2])
+
+
+def test_empty_file_and_empty_row_groups(tmp_path: Path) -> None:
+    path = tmp_path / "e.parquet"
+    schema = pa.schema([("tokens", pa.list_(pa.int32()))])
+    pq.write_table(schema.empty_table(), path)
+    got = list_lengths(path, "tokens")
+    assert got is not None and got.size == 0 and got.dtype == np.int64
+    with pq.ParquetWriter(path, schema) as writer:
+        writer.write_table(pa.table({"tokens": [[1, 2], None]}, schema=schema))
+        writer.write_table(schema.empty_table())
+        writer.write_table(pa.table({"tokens": [[], [3]]}, schema=schema))
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    np.testing.assert_array_equal(list_lengths(path, "tokens"), [2, -1, 0, 1])
+
+
+def test_large_columns_of_very_short_lists_are_left_to_a_full_decode(tmp_path, monkeypatch):
+    path = tmp_path / "short.parquet"
+    pq.write_table(pa.table({"tokens": [[1, 2, 3]] * 1000, "long": [list(range(40))] * 1000}), path)
+    np.testing.assert_array_equal(list_lengths(path, "tokens"), [3] * 1000)
+    monkeypatch.setattr(parquet_levels, "_DENSE_MIN_LEVELS", 100)
+    assert list_lengths(path, "tokens") is None
+    np.testing.assert_array_equal(list_lengths(path, "long"), [40] * 1000)
+
+
+def _truncated_copy(src: Path, dst: Path, keep: int) -> None:
+    """The first `keep` bytes of the data, then the intact footer: chunks point past the data."""
+    raw = src.read_bytes()
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    dst.write_bytes(raw[:keep] + raw[-footer:])
+
+
+def test_truncated_column_chunk_raises(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    offsets = np.arange(0, 40001, 100, dtype=np.int32)
+    array = pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 1 << 30, 40000)))
+    src = tmp_path / "full.parquet"
+    pq.write_table(pa.table({"tokens": array}), src, row_group_size=100)
+    bad = tmp_path / "cut.parquet"
+    _truncated_copy(src, bad, keep=src.stat().st_size // 2)
+    with pytest.raises(SourceDataError, match=r"cut\.parquet: row group \d+"):
+        list_lengths(bad, "tokens")
+    half = tmp_path / "half.parquet"
+    half.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    with pytest.raises(pa.ArrowException):  # no footer: pyarrow itself refuses the file
+        list_lengths(half, "tokens")
+
+
+def test_twenty_megabyte_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    lengths = np.minimum((rng.pareto(1.5, 20_000) * 300 + 20).astype(np.int64), 8192)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = pa.array(rng.integers(0, 50000, offsets[-1], dtype=np.int32))
+    path = tmp_path / "big.parquet"
+    pq.write_table(
+        pa.table({"tokens": pa.ListArray.from_arrays(offsets, values)}), path, row_group_size=5000
+    )
+    assert path.stat().st_size > 15e6
+    got = list_lengths(path, "tokens")
+    assert got is not None
+    np.testing.assert_array_equal(got, lengths)
+
+
+# --- the pieces: RLE/bit-packed hybrid decoder and Thrift compact skipping ---
+
+
+def _uleb(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _encode_page(rng, max_level: int, runs: list[tuple[int, bool]]) -> tuple[bytes, list]:
+    """Reference encoder: the given runs, RLE or bit-packed, and the values they hold."""
+    width = max_level.bit_length()
+    out, values = bytearray(), []
+    for i, (size, packed) in enumerate(runs):
+        if packed:
+            # Only a page's last bit-packed run may end in padding.
+            size = min(size, 400) if i == len(runs) - 1 else -(-min(size, 400) // 8) * 8
+            # Constant payloads (0x00, 0xff, ...) are the hardest: every byte parses as a run.
+            run = rng.integers(0, max_level + 1, size)
+            if rng.random() < 0.5:
+                run[:] = run[0]
+            groups = -(-size // 8)
+            bits = sum(int(v) << (j * width) for j, v in enumerate(run))
+            out += _uleb(groups << 1 | 1) + bits.to_bytes(groups * width, "little")
+        else:
+            value = int(rng.integers(0, max_level + 1))
+            run = np.full(size, value)
+            out += _uleb(size << 1) + value.to_bytes(-(-width // 8), "little")
+        values.append(run)
+    return bytes(out), values
+
+
+RUN = st.tuples(st.integers(1, 300) | st.integers(1, 1 << 20), st.booleans())
+
+
+@FAST
+@given(
+    max_level=st.integers(1, 7),
+    pages=st.lists(st.lists(RUN, max_size=8), min_size=1, max_size=5),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_hybrid_decoder_against_reference_encoder(max_level, pages, seed) -> None:
+    rng = np.random.default_rng(seed)
+    data, ends, counts, expected = bytearray(), [], [], []
+    for runs in pages:
+        encoded, values = _encode_page(rng, max_level, runs)
+        data += encoded
+        ends.append(len(data))
+        counts.append(sum(len(v) for v in values))
+        expected += values
+    expected = np.concatenate(expected) if expected else np.zeros(0, np.int64)
+    runs = parquet_levels._hybrid(
+        np.frombuffer(bytes(data), np.uint8), np.array(ends), np.array(counts), max_level
+    )
+    assert runs.size == expected.size
+    np.testing.assert_array_equal(runs.at(np.arange(runs.size)), expected)
+    np.testing.assert_array_equal(runs.positions_of(0), np.flatnonzero(expected == 0))
+    assert runs.count_at_most(1) == np.count_nonzero(expected <= 1)
+
+
+@pytest.mark.parametrize(
+    ("data", "ends", "counts"),
+    [
+        (_uleb(10 << 1) + b"\x01", [2], [11]),  # fewer levels than the page claims
+        (_uleb(10 << 1) + b"\x01", [2], [9]),  # an RLE run past the page's values
+        (_uleb(2 << 1 | 1) + b"\xff", [2], [16]),  # a bit-packed run cut short
+        (_uleb(1 << 1 | 1) + b"\xff" + _uleb(4 << 1) + b"\x01", [1, 4], [8, 4]),  # crosses
+        (_uleb(2 << 1 | 1) + b"\xff\xff", [3], [7]),  # padding of more than 7 values
+        (_uleb(4 << 1) + b"\x02", [2], [4]),  # a level above the maximum
+        (b"\xff" * 6, [6], [1]),  # a varint longer than 32 bits
+    ],
+)
+def test_hybrid_decoder_rejects_malformed_runs(data, ends, counts) -> None:
+    args = (np.frombuffer(data, np.uint8), np.array(ends), np.array(counts), 1)
+    with pytest.raises(parquet_levels._Unsupported):
+        parquet_levels._hybrid(*args)
+
+
+def test_hybrid_decoder_two_pages() -> None:
+    data = _uleb(1 << 1 | 1) + b"\xfe" + _uleb(4 << 1) + b"\x00"
+    runs = parquet_levels._hybrid(
+        np.frombuffer(data, np.uint8), np.array([2, 4]), np.array([8, 4]), 1
+    )
+    np.testing.assert_array_equal(runs.positions_of(0), [0, 8, 9, 10, 11])
+
+
+def _field(delta: int, kind: int) -> bytes:
+    return bytes([delta << 4 | kind])
+
+
+def _zz(n: int) -> bytes:
+    return _uleb((n << 1) ^ (n >> 63))
+
+
+def test_page_header_skips_unknown_fields_of_every_type() -> None:
+    junk_struct = b"".join(
+        [
+            _field(1, 8) + _uleb(3) + b"abc",  # binary
+            _field(1, 9) + bytes([2 << 4 | 5]) + _zz(1) + _zz(-2),  # list<i32>
+            _field(1, 10) + bytes([0xF0 | 1]) + _uleb(16) + b"\x01" * 16,  # set<bool>, long
+            _field(1, 11) + _uleb(2) + bytes([8 << 4 | 12]),  # map<binary, struct>: 2 entries
+            _uleb(1) + b"k" + _field(1, 7) + b"\0" * 8 + b"\0",  # "k": {1: double}
+            _uleb(0) + b"\0",  # "": {}
+            _field(1, 11) + _uleb(0),  # empty map
+            _field(1, 1) + _field(1, 2) + _field(1, 3) + b"\x7f",  # bools, byte
+            _field(1, 13) + b"\0" * 16,  # uuid
+            _field(0, 6) + _zz(300) + _zz(2**40),  # long-form field id, i64
+            b"\0",
+        ]
+    )
+    data_header = b"".join(
+        [
+            _field(1, 5) + _zz(123),  # num_values
+            _field(1, 5) + _zz(0),  # encoding
+            _field(1, 5) + _zz(3),  # definition_level_encoding: RLE
+            _field(1, 5) + _zz(3),  # repetition_level_encoding: RLE
+            _field(1, 12) + junk_struct,  # statistics
+            b"\0",
+        ]
+    )
+    header = b"".join(
+        [
+            _field(1, 5) + _zz(0),  # type: DATA_PAGE
+            _field(1, 5) + _zz(1000),  # uncompressed_page_size
+            _field(1, 5) + _zz(900),  # compressed_page_size
+            _field(1, 5) + _zz(-12345),  # crc
+            _field(1, 12) + data_header,
+            _field(0, 12) + _zz(99) + junk_struct,  # an unknown struct field from the future
+            b"\0",
+        ]
+    )
+    page = parquet_levels._page_header(memoryview(header + b"body"), 0)
+    assert (page.type, page.uncompressed_size, page.compressed_size) == (0, 1000, 900)
+    assert page.num_values == 123 and page.header_size == len(header)
+
+
+def test_page_header_with_bit_packed_levels_is_declined() -> None:
+    header = _field(1, 5) + _zz(0) + _field(1, 5) + _zz(10) + _field(1, 5) + _zz(10)
+    header += _field(2, 12) + _field(1, 5) + _zz(5) + _field(1, 5) + _zz(0)
+    header += _field(1, 5) + _zz(4) + _field(1, 5) + _zz(4) + b"\0" + b"\0"
+    with pytest.raises(parquet_levels._Unsupported):
+        parquet_levels._page_header(memoryview(header), 0)
+
+
+# --- decompressing only the start of a v1 page ---
+
+PREFIX_CODECS = ["none", "snappy", "zstd", "gzip"]
+
+
+def _compress(data: bytes, codec: str) -> bytes:
+    return data if codec == "none" else pa.compress(data, codec=codec, asbytes=True)
+
+
+def _decoder(codec: str):
+    return parquet_levels._PREFIX_DECODERS[None if codec == "none" else codec]
+
+
+def _fixed(n: int):
+    return lambda out: n
+
+
+# Random bytes give literals; repeated short patterns give copies, many overlapping their
+# own output (offset < length).
+SEGMENT = st.binary(max_size=300) | st.tuples(
+    st.binary(min_size=1, max_size=9), st.integers(1, 400)
+)
+PAYLOAD = st.lists(SEGMENT, max_size=12).map(
+    lambda segments: b"".join(s if isinstance(s, bytes) else s[0] * s[1] for s in segments)
+)
+
+
+@FAST
+@given(data=PAYLOAD, frac=st.floats(0, 1), cut=st.floats(0, 1))
+def test_snappy_prefix_matches_pyarrow(data: bytes, frac: float, cut: float) -> None:
+    stream = _compress(data, "snappy")
+    for n in (round(frac * len(data)), len(data)):
+        out = parquet_levels._snappy_prefix(stream, _fixed(n))
+        assert len(out) >= n and bytes(out) == data[: len(out)]
+    # The start of the stream only: enough output or _Truncated, never wrong bytes.
+    try:
+        out = parquet_levels._snappy_prefix(stream[: round(cut * len(stream))], _fixed(n))
+    except parquet_levels._Truncated:
+        return
+    assert len(out) >= n and bytes(out) == data[: len(out)]
+
+
+def _levels_page(rng, rep: int, dfn: int, rest: int) -> bytes:
+    """The start of a v1 page: length-prefixed rep and def levels, then the values."""
+    parts = [rng.integers(0, 4, size).astype(np.uint8).tobytes() for size in (rep, dfn)]
+    values = rng.integers(0, 256, rest).astype(np.uint8).tobytes()
+    return b"".join(len(p).to_bytes(4, "little") + p for p in parts) + values
+
+
+@FAST
+@given(
+    codec=st.sampled_from(PREFIX_CODECS),
+    sizes=st.tuples(st.integers(0, 20000), st.integers(0, 3000), st.integers(0, 20000)),
+    seed=st.integers(0, 2**32 - 1),
+    cut=st.floats(0, 1),
+)
+def test_prefix_decoders_reach_the_end_of_the_levels(codec, sizes, seed, cut) -> None:
+    page = _levels_page(np.random.default_rng(seed), *sizes)
+    end = 8 + sizes[0] + sizes[1]
+    stream, decode = _compress(page, codec), _decoder(codec)
+    out = decode(stream, parquet_levels._levels_end)
+    assert len(out) >= end and bytes(out) == page[: len(out)]
+    try:
+        out = decode(stream[: round(cut * len(stream))], parquet_levels._levels_end)
+    except parquet_levels._Truncated:
+        return
+    assert len(out) >= end and bytes(out) == page[: len(out)]
+
+
+class _FakeReader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.reads = data, 0
+
+    def read(self, pos: int, n: int) -> bytes:
+        self.reads += 1
+        return self.data[pos : pos + n]
+
+
+@pytest.mark.parametrize("codec", PREFIX_CODECS)
+def test_read_prefix_reads_more_of_the_body_as_needed(codec: str) -> None:
+    page = _levels_page(np.random.default_rng(4), 100_000, 10, 100_000)
+    stream = _compress(page, codec)
+    reader = _FakeReader(stream)
+    body = parquet_levels._Body(reader, 0, len(stream), stream[:100])
+    out = parquet_levels._read_prefix(body, _decoder(codec), len(page))
+    assert bytes(out[:100_018]) == page[:100_018]
+    assert reader.reads > 0 and len(body.data) < len(stream)
+
+
+_varint = _uleb  # a snappy stream starts with its length as a ULEB128 varint
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        # Long-form literals (60: 1 length byte ... 63: 4), even where a short form fits.
+        (_varint(7) + bytes([60 << 2, 6]) + b"abcdefg", b"abcdefg"),
+        (_varint(3) + bytes([61 << 2, 2, 0]) + b"xyz", b"xyz"),
+        (_varint(2) + bytes([62 << 2, 1, 0, 0]) + b"pq", b"pq"),
+        (_varint(1) + bytes([63 << 2, 0, 0, 0, 0]) + b"z", b"z"),
+        # Copies with 1-, 2- and 4-byte offsets, overlapping their output.
+        (_varint(10) + b"\x04ab" + bytes([1 | 4 << 2, 2]), b"abababababab"[:10]),
+        (_varint(9) + b"\x08abc" + bytes([2 | 5 << 2, 3, 0]), b"abcabcabc"),
+        (_varint(12) + b"\x0cabcd" + bytes([3 | 7 << 2, 4, 0, 0, 0]), b"abcd" * 3),
+        (_varint(6) + b"\x00a" + bytes([1 | 1 << 2, 1]), b"aaaaaa"),
+    ],
+)
+def test_snappy_prefix_element_forms(stream: bytes, expected: bytes) -> None:
+    assert pa.decompress(stream, len(expected), codec="snappy").to_pybytes() == expected
+    for n in range(len(expected) + 1):
+        out = parquet_levels._snappy_prefix(stream, _fixed(n))
+        assert len(out) >= n and bytes(out) == expected[: len(out)]
+
+
+@pytest.mark.parametrize(
+    ("stream", "n", "error"),
+    [
+        (_varint(5) + b"\x00a" + bytes([1, 0]), 5, "_Unsupported"),  # copy offset 0
+        (_varint(5) + b"\x00a" + bytes([1, 2]), 5, "_Unsupported"),  # offset past the output
+        (_varint(9) + b"\x08abc" + bytes([2 | 5 << 2, 4, 0]), 9, "_Unsupported"),
+        (_varint(9) + b"\x08abc" + bytes([3 | 5 << 2, 0, 1, 0, 0]), 9, "_Unsupported"),
+        (_varint(5) + b"\x00a" + bytes([1]), 5, "_Truncated"),  # offset byte missing
+        (_varint(5) + b"\x00a" + bytes([3 | 3 << 2, 1, 0]), 5, "_Truncated"),
+        (_varint(100) + bytes([61 << 2, 5]), 1, "_Truncated"),  # length bytes missing
+        (_varint(100) + b"\x10abc", 6, "_Truncated"),  # literal cut short
+        (_varint(100) + b"\x10abcde", 3, None),  # ... which is enough
+        (b"\x80", 1, "_Truncated"),  # stream length cut short
+        (b"\x80" * 5 + b"\x01", 1, "_Unsupported"),  # stream length over 5 bytes
+        (b"\xff\xff\xff\xff\x1f", 1, "_Unsupported"),  # ... or over 32 bits
+        (_varint(3) + b"\x08abc", 4, "_Unsupported"),  # more wanted than the stream holds
+        (_varint(2) + b"\x08abc", 2, "_Unsupported"),  # a literal past the stream's length
+        (_varint(2) + b"\x08ab", 2, "_Unsupported"),  # ... also when cut short
+        (_varint(5) + b"\x00a" + bytes([1 | 7 << 2, 1]), 5, "_Unsupported"),  # copy too
+        (_varint(1) + b"", 1, "_Truncated"),
+    ],
+)
+def test_snappy_prefix_rejects_malformed_streams(stream: bytes, n: int, error) -> None:
+    if error is None:
+        out = parquet_levels._snappy_prefix(stream, _fixed(n))
+        assert bytes(out[:n]) == stream[2 : 2 + n]
+        return
+    with pytest.raises(getattr(parquet_levels, error)):
+        parquet_levels._snappy_prefix(stream, _fixed(n))
+    # A whole body that ends too early is no longer a matter of reading more.
+    body = parquet_levels._Body(_FakeReader(stream), 0, len(stream), stream)
+    with pytest.raises(parquet_levels._Unsupported):
+        parquet_levels._read_prefix(body, parquet_levels._snappy_prefix, 1 << 20)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_corrupt_zstd_or_gzip_prefix_is_unsupported(codec: str) -> None:
+    stream = bytearray(_compress(_levels_page(np.random.default_rng(5), 500, 20, 500), codec))
+    stream[:4] = b"\x00\x01\x02\x03"  # the magic / header
+    with pytest.raises(parquet_levels._Unsupported):
+        _decoder(codec)(bytes(stream), parquet_levels._levels_end)
+
+
+def _many_pages(tmp_path: Path, compression: str, version: str = "1.0") -> Path:
+    rng = np.random.default_rng(6)
+    lengths = rng.integers(0, 2000, 300)
+    lengths[rng.random(300) < 0.1] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = pa.array(rng.integers(0, 50000, offsets[-1], dtype=np.int32))
+    array = pa.ListArray.from_arrays(offsets, values, mask=pa.array(rng.random(300) < 0.1))
+    path = tmp_path / "m.parquet"
+    pq.write_table(
+        pa.table({"tokens": array}),
+        path,
+        compression=compression,
+        data_page_version=version,
+        data_page_size=8192,
+        row_group_size=100,
+    )
+    return path
+
+
+@pytest.mark.parametrize("compression", PREFIX_CODECS)
+def test_v1_pages_are_decompressed_only_partway(tmp_path, monkeypatch, compression) -> None:
+    path = _many_pages(tmp_path, compression)
+
+    def whole_page(*args):
+        raise AssertionError("a whole page was decompressed")
+
+    monkeypatch.setattr(parquet_levels, "_decompress", whole_page)
+    assert_fast_path(path)
+    # Tiny reads: page headers and level data are read again, larger, until they fit.
+    monkeypatch.setattr(parquet_levels, "_READ_AHEAD", 7)
+    assert_fast_path(path)
+
+
+@pytest.mark.parametrize("compression", ["snappy", "zstd", "gzip"])
+def test_whole_page_fallback_when_the_prefix_decoder_declines(
+    tmp_path, monkeypatch, compression
+) -> None:
+    path = _many_pages(tmp_path, compression)
+
+    def decline(src, need):
+        raise parquet_levels._Unsupported("declined")
+
+    monkeypatch.setitem(parquet_levels._PREFIX_DECODERS, compression, decline)
+    assert_fast_path(path)
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_small_reads_for_every_codec(tmp_path, monkeypatch, version) -> None:
+    monkeypatch.setattr(parquet_levels, "_READ_AHEAD", 5)
+    for compression in COMPRESSIONS:
+        assert_fast_path(_many_pages(tmp_path, compression, version))
+
+
+def test_read_prefix_stops_at_the_end_of_the_body() -> None:
+    page = _levels_page(np.random.default_rng(7), 5000, 10, 0)
+    body_size = 3000  # the levels claim more than the page holds
+    reader = _FakeReader(page)  # the bytes after the body belong to the next page
+    body = parquet_levels._Body(reader, 0, body_size, page[:100])
+    with pytest.raises(parquet_levels._Unsupported):
+        parquet_levels._read_prefix(body, parquet_levels._plain_prefix, 1 << 20)
+    assert len(body.data) == body_size

@@ -1,0 +1,273 @@
+"""Rows read from Parquet pages are the rows pyarrow decodes, for every writer setting the
+page reader takes; anything it does not take (nulls, empty lists, other types, damaged
+pages) gives None, never other values or another error."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mds.formats.parquet import pages as parquet_pages
+
+WRITERS = st.fixed_dictionaries(
+    {
+        "compression": st.sampled_from(["none", "snappy", "zstd", "gzip", "lz4", "brotli"]),
+        "use_dictionary": st.booleans(),
+        "data_page_version": st.sampled_from(["1.0", "2.0"]),
+        "data_page_size": st.sampled_from([64, 1024, 1 << 20]),
+        "dictionary_pagesize_limit": st.sampled_from([256, 1 << 20]),
+        "row_group_size": st.integers(1, 60),
+    }
+)
+
+
+def _file(tmp_path, table: pa.Table, **writer) -> tuple[int, pq.FileMetaData, pa.Table]:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, **writer)
+    fh = open(path, "rb")  # noqa: SIM115 - closed by the test's finalizer below
+    _OPEN.append(fh)
+    return fh.fileno(), pq.read_metadata(path), pq.read_table(path)
+
+
+_OPEN: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_files():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _groups(meta: pq.FileMetaData, column: pa.ChunkedArray):
+    """Per row group: (offsets of its rows' values in the group, lengths, the rows' values)."""
+    start = 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        lists = column.slice(start, n).combine_chunks()
+        lengths = np.diff(lists.offsets.to_numpy()).astype(np.int64)
+        offsets = np.cumsum(lengths) - lengths
+        yield g, offsets, lengths, lists
+        start += n
+
+
+def _layout(meta: pq.FileMetaData, table: pa.Table, name: str = "t"):
+    return parquet_pages.layout(meta, name, table.schema.field(name).type.value_type)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    writer=WRITERS,
+    dtype=st.sampled_from([pa.int32(), pa.int64()]),
+    vocab=st.sampled_from([1, 2, 7, 300, 70_000, 1 << 40]),
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=120),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_rows_from_pages_are_the_rows_pyarrow_decodes(
+    tmp_path, writer, dtype, vocab, lengths, seed, data
+):
+    rng = np.random.default_rng(seed)
+    vocab = min(vocab, 2**31 - 1) if dtype == pa.int32() else vocab
+    values = rng.integers(0, vocab, sum(lengths))
+    if rng.random() < 0.3:  # long repeats: RLE runs among the bit-packed ones
+        values = np.sort(values)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
+    fd, meta, table = _file(tmp_path, pa.table({"t": lists}), **writer)
+    lay = _layout(meta, table)
+    assert lay is not None
+    for g, starts, counts, rows in _groups(meta, table.column("t")):
+        ask = np.array(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=20)))
+        got = parquet_pages.read_rows(fd, lay, g, starts[ask], counts[ask])
+        assert got is not None
+        for r, v in zip(ask.tolist(), got, strict=True):
+            want = rows[r].values.to_numpy()
+            assert v.dtype == want.dtype and np.array_equal(v, want)
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    writer=WRITERS,
+    rows=st.lists(
+        st.one_of(
+            st.none(),
+            st.lists(st.one_of(st.none(), st.integers(0, 999)), max_size=12),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    data=st.data(),
+)
+def test_pages_with_nulls_or_empty_lists_give_none_or_the_right_rows(tmp_path, writer, rows, data):
+    """The plan's offsets count a null or empty row as no values and a null token as one:
+    wherever that could shift a value, the page reader declines and pyarrow decodes."""
+    fd, meta, table = _file(
+        tmp_path, pa.table({"t": pa.array(rows, pa.list_(pa.int32()))}), **writer
+    )
+    lay = _layout(meta, table)
+    column = table.column("t")
+    start = 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        group = column.slice(start, n).to_pylist()
+        start += n
+        counts = np.array([len(r) if r is not None else 0 for r in group], dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        ask = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=10)))
+        got = parquet_pages.read_rows(fd, lay, g, starts[ask], counts[ask])
+        if got is None:
+            continue
+        for r, v in zip(ask.tolist(), got, strict=True):
+            assert group[r] is not None and None not in group[r]
+            assert v.tolist() == group[r]
+
+
+@pytest.mark.parametrize(
+    ("type_", "value"),
+    [
+        (pa.list_(pa.uint32()), [1, 2]),
+        (pa.list_(pa.int16()), [1, 2]),
+        (pa.list_(pa.list_(pa.int32())), [[1, 2]]),
+        (pa.int32(), 1),
+    ],
+)
+def test_other_types_are_left_to_pyarrow(tmp_path, type_, value):
+    _fd, meta, _table = _file(tmp_path, pa.table({"t": pa.array([value] * 3, type_)}))
+    value_type = type_.value_type if pa.types.is_list(type_) else type_
+    assert parquet_pages.layout(meta, "t", value_type) is None
+
+
+@pytest.mark.parametrize(
+    "writer",
+    [
+        {"data_page_size": 4096},
+        {"data_page_size": 4096, "data_page_version": "2.0", "compression": "zstd"},
+        {"use_dictionary": False, "compression": "none"},
+    ],
+)
+def test_damaged_pages_give_none_or_rows_of_the_asked_lengths(tmp_path, writer):
+    """Bytes flipped anywhere in the column chunk: the reader declines (pyarrow then reports
+    the damage) or, where the flip hit only values, returns rows of the asked lengths."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 300, 200)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(rng.integers(0, 5000, offsets[-1]))
+    )
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"t": lists}), buf, **writer)
+    clean = buf.getvalue()
+    meta = pq.read_metadata(pa.BufferReader(clean))
+    lay = parquet_pages.layout(meta, "t", pa.int64())
+    chunk = lay.chunk(0)
+    starts = np.cumsum(lengths) - lengths
+    ask = rng.choice(200, 20, replace=False)
+    path = tmp_path / "d.parquet"
+    declined = 0
+    for trial in range(300):
+        data = bytearray(clean)
+        end = chunk.start + (32 if trial % 8 == 0 else chunk.size)  # a header, now and then
+        for at in rng.integers(chunk.start, end, 1 + trial % 4):
+            data[at] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(data))
+        with open(path, "rb") as fh:
+            got = parquet_pages.read_rows(fh.fileno(), lay, 0, starts[ask], lengths[ask])
+        if got is None:
+            declined += 1
+        else:
+            assert [len(v) for v in got] == lengths[ask].tolist()
+    assert declined > 0
+
+
+def test_offsets_beyond_the_group_are_declined(tmp_path):
+    lists = pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))
+    fd, meta, table = _file(tmp_path, pa.table({"t": lists}))
+    lay = _layout(meta, table)
+    assert parquet_pages.read_rows(fd, lay, 0, np.array([3]), np.array([2])) is not None
+    assert parquet_pages.read_rows(fd, lay, 0, np.array([4]), np.array([2])) is None
+    assert parquet_pages.read_rows(fd, lay, 0, np.array([-1]), np.array([2])) is None
+
+
+@pytest.mark.parametrize("width, index", [(8, 3), (8, 255), (16, 3), (16, 40_000)])
+def test_a_dictionary_index_past_the_end_is_declined(width, index):
+    """Indices in an RLE run (one value) and a bit-packed run (8 values) of 3 entries."""
+    dictionary = np.array([10, 20, 30], dtype=np.int32)
+    starts, ends = np.array([0]), np.array([4])
+
+    def runs(value: int) -> list[memoryview]:
+        v = value.to_bytes(width // 8, "little")
+        return [memoryview(bytes([width, 4 << 1]) + v), memoryview(bytes([width, 3]) + v * 8)]
+
+    for bad, ok in zip(runs(index), runs(2), strict=True):
+        with pytest.raises(parquet_pages.Unsupported, match="out of range"):
+            parquet_pages._values(8, bad, starts, ends, dictionary, np.dtype(np.int32), 4)
+        got = parquet_pages._values(8, ok, starts, ends, dictionary, np.dtype(np.int32), 4)
+        assert got.tolist() == [30] * 4
+
+
+@pytest.mark.parametrize("distinct", [1, 3, 200, 40_000, 70_000])
+def test_every_dictionary_index_width(tmp_path, distinct):
+    """Dictionaries of 1 (0-bit indices), 3, 200 (8-bit, whole bytes), 40k (16-bit, whole
+    bytes) and 70k entries (17-bit), in bit-packed runs and, sorted, in RLE runs."""
+    rng = np.random.default_rng(distinct)
+    for values in (rng.permutation(np.arange(120_000) % distinct), np.arange(120_000) % distinct):
+        lengths = rng.integers(1, 600, 400)
+        lengths = lengths[np.cumsum(lengths) <= len(values)]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        column = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(values[: offsets[-1]], pa.int32())
+        )
+        fd, meta, table = _file(
+            tmp_path, pa.table({"t": column}), dictionary_pagesize_limit=1 << 22
+        )
+        assert "RLE_DICTIONARY" in meta.row_group(0).column(0).encodings
+        lay = _layout(meta, table)
+        for _g, starts, counts, rows in _groups(meta, table.column("t")):
+            ask = rng.choice(len(rows), min(40, len(rows)), replace=False)
+            got = parquet_pages.read_rows(fd, lay, 0, starts[ask], counts[ask])
+            assert got is not None
+            for r, v in zip(ask.tolist(), got, strict=True):
+                assert np.array_equal(v, rows[r].values.to_numpy())
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_full_bit_packed_runs_are_read_by_arithmetic_alike(width, monkeypatch):
+    """Whole-byte indices in runs of the most groups a one-byte header holds are cut from a
+    2-D view (`_full_runs`); the header walk gives the same values, and any other stream
+    (a shorter run before the last value asked, too few bytes) is left to the walk."""
+    rng = np.random.default_rng(width)
+    run, dtype = 63 * 8, np.dtype(f"<u{width // 8}")
+    values = rng.integers(0, 1 << width, 6 * run).astype(dtype)
+    full = b"".join(b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(6))
+    # the same values with the fourth run cut in two runs of 31 and 32 groups
+    cut = b"".join(
+        [b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(3)]
+        + [bytes([31 << 1 | 1]) + values[3 * run : 3 * run + 248].tobytes()]
+        + [bytes([32 << 1 | 1]) + values[3 * run + 248 : 4 * run].tobytes()]
+        + [b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(4, 6)]
+    )
+    starts = np.sort(rng.choice(len(values) - 700, 30, replace=False)).astype(np.int64)
+    ends = starts + rng.integers(1, 700, 30)  # many cross a run's end
+    expected = np.concatenate([values[a:b] for a, b in zip(starts, ends, strict=True)])
+    early = starts < 3 * run - 700  # ranges that end before the fourth run
+    assert parquet_pages._full_runs(memoryview(full), width, starts, ends) is not None
+    assert parquet_pages._full_runs(memoryview(cut), width, starts, ends) is None
+    assert parquet_pages._full_runs(memoryview(cut), width, starts[early], ends[early]) is not None
+    assert parquet_pages._full_runs(memoryview(full[:-1]), width, starts, ends) is None
+    for stream in (full, cut):
+        got = parquet_pages._hybrid(memoryview(stream), width, starts, ends)
+        assert np.array_equal(got, expected)
+    monkeypatch.setattr(parquet_pages, "_full_runs", lambda *a: None)
+    walked = parquet_pages._hybrid(memoryview(full), width, starts, ends)
+    assert np.array_equal(walked, expected)
