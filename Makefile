@@ -9,7 +9,7 @@ DEMO := build/demo
 TORCH_PIN ?= torch==2.13.0
 TORCHRUN := OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2
 
-.PHONY: setup demo test lint bench soak golden clean sample-data
+.PHONY: setup demo test test-quick lint bench soak golden clean sample-data
 
 setup: $(VENV)/.installed
 
@@ -36,8 +36,12 @@ demo: setup
 	$(TORCHRUN) examples/train_tiny.py --plan $(DEMO)/plan-dp2.mds --steps 8 --checkpoint $(DEMO)/train --resume
 	@echo "demo: index, plan, export, report and a resumed 2-rank training run in $(DEMO)/"
 
+# The whole suite, then the 15 slowest tests; `make test-quick` leaves out those marked slow.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
+
+test-quick: setup
+	$(BIN)/python -m pytest -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check .

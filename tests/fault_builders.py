@@ -451,3 +451,13 @@ def signal_mds(
             proc.kill()
             proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), seen
+
+
+def built_world(tmp_path: Path) -> Path:
+    """The world's data root under `tmp_path`, with its index (root/index) and plan
+    (root/plan.mds) built."""
+    root = tmp_path / "data"
+    write_world(root)
+    index_world(root)
+    plan_world(root)
+    return root

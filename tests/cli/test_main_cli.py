@@ -11,6 +11,7 @@ import sys
 
 import typer.completion
 from cli_helpers import json_error, mds, one_error_line
+from fault_builders import built_world
 
 import mds as package
 from mds.cli.main import missing_extra
@@ -97,9 +98,10 @@ def test_missing_extra_from_the_command_line(tmp_path):
     )
 
 
-def test_an_interrupt_after_an_output_was_written_names_it(root, monkeypatch):
+def test_an_interrupt_after_an_output_was_written_names_it(tmp_path, monkeypatch):
     """Ctrl-C once the plan is in place (while its summary prints): not "nothing was
     written", on stderr or as JSON."""
+    root = built_world(tmp_path)
     import mds.cli.plan as plan_cli
 
     def interrupted(summary):
