@@ -31,7 +31,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "mds.executor.parquet_thrift": ("mds.formats.parquet.thrift",),
     "mds.executor.planfile": ("mds.core.planfile",),
     "mds.executor.ranges": ("mds.core.object_ranges",),
-    "mds.executor.sources": ("mds.executor.catalog.sources",),
+    "mds.executor.sources": ("mds.executor.catalog.sources", "mds.core.index_manifest"),
     "mds.executor.storage": ("mds.core.storage",),
     "mds.executor.tokenizer": ("mds.core.tokenizer",),
     "mds.executor.zstd_seek": ("mds.formats.zstd_frames",),
