@@ -194,3 +194,29 @@ def test_every_guarantee_names_tests_that_exist():
             assert re.search(rf"^def {test}\(", source.read_text(encoding="utf-8"), re.M), (
                 f"docs/guarantees.md names {path}::{test}, which {path} does not define"
             )
+
+
+def test_every_path_the_docs_name_exists():
+    """Source and test files named in README.md and docs/ (`src/mds/...`, `tests/...`)
+    exist, so a page cannot point a reader at a module that moved."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = {
+        (page.name, path.rstrip("/."))
+        for page in pages
+        for path in re.findall(r"(?<![\w/.-])((?:src/mds|tests)/[\w/.-]*)", page.read_text("utf-8"))
+    }
+    assert any(page == "architecture.md" for page, _ in named)
+    missing = sorted(f"{page}: {path}" for page, path in named if not (ROOT / path).exists())
+    assert missing == []
+
+
+def test_architecture_follows_a_sample_through_every_folder():
+    """docs/architecture.md names a file in each folder of the package, and the README's
+    layout section points to it."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    folders = {p.parent for p in (ROOT / "src" / "mds").rglob("*.py")}
+    unnamed = sorted(
+        str(f.relative_to(ROOT)) for f in folders if str(f.relative_to(ROOT)) + "/" not in text
+    )
+    assert unnamed == []
+    assert "docs/architecture.md" in README.split("## Layout", 1)[1]

@@ -265,6 +265,23 @@ def test_every_folder_is_in_the_layering():
     assert folders <= set(ALLOWED), folders - set(ALLOWED)
 
 
+# Test folders that are not about one package folder: whole-system checks.
+NOT_MIRRORS = {"faults", "examples", "sample_data", "golden"}
+
+
+def test_tests_mirror_the_package():
+    """Every test folder is a package folder's mirror (tests/core for src/mds/core, ...)."""
+    tests = Path(__file__).resolve().parent
+    folders = {
+        p.parent.relative_to(tests) for p in tests.rglob("test_*.py") if p.parent != tests
+    }
+    strays = [
+        str(f) for f in sorted(folders)
+        if f.parts[0] not in NOT_MIRRORS and not (SRC / "mds" / f).is_dir()
+    ]
+    assert strays == []
+
+
 def test_the_checks_catch_what_they_look_for(tmp_path):
     """A cycle, a private import and a TYPE_CHECKING import, on a toy graph."""
     assert cycles({"a", "b", "c"}, {"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
