@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mds.core import storage
+from mds.core import commit, storage
 from mds.errors import PlanError, SourceDataError
 
 __all__ = [
@@ -354,7 +354,7 @@ class PlanWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        storage.replace_local(self.tmp, self.path)
+        commit.replace_local(self.tmp, self.path)
         return data
 
     def abort(self) -> None:

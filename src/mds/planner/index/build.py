@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mds.core import storage
+from mds.core import commit, storage
 from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
 from mds.errors import (
     ConfigError,
@@ -267,10 +267,10 @@ def _previous_objects(url: str) -> _Prefix:
 
     own_lock = relative_key(lock_url(url), url)  # inside the prefix for a whole bucket
     keys = [key for key, _size in storage.list_objects(url) if key != own_lock]
-    present = {k for k in keys if k.startswith(f"{TABLES}/") and not storage.is_temp_name(k)}
+    present = {k for k in keys if k.startswith(f"{TABLES}/") and not commit.is_temp_name(k)}
     manifest_url = f"{url}/{MANIFEST}"
     if MANIFEST not in keys:
-        if any(k.split("/", 1)[0] != TABLES and not storage.is_temp_name(k) for k in keys):
+        if any(k.split("/", 1)[0] != TABLES and not commit.is_temp_name(k) for k in keys):
             raise _not_an_index(url)
         return _Prefix(set(), present, False)
     if not is_index_manifest(head(manifest_url, MANIFEST_HEAD)):
@@ -600,7 +600,7 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
         summary = _build_dir(config, local, workers, progress, clock, engine, url)
         manifest = read_manifest(local)
         live = {str(e["table"]) for e in manifest.sources}
-        mark = len(storage.written())  # what this build puts in place is noted after it
+        mark = len(commit.written())  # what this build puts in place is noted after it
         stale = sorted(previous.named - live)
         try:
             for rel in sorted(live):
@@ -612,7 +612,7 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
                 storage.delete(f"{url}/{stale[0]}")
                 stale.pop(0)
         except KeyboardInterrupt:
-            done = set(storage.written()[mark:])
+            done = set(commit.written()[mark:])
             if f"{url}/{MANIFEST}" in done:
                 raise Interrupted(_index_left(url, len(stale))) from None
             new = {rel for rel in live if f"{url}/{rel}" in done} - previous.present
@@ -660,7 +660,7 @@ def _build_locked(
     entries: list[dict[str, Any]] = []  # sources, without their "files" lists ...
     counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
-    mark = len(storage.written())
+    mark = len(commit.written())
     try:
         output.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output, every=True)
@@ -792,7 +792,7 @@ def _build_locked(
             raise _cannot_write(output, MANIFEST, exc) from exc
     except BaseException:
         # an interrupt just after the manifest's rename: the new index is in place, whole
-        if os.fspath(output / MANIFEST) not in storage.written()[mark:]:
+        if os.fspath(output / MANIFEST) not in commit.written()[mark:]:
             writer.rollback()
             if created_dir:
                 shutil.rmtree(output, ignore_errors=True)

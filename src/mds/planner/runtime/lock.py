@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mds.core import storage
+from mds.core import commit, storage
 from mds.errors import ConfigError, OutputError
 from mds.planner.runtime.atomic import (
     clean_stale_temps,
@@ -65,7 +65,7 @@ def lock_record(**more: Any) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "machine": storage.machine_id(),
+        "machine": commit.machine_id(),
         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **more,
     }
