@@ -88,7 +88,7 @@ def make_index(data: Path) -> Path:
 def plan_steps(index: Path, work: Path, cost: dict, dp: int, steps: int, tag: str) -> list:
     """mds plan of the mix with this [cost]: per step, per rank, micro-batches of lengths.
     Also returns each step's samples (source, row, n_tokens) in index order."""
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
     from mds.planner.plan.build import build_plan
     from mds.planner.plan.config import plan_config_from_dict
     from mds.planner.report.export import plan_frame

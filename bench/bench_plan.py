@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
     """Plan the same number of samples as `--steps` steps of 512, at D=dp, per_step."""
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
 
     index = make_index(args.data, args.rows, profile)
     steps = max(1, args.steps * 512 // per_step)

@@ -32,7 +32,8 @@ from executor_builders import open_executor, rewrite_plan, sample_plan
 from fuzzing import Tripwire
 from plan_builders import REPO, plan_config, synthetic, train_table
 
-from mds.core.planfile import PlanReader, RankChunk
+from mds.core.planfile import RankChunk
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, DataChangedError, PlanError
 
 # --- 1. static checks of the product source ----------------------------------------------------

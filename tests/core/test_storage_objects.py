@@ -18,7 +18,7 @@ from s3_store import BUCKET, free_port, s3_server, silent_server
 from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
 import mds.executor.readers as readers_module
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.core.storage import DATA_ROOT_ENV
 from mds.errors import DataChangedError, Interrupted, PlanError, SourceDataError
 from mds.executor import PlanExecutor

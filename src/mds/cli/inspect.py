@@ -90,7 +90,7 @@ def inspect_command(
 
 
 def _plan_cost(path: Path) -> dict[str, Any]:
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
 
     with PlanReader(path) as reader:
         return reader.footer["config"]["cost"]
@@ -114,7 +114,7 @@ def _report(
         raise ConfigError(f"--files needs an index directory; {path} is a plan file")
     if ranks and step is None:
         raise ConfigError("--rank needs --step")
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
 
     with PlanReader(path) as reader:
         if step is not None:

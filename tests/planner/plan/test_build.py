@@ -28,7 +28,8 @@ from plan_builders import (
 )
 
 import mds.planner.plan.build as plan_mod
-from mds.core.planfile import PlanReader, PlanWriter
+from mds.core.planfile_reader import PlanReader
+from mds.core.planfile_writer import PlanWriter
 from mds.errors import ConfigError, PlanError
 from mds.planner.plan.build import STAT_COLUMNS, Planner, build_plan, with_overrides
 from mds.planner.plan.mixing import MixState

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from plan_builders import plan_config, plan_slots, sample_index, sample_plan_config, synthetic
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, DataChangedError, IndexFormatError, PlanError
 from mds.planner.index.tables import read_manifest, source_frame
 from mds.planner.plan.build import Planner, build_plan

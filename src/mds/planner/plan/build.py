@@ -20,14 +20,8 @@ from typing import Any
 import numpy as np
 
 from mds.core import storage
-from mds.core.planfile import (
-    MAGIC,
-    ChunkBlocks,
-    EncodedChunk,
-    PlanWriter,
-    encode_chunk,
-    plan_id_of,
-)
+from mds.core.planfile import MAGIC, ChunkBlocks, EncodedChunk, encode_chunk, plan_id_of
+from mds.core.planfile_writer import PlanWriter
 from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.tables import IndexManifest, download_index, read_manifest

@@ -18,7 +18,7 @@ import numpy as np
 
 from mds.core.datacheck import entry_paths, file_problem, holds_none
 from mds.core.index_manifest import MANIFEST, facts_problem, payload_problem
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.core.storage import (
     MOVED_HINT,
     given_root,
