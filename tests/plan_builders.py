@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from mds.core.planfile_reader import PlanReader
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config, parse_config
-from mds.planner.plan.build import Planner
+from mds.planner.plan.chunk import Planner
 from mds.planner.plan.config import PlanConfig, load_plan_config, plan_config_from_dict
 from mds.planner.plan.pool import SourcePool, quantize
 

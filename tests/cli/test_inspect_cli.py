@@ -18,7 +18,8 @@ from plan_builders import SAMPLE_CONFIG
 
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config
-from mds.planner.plan.build import STAT_COLUMNS, build_plan, with_overrides
+from mds.planner.plan.build import build_plan, with_overrides
+from mds.planner.plan.chunk import STAT_COLUMNS
 from mds.planner.plan.config import load_plan_config
 from mds.planner.report.export import plan_frame
 
