@@ -29,7 +29,7 @@ from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
 from mds.planner.index.build import build_index
 from mds.planner.index.config import parse_config
-from mds.planner.plan.balance import greedy_lpt, interleave_ranks, lower_bound, naive_ranks
+from mds.planner.plan.bounds import greedy_lpt, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.plan.build import build_plan
 from mds.planner.plan.chunk import Planner
 from mds.planner.plan.config import plan_config_from_dict

@@ -15,7 +15,8 @@ import numpy as np
 
 from mds.core.planfile import ChunkBlocks, EncodedChunk
 from mds.planner.index.tables import IndexManifest, read_manifest
-from mds.planner.plan.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
+from mds.planner.plan.balance import balance
+from mds.planner.plan.bounds import group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.plan.config import PlanConfig
 from mds.planner.plan.fetch import FetchTable
 from mds.planner.plan.mixing import Mixer, MixState
