@@ -41,7 +41,8 @@ from mds.planner.index.discover import (
     is_index_dir,
     is_index_manifest,
 )
-from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
+from mds.planner.index.jsonl import scan_jsonl
+from mds.planner.index.jsonl_batch import scan_jsonl_batch
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.objects import discover_objects, head, listing, relative_key
 from mds.planner.index.parquet import scan_parquet
