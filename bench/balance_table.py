@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mds.planner.plan.balance import balance, greedy_lpt, lower_bound, pigeonhole_bound
+from mds.planner.plan.balance import balance
+from mds.planner.plan.bounds import greedy_lpt, lower_bound, pigeonhole_bound
 from mds.planner.plan.kk import karmarkar_karp
 
 SEED = 20261203
@@ -121,7 +122,7 @@ def render_balance(rows: list[dict]) -> str:
         "mds respects it. `KK fits cap`: share of steps where KK's ranks fit every rank's room.",
         "Targets (long-context): mean <= 1.005, p99 <= 1.02, against the lower bound",
         "max(total/D, largest sample). `PH`: the same ratio against the pigeonhole bound",
-        "(src/mds/planner/plan/balance.py, pigeonhole_bound: some rank holds k + 1 of the kD + 1 costliest",
+        "(src/mds/planner/plan/bounds.py, pigeonhole_bound: some rank holds k + 1 of the kD + 1 costliest",
         "samples), which is never lower; `bound p99`: p99 of pigeonhole bound / lower bound,",
         "the part of the ratio no assignment can remove.",
         "",

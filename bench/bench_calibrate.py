@@ -3,7 +3,7 @@
 Calibrates the cost model on a small GPT (the built-in packed model of mds calibrate), then
 plans the same samples (a heavy-tailed length mix) four ways for D in {2, 8}: mds balanced
 with the calibrated cost, mds balanced with the FLOP formula of the model's shape, naive
-random sharding (src/mds/planner/plan/balance.py naive_ranks) and naive in-order round-robin (the step's
+random sharding (src/mds/planner/plan/bounds.py naive_ranks) and naive in-order round-robin (the step's
 samples in index order, sample i to rank i % D). Every rank's micro-batches of every step
 are timed through the model (forward + backward, per-sample causal attention over a packed
 row), each rank alone, one after another; a step's time is its slowest rank's. Measured
@@ -88,7 +88,7 @@ def make_index(data: Path) -> Path:
 def plan_steps(index: Path, work: Path, cost: dict, dp: int, steps: int, tag: str) -> list:
     """mds plan of the mix with this [cost]: per step, per rank, micro-batches of lengths.
     Also returns each step's samples (source, row, n_tokens) in index order."""
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
     from mds.planner.plan.build import build_plan
     from mds.planner.plan.config import plan_config_from_dict
     from mds.planner.report.export import plan_frame
@@ -131,7 +131,7 @@ def naive_steps(samples: list[list[int]], dp: int, how: str) -> list:
     """Naive sharding of each step's samples (given in index order): `random` deals them in
     naive_ranks' seeded order, `round-robin` sends sample i to rank i % D. A rank's samples
     go, in that order, into MICRO micro-batches of near-equal count (no token capacity)."""
-    from mds.planner.plan.balance import naive_ranks
+    from mds.planner.plan.bounds import naive_ranks
 
     out = []
     for t, lengths in enumerate(samples):

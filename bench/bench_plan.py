@@ -29,8 +29,9 @@ from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
 
 from mds.planner.index.build import build_index
 from mds.planner.index.config import parse_config
-from mds.planner.plan.balance import greedy_lpt, interleave_ranks, lower_bound, naive_ranks
-from mds.planner.plan.build import Planner, build_plan
+from mds.planner.plan.bounds import greedy_lpt, interleave_ranks, lower_bound, naive_ranks
+from mds.planner.plan.build import build_plan
+from mds.planner.plan.chunk import Planner
 from mds.planner.plan.config import plan_config_from_dict
 
 SEED = 20261202
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_profile(args, profile: str, dp: int = 64, per_step: int = 512) -> dict:
     """Plan the same number of samples as `--steps` steps of 512, at D=dp, per_step."""
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
 
     index = make_index(args.data, args.rows, profile)
     steps = max(1, args.steps * 512 // per_step)

@@ -74,6 +74,16 @@ def write_save_to_disk(directory: Path, shards: Sequence[pa.Table | dict[str, An
     return directory
 
 
+# Records of every kind a JSONL scan meets: a missing field, a null, unicode, a nested value.
+JSONL_RECORDS = [
+    {"n": 3, "lang": "en", "text": "hello world"},
+    {"n": 0, "lang": "fr", "text": ""},
+    {"n": 12, "lang": None, "text": "ünïcödé ✓"},
+    {"n": 7, "text": "no lang here", "extra": {"nested": [1, 2]}},
+    {"n": 1, "lang": "de", "text": "x" * 200},
+]
+
+
 def jsonl_bytes(records: Iterable[Any], *, trailing_newline: bool = True) -> bytes:
     """Records (dicts, or raw str/bytes lines written as they are) joined by newlines."""
     lines = []

@@ -21,7 +21,9 @@ import zstandard
 from builders import write_jsonl, write_megatron, write_parquet
 from plan_builders import REPO, sample_index, sample_plan_config
 
-from mds.core.planfile import PlanReader, PlanWriter, RankChunk
+from mds.core.planfile import RankChunk
+from mds.core.planfile_reader import PlanReader
+from mds.core.planfile_writer import PlanWriter
 from mds.formats.megatron import open_bin, read_index
 
 TOKENIZER = REPO / "sample_data" / "tokenizer.json"

@@ -315,9 +315,9 @@ if _AT == "index-manifest":  # every new table is in place; the manifest is next
 
     atomic.atomic_path = atomic_path
 elif _AT == "plan-chunk":  # two chunks are in the temporary plan file; more are coming
-    import mds.core.planfile as planfile
+    import mds.core.planfile_writer as planfile_writer
 
-    _real = planfile.PlanWriter.add_chunk
+    _real = planfile_writer.PlanWriter.add_chunk
     _seen = []
 
     def add_chunk(self, *args, **kwargs):
@@ -327,7 +327,7 @@ elif _AT == "plan-chunk":  # two chunks are in the temporary plan file; more are
             self._f.flush()
             _park()
 
-    planfile.PlanWriter.add_chunk = add_chunk
+    planfile_writer.PlanWriter.add_chunk = add_chunk
 elif _AT in ("put-stream", "put-before", "put-copy"):
     # object writes: "put-stream" parks in an output stream to a matching key after half of
     # its first write, "put-before" before a put_file to a matching URL, "put-copy" after a

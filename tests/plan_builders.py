@@ -22,10 +22,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config, parse_config
-from mds.planner.plan.build import Planner
+from mds.planner.plan.chunk import Planner
 from mds.planner.plan.config import PlanConfig, load_plan_config, plan_config_from_dict
 from mds.planner.plan.pool import SourcePool, quantize
 
@@ -256,7 +256,7 @@ def ideal_targets(weights: Sequence[Any], size: int, steps: int) -> np.ndarray:
 
 def plan_slots(plan: Path) -> list[tuple[int, int, int, int]]:
     """Every planned sample as (step, rank, micro_batch, global id), read with PlanReader."""
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
 
     out = []
     with PlanReader(plan) as reader:

@@ -92,7 +92,7 @@ from fault_builders import (
     world_toml,
 )
 
-from mds.core import planfile as planfile_mod
+from mds.core import planfile_writer as planfile_writer_mod
 from mds.executor import DataChangedError, PlanError
 from mds.planner.index import tables as index_manifest_mod
 from mds.planner.runtime.atomic import is_temp
@@ -530,7 +530,7 @@ def test_disk_full_while_writing_a_fresh_index(root: Path, tmp_path: Path, monke
 def test_disk_full_while_writing_a_plan(root: Path, monkeypatch, budget: int, buffer: int) -> None:
     plan = root / "plan.mds"
     before, top = plan.read_bytes(), names(root)
-    monkeypatch.setattr(planfile_mod, "open", full_disk_open(budget, buffer), raising=False)
+    monkeypatch.setattr(planfile_writer_mod, "open", full_disk_open(budget, buffer), raising=False)
     one_error_line(
         mds("plan", root / "mds.toml", "-o", plan, "--steps", "5"),
         f"{plan}: cannot write the plan ({NO_SPACE})",

@@ -227,7 +227,7 @@ def test_wheel_in_a_clean_venv(tmp_path):
     assert "Usage: mds" in run(exe, "--help").stdout
     assert run(py, "-m", "mds", "--version").stdout.startswith("mds ")
     code = (
-        "import sys, mds.executor; import mds.core.planfile; "
+        "import sys, mds.executor; import mds.core.planfile_reader; "
         "print(sorted(m for m in ('torch', 'polars') if m in sys.modules))"
     )
     assert run(py, "-c", code).stdout.strip() == "[]"

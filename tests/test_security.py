@@ -3,7 +3,7 @@
 1. Static: the product source (cli/, planner/, executor/) never deserializes with pickle-like
    modules, never evaluates strings as code and never starts a shell (checked on the AST).
 2. Paths: every source path resolves inside the data root. `mds verify` refuses `../`,
-   absolute and symlinked-out paths without reading them (tests/planner/report/test_verify.py:
+   absolute and symlinked-out paths without reading them (tests/planner/report/test_verify_index.py:
    test_a_path_escaping_the_root_is_refused_and_never_read,
    test_escaping_megatron_index_path_is_refused, test_symlink_out_of_the_root_is_refused);
    `mds plan` refuses a manifest naming such a path, or a table symlinked out of the index,
@@ -32,7 +32,8 @@ from executor_builders import open_executor, rewrite_plan, sample_plan
 from fuzzing import Tripwire
 from plan_builders import REPO, plan_config, synthetic, train_table
 
-from mds.core.planfile import PlanReader, RankChunk
+from mds.core.planfile import RankChunk
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, DataChangedError, PlanError
 
 # --- 1. static checks of the product source ----------------------------------------------------

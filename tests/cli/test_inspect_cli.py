@@ -18,7 +18,8 @@ from plan_builders import SAMPLE_CONFIG
 
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config
-from mds.planner.plan.build import STAT_COLUMNS, build_plan, with_overrides
+from mds.planner.plan.build import build_plan, with_overrides
+from mds.planner.plan.chunk import STAT_COLUMNS
 from mds.planner.plan.config import load_plan_config
 from mds.planner.report.export import plan_frame
 
@@ -463,26 +464,13 @@ def test_help_has_examples():
     assert "inspect" in ok("--help").stdout
 
 
-def test_drawing_helpers():
-    from mds.cli.inspect import bar, resample, sparkline
-    from mds.cli.svg import nice_range
-
-    assert sparkline(list(range(8)), 0, 7) == "▁▂▃▄▅▆▇█"
-    assert sparkline([5.0, 5.0], 5.0, 5.0) == "▁▁"
-    assert len(sparkline([0.5] * 1000, 0, 1)) == 60
-    assert resample([1.0, 3.0, 5.0, 7.0], 2) == [2.0, 6.0]
-    assert bar(4, 8, 10) == "█████" and bar(0, 8) == "" and bar(1, 8, 1) == "▏"
-    lo, hi, ticks = nice_range(1.0, 2.58)
-    assert (lo, hi) == (1.0, 3.0) and ticks == [1.0, 1.5, 2.0, 2.5, 3.0]
-
-
 # --- the cost model a plan used ----------------------------------------------------------------
 
 
 def test_plan_names_its_cost_model(built, tmp_path):
     import dataclasses
 
-    from mds.cli.inspect import cost_text
+    from mds.cli.inspect_text import cost_text
     from mds.planner.plan.config import CostSpec
 
     index, plan = built
@@ -519,21 +507,3 @@ def test_plan_names_its_cost_model(built, tmp_path):
     ok("inspect", calibrated, "--html", html)
     assert "fit error max 18.1%" in html.read_text()
     assert "counting c per micro-batch" in html.read_text()
-
-
-@pytest.mark.parametrize(
-    ("cost", "kind", "text"),
-    [
-        ({"a": 1.0, "b": 0.5, "origin": "default"}, "default", "default (FLOP formula, causal, hidden 4096): a = 1, b = 0.5"),
-        ({"a": 2.0, "b": 0.5, "origin": "given"}, "typed", "typed a, b: a = 2, b = 0.5"),
-        ({"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0}, "typed", "typed a, b: a = 2, b = 0.5, c = 3 per micro-batch"),
-        ({"a": 2.0, "b": 0.5, "origin": "given", "c": 3.0, "d": 0.7}, "typed", "typed a, b: a = 2, b = 0.5, d = 0.7 per sample, c = 3 per micro-batch"),
-        ({"expr": "n_tokens * 2"}, "expr", "SQL expression: n_tokens * 2"),
-    ],
-)  # fmt: skip
-def test_cost_text(cost, kind, text):
-    from mds.cli.inspect import cost_text
-    from mds.planner.report.plan import cost_model
-
-    assert cost_model(cost) == kind
-    assert cost_text(cost, kind) == text

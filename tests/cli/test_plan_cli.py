@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import json_error, mds, one_error_line
 from plan_builders import SAMPLE_CONFIG, sample_index, write_source
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 
 SUMMARY_KEYS = {
     "samples",

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from mds.core.index_manifest import read_table_bytes, table_checksum
+from mds.core.index_manifest import (
+    IndexManifest,
+    index_sources,
+    read_table_bytes,
+    table_checksum,
+)
 from mds.errors import IndexFormatError
 
 
@@ -33,3 +38,19 @@ def test_read_table_bytes_refuses_other_bytes(tmp_path: Path) -> None:
 def test_read_table_bytes_of_a_missing_table(tmp_path: Path) -> None:
     with pytest.raises(IndexFormatError, match="gone.parquet: cannot read index table"):
         read_table_bytes(tmp_path / "gone.parquet", "blake2b:00")
+
+
+def test_index_sources_give_each_source_its_global_id_range() -> None:
+    manifest = IndexManifest(
+        Path("idx"),
+        {
+            "sources": [
+                {"name": "a", "rows": 3, "table_checksum": "x", "format": "jsonl"},
+                {"name": "b", "rows": 5, "table_checksum": "y"},
+            ]
+        },
+    )
+    assert index_sources(manifest) == [
+        {"name": "a", "base": 0, "rows": 3, "table_checksum": "x"},
+        {"name": "b", "base": 3, "rows": 5, "table_checksum": "y"},
+    ]

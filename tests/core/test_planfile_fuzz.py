@@ -35,7 +35,8 @@ from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mds.core.planfile import MAGIC, PlanReader, RankChunk, checksum
+from mds.core.planfile import MAGIC, RankChunk, checksum
+from mds.core.planfile_reader import PlanReader
 from mds.errors import MdsError, PlanError
 
 TRAILER = struct.Struct("<QQ8s8s")

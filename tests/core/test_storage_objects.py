@@ -18,7 +18,7 @@ from s3_store import BUCKET, free_port, s3_server, silent_server
 from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
 import mds.executor.readers as readers_module
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.core.storage import DATA_ROOT_ENV
 from mds.errors import DataChangedError, Interrupted, PlanError, SourceDataError
 from mds.executor import PlanExecutor
@@ -407,7 +407,7 @@ def put(world, monkeypatch, tmp_path):
 
 
 def test_put_file_replaces_an_object_through_a_hidden_temporary(put):
-    from mds.core import storage
+    from mds.core import commit
     from mds.planner.runtime import upload
 
     store, local, url, patch = put
@@ -417,14 +417,14 @@ def test_put_file_replaces_an_object_through_a_hidden_temporary(put):
     assert store.get(key) == local.read_bytes()
     (stream,) = fake.streams  # the bytes went to a hidden sibling, never to the object
     assert stream.rsplit("/", 1)[1].startswith(".plan.mds.tmp-")
-    assert storage.is_temp_name(stream)
+    assert commit.is_temp_name(stream)
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]  # the temporary is gone
-    assert url in storage.written()
+    assert url in commit.written()
 
 
 @pytest.mark.parametrize("how", [_interrupt, _sigint], ids=["KeyboardInterrupt", "SIGINT"])
 def test_an_interrupted_put_file_leaves_the_object_as_it_was(put, how):
-    from mds.core import storage
+    from mds.core import commit
     from mds.planner.runtime import upload
 
     store, local, url, patch = put
@@ -436,7 +436,7 @@ def test_an_interrupted_put_file_leaves_the_object_as_it_was(put, how):
     assert not isinstance(info.value, Interrupted)  # nothing was committed
     assert store.get(key) == old
     assert _keys(store, key.rsplit("/", 1)[0] + "/") == [key]
-    assert url not in storage.written()
+    assert url not in commit.written()
 
 
 def test_an_interrupt_during_the_copy_is_held_and_says_the_object_was_written(put):

@@ -40,7 +40,7 @@ class SoakResult:
 
 def planned_steps(plan: Path, steps: int) -> list[list[list[int]]]:
     """[step][rank] -> the plan's global sample ids, in plan order."""
-    from mds.core.planfile import PlanReader
+    from mds.core.planfile_reader import PlanReader
 
     out = []
     with PlanReader(plan) as reader:

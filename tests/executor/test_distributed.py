@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 from plan_builders import plan_slots, sample_index, sample_plan_config
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.executor import ConfigError, PlanExecutor
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from plan_builders import REPO
 
 import mds.executor.readers as readers_module
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError, SourceDataError
 from mds.executor import DataChangedError, PlanExecutor
 

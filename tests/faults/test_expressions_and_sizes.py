@@ -50,7 +50,7 @@ import pytest
 from cli_helpers import mds, one_error_line
 from fault_builders import BOOK_LENGTHS, names, plan_layout, word_ids, world_toml
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
 from mds.executor import PlanExecutor
 from mds.planner.report.export import plan_frame

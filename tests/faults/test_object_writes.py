@@ -42,7 +42,7 @@ from fault_proxy import fault_proxy
 from gcs_store import gcs_server
 from s3_store import BUCKET, s3_server
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.core.storage import DATA_ROOT_ENV
 
 NOTHING = "interrupted: nothing was written"

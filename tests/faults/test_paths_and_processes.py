@@ -47,7 +47,7 @@ from builders import config_file, write_parquet
 from cli_helpers import mds, one_error_line
 from fault_builders import MDS_BIN, names, tree
 
-from mds.core.storage import host_tag
+from mds.core.commit import host_tag
 
 
 def _set_path(root: Path, source: str, path: str) -> None:

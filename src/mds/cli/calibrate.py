@@ -15,18 +15,9 @@ DEFAULT_LENGTHS = "64,128,256,512,1024,2048"
 
 def _progress(label: str, enabled: bool):
     """A progress bar over the grid's timed micro-batches (rich imported only when timing)."""
-    from rich.progress import MofNCompleteColumn
+    from mds.cli.progress import MicroBatchProgress
 
-    from mds.cli.progress import _Bar
-
-    class PointProgress(_Bar):
-        def columns(self) -> tuple:
-            return (MofNCompleteColumn(),)
-
-        def start(self, total: int) -> None:
-            self._start(f"{self._label} micro-batches", total)
-
-    return PointProgress(label, enabled)
+    return MicroBatchProgress(label, enabled)
 
 
 def _lengths(text: str) -> list[int]:

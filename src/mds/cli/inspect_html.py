@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from mds.cli.inspect import cost_text
+from mds.cli.inspect_text import cost_text, number, percent
 from mds.cli.svg import PALETTE, bar_chart, line_chart
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
@@ -31,14 +31,6 @@ svg text { font: 11px system-ui, sans-serif; fill: #333; }
 
 def _e(value: Any) -> str:
     return escape("-" if value is None else str(value))
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f}%"
-
-
-def _num(x: float | None, fmt: str = ".4f") -> str:
-    return "-" if x is None else format(x, fmt)
 
 
 def _table(head: list[str], rows: list[list[Any]], left: tuple[int, ...] = (0,)) -> str:
@@ -109,7 +101,7 @@ def _index_body(r: dict[str, Any]) -> list[str]:
         meta = []
         for m in s["metadata"]:
             if m["kind"] == "numeric":
-                text = f"min {m['min']}, mean {_num(m['mean'], '.4g')}, max {m['max']}"
+                text = f"min {m['min']}, mean {number(m['mean'], '.4g')}, max {m['max']}"
             else:
                 text = ", ".join(f"{t['value']}: {t['count']:,}" for t in m["top"])
                 text += f", other: {m['other']:,}" if m["other"] else ""
@@ -156,7 +148,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     rows = [
         [
-            s["name"], _pct(s["target"]), _pct(s["realized"]),
+            s["name"], percent(s["target"]), percent(s["realized"]),
             f"{100 * (s['realized'] - s['target']):+.2f}", f"{s['samples']:,}",
             f"{s['eligible']:,}", f"{s['epochs']:.3f}", s["epochs_started"],
             s["dropped_overlong"], s["truncated"],
@@ -170,7 +162,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
     rows = [
         [s["name"]]
         + [
-            f"{_pct(p['sources'][i]['target'])} / {_pct(p['sources'][i]['realized'])}"
+            f"{percent(p['sources'][i]['target'])} / {percent(p['sources'][i]['realized'])}"
             for p in phases
         ]
         for i, s in enumerate(r["sources"])
@@ -184,7 +176,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
 def _balance(r: dict[str, Any]) -> list[str]:
     imb, fill = r["imbalance"], r["capacity_fill"]
     rows = [
-        [label] + [_num(imb[key][k]) for k in ("mean", "median", "p99", "max")]
+        [label] + [number(imb[key][k]) for k in ("mean", "median", "p99", "max")]
         for label, key in (
             ("max rank cost / mean", "max_over_mean"),
             ("max rank cost / lower bound", "max_over_lower_bound"),
@@ -213,9 +205,9 @@ def _balance(r: dict[str, Any]) -> list[str]:
             ["capacity fill", "mean", "min", "max"],
             [
                 ["step tokens / (dp x micro x capacity)"]
-                + [_pct(fill["step"][k]) for k in ("mean", "min", "max")],
+                + [percent(fill["step"][k]) for k in ("mean", "min", "max")],
                 ["max micro-batch tokens / capacity"]
-                + [_pct(fill["max_micro_batch"][k]) for k in ("mean", "min", "max")],
+                + [percent(fill["max_micro_batch"][k]) for k in ("mean", "min", "max")],
             ],
         ),
     ]

@@ -47,9 +47,9 @@ class MdsGroup(TyperGroup):
     object on stdout) and a non-zero exit."""
 
     def invoke(self, ctx: typer.Context):
-        from mds.core import storage
+        from mds.core import commit
 
-        before = len(storage.written())
+        before = len(commit.written())
         try:
             return super().invoke(ctx)
         except MdsError as exc:
@@ -65,17 +65,17 @@ class MdsGroup(TyperGroup):
 
 def interrupted(exc: KeyboardInterrupt, before: int = 0) -> str:
     """What an interrupted command left: what the writer said (Interrupted), else the
-    outputs put in place since storage.written() held `before` of them (files that are
+    outputs put in place since commit.written() held `before` of them (files that are
     still there: a temporary directory's are not), else nothing."""
     if isinstance(exc, Interrupted) and str(exc):
         return str(exc)
     import os
 
-    from mds.core import storage
+    from mds.core import commit, storage
 
     done = [
         w
-        for w in dict.fromkeys(storage.written()[before:])
+        for w in dict.fromkeys(commit.written()[before:])
         if storage.is_url(w) or os.path.lexists(w)
     ]
     if len(done) == 1:

@@ -14,7 +14,7 @@ from rich.progress import (
 
 from mds.cli.output import err_console
 
-__all__ = ["ByteProgress", "StepProgress"]
+__all__ = ["ByteProgress", "MicroBatchProgress", "StepProgress"]
 
 
 class _Bar:
@@ -69,3 +69,13 @@ class StepProgress(_Bar):
 
     def start(self, total_steps: int) -> None:
         self._start(f"{self._label} steps", total_steps)
+
+
+class MicroBatchProgress(_Bar):
+    """Progress over timed micro-batches (`mds calibrate`'s grid)."""
+
+    def columns(self) -> tuple:
+        return (MofNCompleteColumn(),)
+
+    def start(self, total: int) -> None:
+        self._start(f"{self._label} micro-batches", total)

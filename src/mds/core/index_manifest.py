@@ -23,6 +23,7 @@ __all__ = [
     "VERSION",
     "IndexManifest",
     "index_fingerprint",
+    "index_sources",
     "plan_manifest",
     "read_manifest",
     "read_table_bytes",
@@ -99,6 +100,22 @@ def index_fingerprint(sources: list[dict[str, Any]]) -> str:
     ]
     blob = json.dumps(ident, separators=(",", ":"), sort_keys=True).encode()
     return "blake2b:" + hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def index_sources(manifest: IndexManifest) -> list[dict[str, Any]]:
+    """The footer's record of the index: each source's name, global id base, rows, table."""
+    out, base = [], 0
+    for s in manifest.sources:
+        out.append(
+            {
+                "name": s["name"],
+                "base": base,
+                "rows": s["rows"],
+                "table_checksum": s["table_checksum"],
+            }
+        )
+        base += s["rows"]
+    return out
 
 
 def _count(value: Any) -> bool:

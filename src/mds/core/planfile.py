@@ -16,52 +16,53 @@ Layout (all integers little-endian; docs/plan-format.md is the spec):
 Every byte a reader uses is covered by a checksum chained from the footer, so a corrupt
 plan raises PlanError instead of returning wrong samples. No pickle: JSON and raw arrays.
 A rank's block is self-contained: replaying it needs no index table and no manifest.
+
+This module holds the layout's constants and the codec of a chunk's blocks; the writer is
+core/planfile_writer.py, the reader core/planfile_reader.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
-import re
 import struct
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from mds.core import storage
-from mds.errors import PlanError, SourceDataError
-
 __all__ = [
-    "FORMAT_VERSION",
-    "MAGIC",
-    "PlanReader",
-    "PlanWriter",
+    "COUNT_DTYPES",
+    "DIR_ENTRY",
     "FETCH_COLUMNS",
+    "FORMAT_VERSION",
+    "HEAD",
+    "MAGIC",
+    "TRAILER",
     "ChunkBlocks",
     "EncodedChunk",
     "Fetch",
     "RankChunk",
     "checksum",
+    "decode_fetch",
+    "decode_ids",
     "encode_chunk",
+    "encode_fetch",
+    "encode_ids",
     "plan_id_of",
+    "width_of",
 ]
 
 MAGIC = b"MDSPLAN\x00"
 FORMAT_VERSION = 2
-_HEAD = struct.Struct("<8sII")
+HEAD = struct.Struct("<8sII")
 # A block's fetch part: the byte width of each per-sample column (0: all zero, not stored),
 # then the size of the block's file-record JSON.
 FETCH_COLUMNS = ("file", "row", "tokens", "offset", "length")
 _FETCH_HEAD = struct.Struct("<5BxxxQ")
-_TRAILER = struct.Struct("<QQ8s8s")
-_DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
-_MAX_FOOTER = 1 << 30
-_COUNT_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
-_SECTION_DTYPE = re.compile(r"[<>|=]?[biuf][1248]")
+TRAILER = struct.Struct("<QQ8s8s")
+DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
+COUNT_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def checksum(data: bytes | memoryview) -> bytes:
@@ -246,7 +247,7 @@ def encode_chunk(
     assert np.array_equal(blocks.counts.reshape(dp, -1).sum(axis=1), sizes)
     peak = int(blocks.counts.max(initial=0))
     width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
-    counts = blocks.counts.astype(_COUNT_DTYPES[width]).reshape(dp, -1)
+    counts = blocks.counts.astype(COUNT_DTYPES[width]).reshape(dp, -1)
     ids = memoryview(encode_ids(blocks.ids, id_width))
     widths, encoded = [], []
     for c in blocks.columns:
@@ -275,355 +276,3 @@ def encode_chunk(
         parts.append(files)
         payloads.append(b"".join(parts))
     return EncodedChunk(width, payloads, [checksum(data) for data in payloads])
-
-
-class PlanWriter:
-    """Writes a plan to a temporary file; `commit()` renames it into place."""
-
-    def __init__(
-        self,
-        path: Path,
-        tmp: Path,
-        *,
-        dp_size: int,
-        micro_batches: int,
-        id_width: int,
-    ):
-        self.path, self.tmp = Path(path), Path(tmp)
-        self.dp, self.micro = dp_size, micro_batches
-        self.id_width = id_width
-        self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
-        try:
-            self._f.write(_HEAD.pack(MAGIC, FORMAT_VERSION, 0))
-        except BaseException:
-            self.abort()
-            raise
-        self._chunks: list[list[Any]] = []
-        self._sections: dict[str, dict[str, Any]] = {}
-
-    def add_chunk(
-        self,
-        step_start: int,
-        step_end: int,
-        blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | ChunkBlocks | EncodedChunk,
-    ) -> None:
-        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records),
-        or the chunk as encode_chunk made it with this plan's geometry."""
-        if not isinstance(blocks, EncodedChunk):
-            blocks = encode_chunk(blocks, step_end - step_start, self.micro, self.id_width)
-        assert len(blocks.payloads) == self.dp
-        dir_offset = self._f.tell()
-        directory = np.zeros(self.dp, dtype=_DIR_ENTRY)
-        sizes = np.array([len(data) for data in blocks.payloads], dtype=np.uint64)
-        directory["offset"] = dir_offset + directory.nbytes + np.cumsum(sizes) - sizes
-        directory["size"] = sizes
-        directory["checksum"] = blocks.checksums
-        dir_bytes = directory.tobytes()
-        self._f.write(dir_bytes)
-        for data in blocks.payloads:
-            self._f.write(data)
-        self._chunks.append(
-            [step_start, step_end, dir_offset, checksum(dir_bytes).hex(), blocks.count_width]
-        )
-
-    def add_section(self, name: str, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
-        self._sections[name] = {
-            "offset": self._f.tell(),
-            "size": len(data),
-            "dtype": array.dtype.newbyteorder("<").str,
-            "shape": list(array.shape),
-            "checksum": checksum(data).hex(),
-        }
-        self._f.write(data)
-
-    def commit(self, footer: dict[str, Any]) -> bytes:
-        """Write footer and trailer, fsync, rename into place; returns the footer bytes."""
-        footer = dict(footer)
-        footer["layout"] = {
-            "dp_size": self.dp,
-            "micro_batches": self.micro,
-            "id_width": self.id_width,
-            "chunks": self._chunks,
-            "sections": self._sections,
-        }
-        data = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode()
-        offset = self._f.tell()
-        self._f.write(data)
-        self._f.write(_TRAILER.pack(offset, len(data), checksum(data), MAGIC))
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        storage.replace_local(self.tmp, self.path)
-        return data
-
-    def abort(self) -> None:
-        """Remove the temporary file, even when closing it fails (a full disk fails the
-        final flush again)."""
-        try:
-            if not self._f.closed:
-                self._f.close()
-        except OSError:
-            pass
-        finally:
-            self.tmp.unlink(missing_ok=True)
-
-
-class PlanReader:
-    """Random access to a plan: the footer, then only the (chunk, rank) blocks asked for."""
-
-    def __init__(self, path: str | os.PathLike):
-        # A plan in object storage (s3://) is read with range requests: the footer, then
-        # the blocks asked for, as from a file.
-        self.path: Any = str(path) if storage.is_url(path) else Path(path)
-        self._object: Any = None
-        self._pid = os.getpid()
-        try:
-            if storage.is_url(path):
-                self._object = self._open_object()
-                self._f: BinaryIO | None = None
-            else:
-                self._f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        except OSError as exc:
-            raise PlanError(f"{self.path}: cannot open plan ({exc.strerror or exc})") from None
-        except SourceDataError as exc:
-            raise PlanError(f"cannot open plan: {exc}") from None
-        try:
-            self._load()
-        except BaseException:
-            self.close()
-            raise
-
-    def _open_object(self) -> Any:
-        from mds.core.object_ranges import RangeFile
-
-        return RangeFile(self.path, None)
-
-    def _fail(self, what: str) -> PlanError:
-        return PlanError(f"{self.path}: {what}")
-
-    def _bad(self, what: str) -> PlanError:
-        """Bytes that do not check out: a plan object replaced since it was opened says so
-        (its bytes are those of another plan, not damage), anything else is corrupt."""
-        if self._object is not None and self._replaced():
-            return PlanError(
-                f"{self.path} changed while it was being read (it was replaced); open it "
-                "again to read the new plan, and write a plan that is being read to a new URL"
-            )
-        return self._fail(what)
-
-    def _replaced(self) -> bool:
-        """Whether the plan object now differs from the one opened: another size, or another
-        footer (which holds the checksums of everything else)."""
-        footer = getattr(self, "footer_bytes", None)
-        try:
-            now = self._open_object()
-        except SourceDataError:
-            return False
-        try:
-            if now.size != self.size:
-                return True
-            if footer is None:
-                return False
-            offset, size, _digest, tail = _TRAILER.unpack(
-                now.read_at(_TRAILER.size, self.size - _TRAILER.size)
-            )
-            return tail != MAGIC or now.read_at(min(size, self.size), offset) != footer
-        except (SourceDataError, struct.error):
-            return False
-        finally:
-            now.close()
-
-    def _read(self, offset: int, size: int) -> bytes:
-        if offset < 0 or size < 0 or offset + size > self.size:
-            raise self._bad(
-                f"corrupt plan: a reference points outside the file ({offset}+{size} > {self.size})"
-            )
-        if self._object is not None:
-            if self._pid != os.getpid():  # a forked worker opens its own connection
-                self._object, self._pid = self._open_object(), os.getpid()
-            try:
-                data = self._object.read_at(size, offset)
-            except SourceDataError as exc:
-                raise PlanError(f"cannot read plan: {exc}") from None
-        else:
-            # pread: no shared file position, so threads and forked workers can share it.
-            data = os.pread(self._f.fileno(), size, offset)  # type: ignore[union-attr]
-        if len(data) != size:
-            raise self._bad("truncated plan file")
-        return data
-
-    def _load(self) -> None:
-        if self._object is not None:
-            self.size = self._object.size
-        else:
-            self.size = os.fstat(self._f.fileno()).st_size  # type: ignore[union-attr]
-        if self.size < _HEAD.size + _TRAILER.size:
-            raise self._fail("not an mds plan (file too short; truncated?)")
-        magic, version, flags = _HEAD.unpack(self._read(0, _HEAD.size))
-        if magic != MAGIC:
-            raise self._fail("not an mds plan (bad magic)")
-        if flags:
-            raise self._fail(
-                f"unknown plan header flags {flags:#x} (this mds knows none); upgrade mds"
-            )
-        if version > FORMAT_VERSION:
-            raise self._fail(
-                f"plan format version {version} is newer than this mds supports ({FORMAT_VERSION}); upgrade mds"
-            )
-        if version < 1:
-            raise self._fail(f"invalid plan format version {version}")
-        if version < FORMAT_VERSION:
-            raise self._fail(
-                f"plan format version {version} is from an older mds, which this one no longer "
-                "reads; re-plan with `mds plan` (same config and index: same samples)"
-            )
-        offset, size, digest, tail = _TRAILER.unpack(
-            self._read(self.size - _TRAILER.size, _TRAILER.size)
-        )
-        if tail != MAGIC:
-            raise self._fail("truncated or corrupt plan (no trailer)")
-        if size > _MAX_FOOTER or offset + size > self.size - _TRAILER.size:
-            raise self._fail("corrupt plan trailer")
-        data = self._read(offset, size)
-        if checksum(data) != digest:
-            raise self._bad("plan footer checksum mismatch (corrupt file)")
-        self.footer_bytes = data
-        try:
-            self.footer = json.loads(data)
-            layout = self.footer["layout"]
-            self.dp = int(layout["dp_size"])
-            self.micro = int(layout["micro_batches"])
-            self.id_width = int(layout["id_width"])
-            self.chunks = [
-                (int(a), int(b), int(o), bytes.fromhex(c), int(w))
-                for a, b, o, c, w in layout["chunks"]
-            ]
-            self.sections = dict(layout["sections"])
-        # OverflowError: int(Infinity); RecursionError: deeply nested JSON.
-        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
-            raise self._fail(f"corrupt plan footer ({exc})") from None
-        # The chunks tile [first_step, steps) in order: chunk_of() bisects them. A plan
-        # derived from another at step K (its `lineage`) starts at K.
-        first = self.footer.get("first_step", 0) if isinstance(self.footer, dict) else 0
-        if not (isinstance(first, int) and not isinstance(first, bool) and first >= 0):
-            raise self._fail(f"corrupt plan footer (first_step {first!r})")
-        self.first_step = first
-        starts = [first, *(c[1] for c in self.chunks)][: len(self.chunks)]
-        if not (
-            self.dp > 0
-            and self.micro > 0
-            and 1 <= self.id_width <= 8
-            and all(
-                c[4] in _COUNT_DTYPES and s == c[0] < c[1]
-                for s, c in zip(starts, self.chunks, strict=True)
-            )
-        ):
-            raise self._fail("corrupt plan footer (bad layout)")
-        self.plan_id = plan_id_of(data)
-        self._dirs: dict[int, np.ndarray] = {}
-
-    @property
-    def steps(self) -> int:
-        return self.chunks[-1][1] if self.chunks else self.first_step
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-        if self._object is not None:
-            self._object.close()
-
-    def __enter__(self) -> PlanReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def chunk_of(self, step: int) -> int:
-        if not self.first_step <= step < self.steps:
-            span = (
-                f"{self.steps} steps"
-                if not self.first_step
-                else (f"steps {self.first_step} to {self.steps - 1}")
-            )
-            raise PlanError(f"{self.path}: step {step} is outside the plan's {span}")
-        lo, hi = 0, len(self.chunks)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.chunks[mid][0] <= step:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def _directory(self, chunk: int) -> np.ndarray:
-        directory = self._dirs.get(chunk)
-        if directory is None:
-            _a, _b, offset, digest, _w = self.chunks[chunk]
-            data = self._read(offset, self.dp * _DIR_ENTRY.itemsize)
-            if checksum(data) != digest:
-                raise self._bad(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
-            directory = np.frombuffer(data, dtype=_DIR_ENTRY)
-            if len(self._dirs) > 256:
-                self._dirs.clear()
-            self._dirs[chunk] = directory
-        return directory
-
-    def rank_chunk(self, chunk: int, rank: int) -> RankChunk:
-        """The samples of `rank` in `chunk`, checksum-verified."""
-        if not 0 <= rank < self.dp:
-            raise PlanError(f"{self.path}: DP rank {rank} is outside the plan's dp_size {self.dp}")
-        if not 0 <= chunk < len(self.chunks):
-            raise PlanError(f"{self.path}: chunk {chunk} does not exist")
-        a, b, _, _, width = self.chunks[chunk]
-        entry = self._directory(chunk)[rank]
-        data = self._read(int(entry["offset"]), int(entry["size"]))
-        # An "S8" field drops trailing NUL bytes on read; pad it back to the stored 8 bytes.
-        if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
-            raise self._bad(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
-        head = (b - a) * self.micro * width
-        if head > len(data):
-            raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
-        counts = (
-            np.frombuffer(data[:head], dtype=_COUNT_DTYPES[width])
-            .reshape(b - a, self.micro)
-            .astype(np.int64)
-        )
-        n = int(counts.sum())
-        end = head + n * self.id_width
-        if end > len(data):
-            raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (counts do not match ids)")
-        view = memoryview(data)
-        ids = decode_ids(view[head:end], self.id_width)
-        try:
-            fetch = decode_fetch(view[end:], n)
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise self._fail(f"chunk {chunk} rank {rank}: corrupt block ({exc})") from None
-        return RankChunk(a, counts, ids, fetch)
-
-    def section(self, name: str) -> np.ndarray:
-        try:
-            meta = self.sections[name]
-            offset, size, dtype = int(meta["offset"]), int(meta["size"]), str(meta["dtype"])
-            shape = tuple(int(x) for x in meta["shape"])
-            digest = bytes.fromhex(meta["checksum"])
-        except (KeyError, ValueError, TypeError, OverflowError) as exc:
-            raise self._fail(f"corrupt plan footer (section {name!r}: {exc})") from None
-        data = self._read(offset, size)
-        if checksum(data) != digest:
-            raise self._bad(f"section {name!r}: checksum mismatch (corrupt file)")
-        # Sections are plain numbers ("<i8", "<f8", "|u1", ...): no objects, records,
-        # sub-arrays or zero-size types, whatever the footer says.
-        if not _SECTION_DTYPE.fullmatch(dtype):
-            raise self._fail(f"section {name!r}: corrupt shape or dtype ({dtype!r})")
-        dtype = np.dtype(dtype)
-        # math.prod on Python ints: numpy's product of a forged shape can wrap around.
-        if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize != size:
-            raise self._fail(f"section {name!r}: corrupt shape")
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
-
-    def verify_sections(self) -> None:
-        """Checksum-verify every section (they are small): for commands that rewrite or
-        re-derive a plan and so vouch for all of it. PlanError names the first bad one."""
-        for name in sorted(self.sections):
-            self.section(name)

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from mds.core import storage
-from mds.core.planfile import PlanReader, RankChunk
+from mds.core.planfile import RankChunk
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
 from mds.executor.batch import compact, expand
 from mds.executor.catalog.sources import SourceCatalog, Tokenize

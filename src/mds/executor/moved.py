@@ -29,7 +29,11 @@ MOVED: dict[str, tuple[str, ...]] = {
     "mds.executor.metacache": ("mds.core.metacache",),
     "mds.executor.parquet_pages": ("mds.formats.parquet.pages",),
     "mds.executor.parquet_thrift": ("mds.formats.parquet.thrift",),
-    "mds.executor.planfile": ("mds.core.planfile",),
+    "mds.executor.planfile": (
+        "mds.core.planfile",
+        "mds.core.planfile_reader",
+        "mds.core.planfile_writer",
+    ),
     "mds.executor.ranges": ("mds.core.object_ranges",),
     "mds.executor.sources": ("mds.executor.catalog.sources", "mds.core.index_manifest"),
     "mds.executor.storage": ("mds.core.storage",),

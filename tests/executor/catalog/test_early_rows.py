@@ -15,7 +15,7 @@ import mds.executor.catalog.early_rows as lookahead_module
 import mds.executor.readers as readers_module
 import mds.formats.parquet.pages as parquet_pages
 from mds.core.lru import LRU
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import SourceDataError
 from mds.executor.catalog.early_rows import FIRST_LATER, MAX_LATER, Lookahead
 

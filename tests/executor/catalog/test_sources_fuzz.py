@@ -32,7 +32,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plan_builders import index_data, plan_config
 
-from mds.core.planfile import FETCH_COLUMNS, Fetch, PlanReader, RankChunk
+from mds.core.planfile import FETCH_COLUMNS, Fetch, RankChunk
+from mds.core.planfile_reader import PlanReader
 from mds.errors import (
     ConfigError,
     DataChangedError,

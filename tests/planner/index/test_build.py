@@ -9,7 +9,6 @@ import os
 import threading
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -29,7 +28,7 @@ from builders import (
 
 from mds.core.fingerprint import fingerprint
 from mds.errors import ConfigError, IndexFormatError, SourceDataError
-from mds.planner.index import build
+from mds.planner.index import build, publish, source_table
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config
 from mds.planner.index.tables import index_fingerprint, read_manifest, source_frame
@@ -48,15 +47,15 @@ def scanned(monkeypatch) -> list[str]:
     """Records the relative path of every file a scanner is called on."""
     seen: list[str] = []
     lock = threading.Lock()
-    for fmt, scan in list(build.SCANNERS.items()):
+    for fmt, scan in list(source_table.SCANNERS.items()):
 
         def wrapper(file, ctx, _scan=scan):
             with lock:
                 seen.append(file.rel)
             return _scan(file, ctx)
 
-        monkeypatch.setitem(build.SCANNERS, fmt, wrapper)
-    for fmt, scan in list(build.BATCH_SCANNERS.items()):
+        monkeypatch.setitem(source_table.SCANNERS, fmt, wrapper)
+    for fmt, scan in list(source_table.BATCH_SCANNERS.items()):
 
         def batch_wrapper(files, ctx, _scan=scan):
             got = _scan(files, ctx)
@@ -65,7 +64,7 @@ def scanned(monkeypatch) -> list[str]:
                     seen.extend(f.rel for f in files)
             return got
 
-        monkeypatch.setitem(build.BATCH_SCANNERS, fmt, batch_wrapper)
+        monkeypatch.setitem(source_table.BATCH_SCANNERS, fmt, batch_wrapper)
     return seen
 
 
@@ -380,7 +379,7 @@ def test_changed_tokenizer_rescans(tmp_path: Path, scanned: list[str]) -> None:
 
 
 def _fail_after_first(monkeypatch, fmt: str) -> None:
-    real = build.SCANNERS[fmt]
+    real = source_table.SCANNERS[fmt]
     calls = {"n": 0}
     lock = threading.Lock()
 
@@ -392,7 +391,7 @@ def _fail_after_first(monkeypatch, fmt: str) -> None:
             raise SourceDataError(f"{file.rel}: injected failure")
         return real(file, ctx)
 
-    monkeypatch.setitem(build.SCANNERS, fmt, flaky)
+    monkeypatch.setitem(source_table.SCANNERS, fmt, flaky)
 
 
 def _change_every_web_file(root: Path) -> None:
@@ -428,13 +427,13 @@ def test_interrupt_before_the_manifest_leaves_the_previous_index(root: Path, mon
     _change_every_web_file(root)
     monkeypatch.setattr(build, "write_manifest", _interrupt)
     rolled_back: list[Path] = []
-    real_rollback = build._Writer.rollback
+    real_rollback = publish.TableWriter.rollback
 
     def rollback(self) -> None:
         rolled_back.extend(self.created)
         real_rollback(self)
 
-    monkeypatch.setattr(build._Writer, "rollback", rollback)
+    monkeypatch.setattr(publish.TableWriter, "rollback", rollback)
     with pytest.raises(KeyboardInterrupt):
         _build(root)
     # The new web table was written, then removed again; the old one is still there.
@@ -707,62 +706,6 @@ def test_damaged_previous_table_is_rescanned_not_reused(root: Path, scanned: lis
     assert snapshot(root / "index") == before  # rebuilt byte for byte, damaged file replaced
 
 
-# --- many small files ------------------------------------------------------------------------
-
-
-def _small_files(root: Path, langs: list) -> None:
-    for i, lang in enumerate(langs):
-        write_jsonl(root / f"s/f{i}.jsonl", [{"n": 1 + i, "lang": lang}, {"n": 2, "lang": None}])
-    config_file(
-        root,
-        '[index]\noutput = "index"\n\n[[source]]\nname = "s"\npath = "s/*.jsonl"\n'
-        'count = "n"\nkeep = ["lang"]\n',
-    )
-
-
-def test_small_files_in_batches_index_as_one_by_one(tmp_path: Path, monkeypatch) -> None:
-    _small_files(tmp_path, ["en", None, "fr", "de", None, "en", "xx"])
-    monkeypatch.setattr(build, "BATCH_FILES", 3)
-    _build(tmp_path, output=tmp_path / "batched")
-    monkeypatch.setattr(build, "BATCH_SCANNERS", {})
-    _build(tmp_path, output=tmp_path / "alone")
-    batched, alone = _manifest(tmp_path / "batched"), _manifest(tmp_path / "alone")
-    assert batched["sources"] == alone["sources"]
-    assert _table(tmp_path / "batched", "s").equals(_table(tmp_path / "alone", "s"))
-
-
-def test_type_drift_between_batches_names_the_files_a_file_scan_would(
-    tmp_path: Path, monkeypatch
-) -> None:
-    # Batches {f0, f1} and {f2, f3}: the first file with a value in each decides its type.
-    _small_files(tmp_path, [None, 7, None, "en"])
-    monkeypatch.setattr(build, "BATCH_FILES", 2)
-    with pytest.raises(SourceDataError) as batched:
-        _build(tmp_path)
-    monkeypatch.setattr(build, "BATCH_SCANNERS", {})
-    with pytest.raises(SourceDataError) as alone:
-        _build(tmp_path)
-    assert str(batched.value) == str(alone.value)
-    assert str(alone.value).startswith(
-        "s/f3.jsonl: column `lang` has type String but Int64 in s/f1"
-    )
-
-
-def test_reindex_reuses_rows_around_rescanned_small_files(tmp_path: Path, monkeypatch) -> None:
-    _small_files(tmp_path, ["a", "b", "c", "d", "e", "f"])
-    monkeypatch.setattr(build, "BATCH_FILES", 2)
-    _build(tmp_path)
-    write_jsonl(tmp_path / "s/f2.jsonl", [{"n": 9, "lang": "z"}])
-    write_jsonl(tmp_path / "s/f2b.jsonl", [{"n": 8, "lang": "y"}])
-    (tmp_path / "s/f4.jsonl").unlink()
-    summary = _build(tmp_path)
-    assert summary.sources[0].files_scanned == 2
-    _build(tmp_path, output=tmp_path / "fresh")
-    again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
-    assert again["sources"] == fresh["sources"]
-    assert _table(tmp_path / "index", "s").equals(_table(tmp_path / "fresh", "s"))
-
-
 def test_progress_adds_up_to_the_bytes_it_announced(root: Path, monkeypatch) -> None:
     """Chunk-by-chunk reports from the scanners plus the rest of each task add up to the
     total announced at start, once per byte, from whichever thread scanned."""
@@ -790,16 +733,6 @@ def _small_chunks(cls):
         return cls(*args, chunk_bytes=4096, **kwargs)
 
     return make
-
-
-def test_length_percentiles_are_polars_nearest_ranks() -> None:
-    """The manifest's p50/p90/p99 are what `quantile(..., "nearest")` gives (the report's
-    numbers), at every length, exact halves of a rank included."""
-    rng = np.random.default_rng(7)
-    for size in [*range(1, 1202), 4096, 65537]:
-        n = pl.Series("n_tokens", rng.integers(0, 50, size), dtype=pl.UInt32)
-        expected = [int(n.quantile(p / 100, interpolation="nearest")) for p in build.PERCENTILES]
-        assert build._nearest_ranks(n) == expected, size
 
 
 def test_interrupt_just_after_the_manifest_keeps_the_new_index(root: Path, monkeypatch) -> None:

@@ -6,27 +6,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 import zstandard
-from builders import ctx, data_file, jsonl_bytes, source, write_jsonl, write_zst
+from builders import (
+    JSONL_RECORDS,
+    ctx,
+    data_file,
+    jsonl_bytes,
+    source,
+    write_jsonl,
+    write_zst,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from literal_names import IDS, NAMES, write_with_decoy
 from polars.testing import assert_frame_equal
 
 from mds.errors import SourceDataError
-from mds.planner.index import jsonl
-from mds.planner.index.jsonl import scan_jsonl, scan_jsonl_batch
-
-RECORDS = [
-    {"n": 3, "lang": "en", "text": "hello world"},
-    {"n": 0, "lang": "fr", "text": ""},
-    {"n": 12, "lang": None, "text": "ünïcödé ✓"},
-    {"n": 7, "text": "no lang here", "extra": {"nested": [1, 2]}},
-    {"n": 1, "lang": "de", "text": "x" * 200},
-]
+from mds.planner.index import jsonl_lines
+from mds.planner.index.jsonl import scan_jsonl
+from mds.planner.index.jsonl_batch import scan_jsonl_batch
 
 
 def _scan(path: Path, *, fmt: str | None = None, chunk_bytes: int | None = None, **table):
@@ -54,13 +54,13 @@ def _lines_at(data: bytes, frame: pl.DataFrame) -> list:
 
 
 def test_offsets_and_lengths_address_each_line(tmp_path: Path) -> None:
-    data = write_jsonl(tmp_path / "a.jsonl", RECORDS)
+    data = write_jsonl(tmp_path / "a.jsonl", JSONL_RECORDS)
     frame = _scan(tmp_path / "a.jsonl", keep=["lang"])
     assert frame.columns == ["file_row", "offset", "length", "n_tokens", "lang"]
-    assert _lines_at(data, frame) == RECORDS
+    assert _lines_at(data, frame) == JSONL_RECORDS
     assert frame["file_row"].to_list() == [0, 1, 2, 3, 4]
-    assert frame["n_tokens"].to_list() == [r["n"] for r in RECORDS]
-    assert frame["lang"].to_list() == [r.get("lang") for r in RECORDS]
+    assert frame["n_tokens"].to_list() == [r["n"] for r in JSONL_RECORDS]
+    assert frame["lang"].to_list() == [r.get("lang") for r in JSONL_RECORDS]
     # `length` excludes the newline: every line ends right before one.
     assert all(
         data[o + n : o + n + 1] == b"\n"
@@ -69,25 +69,25 @@ def test_offsets_and_lengths_address_each_line(tmp_path: Path) -> None:
 
 
 def test_blank_and_whitespace_lines_are_skipped_but_keep_line_numbers(tmp_path: Path) -> None:
-    records = [RECORDS[0], "", "   ", RECORDS[1], "\t \r", " " * 30 + "\t" * 5, "", RECORDS[2]]
+    records = [JSONL_RECORDS[0], "", "   ", JSONL_RECORDS[1], "\t \r", " " * 30 + "\t" * 5, "", JSONL_RECORDS[2]]
     data = write_jsonl(tmp_path / "b.jsonl", records)
     frame = _scan(tmp_path / "b.jsonl")
     assert frame["file_row"].to_list() == [0, 3, 7]
-    assert _lines_at(data, frame) == [RECORDS[0], RECORDS[1], RECORDS[2]]
+    assert _lines_at(data, frame) == [JSONL_RECORDS[0], JSONL_RECORDS[1], JSONL_RECORDS[2]]
 
 
 def test_leading_whitespace_on_a_record_line_is_not_blank(tmp_path: Path) -> None:
-    data = write_jsonl(tmp_path / "b.jsonl", ['   {"n": 4}', "\t" + json.dumps(RECORDS[0])])
+    data = write_jsonl(tmp_path / "b.jsonl", ['   {"n": 4}', "\t" + json.dumps(JSONL_RECORDS[0])])
     frame = _scan(tmp_path / "b.jsonl")
     assert frame["n_tokens"].to_list() == [4, 3]
-    assert _lines_at(data, frame) == [{"n": 4}, RECORDS[0]]
+    assert _lines_at(data, frame) == [{"n": 4}, JSONL_RECORDS[0]]
 
 
 def test_last_line_without_a_trailing_newline(tmp_path: Path) -> None:
-    data = write_jsonl(tmp_path / "c.jsonl", RECORDS, trailing_newline=False)
+    data = write_jsonl(tmp_path / "c.jsonl", JSONL_RECORDS, trailing_newline=False)
     assert not data.endswith(b"\n")
     frame = _scan(tmp_path / "c.jsonl")
-    assert _lines_at(data, frame) == RECORDS
+    assert _lines_at(data, frame) == JSONL_RECORDS
     last = frame.row(-1, named=True)
     assert last["offset"] + last["length"] == len(data)
 
@@ -125,9 +125,9 @@ def test_lines_longer_than_the_chunk(tmp_path: Path) -> None:
 
 
 def test_text_with_estimate(tmp_path: Path) -> None:
-    write_jsonl(tmp_path / "t.jsonl", RECORDS)
+    write_jsonl(tmp_path / "t.jsonl", JSONL_RECORDS)
     frame = _scan(tmp_path / "t.jsonl", count=None, text="text", estimate="chars/4")
-    assert frame["n_tokens"].to_list() == [-(-len(r["text"]) // 4) for r in RECORDS]
+    assert frame["n_tokens"].to_list() == [-(-len(r["text"]) // 4) for r in JSONL_RECORDS]
 
 
 def test_token_list_field(tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_file_without_samples_has_zero_rows(tmp_path: Path, content: bytes) -> N
 
 @pytest.mark.parametrize("frames", [1, 3, 5])
 def test_zstd_matches_the_plain_file(tmp_path: Path, frames: int) -> None:
-    records = RECORDS * 6
+    records = JSONL_RECORDS * 6
     data = write_jsonl(tmp_path / "p.jsonl", records)
     plain = _scan(tmp_path / "p.jsonl", keep=["lang"])
     path = write_zst(tmp_path / "z.jsonl.zst", data, frames=frames)
@@ -179,7 +179,7 @@ def _count_frames(data: bytes) -> int:
 
 
 def test_zstd_truncated_frame(tmp_path: Path) -> None:
-    data = jsonl_bytes(RECORDS * 20)
+    data = jsonl_bytes(JSONL_RECORDS * 20)
     full = write_zst(tmp_path / "full.jsonl.zst", data).read_bytes()
     path = tmp_path / "cut.jsonl.zst"
     path.write_bytes(full[: len(full) - 10])
@@ -187,7 +187,7 @@ def test_zstd_truncated_frame(tmp_path: Path) -> None:
 
 
 def test_zstd_truncated_second_frame(tmp_path: Path) -> None:
-    full = write_zst(tmp_path / "full.jsonl.zst", jsonl_bytes(RECORDS * 20), frames=2).read_bytes()
+    full = write_zst(tmp_path / "full.jsonl.zst", jsonl_bytes(JSONL_RECORDS * 20), frames=2).read_bytes()
     path = tmp_path / "cut.jsonl.zst"
     path.write_bytes(full[:-5])
     assert _error(path) == "cut.jsonl.zst: truncated zstd frame"
@@ -195,7 +195,7 @@ def test_zstd_truncated_second_frame(tmp_path: Path) -> None:
 
 def test_not_zstd(tmp_path: Path) -> None:
     path = tmp_path / "garbage.jsonl.zst"
-    path.write_bytes(jsonl_bytes(RECORDS))  # plain text under a .zst name
+    path.write_bytes(jsonl_bytes(JSONL_RECORDS))  # plain text under a .zst name
     assert _error(path).startswith("garbage.jsonl.zst: corrupt zstd data (")
 
 
@@ -386,104 +386,11 @@ def test_crlf_and_a_single_line_ending_in_cr_are_read(tmp_path: Path) -> None:
     assert _scan(tmp_path / "one.jsonl")["n_tokens"].to_list() == [4]
 
 
-# --- many small files in one parse -----------------------------------------------------------
-
-
-def _batch(paths: list[Path], fmt: str | None = None, **table):
-    """(joint scan, per-file scans concatenated, rows per file) of `paths`."""
-    table.setdefault("count", "n")
-    files = [data_file(p, root=p.parent, fmt=fmt) for p in paths]
-    c = ctx(source(**table), files[0].format)
-    got = scan_jsonl_batch(files, c)
-    alone = [scan_jsonl(f, c) for f in files]
-    return got, alone
-
-
-def _joint_equals_alone(paths: list[Path], **table) -> None:
-    got, alone = _batch(paths, **table)
-    assert got is not None
-    frame, rows = got
-    assert rows.tolist() == [a.height for a in alone]
-    keep = table.get("keep", [])
-    for col in ["file_row", "offset", "length", "n_tokens", *keep]:
-        joint = frame[col]
-        per_file = pl.concat([a[col].cast(joint.dtype) for a in alone])
-        assert joint.dtype == next(
-            (a[col].dtype for a in alone if a.height and a[col].dtype != pl.Null), joint.dtype
-        )
-        assert joint.to_list() == per_file.to_list(), col
-
-
-def test_batch_equals_each_file_alone(tmp_path: Path) -> None:
-    paths = []
-    for i, records in enumerate([RECORDS, RECORDS[:2], [], RECORDS[2:], [{"n": 5}]]):
-        paths.append(tmp_path / f"f{i}.jsonl")
-        write_jsonl(paths[-1], records, trailing_newline=i != 1)
-    (tmp_path / "blank.jsonl").write_bytes(b'\n  \n{"n": 2, "lang": "xx"}\r\n\n')
-    paths.append(tmp_path / "blank.jsonl")
-    _joint_equals_alone(paths, keep=["lang"])
-    _joint_equals_alone(paths[:4], count=None, estimate="bytes/4", text="text")
-
-
-def test_batch_of_zstd_files(tmp_path: Path) -> None:
-    paths = [
-        write_zst(tmp_path / f"z{i}.jsonl.zst", jsonl_bytes(RECORDS[i:]), frames=2)
-        for i in range(3)
-    ]
-    _joint_equals_alone(paths, keep=["lang"])
-
-
-def test_token_lists(tmp_path: Path) -> None:
-    paths = [tmp_path / f"t{i}.jsonl" for i in range(3)]
-    for i, p in enumerate(paths):
-        write_jsonl(p, [{"tokens": list(range(i + j))} for j in range(3)])
-    _joint_equals_alone(paths, count=None, tokens="tokens")
-
-
-@pytest.mark.parametrize(
-    ("first", "second", "table"),
-    [
-        # Whole numbers alone are Int64: the source's type check must see that file's own type.
-        ({"n": 1, "q": 1}, {"n": 1, "q": 0.5}, {"keep": ["q"]}),
-        # Only empty token lists: List(Null) alone, which is not a token column.
-        ({"tokens": []}, {"tokens": [1, 2]}, {"count": None, "tokens": "tokens"}),
-        # No length field at all in one file.
-        ({"x": 1}, {"n": 1}, {}),
-        # The measured text is a number throughout one file: an error for that file alone.
-        ({"t": 5}, {"t": "abc"}, {"count": None, "estimate": "bytes/4", "text": "t"}),
-        # A key missing from one file's structs.
-        ({"n": 1, "s": {"a": 1}}, {"n": 1, "s": {"b": 2}}, {"keep": ["s"]}),
-        # A negative length.
-        ({"n": -1}, {"n": 1}, {}),
-    ],
-)
-def test_batch_declines_where_a_file_alone_could_differ(
-    tmp_path: Path, first: dict, second: dict, table: dict
-) -> None:
-    write_jsonl(tmp_path / "a.jsonl", [first])
-    write_jsonl(tmp_path / "b.jsonl", [second])
-    files = [data_file(tmp_path / n) for n in ("a.jsonl", "b.jsonl")]
-    table = {"count": "n", **table}
-    assert scan_jsonl_batch(files, ctx(source(**table), "jsonl")) is None
-
-
-def test_batch_declines_bad_lines_and_large_files(tmp_path: Path) -> None:
-    write_jsonl(tmp_path / "a.jsonl", RECORDS)
-    (tmp_path / "b.jsonl").write_bytes(b'{"n": 1}\n{"n": \n')
-    (tmp_path / "c.jsonl").write_bytes(b'{"n": 1}\r{"n": 2}\r')
-    for other in ("b.jsonl", "c.jsonl"):
-        files = [data_file(tmp_path / n) for n in ("a.jsonl", other)]
-        assert scan_jsonl_batch(files, ctx(source(count="n"), "jsonl")) is None
-    files = [data_file(tmp_path / "a.jsonl")] * 2
-    small = ctx(source(count="n"), "jsonl", chunk_bytes=64)
-    assert scan_jsonl_batch(files, small) is None
-
-
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.zst"])
 def test_progress_moves_chunk_by_chunk(tmp_path: Path, fmt: str, monkeypatch) -> None:
     """A large file reports its bytes (compressed ones for .zst) as its chunks are scanned,
     not only when it is done: in several steps that add up to the file's size."""
-    monkeypatch.setattr(jsonl, "_RAW_READ", 2048)  # compressed bytes read at a time
+    monkeypatch.setattr(jsonl_lines, "_RAW_READ", 2048)  # compressed bytes read at a time
     data = jsonl_bytes([{"n": i % 50, "text": "w" * (i % 300)} for i in range(3000)])
     path = tmp_path / "big.jsonl"
     if fmt == "jsonl":
@@ -497,146 +404,6 @@ def test_progress_moves_chunk_by_chunk(tmp_path: Path, fmt: str, monkeypatch) ->
     assert len(reported) >= 4
     assert all(n > 0 for n in reported)
     assert sum(reported) == path.stat().st_size
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    runs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 3)), max_size=60),
-    block=st.sampled_from([8, 13, 64, 1 << 20]),
-)
-def test_newlines_finds_every_lf(runs: list, block: int) -> None:
-    """Sparse and dense LFs, across block ends and words of 8 bytes, in blocks of any size."""
-    data = b"".join(b"x" * gap + b"\n" * count for gap, count in runs)
-    arr = np.frombuffer(data, dtype=np.uint8)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jsonl, "_NEWLINE_BLOCK", block)
-        got = jsonl._newlines(arr)
-    assert got.dtype == np.int64
-    assert got.tolist() == [i for i, byte in enumerate(data) if byte == 10]
-
-
-# --- the one-pass scan of a local file gives what the chunked scan gives ----------------------
-
-_texts = st.text(alphabet=st.sampled_from('ab \n\t"\\é✓\r'), max_size=30)
-_odd_values = st.one_of(st.integers(-3, 3), st.floats(-2, 2), st.booleans(), st.none())
-_clean = st.fixed_dictionaries(
-    {"text": _texts, "n": st.integers(0, 9)},
-    optional={"lang": st.sampled_from(["en", "de", None]), "other": st.integers(-3, 3)},
-)
-_odd = st.one_of(
-    st.fixed_dictionaries(
-        {},
-        optional={
-            "text": st.one_of(_texts, _odd_values),
-            "n": _odd_values,
-            "lang": _odd_values,
-            "other": st.one_of(_odd_values, _texts),
-        },
-    ),
-    st.sampled_from(
-        ["", " ", "\t \r", '{"text": "x",', "[1, 2]", "7", '{"text": "a"} {"text": "b"}', "\r"]
-    ),
-)
-
-
-@st.composite
-def _content(draw) -> list:
-    """Mostly clean records (the one pass's case), with a few odd lines anywhere."""
-    items = draw(st.lists(_clean, max_size=30))
-    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
-        items.insert(draw(st.integers(0, len(items))), draw(_odd))
-    return items
-
-
-def _outcome(scan, file, c) -> pl.DataFrame | str:
-    try:
-        return scan(file, c)
-    except SourceDataError as exc:
-        return str(exc)
-
-
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    items=_content(),
-    crlf=st.booleans(),
-    trailing=st.booleans(),
-    chunk_bytes=st.sampled_from([16, 64, 300, 16 << 20]),
-    table=st.sampled_from(
-        [
-            {"count": None, "text": "text", "estimate": "bytes/4", "keep": ["lang"]},
-            {"count": None, "text": "text", "estimate": "chars/3"},
-            {"count": "n", "keep": ["lang", "other"]},
-            {"count": "n", "text": "text"},
-        ]
-    ),
-)
-def test_one_pass_equals_the_chunked_scan(
-    tmp_path: Path, items: list, crlf: bool, trailing: bool, chunk_bytes: int, table: dict
-) -> None:
-    data = jsonl_bytes(items, trailing_newline=trailing)
-    if crlf:
-        data = data.replace(b"\n", b"\r\n")
-    path = tmp_path / "same.jsonl"
-    path.write_bytes(data)
-    file = data_file(path)
-    c = ctx(source(**table), file.format, chunk_bytes=chunk_bytes)
-    expected = _outcome(jsonl._scan_chunked, file, c)
-    got = _outcome(scan_jsonl, file, c)
-    if isinstance(expected, str):
-        assert got == expected
-    else:
-        assert isinstance(got, pl.DataFrame), got
-        assert_frame_equal(got, expected)
-
-
-@pytest.mark.parametrize(
-    "table",
-    [
-        {"count": None, "text": "text", "estimate": "bytes/4", "keep": ["lang", "id", "ok"]},
-        {"count": "n", "keep": ["lang"]},
-    ],
-)
-def test_a_clean_local_file_is_scanned_in_one_pass(tmp_path: Path, table: dict) -> None:
-    records = [
-        {"id": i, "n": i % 7, "ok": i % 2 == 0, "lang": "en", "text": "t\n" * (i % 9)}
-        for i in range(500)
-    ]
-    write_jsonl(tmp_path / "clean.jsonl", [*records[:3], "", *records[3:]])
-    file = data_file(tmp_path / "clean.jsonl")
-    c = ctx(source(**table), file.format, chunk_bytes=1024)
-    frame = jsonl._scan_mapped(file, c, [0])
-    assert frame is not None
-    assert_frame_equal(frame, jsonl._scan_chunked(file, c))
-    assert frame["file_row"][3] == 4
-
-
-@pytest.mark.parametrize(
-    "late",
-    [
-        {"n": 1, "q": 0.5},  # an integer field turns float after the sample
-        {"n": 1, "q": "x"},  # ... or string
-        '{"n": 1, "q": ',  # a malformed line
-    ],
-)
-def test_one_pass_gives_way_to_the_chunked_scan(tmp_path: Path, late) -> None:
-    """A file the one pass declines late is scanned again in chunks; progress still adds up
-    to the file's size."""
-    records = [{"n": i % 5, "q": i} for i in range(3000)]
-    path = tmp_path / "late.jsonl"
-    data = write_jsonl(path, [*records, late, {"n": 2, "q": 3}])
-    file = data_file(path)
-    reported: list[int] = []
-    c = ctx(source(count="n", keep=["q"]), "jsonl", chunk_bytes=4096, progress=reported.append)
-    assert jsonl._scan_mapped(file, ctx(source(count="n", keep=["q"]), "jsonl"), [0]) is None
-    expected = _outcome(jsonl._scan_chunked, file, ctx(source(count="n", keep=["q"]), "jsonl"))
-    got = _outcome(scan_jsonl, file, c)
-    if isinstance(expected, str):
-        assert got == expected
-    else:
-        assert_frame_equal(got, expected)
-        assert sum(reported) == len(data)
 
 
 @pytest.mark.parametrize(("stem", "decoy"), NAMES, ids=IDS)

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_builders import per_source, sample_index, sample_plan_config, step_ids, stream_prefix
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
-from mds.planner.plan.build import Planner, build_plan, with_overrides
+from mds.planner.plan.build import build_plan, with_overrides
+from mds.planner.plan.chunk import Planner
 from mds.planner.plan.config import MixSpec
 from mds.planner.plan.schedule import parse_schedule
 

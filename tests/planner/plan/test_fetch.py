@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from plan_builders import sample_index, sample_plan_config
 
-from mds.planner.plan.build import Planner
+from mds.planner.plan.chunk import Planner
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,11 @@ import polars as pl
 import pytest
 from plan_builders import plan_config, plan_slots, sample_index, sample_plan_config, synthetic
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, DataChangedError, IndexFormatError, PlanError
 from mds.planner.index.tables import read_manifest, source_frame
-from mds.planner.plan.build import Planner, build_plan
+from mds.planner.plan.build import build_plan
+from mds.planner.plan.chunk import Planner
 from mds.planner.report.export import EXPORT_COLUMNS, export_plan, plan_frame
 
 FIRST = ["step", "rank", "micro_batch", "sample_id", "source", "row", "epoch", "file"]

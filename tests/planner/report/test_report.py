@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from plan_builders import SAMPLE_CONFIG, schedule_weights, synthetic, train_table
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, DataChangedError
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config

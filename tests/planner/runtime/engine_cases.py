@@ -26,6 +26,7 @@ from mds.errors import ConfigError, MdsError, SourceDataError
 from mds.planner.index import build as build_mod
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config, parse_config
+from mds.planner.index.reuse import fingerprint_batch
 from mds.planner.plan.build import build_plan
 from mds.planner.plan.config import plan_config_from_dict
 from mds.planner.runtime import engine as engine_mod
@@ -151,8 +152,8 @@ def test_a_killed_index_worker_is_retried_with_the_same_bytes(cluster, tmp_path,
     config = load_config(SAMPLE_CONFIG)
     build_index(config, tmp_path / "local", workers=2)
     marker = tmp_path / "killed"
-    flaky = partial(_dies_once, str(marker), "mds.planner.index.build", "_scan_task")
-    monkeypatch.setattr(build_mod, "_scan_task", flaky)
+    flaky = partial(_dies_once, str(marker), "mds.planner.index.source_table", "scan_task")
+    monkeypatch.setattr(build_mod, "scan_task", flaky)
     build_index(config, tmp_path / "ray", engine=RAY)
     assert marker.exists()  # a worker did die
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
@@ -179,12 +180,12 @@ def test_a_node_that_cannot_see_a_file_names_it(tmp_path):
     (files,) = [fs for _, fs in _discovered(tmp_path)]
     (tmp_path / "d/a.jsonl").unlink()  # as on a node without the data root mounted
     with pytest.raises(SourceDataError) as info:
-        build_mod._fingerprint_batch(files, "sampled", "the-driver-host")
+        fingerprint_batch(files, "sampled", "the-driver-host")
     assert str(info.value).startswith("d/a.jsonl: not visible on Ray node ")
     assert "mount the data root at the same path on every node" in str(info.value)
     # On the driver's own host a missing file is the usual error.
     with pytest.raises(SourceDataError, match="cannot stat file"):
-        build_mod._fingerprint_batch(files, "sampled", socket.gethostname())
+        fingerprint_batch(files, "sampled", socket.gethostname())
 
 
 def _discovered(root: Path):

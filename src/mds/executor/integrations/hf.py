@@ -29,7 +29,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
 from mds.executor.executor import PlanExecutor
 from mds.executor.integrations.batches import PlanBatches

@@ -73,7 +73,7 @@ class PlanDataModule(pl.LightningDataModule):
         """Micro-batches per plan step: the trainer's `accumulate_grad_batches`."""
         if self.executor is not None:
             return self.executor.micro_batches
-        from mds.core.planfile import PlanReader
+        from mds.core.planfile_reader import PlanReader
 
         with PlanReader(self.plan) as reader:
             return reader.micro

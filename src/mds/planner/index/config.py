@@ -6,18 +6,14 @@ per-source weights) are accepted here and validated by the stage that owns them.
 
 from __future__ import annotations
 
-import difflib
-import os
 import re
-import select
-import stat
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mds.core.storage import is_url
 from mds.errors import ConfigError
+from mds.planner.index.config_file import check_keys, load_toml, place
 from mds.planner.runtime.engine import check_address, check_engine
 
 __all__ = [
@@ -27,10 +23,8 @@ __all__ = [
     "LengthSpec",
     "SourceSpec",
     "load_config",
-    "load_toml",
     "parse_config",
     "parse_source",
-    "read_whole",
     "resolve_format",
 ]
 
@@ -153,30 +147,11 @@ def _where(path: Path | None) -> str:
     return f"{path}: " if path else ""
 
 
-def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    for key in table:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = (
-                f"; did you mean `{close[0]}`?"
-                if close
-                else f"; expected one of {', '.join(allowed)}"
-            )
-            raise ConfigError(f"{where}unknown key `{key}`{hint}")
-
-
 def _string(table: dict[str, Any], key: str, where: str) -> str | None:
     value = table.get(key)
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{where}`{key}` must be a non-empty string, got {value!r}")
     return value
-
-
-def place(base: Path, text: str | None) -> Path | str | None:
-    """A config path resolved against the config's directory; a URL stays as it is."""
-    if not text:
-        return None
-    return text.rstrip("/") if is_url(text) else (base / text).resolve()
 
 
 def _strings(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
@@ -256,7 +231,7 @@ def parse_source(table: dict[str, Any], where: str) -> SourceSpec:
     """Validate one `[[source]]` table; `where` prefixes every error message."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where}must be a table")
-    _check_keys(table, INDEX_SOURCE_KEYS + PLAN_SOURCE_KEYS, where)
+    check_keys(table, INDEX_SOURCE_KEYS + PLAN_SOURCE_KEYS, where)
     name = _string(table, "name", where)
     if name is None:
         raise ConfigError(f"{where}`name` is required")
@@ -293,12 +268,12 @@ def parse_config(
 ) -> IndexConfig:
     """Build an IndexConfig from parsed TOML; relative paths resolve against `base`."""
     where = _where(path)
-    _check_keys(data, TOP_LEVEL_KEYS, where)
+    check_keys(data, TOP_LEVEL_KEYS, where)
     base = base or (path.parent if path else Path.cwd())
     index = data.get("index", {})
     if not isinstance(index, dict):
         raise ConfigError(f"{where}`index` must be a table")
-    _check_keys(index, INDEX_KEYS, f"{where}[index]: ")
+    check_keys(index, INDEX_KEYS, f"{where}[index]: ")
     root_text = _string(index, "root", f"{where}[index]: ") or "."
     # An s3:// root stays a URL (its objects are listed and read with range requests).
     root = root_text.rstrip("/") if is_url(root_text) else (base / root_text).resolve()
@@ -345,55 +320,6 @@ def parse_engine(table: dict[str, Any], where: str) -> tuple[str, str | None]:
         if engine != "ray":
             raise ConfigError(f'{where}`address` applies to engine = "ray" only')
     return engine, address
-
-
-def read_whole(path: str | Path) -> bytes:
-    """Every byte of `path`, read once. A FIFO (a named pipe, `<(...)`) is waited on with
-    poll() on a non-blocking descriptor: Polars installs its SIGINT handler with SA_RESTART,
-    so a blocking open() or read() of a pipe nobody writes would never see Ctrl-C, while
-    poll() always returns on a signal and lets Python's handler raise KeyboardInterrupt."""
-    path = Path(path)
-    if not stat.S_ISFIFO(os.stat(path).st_mode):
-        return path.read_bytes()
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, even with no writer
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        chunks: list[bytes] = []
-        ended = False  # poll saw the writer hang up
-        while True:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:  # a writer is connected and has not written yet
-                data = None
-            if data:
-                chunks.append(data)
-                continue
-            # b"": end of the data once some came or a writer hung up; before that it only
-            # means that no writer has opened the pipe yet
-            if data == b"" and (chunks or ended):
-                return b"".join(chunks)
-            events = poller.poll(100)
-            ended = any(event & select.POLLHUP for _, event in events)
-    finally:
-        os.close(fd)
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """The TOML config at `path`, read once (see read_whole)."""
-    path = Path(path)
-    try:
-        text = read_whole(path).decode("utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: cannot read config ({exc})") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
 
 
 def load_config(path: str | Path) -> IndexConfig:

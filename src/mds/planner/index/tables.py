@@ -29,6 +29,7 @@ from mds.planner.runtime.atomic import atomic_path
 
 __all__ = [
     "FORMAT",
+    "TABLES",
     "download_index",
     "MANIFEST",
     "VERSION",
@@ -41,8 +42,11 @@ __all__ = [
     "source_table",
     "table_checksum",
     "table_damage",
+    "table_intact",
     "write_manifest",
 ]
+
+TABLES = "sources"  # the folder of an index's tables
 
 
 def source_frame(manifest: IndexManifest, name: str) -> pl.LazyFrame:
@@ -174,3 +178,11 @@ def download_index(url: str, local: Path) -> Path:
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
         (local / rel).write_bytes(data)
     return local
+
+
+def table_intact(table: Path, checksum: str) -> bool:
+    """Whether an index table still has the bytes its manifest records."""
+    try:
+        return table_checksum(table) == checksum
+    except OSError:
+        return False

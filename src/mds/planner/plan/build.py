@@ -1,9 +1,9 @@
 """Build a plan: mix, select, balance and encode every step, chunk by chunk.
 
 A chunk of steps [a, b) is a pure function of the config, the index and the mixing state
-at a. A sequential pass computes the states (and counts) chunk by chunk, ahead of the
-chunks themselves, which are planned independently (in worker processes with --workers)
-and written in order.
+at a (plan/chunk.py). A sequential pass computes the states (and counts) chunk by chunk,
+ahead of the chunks themselves, which are planned independently (in worker processes
+with --workers) and written in order, then the footer (plan/footer.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,56 +19,22 @@ from typing import Any
 import numpy as np
 
 from mds.core import storage
-from mds.core.planfile import (
-    MAGIC,
-    ChunkBlocks,
-    EncodedChunk,
-    PlanWriter,
-    encode_chunk,
-    plan_id_of,
-)
+from mds.core.planfile import MAGIC, encode_chunk, plan_id_of
+from mds.core.planfile_writer import PlanWriter
 from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
-from mds.planner.index.tables import IndexManifest, download_index, read_manifest
-from mds.planner.plan.balance import balance, group_sums, interleave_ranks, lower_bound, naive_ranks
+from mds.planner.index.tables import IndexManifest, download_index
+from mds.planner.plan.chunk import STAT_COLUMNS, ChunkResult, Planner
 from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes
-from mds.planner.plan.fetch import FetchTable, source_facts
-from mds.planner.plan.mixing import Mixer, MixState
-from mds.planner.plan.pool import COST_SCALE, SourcePool, load_pools
-from mds.planner.plan.stream import SourceStream
+from mds.planner.plan.footer import plan_footer
+from mds.planner.plan.mixing import MixState
 from mds.planner.runtime import upload
 from mds.planner.runtime.atomic import clean_stale_temps, temp_sibling
 from mds.planner.runtime.engine import Engine, EngineSpec, fork_shares_memory, open_engine
 from mds.planner.runtime.lock import output_lock
 from mds.planner.runtime.malloc import keep_freed_memory
-from mds.planner.runtime.outputs import recorded_root
 
-__all__ = ["STAT_COLUMNS", "ChunkResult", "PlanSummary", "Planner", "build_plan"]
-
-PLAN_FORMAT = "mds-plan"
-STAT_COLUMNS = (
-    "samples",
-    "tokens",
-    "cost",
-    "max_rank_cost",
-    "min_rank_cost",
-    "lower_bound",
-    "naive_max_rank_cost",
-    "max_micro_tokens",
-    "max_micro_cost",
-    "interleave_max_rank_cost",
-)
-
-
-@dataclass
-class ChunkResult:
-    """One planned chunk: per-rank (counts, ids, fetch records) blocks and per-step stats."""
-
-    start: int
-    end: int
-    blocks: ChunkBlocks | EncodedChunk  # per rank (counts, ids, fetch); encoded in workers
-    stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
-    source_samples: np.ndarray  # [steps, sources] int64
+__all__ = ["PlanSummary", "build_plan", "with_overrides"]
 
 
 @dataclass
@@ -101,158 +66,6 @@ class PlanSummary:
         out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
         out["seconds"] = round(self.seconds, 3)
         return out
-
-
-class Planner:
-    """Everything needed to plan any chunk: pools, streams, mixer (see module docstring)."""
-
-    def __init__(
-        self,
-        config: PlanConfig,
-        manifest: IndexManifest | None = None,
-        start: MixState | None = None,
-        lineage: dict[str, Any] | None = None,
-    ):
-        """`start`: the mixing state to plan from (a plan derived from another at step K
-        starts at K with the parent's cursors; `lineage` records that in the footer)."""
-        self.config = config
-        self.start = start
-        self.lineage = lineage
-        self.index_place: str | None = None  # the index's URL when read from object storage
-        self.manifest = manifest or read_manifest(config.index)
-        self.pools: list[SourcePool] = load_pools(config, self.manifest)
-        self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
-        self.mixer = Mixer(config, self.pools, self.streams)
-        self.fetch = FetchTable(self.manifest, self.pools)
-        self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
-
-    @property
-    def id_width(self) -> int:
-        """Bytes per global sample id in the plan file."""
-        return max(1, (max(self.total_rows - 1, 1).bit_length() + 7) // 8)
-
-    @property
-    def first_step(self) -> int:
-        return self.start.step if self.start is not None else 0
-
-    def start_state(self) -> MixState:
-        return self.start.copy() if self.start is not None else self.mixer.start()
-
-    def boundaries(self) -> list[tuple[int, int]]:
-        steps, size = self.config.train.steps, self.config.chunk_steps
-        return [(a, min(a + size, steps)) for a in range(self.first_step, steps, size)]
-
-    def mix_chunks(self) -> Iterator[tuple[MixState, int, np.ndarray, MixState]]:
-        """The sequential mixing pass: per chunk (state at its start, end step, counts,
-        state at its end)."""
-        state = self.start_state()
-        for _a, b in self.boundaries():
-            counts, after = self.mixer.run(state, b)
-            yield state, b, counts, after
-            state = after
-
-    def states(self) -> list[MixState]:
-        """Mixing state at the start of every chunk, plus the final state."""
-        out = [self.start_state()]
-        out += [after for _state, _b, _counts, after in self.mix_chunks()]
-        return out
-
-    def plan_chunk(
-        self, state: MixState, end: int, counts: np.ndarray | None = None
-    ) -> ChunkResult:
-        """Steps [state.step, end); `counts` are the mixer's counts for them, if known."""
-        train = self.config.train
-        a = state.step
-        T, D, M = end - a, train.dp_size, train.micro_batches
-        if counts is None:
-            counts, _ = self.mixer.run(state, end)  # [T, S]
-        per_step = counts.sum(axis=1)
-        width = int(per_step.max(initial=0))
-        gid = np.zeros((T, width), dtype=np.int64)
-        length = np.zeros((T, width), dtype=np.int64)
-        cost = np.zeros((T, width), dtype=np.int64)
-        valid = np.arange(width)[None, :] < per_step[:, None]
-        offsets = np.cumsum(counts, axis=1) - counts  # where each source starts inside a step
-        for s, (pool, stream) in enumerate(zip(self.pools, self.streams, strict=True)):
-            total = int(counts[:, s].sum())
-            if total == 0:
-                continue
-            pos = stream.positions(int(state.consumed[s]), total)
-            step_of = np.repeat(np.arange(T), counts[:, s])
-            first = np.cumsum(counts[:, s]) - counts[:, s]
-            slot = offsets[step_of, s] + np.arange(total) - first[step_of]
-            gid[step_of, slot] = pool.base + pool.rows[pos]
-            length[step_of, slot] = pool.lengths[pos]
-            cost[step_of, slot] = pool.costs[pos]
-        steps = np.arange(a, end)
-        assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
-        per_cell, ids, bounds = _blocks(assign, gid, valid, T, D, M)
-        columns, files = self.fetch.chunk_records(ids, bounds)
-        blocks = ChunkBlocks(per_cell, ids, bounds, columns, files)
-        return ChunkResult(
-            a,
-            end,
-            blocks,
-            _stats(assign, cost, length, valid, steps, D, M),
-            counts,
-        )
-
-
-def _blocks(
-    assign, gid: np.ndarray, valid: np.ndarray, T: int, D: int, M: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sample counts [D, T, M], the global ids by rank and then in (step, micro-batch,
-    slot) order, and where each rank's ids start and end in them ([D + 1])."""
-    t, j = np.nonzero(valid)
-    r, m = assign.rank[t, j], assign.micro[t, j]
-    cell = (r * T + t) * M + m
-    order = _stable_order(cell, D * T * M)  # (t, j) come in order: j ascends in a cell
-    ids = gid[t, j][order]
-    per_cell = np.bincount(cell, minlength=D * T * M).reshape(D, T, M)
-    bounds = np.concatenate([[0], np.cumsum(per_cell.reshape(D, -1).sum(axis=1))])
-    return per_cell, ids, bounds
-
-
-def _stable_order(keys: np.ndarray, size: int) -> np.ndarray:
-    """np.argsort(keys, kind="stable") for keys in [0, size): numpy radix-sorts 16-bit keys,
-    so keys below 2^32 take two such passes (least significant half first)."""
-    if size <= 1 << 16:
-        return np.argsort(keys.astype(np.uint16), kind="stable")
-    if size <= 1 << 32:
-        low = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
-        return low[np.argsort((keys[low] >> 16).astype(np.uint16), kind="stable")]
-    return np.argsort(keys, kind="stable")
-
-
-def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
-    """Per-step rows of STAT_COLUMNS, costs in integer units."""
-    T = cost.shape[0]
-    naive = naive_ranks(valid, D, steps)
-    rows = np.arange(T)[:, None]
-    naive_load = group_sums(rows * (D + 1) + np.where(naive >= 0, naive, D), cost, T * (D + 1))
-    naive_load = naive_load.reshape(T, D + 1)
-    inter = interleave_ranks(valid, D)
-    inter_load = group_sums(rows * (D + 1) + np.where(inter >= 0, inter, D), cost, T * (D + 1))
-    inter_load = inter_load.reshape(T, D + 1)
-    cell = rows * (D * M + 1) + np.where(valid, assign.rank * M + assign.micro, D * M)
-    micro_tok = group_sums(cell, length, T * (D * M + 1)).reshape(T, D * M + 1)
-    micro_cost = group_sums(cell, cost, T * (D * M + 1)).reshape(T, D * M + 1)
-    out = np.stack(
-        [
-            valid.sum(axis=1),
-            length.sum(axis=1),
-            cost.sum(axis=1),
-            assign.load.max(axis=1),
-            assign.load.min(axis=1),
-            lower_bound(cost, D),
-            naive_load[:, :D].max(axis=1),
-            micro_tok[:, : D * M].max(axis=1),
-            micro_cost[:, : D * M].max(axis=1),
-            inter_load[:, :D].max(axis=1),
-        ],
-        axis=1,
-    )
-    return out.astype(np.int64)
 
 
 # Worker plumbing: each worker (a local process or a Ray worker) builds the Planner of a
@@ -550,7 +363,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
         writer.add_section("cursor_consumed", np.stack([s.consumed for s in states]))
         writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
         writer.add_section("cursor_target", np.stack([s.target for s in states]))
-        footer = _footer(planner, place or output, states[-1], stats_arr)
+        footer = plan_footer(planner, place or output, states[-1], stats_arr)
         data = writer.commit(footer)
     except BaseException as exc:
         writer.abort()
@@ -563,86 +376,6 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
 def _cannot_write(output: Path, exc: OSError) -> PlanError:
     """A failed write (disk full, read-only, permissions) as one line naming the plan."""
     return PlanError(f"{output}: cannot write the plan ({exc.strerror or exc})")
-
-
-def index_sources(manifest: IndexManifest) -> list[dict[str, Any]]:
-    """The footer's record of the index: each source's name, global id base, rows, table."""
-    out, base = [], 0
-    for s in manifest.sources:
-        out.append(
-            {
-                "name": s["name"],
-                "base": base,
-                "rows": s["rows"],
-                "table_checksum": s["table_checksum"],
-            }
-        )
-        base += s["rows"]
-    return out
-
-
-def _footer(
-    planner: Planner, output: Path | str, final: MixState, stats: np.ndarray
-) -> dict[str, Any]:
-    config, manifest = planner.config, planner.manifest
-    peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
-    sources = []
-    for s, pool in enumerate(planner.pools):
-        consumed = int(final.consumed[s])
-        sources.append(
-            {
-                "name": pool.name,
-                "base": pool.base,
-                "eligible": pool.n,
-                "dropped_overlong": pool.dropped,
-                "truncated": pool.truncated,
-                "samples": consumed,
-                "tokens": int(final.tokens[s]) if config.train.tokens_per_step else None,
-                "epochs": round(consumed / pool.n, 6) if pool.n else 0.0,
-                "epochs_started": -(-consumed // pool.n) if pool.n else 0,
-            }
-        )
-    return {
-        "format": PLAN_FORMAT,
-        "config": config.canonical(),
-        "index": {
-            "fingerprint": manifest.fingerprint,
-            "path": planner.index_place or _relative(str(manifest.path), output),
-            "sources": index_sources(manifest),
-        },
-        "sources": sources,
-        "fetch": _fetch_facts(planner, output),
-        "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
-        "stats_columns": list(STAT_COLUMNS),
-        "steps": config.train.steps,
-        **(
-            {"first_step": planner.first_step, "lineage": planner.lineage}
-            if planner.lineage is not None
-            else {}
-        ),
-    }
-
-
-def _relative(path: str, plan: Path | str) -> str:
-    """`path` as a plan at `plan` records it: relative to the plan's directory when both
-    are files; absolute (or a URL) when the plan is an object."""
-    if storage.is_url(path) or storage.is_url(plan):
-        return path if storage.is_url(path) else os.path.abspath(path)
-    return os.path.relpath(path, Path(plan).parent)
-
-
-def _fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
-    """What the executor needs besides the blocks' records: the data root (relative to the
-    plan's directory, as the index's path is, so the bytes do not depend on where the
-    tree lies), and for each planned source how to read and tokenize it."""
-    manifest = planner.manifest
-    sources = {}
-    for pool in planner.pools:
-        sources[pool.name] = source_facts(manifest.source(pool.name))
-    root = manifest.data["root"]
-    if storage.is_url(output):
-        return {"root": _relative(root, output), "sources": sources}
-    return {"root": recorded_root(root, Path(output).parent), "sources": sources}
 
 
 def _summary(

@@ -14,15 +14,8 @@ from typing import Any
 
 from mds.core.storage import is_url
 from mds.errors import ConfigError
-from mds.planner.index.config import (
-    IndexConfig,
-    _check_keys,
-    load_toml,
-    parse_config,
-    parse_engine,
-    place,
-    read_whole,
-)
+from mds.planner.index.config import IndexConfig, parse_config, parse_engine
+from mds.planner.index.config_file import check_keys, load_toml, place, read_whole
 from mds.planner.plan.schedule import WeightSchedule, parse_schedule
 
 __all__ = [
@@ -201,7 +194,7 @@ def _choice(
 def _table(table: Any, keys: tuple[str, ...], where: str) -> None:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}must be a table")
-    _check_keys(table, keys, where)
+    check_keys(table, keys, where)
 
 
 def parse_train(table: Any, where: str) -> TrainSpec:
@@ -305,7 +298,7 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
         mwhere = f"{where}model: "
         if not isinstance(model, dict):
             raise ConfigError(f"{mwhere}must be a table with `layers` and `hidden`")
-        _check_keys(model, MODEL_KEYS, mwhere)
+        check_keys(model, MODEL_KEYS, mwhere)
         layers = _int(model, "layers", mwhere)
         hidden = _int(model, "hidden", mwhere)
         if layers is None or hidden is None:
@@ -352,7 +345,7 @@ def _fit_error(value: Any, where: str) -> dict[str, Any]:
     fwhere = f"{where}fit_error: "
     if not isinstance(value, dict):
         raise ConfigError(f"{fwhere}must be a table {{ max, median, points }}")
-    _check_keys(value, FIT_ERROR_KEYS, fwhere)
+    check_keys(value, FIT_ERROR_KEYS, fwhere)
     for key in FIT_ERROR_KEYS:
         if key not in value:
             raise ConfigError(f"{fwhere}`{key}` is required")
@@ -428,7 +421,7 @@ def parse_plan_config(
     plan = data.get("plan", {})
     if not isinstance(plan, dict):
         raise ConfigError(f"{where}[plan]: must be a table")
-    _check_keys(plan, PLAN_KEYS, f"{where}[plan]: ")
+    check_keys(plan, PLAN_KEYS, f"{where}[plan]: ")
     index = plan.get("index")
     if index is not None and (not isinstance(index, str) or not index):
         raise ConfigError(f"{where}[plan]: `index` must be a path or URL string")

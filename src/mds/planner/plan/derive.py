@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mds.core.planfile import PlanReader
+from mds.core.index_manifest import index_sources
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
 from mds.planner.plan.mixing import MixState
 
 if TYPE_CHECKING:
-    from mds.planner.plan.build import Planner
+    from mds.planner.plan.chunk import Planner
 
 __all__ = ["derive_start", "parent_cursors"]
 
@@ -63,8 +64,6 @@ def parent_cursors(
 def _index_problem(planner: Planner, footer: dict[str, Any]) -> str | None:
     """The new index must hold every source of the parent's index unchanged (same rows in
     the same global id range), so the parent's sample ids mean the same samples."""
-    from mds.planner.plan.build import index_sources
-
     now = {s["name"]: s for s in index_sources(planner.manifest)}
     for s in footer["index"]["sources"]:
         if now.get(s["name"]) != s:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 
 __all__ = ["HeaderDiff", "PlanDiff", "ShareDiff", "StepDiff", "diff_plans", "header_diff"]

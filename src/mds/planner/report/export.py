@@ -12,7 +12,8 @@ import numpy as np
 import polars as pl
 
 from mds.core.index_manifest import plan_manifest
-from mds.core.planfile import PlanReader, RankChunk
+from mds.core.planfile import RankChunk
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError
 from mds.planner.index.tables import IndexManifest, source_frame
 from mds.planner.plan.pool import JSONL_FORMATS

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 from mds.planner.plan.schedule import parse_schedule
 from mds.planner.report.common import SCHEMA, buckets, ratio, summary

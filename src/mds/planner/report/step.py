@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 from mds.core.index_manifest import plan_manifest
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError
 from mds.planner.index.tables import IndexManifest
 from mds.planner.report.common import SCHEMA

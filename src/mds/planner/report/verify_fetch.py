@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from mds.core.planfile import PlanReader, RankChunk
+from mds.core.planfile import RankChunk
+from mds.core.planfile_reader import PlanReader
 from mds.errors import MdsError
 from mds.planner.index.tables import IndexManifest, read_table
 from mds.planner.plan.fetch import FILE_KEYS, source_facts

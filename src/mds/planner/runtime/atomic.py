@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mds.core.storage import (
+from mds.core.commit import (
     TMP_MARK,
     host_tag,
     is_temp_name,

@@ -20,7 +20,6 @@ import errno
 import json
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,28 +27,14 @@ from typing import Any
 
 from mds.core import storage
 from mds.errors import ConfigError, OutputError
-from mds.planner.runtime.atomic import (
-    clean_stale_temps,
-    pid_alive,
-    same_machine,
-    shortened,
-    temp_sibling,
-)
+from mds.planner.runtime.atomic import clean_stale_temps, pid_alive, same_machine, temp_sibling
+from mds.planner.runtime.lock_record import held_by, lock_name, lock_record, parse_record
 
-__all__ = ["held_by", "lock_name", "lock_path", "lock_record", "output_lock", "parse_record"]
+__all__ = ["lock_path", "output_lock"]
 
-# A lock's name leaves room under NAME_MAX (255 bytes on every common filesystem) for the
-# suffix of its temporary, `.tmp-PID-HOST-RANDOM`.
-LOCK_NAME_MAX = 200
 # Filesystems without hard links (FAT, some FUSE and SMB mounts) create the lock in place.
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 _TRIES = 50
-
-
-def lock_name(name: str) -> str:
-    """`.NAME.lock`, or, when that is longer than LOCK_NAME_MAX bytes, the start of NAME and
-    a hash of all of it: still beside the output, still unique to it."""
-    return f".{shortened(name, LOCK_NAME_MAX - len('..lock'))}.lock"
 
 
 def lock_path(output: Path) -> Path:
@@ -58,39 +43,6 @@ def lock_path(output: Path) -> Path:
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
-
-
-def lock_record(**more: Any) -> dict[str, Any]:
-    """What a lock (file or object) says of its writer: pid, host, machine, start time."""
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "machine": storage.machine_id(),
-        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **more,
-    }
-
-
-def held_by(
-    output: Path | str, holder: dict[str, Any], lock: Path | str, more: str = ""
-) -> ConfigError:
-    """The error for a writer that finds `output` locked by `holder`."""
-    return ConfigError(
-        f"{output} is being written by pid {holder.get('pid')} on host {holder.get('host')} "
-        f"since {holder.get('since')}; wait for it, or remove {lock} if that process is "
-        f"gone{more}"
-    )
-
-
-def parse_record(data: bytes) -> dict[str, Any]:
-    """The holder a lock names; {} when it is empty or damaged."""
-    try:
-        holder = json.loads(data.decode("utf-8"))
-    except ValueError:
-        return {}
-    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
-        return {}
-    return holder
 
 
 def _stale(holder: dict[str, Any], host: str) -> bool:

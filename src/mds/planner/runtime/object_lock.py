@@ -33,7 +33,7 @@ from urllib.parse import quote
 from mds.core import storage
 from mds.errors import ConfigError, OutputError
 from mds.planner.runtime.atomic import pid_alive, same_machine
-from mds.planner.runtime.lock import held_by, lock_name, lock_record, parse_record
+from mds.planner.runtime.lock_record import held_by, lock_name, lock_record, parse_record
 from mds.planner.runtime.upload import s3_client
 
 __all__ = ["TTL_ENV", "ObjectLock", "lock_url", "object_lock"]

@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Any
 
-from mds.core import storage
+from mds.core import commit, storage
 from mds.errors import ConfigError
 
 __all__ = ["COPY_LIMIT", "put_file", "s3_client"]
@@ -86,23 +86,23 @@ def put_file(local: str | os.PathLike, url: str) -> None:
     raises Interrupted saying so."""
     fs = storage.filesystem(url)
     committed = f"the interrupt came after {url} was written whole"
-    tmp = storage.temp_url(url)
+    tmp = commit.temp_url(url)
     try:
         try:
             _upload(fs, local, storage.object_key(tmp))
         except OSError as exc:
             raise storage.failure(url, "write", exc) from None
-        with storage.signals_held() as held:
+        with commit.signals_held() as held:
             try:
                 _copy(fs, url, storage.object_key(tmp), os.path.getsize(local))
             except OSError as exc:
-                storage.deliver_held(held, None)
+                commit.deliver_held(held, None)
                 raise storage.failure(url, "write", exc) from None
             except BaseException:
-                storage.deliver_held(held, None)
+                commit.deliver_held(held, None)
                 raise
-            storage.note_written(url)
-        storage.deliver_held(held, committed)
+            commit.note_written(url)
+        commit.deliver_held(held, committed)
     finally:
         try:  # best effort: a leftover temporary is hidden, never read as data
             fs.delete_file(storage.object_key(tmp))

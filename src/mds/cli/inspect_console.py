@@ -1,0 +1,333 @@
+"""`mds inspect` on the terminal: an index, a plan or one step drawn as rich tables and
+sparklines from the report dicts of `mds.planner.report` (rich imported on first use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mds.cli.inspect_text import (
+    SPARK_WIDTH,
+    bar,
+    cost_text,
+    number,
+    percent,
+    sparkline,
+    value_text,
+)
+from mds.cli.output import console
+
+__all__ = ["print_index", "print_plan", "print_step"]
+
+
+def _esc(text: Any) -> str:
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _tokens(n: int, exact: bool) -> str:
+    return f"{n:,}" if exact else f"~{n:,}"
+
+
+def _table(title: str | None = None, *columns: str, left: tuple[int, ...] = (0,), **kwargs: Any):
+    """A rich table; columns are right-aligned (numbers) except those at `left`."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", **kwargs)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i in left else "right")
+    return table
+
+
+def _pairs(title: str, rows: list[tuple[str, str]]):
+    table = _table(title, "what", "value", show_header=False)
+    table.columns[0].no_wrap = True
+    table.columns[1].overflow = "fold"  # only a value longer than the screen is cut
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _only_wraps(table, column: int) -> None:
+    """Every column but `column` keeps its values on one line, so on a narrow screen only
+    that one (file names) gives way, and only as much as needed."""
+    for i, col in enumerate(table.columns):
+        col.no_wrap = i != column
+    table.columns[column].overflow = "fold"
+
+
+# --- index -------------------------------------------------------------------------------------
+
+
+def print_index(report: dict[str, Any], files: bool = False) -> None:
+    console.print(
+        _pairs(
+            f"index {_esc(report['path'])}",
+            [
+                ("format version", str(report["format_version"])),
+                ("fingerprint", f"{report['fingerprint']} ({report['fingerprint_mode']})"),
+                ("root", _esc(report["root"])),
+                (
+                    "rows / tokens",
+                    f"{report['rows']:,} / {_tokens(report['tokens'], report['exact'])}",
+                ),
+            ],
+        )
+    )
+    table = _table(
+        "sources", "source", "format", "rows", "tokens", "p50", "p90", "p99", "max", left=(0, 1)
+    )
+    for s in report["sources"]:
+        n = s["lengths"]
+        mark = "" if s["exact"] else "~"
+        table.add_row(
+            s["name"],
+            s["format"],
+            f"{s['rows']:,}",
+            _tokens(s["tokens"], s["exact"]),
+            *(f"{mark}{n[k]:,}" if n[k] is not None else "-" for k in ("p50", "p90", "p99", "max")),
+        )
+    console.print(table)
+    if not report["exact"]:
+        console.print("~ estimated token counts (length rule, not a tokenizer)")
+    for s in report["sources"]:
+        _print_source(s, files)
+
+
+def _print_source(s: dict[str, Any], files: bool) -> None:
+    length = s["length"]
+    how = length.get("kind", "?") + (f" {length['rule']}" if "rule" in length else "")
+    console.print(f"\n[bold]{s['name']}[/] ({s['format']}, lengths: {how})")
+    if s["histogram"]:
+        peak = max(b["count"] for b in s["histogram"])
+        hist = _table(None, "tokens", "samples", "", left=(0, 2), box=None, pad_edge=False)
+        for b in s["histogram"]:
+            label = _esc(f"[{b['lo']:,}, {b['hi']:,})")
+            hist.add_row(label, f"{b['count']:,}", bar(b["count"], peak))
+        console.print(hist)
+    for m in s["metadata"]:
+        if m["kind"] == "numeric":
+            text = f"min {value_text(m['min'])}, mean {value_text(m['mean'])}, max {value_text(m['max'])}"
+        else:
+            text = ", ".join(f"{_esc(t['value'])} {t['count']:,}" for t in m["top"])
+            text += f", other {m['other']:,}" if m["other"] else ""
+        nulls = f" (nulls {m['nulls']:,})" if m["nulls"] else ""
+        console.print(f"  {m['column']} [{m['dtype']}]: {text}{nulls}")
+    if files:
+        table = _table(None, "file", "size", "rows", "tokens", "fingerprint", left=(0, 4))
+        # the fingerprint is cut short (JSON has it whole) before a file name is split
+        heads = ["file", "size", "rows", "tokens"]
+        cells = [
+            [f["path"], f"{f['size']:,}", f"{f['rows']:,}", f"{f['tokens']:,}"] for f in s["files"]
+        ]
+        widths = [max(len(row[i]) for row in [heads, *cells]) for i in range(4)]
+        for i, col in enumerate(table.columns):
+            col.no_wrap = i in (1, 2, 3)
+        table.columns[0].overflow = "fold"
+        table.columns[4].overflow = "ellipsis"
+        # 16: the borders and padding of five columns
+        table.columns[4].max_width = max(16, console.width - 16 - sum(widths))
+        for f in s["files"]:
+            table.add_row(
+                _esc(f["path"]),
+                f"{f['size']:,}",
+                f"{f['rows']:,}",
+                f"{f['tokens']:,}",
+                f["fingerprint"],
+            )
+        console.print(table)
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
+    size = (
+        f"{h['samples_per_step']:,} samples"
+        if h["samples_per_step"] is not None
+        else f"{h['tokens_per_step']:,} tokens"
+    )
+    return [
+        ("format version / plan id", f"{h['format_version']} / {h['plan_id']}"),
+        (
+            "steps x dp ranks x micro-batches",
+            f"{h['steps']:,} x {h['dp_size']} x {h['micro_batches']}",
+        ),
+        ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
+        ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
+        ("cost model", _esc(cost_text(h["cost"], h["cost_model"]))),
+        ("index fingerprint", h["index_fingerprint"]),
+        ("index", _esc(h["index_path"])),
+        ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
+        *_lineage_rows(h),
+    ]
+
+
+def _lineage_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
+    """A re-planned plan: which plan it continues, and from which step."""
+    lineage = h.get("lineage")
+    if not lineage:
+        return []
+    return [
+        ("re-planned from", f"plan {lineage['parent']} at step {lineage['at_step']:,}"),
+        ("steps in this plan", f"{h['first_step']:,} to {h['steps'] - 1:,}"),
+    ]
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    console.print(_pairs(f"plan {_esc(report['path'])}", _header_rows(report["header"])))
+    unit = report["share_unit"]
+    table = _table(
+        f"mix (shares of {unit})",
+        "source",
+        "target",
+        "realized",
+        "diff",
+        "samples",
+        "eligible",
+        "epochs",
+        "started",
+    )
+    for s in report["sources"]:
+        table.add_row(
+            s["name"],
+            percent(s["target"]),
+            percent(s["realized"]),
+            f"{100 * (s['realized'] - s['target']):+.2f}",
+            f"{s['samples']:,}",
+            f"{s['eligible']:,}",
+            f"{s['epochs']:.3f}",
+            str(s["epochs_started"]),
+        )
+    console.print(table)
+    if len(report["phases"]) > 1:
+        heads = [f"steps {p['start']}-{p['end'] - 1}" for p in report["phases"]]
+        table = _table("per schedule phase: target / realized", "source", *heads)
+        for i, s in enumerate(report["sources"]):
+            cells = [p["sources"][i] for p in report["phases"]]
+            table.add_row(
+                s["name"], *(f"{percent(c['target'])} / {percent(c['realized'])}" for c in cells)
+            )
+        console.print(table)
+    _print_balance(report)
+    _print_charts(report)
+
+
+def _print_balance(report: dict[str, Any]) -> None:
+    imb, fill = report["imbalance"], report["capacity_fill"]
+    table = _table("per-step balance", "ratio", "mean", "median", "p99", "max")
+    for label, key in (
+        ("max rank cost / mean", "max_over_mean"),
+        ("max rank cost / lower bound", "max_over_lower_bound"),
+        ("naive sharding / lower bound", "naive_over_lower_bound"),
+        ("in-order interleave / lower bound", "interleave_over_lower_bound"),
+    ):
+        q = imb[key]
+        if q is not None:  # plans made before interleaving was recorded lack it
+            table.add_row(label, *(number(q[k]) for k in ("mean", "median", "p99", "max")))
+    console.print(table)
+    console.print(_speedups(imb))
+    if imb["speedup_vs_naive_with_c"] is not None:
+        console.print(
+            f"vs naive sharding counting c per micro-batch: {imb['speedup_vs_naive_with_c']:.3f}x"
+        )
+    console.print(
+        f"capacity fill: step tokens / (dp x micro x capacity) mean {percent(fill['step']['mean'])}, "
+        f"min {percent(fill['step']['min'])}"
+    )
+    console.print(
+        f"largest micro-batch / capacity: mean {percent(fill['max_micro_batch']['mean'])}, "
+        f"max {percent(fill['max_micro_batch']['max'])}"
+    )
+
+
+def _speedups(imb: dict[str, Any]) -> str:
+    """The predicted speedups, one line each, the stronger baseline's first."""
+    naive = f"vs naive sharding (random deal): {imb['speedup_vs_naive']:.3f}x"
+    if imb["speedup_vs_interleave"] is None:
+        return f"predicted speedup {naive}"
+    inter = f"vs in-order interleaving: {imb['speedup_vs_interleave']:.3f}x"
+    if imb["stronger_baseline"] == "interleave":
+        return f"predicted speedup {inter} (the stronger baseline)\npredicted speedup {naive}"
+    return f"predicted speedup {naive} (the stronger baseline)\npredicted speedup {inter}"
+
+
+def _print_charts(report: dict[str, Any]) -> None:
+    series, steps = report["series"], report["header"]["steps"]
+    if not series["start"]:
+        return
+    rows: list[tuple[str, list[float], float, float, str]] = []
+    for s in series["sources"]:
+        lo = min(min(s["target"]), min(s["realized"]))
+        hi = max(max(s["target"]), max(s["realized"]))
+        rows.append((f"{s['name']} target", s["target"], lo, hi, f"{percent(lo)} - {percent(hi)}"))
+        rows.append((f"{s['name']} realized", s["realized"], lo, hi, ""))
+    inter = series.get("interleave_ratio") or []
+    hi = max(max(series["ratio"]), max(series["naive_ratio"]), *inter)
+    rows.append(("max / lower bound", series["ratio"], 1.0, hi, f"1 - {hi:.3f}"))
+    rows.append(("naive / lower bound", series["naive_ratio"], 1.0, hi, ""))
+    if inter:
+        rows.append(("interleave / lower bound", inter, 1.0, hi, ""))
+    label = max(len(r[0]) for r in rows)
+    scale = max(len(r[4]) for r in rows)
+    width = max(8, min(SPARK_WIDTH, console.width - label - scale - 4))
+    per_col = steps / min(width, len(series["start"])) if series["start"] else 1
+    console.print(f"over steps 0-{steps - 1} (one column ~ {per_col:.3g} steps; range per pair)")
+    for name, values, lo, hi, text in rows:
+        console.print(
+            f"{name:<{label}}  {sparkline(values, lo, hi, width)}  {text}", soft_wrap=True
+        )
+
+
+# --- step --------------------------------------------------------------------------------------
+
+
+def print_step(report: dict[str, Any], unit: str = "cost units") -> None:
+    """One step sample by sample; costs as configured (`unit`: FLOPs, the a*L + b*L^2
+    formula or the user's expression). The balancer's integer units and JSONL byte offsets
+    are in the JSON, so the file names fit on an 80-column screen."""
+    from rich.box import SIMPLE_HEAD
+
+    ranks = report["ranks"]
+    which = (
+        "all ranks"
+        if len(ranks) == report["dp_size"]
+        else ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    )
+    table = _table(
+        f"step {report['step']} ({which}); cost in {_esc(unit)}",
+        "rank", "mb", "source", "row", "file", "file_row", "tokens", "cost",
+        left=(2, 4), box=SIMPLE_HEAD, padding=0, pad_edge=False,
+    )  # fmt: skip
+    _only_wraps(table, 4)
+    for s in report["samples"]:
+        table.add_row(
+            str(s["rank"]), str(s["micro_batch"]), s["source"], str(s["row"]), _esc(s["file"]),
+            str(s["file_row"]), f"{s['n_tokens']:,}", f"{s['cost']:.3g}",
+        )  # fmt: skip
+    console.print(table)
+    peak = max((r["cost"] for r in report["rank_totals"]), default=0)
+    totals = _table("per rank", "rank", "samples", "tokens", "cost", "micro-batch tokens", "")
+    totals.columns[5].justify = "left"
+    for r in report["rank_totals"]:
+        micro = " / ".join(f"{m['tokens']:,}" for m in r["micro_batches"])
+        totals.add_row(
+            str(r["rank"]), f"{r['samples']:,}", f"{r['tokens']:,}", f"{r['cost']:.4g}",
+            micro, bar(r["cost"], peak, 16),
+        )  # fmt: skip
+    console.print(totals)
+    st = report["stats"]
+    # The step's stats are in the balancer's integer units; the shown samples give the
+    # scale back to configured cost.
+    units = sum(r["cost_units"] for r in report["rank_totals"])
+    scale = sum(r["cost"] for r in report["rank_totals"]) / units if units else 0.0
+    console.print(f"step: {st['samples']:,} samples, {st['tokens']:,} tokens")
+    console.print(
+        f"max rank cost {st['max_rank_cost'] * scale:.4g}, lower bound "
+        f"{st['lower_bound'] * scale:.4g}, naive {st['naive_max_rank_cost'] * scale:.4g}"
+        + (
+            f", in-order interleave {st['interleave_max_rank_cost'] * scale:.4g}"
+            if "interleave_max_rank_cost" in st
+            else ""
+        )
+    )

@@ -1,0 +1,119 @@
+"""Writing a plan file (core/planfile.py has the layout): chunks, then sections, then the
+footer and trailer, to a temporary file renamed into place on commit."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from mds.core import commit
+from mds.core.planfile import (
+    DIR_ENTRY,
+    FORMAT_VERSION,
+    HEAD,
+    MAGIC,
+    TRAILER,
+    ChunkBlocks,
+    EncodedChunk,
+    Fetch,
+    checksum,
+    encode_chunk,
+)
+
+__all__ = ["PlanWriter"]
+
+
+class PlanWriter:
+    """Writes a plan to a temporary file; `commit()` renames it into place."""
+
+    def __init__(
+        self,
+        path: Path,
+        tmp: Path,
+        *,
+        dp_size: int,
+        micro_batches: int,
+        id_width: int,
+    ):
+        self.path, self.tmp = Path(path), Path(tmp)
+        self.dp, self.micro = dp_size, micro_batches
+        self.id_width = id_width
+        self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        try:
+            self._f.write(HEAD.pack(MAGIC, FORMAT_VERSION, 0))
+        except BaseException:
+            self.abort()
+            raise
+        self._chunks: list[list[Any]] = []
+        self._sections: dict[str, dict[str, Any]] = {}
+
+    def add_chunk(
+        self,
+        step_start: int,
+        step_end: int,
+        blocks: list[tuple[np.ndarray, np.ndarray, Fetch]] | ChunkBlocks | EncodedChunk,
+    ) -> None:
+        """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records),
+        or the chunk as encode_chunk made it with this plan's geometry."""
+        if not isinstance(blocks, EncodedChunk):
+            blocks = encode_chunk(blocks, step_end - step_start, self.micro, self.id_width)
+        assert len(blocks.payloads) == self.dp
+        dir_offset = self._f.tell()
+        directory = np.zeros(self.dp, dtype=DIR_ENTRY)
+        sizes = np.array([len(data) for data in blocks.payloads], dtype=np.uint64)
+        directory["offset"] = dir_offset + directory.nbytes + np.cumsum(sizes) - sizes
+        directory["size"] = sizes
+        directory["checksum"] = blocks.checksums
+        dir_bytes = directory.tobytes()
+        self._f.write(dir_bytes)
+        for data in blocks.payloads:
+            self._f.write(data)
+        self._chunks.append(
+            [step_start, step_end, dir_offset, checksum(dir_bytes).hex(), blocks.count_width]
+        )
+
+    def add_section(self, name: str, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        self._sections[name] = {
+            "offset": self._f.tell(),
+            "size": len(data),
+            "dtype": array.dtype.newbyteorder("<").str,
+            "shape": list(array.shape),
+            "checksum": checksum(data).hex(),
+        }
+        self._f.write(data)
+
+    def commit(self, footer: dict[str, Any]) -> bytes:
+        """Write footer and trailer, fsync, rename into place; returns the footer bytes."""
+        footer = dict(footer)
+        footer["layout"] = {
+            "dp_size": self.dp,
+            "micro_batches": self.micro,
+            "id_width": self.id_width,
+            "chunks": self._chunks,
+            "sections": self._sections,
+        }
+        data = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode()
+        offset = self._f.tell()
+        self._f.write(data)
+        self._f.write(TRAILER.pack(offset, len(data), checksum(data), MAGIC))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        commit.replace_local(self.tmp, self.path)
+        return data
+
+    def abort(self) -> None:
+        """Remove the temporary file, even when closing it fails (a full disk fails the
+        final flush again)."""
+        try:
+            if not self._f.closed:
+                self._f.close()
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)

@@ -1,0 +1,143 @@
+"""An index written under an object-store prefix: what the prefix held before the build
+(one listing), the refusal of a prefix that is or holds the data root, the upload (tables
+first, the manifest last, then the tables only the old manifest named removed), and what
+an interrupt left there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mds.core import commit, storage
+from mds.errors import ConfigError, IndexFormatError, Interrupted
+from mds.planner.index.config import IndexConfig
+from mds.planner.index.discover import MANIFEST_HEAD, is_index_manifest
+from mds.planner.index.objects import head, relative_key
+from mds.planner.index.reuse import not_an_index
+from mds.planner.index.tables import MANIFEST, TABLES, read_manifest
+from mds.planner.runtime import upload
+
+__all__ = [
+    "Prefix",
+    "check_object_output",
+    "index_left",
+    "previous_objects",
+    "tables_left",
+    "upload_index",
+]
+
+# The name of a table mds writes: sources/<source>-<16 hex digits of its checksum>.parquet.
+TABLE_NAME = re.compile(rf"{TABLES}/[^/]+-[0-9a-f]{{16}}\.parquet")
+
+
+@dataclass
+class Prefix:
+    """What an index prefix held before a build wrote anything (one listing)."""
+
+    named: set[str]  # tables its manifest names: the only objects a re-index may remove
+    present: set[str]  # table objects there, named or not (temporaries aside)
+    had_index: bool  # a manifest.json of ours was there
+
+
+def previous_objects(url: str) -> Prefix:
+    """What the prefix `url` holds, read before anything is written. The rule of `previous_index`
+    for a directory: a prefix holding anything but an mds index (or tables without a
+    manifest, left by a failed run) is refused; a damaged mds manifest is rebuilt from
+    scratch, removing nothing."""
+    import tempfile
+
+    from mds.planner.runtime.object_lock import lock_url
+
+    own_lock = relative_key(lock_url(url), url)  # inside the prefix for a whole bucket
+    keys = [key for key, _size in storage.list_objects(url) if key != own_lock]
+    present = {k for k in keys if k.startswith(f"{TABLES}/") and not commit.is_temp_name(k)}
+    manifest_url = f"{url}/{MANIFEST}"
+    if MANIFEST not in keys:
+        if any(k.split("/", 1)[0] != TABLES and not commit.is_temp_name(k) for k in keys):
+            raise not_an_index(url)
+        return Prefix(set(), present, False)
+    if not is_index_manifest(head(manifest_url, MANIFEST_HEAD)):
+        raise not_an_index(url)
+    with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
+        (Path(tmp) / MANIFEST).write_bytes(storage.get_bytes(manifest_url))
+        try:
+            previous = read_manifest(tmp)
+        except IndexFormatError as exc:
+            if "newer" in str(exc):
+                raise IndexFormatError(
+                    str(exc).replace(str(Path(tmp) / MANIFEST), manifest_url)
+                ) from None
+            return Prefix(set(), present, True)
+    named = {str(e["table"]) for e in previous.sources if TABLE_NAME.fullmatch(str(e["table"]))}
+    return Prefix(named, present, True)
+
+
+def check_object_output(config: IndexConfig, url: str) -> None:
+    """Refuse an index prefix that is, or holds, the data root (as check_output refuses such
+    a directory): its cleanup and its tables would share the prefix with the sources."""
+    root = str(config.root)
+    if not storage.is_url(root):
+        return
+    where = relative_key(root, url)
+    if where == "":
+        raise ConfigError(f"-o {url} is the data root {root}; choose another output")
+    if where is not None:
+        raise ConfigError(f"-o {url} holds the data root {root}; choose another output")
+
+
+def upload_index(local: Path, url: str, previous: Prefix, held) -> None:
+    """Upload the index in the directory `local` under the prefix `url`: the tables first
+    (named by their content, so a table of the index in place is never changed), the
+    manifest last, each one object (upload.put_file: never a partial one). Readers see the
+    old manifest or the new one, and a failed or interrupted upload leaves the old index
+    valid; an interrupt says what it left (Interrupted). Then the tables the old manifest
+    named and the new one does not are removed: nothing else under the prefix, which mds
+    did not write. `previous`: what the prefix held before the build; `held`: its lock
+    object, checked before the manifest is written and before tables are removed."""
+    manifest = read_manifest(local)
+    live = {str(e["table"]) for e in manifest.sources}
+    mark = len(commit.written())  # what this build puts in place is noted after it
+    stale = sorted(previous.named - live)
+    try:
+        for rel in sorted(live):
+            upload.put_file(local / rel, f"{url}/{rel}")
+        held.check()
+        upload.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
+        held.check()
+        while stale:
+            storage.delete(f"{url}/{stale[0]}")
+            stale.pop(0)
+    except KeyboardInterrupt:
+        done = set(commit.written()[mark:])
+        if f"{url}/{MANIFEST}" in done:
+            raise Interrupted(index_left(url, len(stale))) from None
+        new = {rel for rel in live if f"{url}/{rel}" in done} - previous.present
+        raise Interrupted(tables_left(url, previous.had_index, new)) from None
+
+
+def tables_left(url: str, had_index: bool, new: set[str]) -> str:
+    """What an interrupt before the new manifest's commit left at `url`."""
+    state = (
+        f"the previous index at {url} is intact"
+        if had_index
+        else f"no index was written at {url} (no {MANIFEST})"
+    )
+    if not new:
+        return state
+    named = " it does not name" if had_index else ""
+    return f"{state}; {_were_left(len(new), 'new table object', named)} under {url}/{TABLES}/"
+
+
+def index_left(url: str, stale: int) -> str:
+    """What an interrupt after the new manifest's commit left at `url`."""
+    state = f"the new index was written whole at {url}"
+    if not stale:
+        return state
+    left = _were_left(stale, "table object", " it no longer names")
+    return f"{state}; {left} under {url}/{TABLES}/"
+
+
+def _were_left(n: int, what: str, which: str = "") -> str:
+    return f"{n} {what}{'s' * (n != 1)}{which} {'was' if n == 1 else 'were'} left"

@@ -1,0 +1,108 @@
+"""Putting an index's files in place in its directory: each source's table written under a
+temporary name and renamed to a name derived from its content (removed again if the build
+fails), the manifest's entry of every file, and, once the new manifest is committed, the
+removal of tables only the previous manifest named.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mds.core import storage
+from mds.errors import IndexFormatError, MdsError
+from mds.planner.index.discover import DataFile
+from mds.planner.index.reuse import IndexedFile
+from mds.planner.index.tables import TABLES, table_checksum, table_intact
+from mds.planner.runtime.atomic import cannot_write, fsync_file, is_temp, temp_sibling
+
+__all__ = ["TableWriter", "cannot_write_index", "collect_garbage", "file_entries"]
+
+
+def cannot_write_index(output: Path, what: str, exc: Exception) -> MdsError:
+    """A failed write of `what` in the index `output` as one error naming both."""
+    return cannot_write(output, what, exc, IndexFormatError)
+
+
+class TableWriter:
+    """Publishes new tables and remembers them, so a failed build can remove them again."""
+
+    def __init__(self, output: Path, keep: set[str]):
+        self.output, self.keep, self.created = output, keep, []
+
+    def write_table(self, name: str, frame: pl.DataFrame) -> tuple[str, str]:
+        """Write under a temporary name, then rename to a name derived from the content."""
+        tables = self.output / TABLES
+        tmp = temp_sibling(tables / f"{name}.parquet")
+        try:
+            tables.mkdir(parents=True, exist_ok=True)
+            frame.write_parquet(tmp, compression="zstd", statistics=True)
+            checksum = table_checksum(tmp)
+            rel = f"{TABLES}/{name}-{checksum.removeprefix('blake2b:')[:16]}.parquet"
+            final = self.output / rel
+            if not final.exists() or not table_intact(final, checksum):  # a damaged one is replaced
+                fsync_file(tmp)
+                os.replace(tmp, final)
+                if rel not in self.keep:
+                    self.created.append(final)
+        except (OSError, pl.exceptions.ComputeError) as exc:
+            raise cannot_write_index(self.output, f"the table of source '{name}'", exc) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        return rel, checksum
+
+    def rollback(self) -> None:
+        """Remove the tables this writer created (never one the previous index names)."""
+        for path in self.created:
+            path.unlink(missing_ok=True)
+
+
+def file_entries(
+    files: list[IndexedFile],
+    first_rows: np.ndarray,
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    root: Path,
+) -> Iterator[dict[str, Any]]:
+    """The manifest's entry of each file, made as it is written."""
+    for fi, (f, first_row, n_rows, n_tok) in enumerate(
+        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
+    ):
+        yield {
+            "id": fi,
+            "path": f.data.rel,
+            **_companion(f.data, root),
+            "size": f.size,
+            "mtime_ns": f.mtime_ns,
+            "fingerprint": f.fingerprint,
+            "first_row": first_row,
+            "rows": n_rows,
+            "tokens": n_tok,
+        }
+
+
+def _companion(f: DataFile, root: Path) -> dict[str, str]:
+    if f.companion is None:
+        return {}
+    if storage.is_url(f.companion):  # beside the .bin, as discovery paired them
+        return {
+            "index_path": str(PurePosixPath(f.rel).with_name(PurePosixPath(str(f.companion)).name))
+        }
+    return {"index_path": f.companion.relative_to(root.resolve()).as_posix()}
+
+
+def collect_garbage(output: Path, live: set[str], owned: set[str]) -> None:
+    """Remove the tables the previous manifest named (`owned`) and the new one does not, and
+    temp files of dead writers: nothing else in `sources/`, which mds cannot prove it wrote."""
+    tables = output / TABLES
+    if not tables.is_dir():
+        return
+    for path in tables.iterdir():
+        rel = f"{TABLES}/{path.name}"
+        if rel not in live and (rel in owned or is_temp(path)):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,186 @@
+"""What an index build can reuse: every file's fingerprint (in pool tasks, batched), the
+settings of a source that change its table besides its files (spec_key), the previous
+index in the output directory, and which files keep their rows from it: a file whose
+fingerprint covers every byte by content whatever its mtime, any other only with its mtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mds.core import storage
+from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
+from mds.errors import ConfigError, IndexFormatError, SourceDataError
+from mds.planner.index.config import SourceSpec
+from mds.planner.index.discover import DataFile, is_index_dir
+from mds.planner.index.tables import MANIFEST, TABLES, IndexManifest, read_manifest, table_intact
+from mds.planner.runtime.atomic import is_temp
+
+__all__ = [
+    "FINGERPRINT_BATCH",
+    "IndexedFile",
+    "fingerprint_batch",
+    "fingerprint_file",
+    "not_an_index",
+    "previous_index",
+    "resolve_tokenizer",
+    "reused_files",
+    "row_group_located",
+    "source_payload",
+    "spec_key",
+]
+
+FINGERPRINT_BATCH = 256  # files fingerprinted per pool task
+
+
+@dataclass(slots=True)
+class IndexedFile:
+    """A discovered file, what a stat and its fingerprint say of it, and whether its rows
+    are reused from the previous table."""
+
+    data: DataFile
+    size: int
+    mtime_ns: int
+    fingerprint: str
+    nbytes: int  # bytes a scan reads: the file plus a Megatron .idx
+    reuse: int | None = None  # file id in the previous table whose rows stay valid
+
+
+def fingerprint_file(f: DataFile, mode: str) -> tuple[int, int, str, int]:
+    """(size, mtime_ns, fingerprint, bytes to scan), stat-ing each file once."""
+    size, mtime = stat_signature(f.path)
+    fp = fingerprint(f.path, mode)
+    nbytes = size
+    if f.companion is not None:
+        fp = f"{fp}+{fingerprint(f.companion, mode).split(':', 1)[1]}"
+        nbytes += stat_signature(f.companion)[0]
+    return size, mtime, fp, nbytes
+
+
+def fingerprint_batch(
+    files: list[DataFile], mode: str, driver: str | None = None
+) -> list[tuple[int, int, str, int]]:
+    """One engine task: the fingerprints of a batch of files. `driver`: the host that listed
+    them; on another host a listed file that is missing is a path this node does not share."""
+    host = socket.gethostname()
+    if driver is not None and driver != host:
+        for f in files:
+            if not storage.is_url(f.path) and not os.path.exists(f.path):
+                raise SourceDataError(
+                    f"{f.rel}: not visible on Ray node {host} ({f.path} is missing there); "
+                    "mount the data root at the same path on every node, or use an s3:// root"
+                )
+    return [fingerprint_file(f, mode) for f in files]
+
+
+def row_group_located(spec: SourceSpec, fmt: str) -> bool:
+    """Whether the table has each row's first value in its row group (`offset`): a Parquet
+    token list, whose rows the executor then reads from pages (src/mds/formats/parquet/pages.py)."""
+    return fmt == "parquet" and spec.length.kind == "tokens"
+
+
+def source_payload(spec: SourceSpec, fmt: str) -> dict[str, str] | None:
+    """Where the executor finds a sample's content (`SourceSpec.payload`), and for a Parquet
+    token list that the plan locates its rows by their values' place in the row group."""
+    payload = spec.payload
+    if payload is not None and row_group_located(spec, fmt):
+        payload = {**payload, "offsets": "row_group"}
+    return payload
+
+
+def spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
+    """Everything about a source that changes its table besides the files themselves."""
+    key: dict[str, Any] = {
+        "format": fmt,
+        "length": spec.length.describe(),
+        "text": spec.text,
+        "keep": list(spec.keep),
+    }
+    if row_group_located(spec, fmt):
+        key["offsets"] = "row_group"
+    if tokenizer is not None:
+        key["tokenizer_fingerprint"] = fingerprint(tokenizer, "full")
+    return json.dumps(key, sort_keys=True)
+
+
+def previous_index(output: Path) -> IndexManifest | None:
+    """The index already in the directory `output`, whose rows a build may reuse (a damaged
+    table's none); None for a missing or empty directory, or an unreadable manifest of ours
+    (rebuilt from scratch). ConfigError for anything that is not an mds index."""
+    if not output.exists():
+        return None
+    if not output.is_dir():
+        raise ConfigError(f"{output}: output exists and is not a directory")
+    if (output / MANIFEST).exists():
+        if not is_index_dir(output):  # someone else's manifest.json: not ours to replace
+            raise not_an_index(output)
+        try:
+            previous = read_manifest(output)
+        except IndexFormatError as exc:
+            if "newer" in str(exc):
+                raise
+            return None  # unreadable old index: rebuild from scratch, still atomically
+        for entry in previous.sources:
+            if not table_intact(previous.path / entry["table"], entry["table_checksum"]):
+                entry["files"] = []  # damaged table: none of its rows is reused, all rescanned
+        return previous
+    if any(p for p in output.iterdir() if not is_temp(p) and p.name != TABLES):
+        raise not_an_index(output)
+    return None
+
+
+def not_an_index(output: Path | str) -> ConfigError:
+    """The error for an output (directory or prefix) that holds something else."""
+    return ConfigError(
+        f"{output}: exists, is not empty and is not an mds index; pick another --output"
+    )
+
+
+def resolve_tokenizer(spec: SourceSpec, root: Path) -> Path | None:
+    """The source's tokenizer.json (relative to a local data root), or None without one."""
+    if spec.length.tokenizer is None:
+        return None
+    path = Path(spec.length.tokenizer)
+    if storage.is_url(root) and not path.is_absolute():
+        raise ConfigError(
+            f"source '{spec.name}': `tokenizer` {spec.length.tokenizer!r} is relative to a data "
+            f"root in object storage ({root}); give a local path to the tokenizer.json"
+        )
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise ConfigError(f"source '{spec.name}': `tokenizer` {path} not found")
+    return path.resolve()
+
+
+def reused_files(
+    spec: SourceSpec,
+    files: list[DataFile],
+    fps: list[tuple[int, int, str, int]],
+    spec_key: str,
+    old: dict | None,
+) -> list[IndexedFile]:
+    """The source's files with their fingerprints (`fps`), each marked with the id of its
+    rows in the previous manifest's entry `old` where they stay valid."""
+    # A file's identity is its content: when its fingerprint covers every byte (a full one,
+    # or a sampled one of a small file) its rows are reused whatever its mtime, so data copied
+    # or synced without mtimes is not rescanned; otherwise the mtime must match too.
+    by_content: dict[tuple, int] = {}
+    by_stat: dict[tuple, int] = {}
+    if old is not None and old.get("spec_key") == spec_key:
+        for entry in old["files"]:
+            key = (entry["path"], entry["size"], entry["fingerprint"])
+            by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
+    planned = []
+    for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
+        key = (f.rel, size, fp)
+        if hashes_every_byte(fp, size, nbytes - size):
+            reuse = by_content.get(key)
+        else:
+            reuse = by_stat.get((*key, mtime))
+        planned.append(IndexedFile(f, size, mtime, fp, nbytes, reuse))
+    return planned

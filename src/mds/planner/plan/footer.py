@@ -1,0 +1,91 @@
+"""A plan's footer, the JSON at the end of the file (docs/plan-format.md): the config, the
+index the plan was made from, per-source totals, what the executor needs to fetch samples,
+and the paths recorded relative to the plan's directory so the bytes do not depend on
+where the tree lies."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core import storage
+from mds.core.index_manifest import index_sources
+from mds.planner.plan.chunk import STAT_COLUMNS, Planner
+from mds.planner.plan.fetch import source_facts
+from mds.planner.plan.mixing import MixState
+from mds.planner.plan.pool import COST_SCALE
+from mds.planner.runtime.outputs import recorded_root
+
+__all__ = ["PLAN_FORMAT", "fetch_facts", "plan_footer", "recorded_path"]
+
+PLAN_FORMAT = "mds-plan"
+
+
+def plan_footer(
+    planner: Planner, output: Path | str, final: MixState, stats: np.ndarray
+) -> dict[str, Any]:
+    """The plan's footer: the config, the index it was made from, what each source gave
+    (samples, epochs, tokens), what the executor needs to fetch samples (fetch_facts), the
+    cost scale and the stats' columns; a derived plan's first step and lineage."""
+    config, manifest = planner.config, planner.manifest
+    peak = max((float(p.raw_costs.max()) for p in planner.pools if p.n), default=0.0)
+    sources = []
+    for s, pool in enumerate(planner.pools):
+        consumed = int(final.consumed[s])
+        sources.append(
+            {
+                "name": pool.name,
+                "base": pool.base,
+                "eligible": pool.n,
+                "dropped_overlong": pool.dropped,
+                "truncated": pool.truncated,
+                "samples": consumed,
+                "tokens": int(final.tokens[s]) if config.train.tokens_per_step else None,
+                "epochs": round(consumed / pool.n, 6) if pool.n else 0.0,
+                "epochs_started": -(-consumed // pool.n) if pool.n else 0,
+            }
+        )
+    return {
+        "format": PLAN_FORMAT,
+        "config": config.canonical(),
+        "index": {
+            "fingerprint": manifest.fingerprint,
+            "path": planner.index_place or recorded_path(str(manifest.path), output),
+            "sources": index_sources(manifest),
+        },
+        "sources": sources,
+        "fetch": fetch_facts(planner, output),
+        "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
+        "stats_columns": list(STAT_COLUMNS),
+        "steps": config.train.steps,
+        **(
+            {"first_step": planner.first_step, "lineage": planner.lineage}
+            if planner.lineage is not None
+            else {}
+        ),
+    }
+
+
+def recorded_path(path: str, plan: Path | str) -> str:
+    """`path` as a plan at `plan` records it: relative to the plan's directory when both
+    are files; absolute (or a URL) when the plan is an object."""
+    if storage.is_url(path) or storage.is_url(plan):
+        return path if storage.is_url(path) else os.path.abspath(path)
+    return os.path.relpath(path, Path(plan).parent)
+
+
+def fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
+    """What the executor needs besides the blocks' records: the data root (relative to the
+    plan's directory, as the index's path is, so the bytes do not depend on where the
+    tree lies), and for each planned source how to read and tokenize it."""
+    manifest = planner.manifest
+    sources = {}
+    for pool in planner.pools:
+        sources[pool.name] = source_facts(manifest.source(pool.name))
+    root = manifest.data["root"]
+    if storage.is_url(output):
+        return {"root": recorded_path(root, output), "sources": sources}
+    return {"root": recorded_root(root, Path(output).parent), "sources": sources}

@@ -1,0 +1,115 @@
+"""The plan writer: the file layout of docs/plan-format.md, count widths, checksums ending
+in NUL bytes, and an aborted write."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from planfile_builders import DP, block_bytes, fetch_of, with_fetch, write_plan, written_plan
+
+from mds.core.planfile import FORMAT_VERSION, MAGIC, checksum, width_of
+from mds.core.planfile_reader import PlanReader
+from mds.core.planfile_writer import PlanWriter
+from mds.errors import PlanError
+
+
+@pytest.fixture
+def plan(tmp_path):
+    return written_plan(tmp_path)
+
+
+def test_file_layout_follows_the_spec(plan):
+    path, chunks, _, footer_bytes = plan
+    data = path.read_bytes()
+    assert data[:8] == MAGIC
+    assert struct.unpack_from("<II", data, 8) == (FORMAT_VERSION, 0)
+    offset, size, digest, magic = struct.unpack("<QQ8s8s", data[-32:])
+    assert magic == MAGIC and data[offset : offset + size] == footer_bytes
+    assert digest == checksum(footer_bytes)
+    assert offset + size + 32 == len(data)
+    layout = json.loads(footer_bytes)["layout"]
+    a, b, dir_offset, dir_sum, width = layout["chunks"][0]
+    assert (a, b, width) == (0, 4, 1)
+    directory = data[dir_offset : dir_offset + 24 * DP]
+    assert checksum(directory).hex() == dir_sum
+    off, n, block_sum = struct.unpack_from("<QQ8s", directory, 0)
+    counts, ids = chunks[0][2][0]
+    expected = block_bytes(counts, ids, 3)
+    assert data[off : off + n] == expected and checksum(expected) == block_sum
+    # the fetch part: five column widths, the file-record JSON's size, the columns, the JSON
+    fetch = data[off + counts.size + 3 * len(ids) : off + n]
+    widths = struct.unpack_from("<5B", fetch)
+    assert widths == tuple(width_of(c) for c in fetch_of(ids).columns())
+    (json_size,) = struct.unpack_from("<Q", fetch, 8)
+    assert json.loads(fetch[-json_size:]) == [
+        [1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}] for f in range(3)
+    ]
+    assert len(fetch) == 16 + sum(widths) * len(ids) + json_size
+
+
+@pytest.mark.parametrize(("peak", "width"), [(255, 1), (256, 2), (65535, 2), (65536, 4)])
+def test_count_width_is_the_smallest_that_fits_the_chunk(tmp_path, peak, width):
+    rng = np.random.default_rng(peak)
+    big = (np.array([[peak], [1]]), rng.integers(0, 2**63, peak + 1).astype(np.uint64))
+    small = (np.array([[0], [2]]), np.array([5, 2**63 + 7], dtype=np.uint64))
+    path = tmp_path / "p.mds"
+    one = (np.array([[1]]), small[1][:1])
+    none = (np.array([[0]]), small[1][:0])
+    write_plan(path, [(0, 2, [big, small]), (2, 3, [one, none])], id_width=8)
+    with PlanReader(path) as r:
+        assert [c[4] for c in r.chunks] == [width, 1]
+        assert np.array_equal(r.rank_chunk(0, 0).counts, big[0])
+        assert np.array_equal(r.rank_chunk(0, 0).ids, big[1])
+        assert r.rank_chunk(0, 1).ids.tolist() == [5, 2**63 + 7]
+        assert r.rank_chunk(1, 0).ids.tolist() == [5]
+        assert r.rank_chunk(1, 1).counts.tolist() == [[0]]
+
+
+def test_an_empty_plan(tmp_path):
+    path = tmp_path / "p.mds"
+    write_plan(path, [])
+    with PlanReader(path) as r:
+        assert r.steps == 0 and r.chunks == []
+        with pytest.raises(PlanError, match="step 0 is outside the plan's 0 steps"):
+            r.chunk_of(0)
+
+
+def test_checksums_ending_in_nul_bytes(tmp_path):
+    """The directory stores each block checksum in an 8-byte field; one ending in 0x00 must
+    still verify (numpy's "S8" drops trailing NULs on read; 1 block in 256 is affected)."""
+    found = []
+    for seed in range(5000):
+        counts = np.array([[1]])
+        ids = np.array([seed], dtype=np.uint64)
+        data = block_bytes(counts, ids, 2)
+        if checksum(data)[-1] == 0:
+            found.append((counts, ids))
+            if len(found) == 2:
+                break
+    assert len(found) == 2
+    path = tmp_path / "p.mds"
+    write_plan(
+        path,
+        [
+            (0, 1, [found[0], (np.array([[0]]), np.array([], np.uint64))]),
+            (1, 2, [found[1], found[1]]),
+        ],
+        id_width=2,
+    )
+    with PlanReader(path) as r:
+        assert r.micro == 1
+        assert r.rank_chunk(0, 0).ids.tolist() == found[0][1].tolist()
+        assert r.rank_chunk(1, 1).ids.tolist() == found[1][1].tolist()
+
+
+def test_abort_removes_the_temporary_file(tmp_path):
+    path = tmp_path / "p.mds"
+    writer = PlanWriter(path, tmp_path / "p.tmp", dp_size=1, micro_batches=1, id_width=1)
+    writer.add_chunk(0, 1, [with_fetch((np.array([[1]]), np.array([7], np.uint64)))])
+    assert (tmp_path / "p.tmp").exists()
+    writer.abort()
+    assert not (tmp_path / "p.tmp").exists() and not path.exists()
+    writer.abort()  # idempotent

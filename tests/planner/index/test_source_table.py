@@ -1,0 +1,128 @@
+"""src/mds/planner/index/source_table.py: small files scanned in batches give the table a
+scan of each file alone gives (its errors too), reused rows fit around rescanned files, the
+scan tasks group only what a batch scanner takes, and the length percentiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from builders import config_file, data_file, write_jsonl
+
+from mds.errors import SourceDataError
+from mds.planner.index import source_table
+from mds.planner.index.build import build_index
+from mds.planner.index.config import load_config
+from mds.planner.index.reuse import IndexedFile
+from mds.planner.index.source_table import PERCENTILES, nearest_ranks, per_file_counts, scan_tasks
+from mds.planner.index.tables import read_manifest, source_frame
+
+
+def _build(root: Path, **kwargs):
+    return build_index(load_config(root / "mds.toml"), **kwargs)
+
+
+def _manifest(index: Path) -> dict:
+    return json.loads((index / "manifest.json").read_text())
+
+
+def _table(index: Path, name: str) -> pl.DataFrame:
+    return source_frame(read_manifest(index), name).collect()
+
+
+def _small_files(root: Path, langs: list) -> None:
+    for i, lang in enumerate(langs):
+        write_jsonl(root / f"s/f{i}.jsonl", [{"n": 1 + i, "lang": lang}, {"n": 2, "lang": None}])
+    config_file(
+        root,
+        '[index]\noutput = "index"\n\n[[source]]\nname = "s"\npath = "s/*.jsonl"\n'
+        'count = "n"\nkeep = ["lang"]\n',
+    )
+
+
+def test_small_files_in_batches_index_as_one_by_one(tmp_path: Path, monkeypatch) -> None:
+    _small_files(tmp_path, ["en", None, "fr", "de", None, "en", "xx"])
+    monkeypatch.setattr(source_table, "BATCH_FILES", 3)
+    _build(tmp_path, output=tmp_path / "batched")
+    monkeypatch.setattr(source_table, "BATCH_SCANNERS", {})
+    _build(tmp_path, output=tmp_path / "alone")
+    batched, alone = _manifest(tmp_path / "batched"), _manifest(tmp_path / "alone")
+    assert batched["sources"] == alone["sources"]
+    assert _table(tmp_path / "batched", "s").equals(_table(tmp_path / "alone", "s"))
+
+
+def test_type_drift_between_batches_names_the_files_a_file_scan_would(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Batches {f0, f1} and {f2, f3}: the first file with a value in each decides its type.
+    _small_files(tmp_path, [None, 7, None, "en"])
+    monkeypatch.setattr(source_table, "BATCH_FILES", 2)
+    with pytest.raises(SourceDataError) as batched:
+        _build(tmp_path)
+    monkeypatch.setattr(source_table, "BATCH_SCANNERS", {})
+    with pytest.raises(SourceDataError) as alone:
+        _build(tmp_path)
+    assert str(batched.value) == str(alone.value)
+    assert str(alone.value).startswith(
+        "s/f3.jsonl: column `lang` has type String but Int64 in s/f1"
+    )
+
+
+def test_reindex_reuses_rows_around_rescanned_small_files(tmp_path: Path, monkeypatch) -> None:
+    _small_files(tmp_path, ["a", "b", "c", "d", "e", "f"])
+    monkeypatch.setattr(source_table, "BATCH_FILES", 2)
+    _build(tmp_path)
+    write_jsonl(tmp_path / "s/f2.jsonl", [{"n": 9, "lang": "z"}])
+    write_jsonl(tmp_path / "s/f2b.jsonl", [{"n": 8, "lang": "y"}])
+    (tmp_path / "s/f4.jsonl").unlink()
+    summary = _build(tmp_path)
+    assert summary.sources[0].files_scanned == 2
+    _build(tmp_path, output=tmp_path / "fresh")
+    again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
+    assert again["sources"] == fresh["sources"]
+    assert _table(tmp_path / "index", "s").equals(_table(tmp_path / "fresh", "s"))
+
+
+def test_length_percentiles_are_polars_nearest_ranks() -> None:
+    """The manifest's p50/p90/p99 are what `quantile(..., "nearest")` gives (the report's
+    numbers), at every length, exact halves of a rank included."""
+    rng = np.random.default_rng(7)
+    for size in [*range(1, 1202), 4096, 65537]:
+        n = pl.Series("n_tokens", rng.integers(0, 50, size), dtype=pl.UInt32)
+        expected = [int(n.quantile(p / 100, interpolation="nearest")) for p in PERCENTILES]
+        assert nearest_ranks(n) == expected, size
+
+
+def test_runs_of_small_new_files_make_one_task_and_the_rest_go_alone(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(source_table, "BATCH_FILES", 2)
+
+    def indexed(name: str, nbytes: int, reuse: int | None = None) -> IndexedFile:
+        (tmp_path / name).write_bytes(b"")
+        return IndexedFile(data_file(tmp_path / name), 0, 0, "fp", nbytes, reuse)
+
+    files = [
+        indexed("a.jsonl", 10),
+        indexed("b.jsonl", 10),
+        indexed("c.jsonl", 10),  # a third small file: BATCH_FILES is 2
+        indexed("d.jsonl", 10, reuse=0),  # reused: not scanned, and it ends the run
+        indexed("e.jsonl", 10),
+        indexed("f.jsonl", 2 << 20),  # too large for a batch
+        indexed("g.parquet", 10),  # no batch scanner
+    ]
+    tasks = scan_tasks(5, files)
+    assert [(si, first, [f.data.rel for f in fs]) for si, first, fs in tasks] == [
+        (5, 0, ["a.jsonl", "b.jsonl"]),
+        (5, 2, ["c.jsonl"]),
+        (5, 4, ["e.jsonl"]),
+        (5, 5, ["f.jsonl"]),
+        (5, 6, ["g.parquet"]),
+    ]
+
+
+def test_rows_and_tokens_per_file():
+    table = pl.DataFrame({"file_id": [0, 0, 2, 2, 2], "n_tokens": [1, 2, 3, 4, 5]})
+    rows, tokens = per_file_counts(table, 4)
+    assert rows.tolist() == [2, 0, 3, 0] and tokens.tolist() == [3, 0, 12, 0]
