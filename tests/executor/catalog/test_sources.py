@@ -11,7 +11,7 @@ import pytest
 from executor_builders import batch_digest
 from plan_builders import index_data, plan_config, train_table
 
-import mds.executor.readers as readers_module
+import mds.executor.readers.parquet as parquet_reader
 from mds.errors import ConfigError, SourceDataError
 from mds.executor import PlanExecutor
 from mds.executor.catalog.sources import SourceCatalog
@@ -181,7 +181,7 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
     calls: list[int] = []
     closed_while_read: list[str] = []
     retired_busy: list[str] = []
-    real_fetch, real_close = readers_module.ParquetReader.fetch, readers_module.ParquetReader.close
+    real_fetch, real_close = parquet_reader.ParquetReader.fetch, parquet_reader.ParquetReader.close
     real_retire = SourceCatalog._retire
 
     def fetch(self, *args, **kwargs):
@@ -209,9 +209,9 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
         real_retire(self, key, reader)
 
     alone = _digests(many_files, 0, read_threads=1, read_ahead=0)
-    monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
-    monkeypatch.setattr(readers_module.ParquetReader, "close", close)
-    monkeypatch.setattr(readers_module.ParquetReader, "page_groups", lambda *a, **k: {})
+    monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
+    monkeypatch.setattr(parquet_reader.ParquetReader, "close", close)
+    monkeypatch.setattr(parquet_reader.ParquetReader, "page_groups", lambda *a, **k: {})
     monkeypatch.setattr(SourceCatalog, "_retire", retire)
     got = _digests(many_files, 0, read_threads=2, read_ahead=0, max_open_files=1)
     assert got == alone
@@ -222,7 +222,7 @@ def test_a_reader_evicted_while_another_thread_reads_it_is_closed_when_that_read
 def test_with_threads_the_first_bad_file_of_a_step_is_the_error_and_at_its_step(
     many_files, monkeypatch, read_ahead
 ):
-    real = readers_module.ParquetReader.fetch
+    real = parquet_reader.ParquetReader.fetch
     bad = {"d/f03.parquet", "d/f07.parquet"}
 
     def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None):
@@ -230,7 +230,7 @@ def test_with_threads_the_first_bad_file_of_a_step_is_the_error_and_at_its_step(
             raise SourceDataError(f"{self.display}: unreadable")
         return real(self, file_rows, offsets, lengths, keep, pages)
 
-    monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
+    monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
     outcomes = []
     for threads in (1, 2, 3):
         got = []

@@ -643,7 +643,7 @@ def _reopen_fetch(open_one, fetch_args, times: int = 3) -> list:
 
 
 def test_parquet_footer_is_parsed_once_across_reopens(tmp_path, monkeypatch):
-    import mds.executor.readers as readers
+    import mds.executor.readers.parquet as readers
 
     table, rows = _token_table(50)
     path = tmp_path / "t.parquet"
@@ -665,7 +665,7 @@ def test_parquet_footer_is_parsed_once_across_reopens(tmp_path, monkeypatch):
 
 
 def test_parquet_footer_read_from_the_tail_matches_pyarrow(tmp_path, monkeypatch):
-    import mds.executor.readers as readers
+    import mds.executor.readers.parquet as readers
 
     wide = pa.table({f"c{i:03d}": pa.array([i], pa.int64()) for i in range(300)})
     for name, table in [("small", _token_table(50)[0]), ("wide", wide)]:
@@ -783,7 +783,7 @@ def test_a_rewritten_megatron_index_is_read_afresh(tmp_path):
 
 
 def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch, small_metacache):
-    import mds.executor.readers as readers
+    import mds.executor.readers.parquet as readers
 
     table, rows = _token_table(40)
     paths = []
@@ -809,7 +809,7 @@ def test_metadata_cache_stays_within_its_bytes(tmp_path, monkeypatch, small_meta
 
 def test_metadata_survives_block_churn(tmp_path, monkeypatch, small_metacache):
     """Decoded row groups pushing each other out of a small block cache leave the footers."""
-    import mds.executor.readers as readers
+    import mds.executor.readers.parquet as readers
 
     table, rows = _token_table(40)
     paths = [tmp_path / f"t{i}.parquet" for i in range(4)]
@@ -826,7 +826,7 @@ def test_metadata_survives_block_churn(tmp_path, monkeypatch, small_metacache):
 
 
 def test_a_file_changing_while_opened_is_parsed_afresh_and_not_cached(tmp_path, monkeypatch):
-    import mds.executor.readers as readers
+    import mds.executor.readers.parquet as readers
 
     table, rows = _token_table(30)
     path = tmp_path / "t.parquet"
