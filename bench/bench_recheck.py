@@ -51,7 +51,7 @@ def child_recheck(plan: Path, steps: int) -> dict:
     os.environ.pop("MDS_RECHECK", None)
     ex = PlanExecutor(plan, 0, read_ahead=0, read_threads=1)
     for pos in range(steps + 1):  # every file checked (and pinned) once, as in a long run
-        ex._compact_at(pos)
+        ex.compact_at(pos)
     catalog, pinned = ex._catalog, ex._catalog.pins
     times: dict[str, list[float]] = {"on": [], "off": []}
     for side in ("on", "off", "off", "on") * 2:  # ABBA: a drifting machine drifts for both
@@ -60,7 +60,7 @@ def child_recheck(plan: Path, steps: int) -> dict:
         ex.seek(1)
         for pos in range(1, steps + 1):
             t = time.perf_counter()
-            ex._compact_at(pos)
+            ex.compact_at(pos)
             times[side].append(time.perf_counter() - t)
     out = {
         f"{name}_{what}": 1000 * fn(got)
@@ -79,7 +79,7 @@ def child_recheck(plan: Path, steps: int) -> dict:
     catalog._recheck = counted
     ex.seek(1)
     for pos in range(1, steps + 1):
-        ex._compact_at(pos)
+        ex.compact_at(pos)
     catalog._recheck = recheck
     key, (reader, _n) = next(iter(catalog._files._entries.items()))
     source, entry = catalog.sources[key[0]], catalog._records[key]

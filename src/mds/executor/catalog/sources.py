@@ -130,6 +130,7 @@ class SourceCatalog:
         cache_bytes: int = 256 << 20,
         max_open_files: int = 64,
         read_threads: int = 2,
+        next_block: Callable[[RankChunk], RankChunk | None] | None = None,
     ):
         if not isinstance(max_open_files, int) or max_open_files < 1:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
@@ -188,12 +189,29 @@ class SourceCatalog:
         # cache_bytes bounds both kinds of decoded data: a quarter for rows read ahead
         # (`Lookahead`), the rest for whole blocks (row groups, zstd frames).
         ahead = cache_bytes // 4
-        self.ahead: Lookahead | None = Lookahead(ahead) if ahead else None
+        self.ahead = Lookahead(ahead, next_block=next_block) if ahead else None
         self.reset()
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.sources]
+
+    def build_every(self, stride: int) -> None:
+        """This process builds every `stride`-th micro-batch: rows are read ahead only for
+        those (`Lookahead`)."""
+        if self.ahead is not None:
+            self.ahead.stride = stride
+
+    def checks(self) -> tuple[set[tuple[int, int]], dict[tuple[int, int], list[tuple | None]]]:
+        """The files this process checked and the versions pinned at their checks, for a
+        process that goes on from here (a spawned DataLoader worker): `restore_checks`."""
+        return self.checked, self.pins
+
+    def restore_checks(self, checked: set, pins: dict) -> None:
+        """Take over another process's `checks()`: those files are not checked again, and
+        what is read of them must be the versions pinned there."""
+        self.checked = set(checked)
+        self.pins = {k: list(v) for k, v in pins.items()}
 
     def reset(self) -> None:
         """Forget open files, cached blocks and rows read ahead (a new process must not share
