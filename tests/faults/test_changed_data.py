@@ -336,11 +336,11 @@ def test_the_recorded_root_given_again_is_not_relocated(tmp_path, monkeypatch):
     monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
     plan, _rel = _world(tmp_path, "jsonl")
     with PlanExecutor(plan, 0, data_root=tmp_path / "data") as ex:
-        assert not ex._catalog.relocated
+        assert not ex._catalog.plan.relocated
     with PlanExecutor(plan, 0, data_root=tmp_path / "data" / "d" / "..") as ex:
-        assert not ex._catalog.relocated
+        assert not ex._catalog.plan.relocated
     with PlanExecutor(plan, 0) as ex:
-        assert not ex._catalog.relocated
+        assert not ex._catalog.plan.relocated
 
 
 # --- a root with none of the files --------------------------------------------------------
@@ -406,6 +406,6 @@ def test_a_spawned_worker_keeps_the_versions_its_parent_checked(tmp_path, monkey
         _rewrite_in_place(tmp_path / "data" / rel)
         rebuild, args = ex.__reduce__()
         with rebuild(*args) as child:
-            assert child._catalog.pins == ex._catalog.pins
+            assert child._catalog.checks.pins == ex._catalog.checks.pins
             with pytest.raises(DataChangedError, match=f"{rel} changed after it was checked"):
                 list(child)

@@ -34,9 +34,7 @@ def _send_header(header: dict[str, Any] | None, src: int, group: Any) -> dict[st
     return json.loads(bytes(buf.tolist()).decode()) if dist.get_rank() != src else header
 
 
-def broadcast_batches(
-    executor: Replay, *, src: int, group: Any = None
-) -> Iterator[dict[str, Any]]:
+def broadcast_batches(executor: Replay, *, src: int, group: Any = None) -> Iterator[dict[str, Any]]:
     """The executor's remaining micro-batches on every rank of `group`, read on `src` only."""
     reading = dist.get_rank() == src
     source = iter(executor) if reading else None

@@ -20,7 +20,7 @@ from mds.core import storage
 from mds.core.planfile import PlanReader, RankChunk
 from mds.errors import ConfigError, PlanError
 from mds.executor.batch import compact, expand
-from mds.executor.catalog.sources import SourceCatalog, Tokenize
+from mds.executor.catalog import SourceCatalog, Tokenize
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.readahead import ReadAhead
 
@@ -421,7 +421,7 @@ class PlanExecutor:
     def __reduce__(self):
         # Spawned DataLoader workers rebuild the executor without the start-up checks the
         # parent made, and go on checking the files of chunks the parent did not load.
-        checked, pins = self._catalog.checks()
+        checked, pins = self._catalog.checked_files()
         return (_rebuild, (self._args, self._pos, self._verify, checked, pins))
 
 

@@ -31,7 +31,11 @@ MOVED: dict[str, tuple[str, ...]] = {
     "mds.executor.parquet_thrift": ("mds.formats.parquet.thrift",),
     "mds.executor.planfile": ("mds.core.planfile",),
     "mds.executor.ranges": ("mds.core.object_ranges",),
-    "mds.executor.sources": ("mds.executor.catalog.sources",),
+    "mds.executor.sources": (
+        "mds.executor.catalog.sources",
+        "mds.executor.catalog.tokens",
+        "mds.executor.catalog.recheck",
+    ),
     "mds.executor.storage": ("mds.core.storage",),
     "mds.executor.tokenizer": ("mds.core.tokenizer",),
     "mds.executor.zstd_seek": ("mds.formats.zstd_frames",),
