@@ -77,8 +77,9 @@ def test_a_file_changed_in_a_later_chunk_is_caught_before_its_samples(roots, res
     try:
         ex = PlanExecutor(root / "plan.mds", 0)  # the first chunk does not read it
         if respawn:  # what a spawned DataLoader worker gets: the checks must go on
-            rebuild, args = ex.__reduce__()
+            rebuild, args, state = ex.__reduce__()
             ex = rebuild(*args)
+            ex.__setstate__(state)  # as unpickling does
         steps = []
         with pytest.raises(DataChangedError, match=f"^source 's00000': {rel}: content changed"):
             for batch in ex:

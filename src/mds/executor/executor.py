@@ -420,16 +420,15 @@ class PlanExecutor:
 
     def __reduce__(self):
         # Spawned DataLoader workers rebuild the executor without the start-up checks the
-        # parent made, and go on checking the files of chunks the parent did not load.
+        # parent made (`_rebuild`), take over its position and the files it checked
+        # (`__setstate__`), and go on checking the files of chunks the parent did not load.
         checked, pins = self._catalog.checked_files()
-        return (_rebuild, (self._args, self._pos, self._verify, checked, pins))
+        return (_rebuild, (self._args,), (self._pos, self._verify, checked, pins))
+
+    def __setstate__(self, state: tuple[int, str, set, dict]) -> None:
+        self._pos, self._verify, checked, pins = state
+        self._catalog.restore_checks(checked, pins)
 
 
-def _rebuild(
-    args: dict[str, Any], pos: int, verify: str, checked: set, pins: dict | None = None
-) -> PlanExecutor:
-    executor = PlanExecutor(**args, verify="none")
-    executor._pos = pos
-    executor._verify = verify
-    executor._catalog.restore_checks(checked, pins or {})
-    return executor
+def _rebuild(args: dict[str, Any]) -> PlanExecutor:
+    return PlanExecutor(**args, verify="none")
