@@ -209,7 +209,7 @@ def step_overhead(
     for step in range(steps):  # second pass, ours and baseline step by step
         warm.append(time_step(ex.micro_batch_at, step, M))
         base_warm.append(time_step(base, step, M))
-    cache_mb = ex._catalog._blocks.nbytes / MB
+    cache_mb = ex._catalog.files.blocks.nbytes / MB
     ex.close()
 
     cold_ex = PlanExecutor(plan, 0, cache_bytes=1)
@@ -268,7 +268,7 @@ def resume_latency(plan: Path, repeat: int) -> dict[str, Any]:
             ex.seek(step)
             mb = next(iter(ex))
             t2 = time.perf_counter()
-            decoded = len(ex._catalog._blocks)  # row groups the first micro-batch decoded
+            decoded = len(ex._catalog.files.blocks)  # row groups the first micro-batch decoded
             ex.close()
             assert mb["step"] == step and mb["micro_batch"] == 0
             runs[label]["construct"].append(t1 - t0)

@@ -51,16 +51,17 @@ def child_recheck(plan: Path, steps: int) -> dict:
     os.environ.pop("MDS_RECHECK", None)
     ex = PlanExecutor(plan, 0, read_ahead=0, read_threads=1)
     for pos in range(steps + 1):  # every file checked (and pinned) once, as in a long run
-        ex._compact_at(pos)
-    catalog, pinned = ex._catalog, ex._catalog.pins
+        ex.compact_at(pos)
+    checks = ex._catalog.checks
+    pinned = checks.pins
     times: dict[str, list[float]] = {"on": [], "off": []}
     for side in ("on", "off", "off", "on") * 2:  # ABBA: a drifting machine drifts for both
         # without pins the executor re-checks nothing, as under MDS_RECHECK=0
-        catalog.pins = pinned if side == "on" else {}
+        checks.pins = pinned if side == "on" else {}
         ex.seek(1)
         for pos in range(1, steps + 1):
             t = time.perf_counter()
-            ex._compact_at(pos)
+            ex.compact_at(pos)
             times[side].append(time.perf_counter() - t)
     out = {
         f"{name}_{what}": 1000 * fn(got)
@@ -70,19 +71,20 @@ def child_recheck(plan: Path, steps: int) -> dict:
     # The same cost worked out from its parts, steadier than the difference of two noisy
     # timings: re-checks per step (one more pass, counted) times the cost of one.
     calls = [0]
-    recheck = catalog._recheck
+    recheck = checks.recheck
 
     def counted(*args: Any, **kwargs: Any) -> None:
         calls[0] += 1
         recheck(*args, **kwargs)
 
-    catalog._recheck = counted
+    checks.recheck = counted  # type: ignore[method-assign]
     ex.seek(1)
     for pos in range(1, steps + 1):
-        ex._compact_at(pos)
-    catalog._recheck = recheck
-    key, (reader, _n) = next(iter(catalog._files._entries.items()))
-    source, entry = catalog.sources[key[0]], catalog._records[key]
+        ex.compact_at(pos)
+    checks.recheck = recheck  # type: ignore[method-assign]
+    files, plan = ex._catalog.files, ex._catalog.plan
+    key, (reader, _n) = next(iter(files._files._entries.items()))
+    source, entry = plan.sources[key[0]], plan.records[key]
     n = 2000
     best = min(timeit.repeat(lambda: recheck(source, key[1], entry, reader), number=n, repeat=7))
     out["rechecks_per_step"] = calls[0] / steps
@@ -99,7 +101,7 @@ def child(plan: Path, steps: int, data_root: str) -> dict:
     it = iter(ex)
     times = step_times(it, steps)
     times["first_use_s"] = start + (times["first_ms"] + times["step_ms"] * steps) / 1000
-    times["relocated"] = ex._catalog.relocated
+    times["relocated"] = ex._catalog.plan.relocated
     ex.close()
     return times
 

@@ -221,7 +221,7 @@ print(json.dumps({
     "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     "end_fds": end_fds,
     "max_fds": max(max_fds, end_fds),
-    "open_readers": len(ex._catalog._files),
+    "open_readers": len(ex._catalog.files),
     "sources_touched": len(seen),
     "micro_batches": batches,
     "samples": samples,

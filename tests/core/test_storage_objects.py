@@ -17,7 +17,7 @@ from fault_proxy import fault_proxy
 from s3_store import BUCKET, free_port, s3_server, silent_server
 from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
-import mds.executor.readers as readers_module
+import mds.executor.readers.parquet as parquet_reader
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import DATA_ROOT_ENV
 from mds.errors import DataChangedError, Interrupted, PlanError, SourceDataError
@@ -80,9 +80,9 @@ def test_rows_of_parquet_objects_are_read_from_their_pages(world, monkeypatch):
     pages.)"""
     top, _, _ = world
     expected = replay(top / "local.mds", 0)
-    monkeypatch.setattr(readers_module, "_SPARSE", 1)
-    monkeypatch.setattr(readers_module, "_PAGED_READS", 1 << 30)
-    monkeypatch.setattr(readers_module.ParquetReader, "_room", lambda self, i: False)
+    monkeypatch.setattr(parquet_reader, "_SPARSE", 1)
+    monkeypatch.setattr(parquet_reader, "_PAGED_READS", 1 << 30)
+    monkeypatch.setattr(parquet_reader.ParquetReader, "_room", lambda self, i: False)
     sources: list[str] = []
     real = parquet_pages.read_rows
 

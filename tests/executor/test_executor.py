@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_builders import REPO
 
-import mds.executor.readers as readers_module
+import mds.executor.readers.parquet as parquet_reader
 from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError, SourceDataError
 from mds.executor import DataChangedError, PlanExecutor
@@ -53,10 +53,10 @@ def test_batches_hold_the_planned_samples_and_their_tokens(sample, pages, monkey
     index, plan = sample
     oracle = Oracle(index)
     if pages == "always":
-        monkeypatch.setattr(readers_module, "_SPARSE", 1)
-        monkeypatch.setattr(readers_module, "_PAGED_READS", 1 << 30)
+        monkeypatch.setattr(parquet_reader, "_SPARSE", 1)
+        monkeypatch.setattr(parquet_reader, "_PAGED_READS", 1 << 30)
     elif pages == "never":
-        monkeypatch.setattr(readers_module, "_SPARSE", 1 << 30)
+        monkeypatch.setattr(parquet_reader, "_SPARSE", 1 << 30)
     with PlanReader(plan) as reader:
         names = [s["name"] for s in reader.footer["index"]["sources"]]
         bases = [s["base"] for s in reader.footer["index"]["sources"]]

@@ -35,11 +35,11 @@ def test_an_old_path_gives_the_same_objects():
         warnings.simplefilter("ignore", DeprecationWarning)
         from mds.executor.errors import MdsError
         from mds.executor.planfile import PlanReader
-    import mds.core.planfile
+    import mds.core.planfile_reader
     import mds.errors
 
     assert MdsError is mds.errors.MdsError
-    assert PlanReader is mds.core.planfile.PlanReader
+    assert PlanReader is mds.core.planfile_reader.PlanReader
 
 
 def test_every_new_home_exists():

@@ -11,10 +11,11 @@ import time
 import pytest
 from executor_builders import batch_digest, open_executor, sample_plan, uninterrupted
 
-import mds.executor.catalog.sources as sources_module
 import mds.executor.readahead as ahead_module
 from mds.errors import ConfigError
 from mds.executor import PlanExecutor
+from mds.executor.catalog import SourceCatalog
+from mds.executor.catalog.reads import SampleReads
 from mds.executor.readahead import ReadAhead
 
 
@@ -57,10 +58,7 @@ def test_a_step_reads_each_file_once(plan, monkeypatch, mode):
     """Built ahead, a step is one fetch, and its samples from one file one reader call (or
     none, when rows read ahead with an earlier step hold them all)."""
     fetches: list[list[tuple[int, int]]] = []  # per fetch call, the files it read
-    real_fetch, real_read = (
-        sources_module.SourceCatalog.fetch,
-        sources_module.SourceCatalog._read,
-    )
+    real_fetch, real_read = SourceCatalog.fetch, SampleReads._read
 
     def fetch(self, block, lo, hi, step=None):
         fetches.append([])
@@ -70,8 +68,8 @@ def test_a_step_reads_each_file_once(plan, monkeypatch, mode):
         fetches[-1].append((s.sid, file_id))
         return real_read(self, block, s, file_id, entry, now, later)
 
-    monkeypatch.setattr(sources_module.SourceCatalog, "fetch", fetch)
-    monkeypatch.setattr(sources_module.SourceCatalog, "_read", read)
+    monkeypatch.setattr(SourceCatalog, "fetch", fetch)
+    monkeypatch.setattr(SampleReads, "_read", read)
     with open_executor(plan, 0, read_ahead=1) as ex:
         assert sum(1 for _ in ex) == ex.steps * ex.micro_batches
     assert len(fetches) == ex.steps

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from many_sources import token_plan, token_sources
 
-import mds.executor.catalog.sources as sources_module
+import mds.executor.catalog.recheck as recheck_module
 from mds.executor import DataChangedError, PlanExecutor
 
 STEPS, SAMPLES_PER_STEP, DP, CHUNK_STEPS = 8, 8, 2, 4
@@ -30,13 +30,13 @@ def roots(tmp_path_factory) -> dict[int, Path]:
 
 def checks_at_start(monkeypatch, plan: Path) -> int:
     calls = []
-    real = sources_module.file_problem
+    real = recheck_module.file_problem
 
     def counting(*args, **kwargs):
         calls.append(args[1]["path"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sources_module, "file_problem", counting)
+    monkeypatch.setattr(recheck_module, "file_problem", counting)
     PlanExecutor(plan, 0).close()
     return len(calls)
 
@@ -77,8 +77,9 @@ def test_a_file_changed_in_a_later_chunk_is_caught_before_its_samples(roots, res
     try:
         ex = PlanExecutor(root / "plan.mds", 0)  # the first chunk does not read it
         if respawn:  # what a spawned DataLoader worker gets: the checks must go on
-            rebuild, args = ex.__reduce__()
+            rebuild, args, state = ex.__reduce__()
             ex = rebuild(*args)
+            ex.__setstate__(state)  # as unpickling does
         steps = []
         with pytest.raises(DataChangedError, match=f"^source 's00000': {rel}: content changed"):
             for batch in ex:

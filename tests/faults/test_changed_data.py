@@ -336,11 +336,11 @@ def test_the_recorded_root_given_again_is_not_relocated(tmp_path, monkeypatch):
     monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
     plan, _rel = _world(tmp_path, "jsonl")
     with PlanExecutor(plan, 0, data_root=tmp_path / "data") as ex:
-        assert not ex._catalog.relocated
+        assert not ex._catalog.plan.relocated
     with PlanExecutor(plan, 0, data_root=tmp_path / "data" / "d" / "..") as ex:
-        assert not ex._catalog.relocated
+        assert not ex._catalog.plan.relocated
     with PlanExecutor(plan, 0) as ex:
-        assert not ex._catalog.relocated
+        assert not ex._catalog.plan.relocated
 
 
 # --- a root with none of the files --------------------------------------------------------
@@ -397,15 +397,17 @@ def test_a_changed_file_stays_refused(tmp_path, monkeypatch):
 
 def test_a_spawned_worker_keeps_the_versions_its_parent_checked(tmp_path, monkeypatch):
     """An executor rebuilt in a spawned DataLoader worker (from what it pickles to: its
-    `__reduce__`) does not check again what its parent checked, and compares what it reads
-    with the parent's pins."""
+    `__reduce__`, then `__setstate__`) does not check again what its parent checked, and
+    compares what it reads with the parent's pins."""
     monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
     plan, rel = _world(tmp_path, "jsonl")
     with PlanExecutor(plan, 0, read_ahead=0, cache_bytes=0) as ex:
         next(iter(ex))
         _rewrite_in_place(tmp_path / "data" / rel)
-        rebuild, args = ex.__reduce__()
-        with rebuild(*args) as child:
-            assert child._catalog.pins == ex._catalog.pins
+        rebuild, args, state = ex.__reduce__()
+        child = rebuild(*args)
+        child.__setstate__(state)  # as unpickling does
+        with child:
+            assert child._catalog.checks.pins == ex._catalog.checks.pins
             with pytest.raises(DataChangedError, match=f"{rel} changed after it was checked"):
                 list(child)

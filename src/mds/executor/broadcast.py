@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from mds.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mds.executor.executor import PlanExecutor
+from mds.executor.replay import Replay
 
 __all__ = ["broadcast_batches"]
 
@@ -36,9 +34,7 @@ def _send_header(header: dict[str, Any] | None, src: int, group: Any) -> dict[st
     return json.loads(bytes(buf.tolist()).decode()) if dist.get_rank() != src else header
 
 
-def broadcast_batches(
-    executor: PlanExecutor, *, src: int, group: Any = None
-) -> Iterator[dict[str, Any]]:
+def broadcast_batches(executor: Replay, *, src: int, group: Any = None) -> Iterator[dict[str, Any]]:
     """The executor's remaining micro-batches on every rank of `group`, read on `src` only."""
     reading = dist.get_rank() == src
     source = iter(executor) if reading else None
@@ -69,10 +65,10 @@ def broadcast_batches(
             out[key] = tensor
         if not reading:
             pos = out["step"] * executor.micro_batches + out["micro_batch"]
-            if pos != executor._pos:
+            if pos != executor.cursor:
                 raise ConfigError(
-                    f"rank {dist.get_rank()} is at micro-batch {executor._pos} but its reading "
+                    f"rank {dist.get_rank()} is at micro-batch {executor.cursor} but its reading "
                     f"peer (rank {src}) sent {pos}; load the same executor state on every peer"
                 )
-            executor._pos = pos + 1
+            executor.mark_delivered(pos)
         yield {k: out[k] for k in header}

@@ -21,7 +21,7 @@ from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
 from mds.executor.batch import compact, expand
-from mds.executor.catalog.sources import SourceCatalog, Tokenize
+from mds.executor.catalog import SourceCatalog, Tokenize
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.readahead import ReadAhead
 
@@ -61,6 +61,10 @@ class PlanExecutor:
     neither). `read_threads`: threads that read a
     step's files side by side (1: the building thread alone; 2, the default, pays where a
     core is free, see docs/executor.md); batches are the same.
+
+    Besides iteration, it offers the positional interface of `mds.executor.replay.Replay`
+    (`cursor`, `mark_delivered`, `compact_at`, ...), through which `PlanLoader` and
+    `shared()` hand out its micro-batches themselves.
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class PlanExecutor:
         self.plan_id = reader.plan_id
         lineage = reader.footer.get("lineage")
         self.lineage = lineage if isinstance(lineage, dict) else None
+        self._read_early: dict[int, RankChunk] = {}  # later chunks' blocks, loaded to read ahead
         self._catalog = SourceCatalog(
             reader.footer,
             self.plan_path,
@@ -141,16 +146,14 @@ class PlanExecutor:
             cache_bytes=args["cache_bytes"],
             max_open_files=args["max_open_files"],
             read_threads=_integer(args["read_threads"], "read_threads"),
+            next_block=self._next_block,
         )
         self.source_names = self._catalog.names
         self.mesh: MeshPosition | None = None
         self._pos = self.first_step * self.micro_batches
         self._pid = os.getpid()
         self._block: tuple[int, RankChunk, np.ndarray] | None = None
-        self._read_early: dict[int, RankChunk] = {}  # later chunks' blocks, loaded to read ahead
         self._lock = threading.Lock()  # the catalog and the current block: one thread at a time
-        if self._catalog.ahead is not None:
-            self._catalog.ahead.next_block = self._next_block
         depth = args["read_ahead"]
         self._ahead = ReadAhead(self._step_batches, depth, self.steps) if depth else None
 
@@ -187,6 +190,19 @@ class PlanExecutor:
     def position(self) -> tuple[int, int]:
         """(step, micro_batch) of the next micro-batch to be yielded."""
         return divmod(self._pos, self.micro_batches)
+
+    @property
+    def cursor(self) -> int:
+        """The linear position of the next micro-batch, step * micro_batches + micro_batch
+        (`position`, as one number; `total` is the end)."""
+        return self._pos
+
+    def mark_delivered(self, pos: int) -> None:
+        """The micro-batch at linear position `pos` reached the training loop by a way other
+        than iterating the executor (`PlanLoader`, `shared()`): the next is `pos + 1`."""
+        if not self.first_step * self.micro_batches <= pos < self.total:
+            raise PlanError(f"position {pos} is outside the plan's {self._span()}")
+        self._pos = pos + 1
 
     def state_dict(self) -> dict[str, Any]:
         step, micro = self.position
@@ -272,10 +288,12 @@ class PlanExecutor:
 
     def micro_batch_at(self, pos: int) -> dict[str, Any]:
         """The micro-batch at linear position step * micro_batches + micro_batch."""
-        return expand(self._compact_at(pos))
+        return expand(self.compact_at(pos))
 
-    def _compact_at(self, pos: int, narrow: bool = False) -> dict[str, Any]:
-        """The micro-batch at `pos` as numpy arrays (`batch.compact`)."""
+    def compact_at(self, pos: int, narrow: bool = False) -> dict[str, Any]:
+        """The micro-batch at linear position `pos` as numpy arrays (`batch.compact`;
+        `narrow`: token ids at 4 bytes where they fit), for a process that hands them to
+        another: `batch.expand` makes the tensors iteration yields. The position stays."""
         assert 0 <= pos < self.total, pos
         self._ensure_process()
         step, micro = divmod(pos, self.micro_batches)
@@ -359,13 +377,12 @@ class PlanExecutor:
             self._read_early[chunk] = self._reader.rank_chunk(chunk, self.dp_rank)
         return self._read_early[chunk]
 
-    def _build_every(self, stride: int) -> None:
+    def build_every(self, stride: int) -> None:
         """This process builds every `stride`-th micro-batch (one of `stride` DataLoader
         workers): rows are read ahead only for those."""
-        if self._catalog.ahead is not None:
-            self._catalog.ahead.stride = stride
+        self._catalog.build_every(stride)
 
-    def _stop_ahead(self) -> None:
+    def stop_read_ahead(self) -> None:
         """Let the read-ahead thread finish (before workers fork, so none holds the lock)."""
         if self._ahead is not None and os.getpid() == self._pid:
             self._ahead.stop()
@@ -392,7 +409,7 @@ class PlanExecutor:
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._stop_ahead()
+        self.stop_read_ahead()
         self._catalog.close()
         self._reader.close()
 
@@ -404,17 +421,15 @@ class PlanExecutor:
 
     def __reduce__(self):
         # Spawned DataLoader workers rebuild the executor without the start-up checks the
-        # parent made, and go on checking the files of chunks the parent did not load.
-        catalog = self._catalog
-        return (_rebuild, (self._args, self._pos, self._verify, catalog.checked, catalog.pins))
+        # parent made (`_rebuild`), take over its position and the files it checked
+        # (`__setstate__`), and go on checking the files of chunks the parent did not load.
+        checked, pins = self._catalog.checked_files()
+        return (_rebuild, (self._args,), (self._pos, self._verify, checked, pins))
+
+    def __setstate__(self, state: tuple[int, str, set, dict]) -> None:
+        self._pos, self._verify, checked, pins = state
+        self._catalog.restore_checks(checked, pins)
 
 
-def _rebuild(
-    args: dict[str, Any], pos: int, verify: str, checked: set, pins: dict | None = None
-) -> PlanExecutor:
-    executor = PlanExecutor(**args, verify="none")
-    executor._pos = pos
-    executor._verify = verify
-    executor._catalog.checked = set(checked)
-    executor._catalog.pins = {k: list(v) for k, v in (pins or {}).items()}
-    return executor
+def _rebuild(args: dict[str, Any]) -> PlanExecutor:
+    return PlanExecutor(**args, verify="none")

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mds.errors import ConfigError
 from mds.executor.batch import expand
-from mds.executor.executor import PlanExecutor
+from mds.executor.replay import Replay
 
 __all__ = ["PlanLoader"]
 
@@ -27,15 +27,15 @@ __all__ = ["PlanLoader"]
 class _Positions(IterableDataset):
     """The micro-batches at positions [start, stop), dealt round-robin to workers."""
 
-    def __init__(self, executor: PlanExecutor, start: int, stop: int):
+    def __init__(self, executor: Replay, start: int, stop: int):
         self.executor, self.start, self.stop = executor, start, stop
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self.executor._build_every(workers)
+        self.executor.build_every(workers)
         for pos in range(self.start + worker, self.stop, workers):
-            yield self.executor._compact_at(pos, narrow=True)
+            yield self.executor.compact_at(pos, narrow=True)
 
 
 def _as_is(raw: dict[str, Any]) -> dict[str, Any]:
@@ -46,12 +46,14 @@ def _as_is(raw: dict[str, Any]) -> dict[str, Any]:
 class PlanLoader:
     """Iterate an executor's remaining micro-batches through a DataLoader with workers.
 
+    `executor`: a PlanExecutor (the loader uses only its `replay.Replay` interface).
+
     `state_dict()`/`load_state_dict()` are the executor's: they count what this iterator
     has handed to the training loop. Extra keyword arguments go to torch's DataLoader
     (e.g. `prefetch_factor`, `pin_memory`, `multiprocessing_context`).
     """
 
-    def __init__(self, executor: PlanExecutor, num_workers: int = 2, **dataloader_kwargs: Any):
+    def __init__(self, executor: Replay, num_workers: int = 2, **dataloader_kwargs: Any):
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"num_workers={num_workers!r} must be an integer >= 0")
         for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn"):
@@ -73,13 +75,13 @@ class PlanLoader:
         if self.num_workers == 0:
             yield from ex
             return
-        ex._stop_ahead()
+        ex.stop_read_ahead()
         kwargs = dict(self.dataloader_kwargs)
         # Pinned here, as DataLoader would (only with a GPU): workers send numpy arrays.
         pin = bool(kwargs.pop("pin_memory", False)) and torch.cuda.is_available()
-        while ex._pos < ex.total:
+        while ex.cursor < ex.total:
             loader = DataLoader(
-                _Positions(ex, ex._pos, ex.total),
+                _Positions(ex, ex.cursor, ex.total),
                 batch_size=None,
                 num_workers=self.num_workers,
                 collate_fn=_as_is,
@@ -87,9 +89,9 @@ class PlanLoader:
             )
             for raw in loader:
                 pos = raw["step"] * ex.micro_batches + raw["micro_batch"]
-                if pos != ex._pos:  # the loop seeked (load_state_dict) while workers ran ahead
+                if pos != ex.cursor:  # the loop seeked (load_state_dict) while workers ran ahead
                     break  # start new workers at the new position
-                ex._pos = pos + 1
+                ex.mark_delivered(pos)
                 batch = expand(raw)
                 if pin:
                     batch = {

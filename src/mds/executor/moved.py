@@ -35,8 +35,13 @@ MOVED: dict[str, tuple[str, ...]] = {
         "mds.core.planfile_writer",
     ),
     "mds.executor.ranges": ("mds.core.object_ranges",),
-    "mds.executor.sources": ("mds.executor.catalog.sources", "mds.core.index_manifest"),
-    "mds.executor.storage": ("mds.core.storage",),
+    "mds.executor.sources": (
+        "mds.executor.catalog.sources",
+        "mds.executor.catalog.tokens",
+        "mds.executor.catalog.recheck",
+        "mds.core.index_manifest",
+    ),
+    "mds.executor.storage": ("mds.core.storage", "mds.core.commit"),
     "mds.executor.tokenizer": ("mds.core.tokenizer",),
     "mds.executor.zstd_seek": ("mds.formats.zstd_frames",),
 }

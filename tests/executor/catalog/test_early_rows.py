@@ -12,7 +12,7 @@ import pytest
 from executor_builders import batch_digest, open_executor, sample_plan, uninterrupted
 
 import mds.executor.catalog.early_rows as lookahead_module
-import mds.executor.readers as readers_module
+import mds.executor.readers.parquet as parquet_reader
 import mds.formats.parquet.pages as parquet_pages
 from mds.core.lru import LRU
 from mds.core.planfile_reader import PlanReader
@@ -43,7 +43,7 @@ def _decodes(plan, monkeypatch, **kwargs) -> list[tuple[str, int]]:
     """(file, row group) of every Parquet decode of rank 0's run, whole or from pages, with
     no block cache, so only rows read ahead can spare a decode."""
     calls: list[tuple[str, int]] = []
-    real = readers_module.ParquetReader._read
+    real = parquet_reader.ParquetReader._read
     real_pages = parquet_pages.read_rows
 
     def counted(self, i, need, whole, row, own=True):
@@ -57,9 +57,9 @@ def _decodes(plan, monkeypatch, **kwargs) -> list[tuple[str, int]]:
         return got
 
     with monkeypatch.context() as m:
-        m.setattr(readers_module.ParquetReader, "_read", counted)
+        m.setattr(parquet_reader.ParquetReader, "_read", counted)
         m.setattr(parquet_pages, "read_rows", counted_pages)
-        m.setattr(readers_module.ParquetReader, "_room", lambda self, i: False)
+        m.setattr(parquet_reader.ParquetReader, "_room", lambda self, i: False)
         m.setattr(LRU, "put", lambda self, key, value, nbytes=0: None)
         assert digests(plan, 0, **kwargs) == uninterrupted(plan, 0)
     return calls
@@ -106,14 +106,14 @@ def _bad_row_at_a_later_step(plan) -> tuple[int, str, int]:
 @pytest.mark.parametrize("read_ahead", [0, 1])
 def test_a_later_rows_problem_is_raised_at_its_own_step(plan, monkeypatch, read_ahead):
     step, path, row = _bad_row_at_a_later_step(plan)
-    real = readers_module.ParquetReader.fetch
+    real = parquet_reader.ParquetReader.fetch
 
     def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None):
         if str(self.path).endswith(path) and row in np.asarray(file_rows).tolist():
             raise SourceDataError(f"{path} row {row}: unreadable")
         return real(self, file_rows, offsets, lengths, keep, pages)
 
-    monkeypatch.setattr(readers_module.ParquetReader, "fetch", fetch)
+    monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
     expected = uninterrupted(plan, 0)
     got = []
     with open_executor(plan, 0, read_ahead=read_ahead) as ex:

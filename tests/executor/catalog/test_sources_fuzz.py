@@ -451,7 +451,7 @@ FOUND = {
         "a Megatron reader needs the .idx companion",
     ),
     # MemoryError: offset + length wrapped around int64 past the end-of-file check, and the
-    # read asked for ~2^62 bytes (readers._LineReader.fetch)
+    # read asked for ~2^62 bytes (readers.jsonl._LineReader.fetch)
     "jsonl byte range wrapping around": (
         lambda w: forge(
             w,

@@ -1,0 +1,381 @@
+"""Parquet: rows of one column, read a row group at a time (or, for a few rows of a token
+list, from the row group's pages), with the parsed footer kept apart from the handle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow._parquet as _pq
+import pyarrow.parquet as pq
+
+from mds.core import metacache, storage
+from mds.core import object_ranges as ranges
+from mds.core.lru import LRU
+from mds.errors import SourceDataError
+from mds.executor.readers.base import ColumnReader, Handle, Payload
+from mds.executor.readers.base import TextBlock as _TextBlock
+from mds.executor.readers.base import TokenBlock as _TokenBlock
+from mds.executor.readers.base import cannot_open as _cannot_open
+from mds.executor.readers.base import check_column_type as _check_column_type
+from mds.executor.readers.base import check_rows as _check_rows
+from mds.executor.readers.base import decoded_block as _block
+from mds.executor.readers.base import file_version as _version
+from mds.executor.readers.base import first_line as _first_line
+from mds.executor.readers.base import missing_column as _missing_column
+from mds.executor.readers.base import row_starts as _row_starts
+from mds.formats.parquet import pages as parquet_pages
+
+__all__ = ["ParquetReader"]
+
+
+# Rows holding under 1/_SPARSE of a row group's values are read from its pages, at most
+# _PAGED_READS times per group before it is decoded whole instead (`_paged`).
+_SPARSE = 4
+_PAGED_READS = 2
+
+# Parsed footers take about 4-9 times their serialized size in memory (measured with
+# pyarrow 26 on 0.5-47 KB footers); they are counted at 9 times plus a fixed 4 KiB.
+_FOOTER_FACTOR, _FOOTER_FIXED = 9, 4096
+
+
+_FOOTER_TAIL = 4096  # bytes read from a file's end at once: the footer of a few columns fits
+
+
+def _footer(source: pa.NativeFile) -> pq.FileMetaData | None:
+    """The footer of a local Parquet file, parsed from its last bytes without a ParquetFile
+    (9 against 25 us a file: most of what opening a file for a page read costs), or None
+    where this does not apply (an encrypted or damaged footer, a pyarrow without the
+    parser): pq.ParquetFile then parses it and names any problem. The parser is the one
+    pyarrow unpickles metadata with."""
+    parse = getattr(_pq, "_reconstruct_filemetadata", None)
+    try:
+        size = source.size()
+        if parse is None or size < 12:
+            return None
+        first = min(size, _FOOTER_TAIL)
+        tail = source.read_at(first, size - first)
+        n = int.from_bytes(tail[-8:-4], "little")
+        if tail[-4:] != b"PAR1" or n + 12 > size:
+            return None
+        if n + 8 > len(tail):
+            tail = source.read_at(n + 8, size - n - 8)
+        return parse(pa.py_buffer(tail[len(tail) - 8 - n : len(tail) - 8]))
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+class _ParquetMeta:
+    """What reopening a Parquet file needs: its parsed footer, where its row groups start,
+    and the (column, payload kind) pairs already checked against its schema."""
+
+    def __init__(self, metadata: pq.FileMetaData):
+        self.metadata = metadata
+        counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        self.starts = _row_starts(counts)
+        self.checked: set[tuple[str, str]] = set()
+        self._arrow_schema: pa.Schema | None = None
+        self.paged: dict[tuple[str, int], int] = {}  # (column, row group): reads from pages
+        self._layouts: dict[str, parquet_pages.Layout | None] = {}
+        self._sizes: dict[str, np.ndarray] = {}
+        self._spans: dict[str, list[list[tuple[int, int]]]] = {}
+        self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
+        self.nbytes += self.starts.nbytes
+
+    def _leaves(self, column: str) -> list[int]:
+        return parquet_pages.leaves(self.metadata, column)
+
+    def arrow_schema(self) -> pa.Schema:
+        """The footer's schema as Arrow's, made once (the schema check and the page layout
+        both want it)."""
+        if self._arrow_schema is None:
+            self._arrow_schema = self.metadata.schema.to_arrow_schema()
+        return self._arrow_schema
+
+    def chunk_spans(self, column: str) -> list[list[tuple[int, int]]]:
+        """Per row group, the byte spans [lo, hi) of top-level `column`'s column chunks
+        (dictionary page first, if any), from the footer: what reading it reads."""
+        spans = self._spans.get(column)
+        if spans is None:
+            leaves, meta = self._leaves(column), self.metadata
+            spans = [
+                [parquet_pages.chunk_span(meta.row_group(i).column(j)) for j in leaves]
+                for i in range(meta.num_row_groups)
+            ]
+            self._spans[column] = spans
+        return spans
+
+    def layout(self, column: str) -> parquet_pages.Layout | None:
+        """How rows of token-list `column` are read from its pages (None: decoded whole)."""
+        if column not in self._layouts:
+            value_type = self.arrow_schema().field(column).type.value_type
+            self._layouts[column] = parquet_pages.layout(self.metadata, column, value_type)
+        return self._layouts[column]
+
+    def column_sizes(self, column: str) -> np.ndarray:
+        """Uncompressed bytes of top-level `column` in each row group, from the footer."""
+        sizes = self._sizes.get(column)
+        if sizes is None:
+            meta = self.metadata
+            leaves = self._leaves(column)
+            sizes = np.array(
+                [
+                    sum(meta.row_group(i).column(j).total_uncompressed_size for j in leaves)
+                    for i in range(meta.num_row_groups)
+                ],
+                dtype=np.int64,
+            )
+            self._sizes[column] = sizes
+        return sizes
+
+
+class ParquetReader(ColumnReader):
+    """Rows of one column, read a row group at a time; decoded row groups are cached.
+
+    The parsed footer is kept in `metacache`, apart from the handle and the decoded blocks:
+    reopening a file after its handle was evicted costs an open, not another footer parse
+    or schema check. A local file's reader holds one `pq.ParquetFile` without pre-buffering
+    (which keeps no column bytes between decodes); an object's wraps the handle in a
+    pre-buffering `pq.ParquetFile` per decode (one coalesced request), closed straight after
+    (an open one keeps its last column chunk's bytes, ~0.4 MB a file here). A decoded row
+    group keeps only the payload column, as numpy arrays.
+    """
+
+    def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
+        self.path, self.kind, self.column, self.display = path, kind, column, display
+        self._blocks = blocks
+        self._held: pq.ParquetFile | None = None
+        self._local = not storage.is_url(path)
+        key = _version("parquet-footer", path, display)
+        meta = metacache.get(key)
+        try:
+            if storage.is_url(path):  # an object: byte-range requests, staged per fetch
+                self.object = ranges.RangeFile(str(path), blocks)
+                self._source = self.object.arrow_file()
+            else:
+                self._source = storage.open_input(path)
+        except OSError as exc:
+            raise _cannot_open(display, exc) from None
+        try:
+            # The file may have changed between the stat and the open: its footer is then
+            # parsed afresh from the file held open, and not kept.
+            if _version("parquet-footer", path, display) != key:
+                meta, key = None, None
+            if meta is None:
+                footer = _footer(self._source) if self._local else None
+                if footer is None:
+                    file = self._parquet(None)
+                    try:
+                        footer = file.metadata
+                    finally:
+                        if self._local:
+                            self._held = file
+                        else:
+                            file.close()
+                meta = _ParquetMeta(footer)
+                if key is not None:
+                    metacache.put(key, meta, meta.nbytes)
+            if (column, kind) not in meta.checked:
+                self._check_schema(meta.arrow_schema())
+                meta.checked.add((column, kind))
+        except BaseException:
+            self.close()
+            raise
+        self._meta = meta
+        self.starts = meta.starts
+
+    def handles(self) -> list[tuple[int, Handle]]:
+        if self.object is not None:
+            return [(0, self.object)]
+        return [(0, self._source.fileno())]
+
+    def _parquet(self, metadata: pq.FileMetaData | None) -> pq.ParquetFile:
+        """A ParquetFile over the descriptor held (closing it leaves the descriptor open)."""
+        try:
+            return pq.ParquetFile(self._source, metadata=metadata, pre_buffer=not self._local)
+        except OSError as exc:
+            if exc.errno is not None:
+                raise _cannot_open(self.display, exc) from None
+            raise SourceDataError(
+                f"{self.display}: not a readable Parquet file ({_first_line(exc)})"
+            ) from None
+        except pa.ArrowException as exc:
+            raise SourceDataError(
+                f"{self.display}: not a readable Parquet file ({_first_line(exc)})"
+            ) from None
+
+    def _check_schema(self, schema: pa.Schema) -> None:
+        if self.column not in schema.names:
+            raise _missing_column(self.display, self.column, schema.names)
+        _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
+
+    def fetch(
+        self, file_rows, offsets=None, lengths=None, keep: bool = True, pages=None
+    ) -> list[Payload]:
+        """Payloads of `file_rows`. Given where each row's values start in its row group and
+        how many there are (`offsets`, `lengths`: a token list the plan locates by values),
+        rows that are a small part of an uncached row group are read from its pages
+        (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
+        row groups with pyarrow. `pages`: what `page_groups` just said for the same rows."""
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        if pages is None:
+            pages = self._paged(rows, lengths, keep) if offsets is not None else {}
+        if not pages:
+            return super().fetch(rows, keep=keep)
+        lay = self._meta.layout(self.column)
+        source = self._source.fileno() if self._local else self.object
+        out: list = [None] * len(rows)
+        done = np.zeros(len(rows), dtype=bool)
+        for i, pick in pages.items():
+            values = parquet_pages.read_rows(source, lay, i, offsets[pick], lengths[pick])
+            if values is not None:  # else decoded whole below, where problems are named
+                for k, v in zip(pick.tolist(), values, strict=True):
+                    out[k] = v
+                done[pick] = True
+                key = (self.column, i)
+                self._meta.paged[key] = self._meta.paged.get(key, 0) + 1
+        rest = np.flatnonzero(~done)
+        if len(rest):
+            for k, v in zip(rest.tolist(), super().fetch(rows[rest], keep=keep), strict=True):
+                out[k] = v
+        return out
+
+    def page_groups(
+        self, file_rows, offsets=None, lengths=None, keep: bool = True
+    ) -> dict[int, np.ndarray]:
+        """The row groups a `fetch` of these rows would read from pages (Python work that
+        holds the GIL, unlike pyarrow's decoding), with the positions of their rows: empty
+        for none."""
+        if offsets is None:
+            return {}
+        rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
+        return self._paged(rows, lengths, keep)
+
+    def _paged(self, rows: np.ndarray, lengths, keep: bool = True) -> dict[int, np.ndarray]:
+        """Positions of `rows` by row group, for the groups read from pages: groups of the
+        token-list column whose pages are read here, not cached, where the rows hold
+        under a quarter of the group's values (beyond that a whole decode in native code is
+        as quick, and it serves later rows from cache), and, while the cache has room for
+        the group, read from pages fewer than `_PAGED_READS` times: each read decompresses
+        the pages again, so a group asked for again and again is decoded whole and cached
+        (a read from pages costs about a third of a whole decode: renting until it would
+        have paid for buying keeps the total within about twice the best choice). Of an
+        object each read from pages fetches the chunk again, so while the cache has room a
+        group that may be asked for again (`keep`) is decoded whole at once."""
+        if lengths is None or self.kind != "token_ids" or not len(rows):
+            return {}
+        lay = self._meta.layout(self.column)
+        if lay is None:
+            return {}
+        out = {}
+        for i, pick in self._by_group(rows).items():
+            chunk = lay.chunk(i)
+            if chunk is None or _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
+                continue
+            if (
+                self._meta.paged.get((self.column, i), 0) >= _PAGED_READS
+                or (keep and not self._local)
+            ) and self._room(i):  # the cheap test first: a first read of a file skips this one
+                continue
+            if self._blocks.get((self.path, "rg", i, self.column, self.kind)) is None:
+                out[i] = pick
+        return out
+
+    def _by_group(self, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """Positions of `rows` by the row group they are in."""
+        if len(self.starts) == 2:
+            return {0: np.arange(len(rows))}
+        groups = np.searchsorted(self.starts, rows, side="right") - 1
+        order = np.argsort(groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(groups[order])) + 1
+        return {int(groups[p[0]]): p for p in np.split(order, cuts)}
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        """The payload column's chunks in the row groups these rows need that the block
+        cache does not hold (far enough), for an object; nothing for a file."""
+        if self.object is None:
+            return []
+        rows = np.asarray(file_rows, dtype=np.int64)
+        rows = rows[(rows >= 0) & (rows < self.starts[-1])]
+        groups = np.searchsorted(self.starts, rows, side="right") - 1
+        chunks = self._meta.chunk_spans(self.column)
+        out: list[tuple[int, int]] = []
+        for i in np.unique(groups).tolist():
+            need = int(rows[groups == i].max() - self.starts[i]) + 1
+            block = self._blocks.get((self.path, "rg", i, self.column, self.kind))
+            if block is None or block.rows < need:
+                out.extend(chunks[i])
+        return out
+
+    def _unit(self, i: int, need: int, row: int, keep: bool = True) -> _TokenBlock | _TextBlock:
+        key = (self.path, "rg", i, self.column, self.kind)
+        block = self._blocks.get(key)
+        if (block is None or block.rows < need) and not keep:
+            # Not to be asked again: decode up to the last row asked and copy out only the
+            # rows asked (`_TokenBlock.take`), not the whole group.
+            whole = int(self.starts[i + 1] - self.starts[i])
+            return self._read(i, need, whole, row, own=False)
+        if block is None or block.rows < need:
+            # While the cache has room, the whole row group is decoded: it stays to serve
+            # later rows. Once the cache is full, a first read decodes only up to the last
+            # row asked (decoding costs about in proportion to the rows decoded), since the
+            # group may well be evicted before another of its rows is asked; a row beyond a
+            # cached prefix then decodes the whole group, so no group is decoded more than
+            # twice while it stays cached.
+            whole = int(self.starts[i + 1] - self.starts[i])
+            if block is not None or self._room(i):
+                need = whole
+            block = self._read(i, need, whole, row)
+            self._blocks.put(key, block, block.nbytes)
+        return block
+
+    def _room(self, i: int) -> bool:
+        """Whether the block cache can take row group `i` whole without evicting (estimated
+        from the footer's uncompressed size of the payload column in the group)."""
+        cache = self._blocks
+        if cache.max_bytes is None:
+            return True
+        size = int(self._meta.column_sizes(self.column)[i])
+        return cache.nbytes + size <= cache.max_bytes
+
+    def _read(
+        self, i: int, need: int, whole: int, row: int, own: bool = True
+    ) -> _TokenBlock | _TextBlock:
+        """The first `need` (or more) rows of row group `i`, copied out of Arrow (`own`), or
+        kept there with each row copied as it is taken."""
+        column = None
+        if self._held is None:
+            file = self._parquet(self._meta.metadata)
+            if self._local:
+                self._held = file
+        else:
+            file = self._held
+        try:
+            if need < whole:
+                batches = file.iter_batches(
+                    batch_size=need, row_groups=[i], columns=[self.column], use_threads=False
+                )
+                try:
+                    column = next(batches).column(0)
+                finally:
+                    batches.close()
+            if column is None or len(column) < need:
+                column = file.read_row_group(i, columns=[self.column], use_threads=False)
+                column = column.column(0)
+            return _block(column, self.kind, own=own)
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceDataError(
+                f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
+            ) from None
+        finally:
+            if file is not self._held:
+                file.close()
+
+    def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+        self._source.close()
+        if self.object is not None:
+            self.object.close()
