@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mds.formats.parquet import pages as parquet_pages
+from mds.formats.parquet.thrift import Unsupported
 
 WRITERS = st.fixed_dictionaries(
     {
@@ -210,7 +211,7 @@ def test_a_dictionary_index_past_the_end_is_declined(width, index):
         return [memoryview(bytes([width, 4 << 1]) + v), memoryview(bytes([width, 3]) + v * 8)]
 
     for bad, ok in zip(runs(index), runs(2), strict=True):
-        with pytest.raises(parquet_pages.Unsupported, match="out of range"):
+        with pytest.raises(Unsupported, match="out of range"):
             parquet_pages._values(8, bad, starts, ends, dictionary, np.dtype(np.int32), 4)
         got = parquet_pages._values(8, ok, starts, ends, dictionary, np.dtype(np.int32), 4)
         assert got.tolist() == [30] * 4
@@ -239,35 +240,3 @@ def test_every_dictionary_index_width(tmp_path, distinct):
             assert got is not None
             for r, v in zip(ask.tolist(), got, strict=True):
                 assert np.array_equal(v, rows[r].values.to_numpy())
-
-
-@pytest.mark.parametrize("width", [8, 16])
-def test_full_bit_packed_runs_are_read_by_arithmetic_alike(width, monkeypatch):
-    """Whole-byte indices in runs of the most groups a one-byte header holds are cut from a
-    2-D view (`_full_runs`); the header walk gives the same values, and any other stream
-    (a shorter run before the last value asked, too few bytes) is left to the walk."""
-    rng = np.random.default_rng(width)
-    run, dtype = 63 * 8, np.dtype(f"<u{width // 8}")
-    values = rng.integers(0, 1 << width, 6 * run).astype(dtype)
-    full = b"".join(b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(6))
-    # the same values with the fourth run cut in two runs of 31 and 32 groups
-    cut = b"".join(
-        [b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(3)]
-        + [bytes([31 << 1 | 1]) + values[3 * run : 3 * run + 248].tobytes()]
-        + [bytes([32 << 1 | 1]) + values[3 * run + 248 : 4 * run].tobytes()]
-        + [b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(4, 6)]
-    )
-    starts = np.sort(rng.choice(len(values) - 700, 30, replace=False)).astype(np.int64)
-    ends = starts + rng.integers(1, 700, 30)  # many cross a run's end
-    expected = np.concatenate([values[a:b] for a, b in zip(starts, ends, strict=True)])
-    early = starts < 3 * run - 700  # ranges that end before the fourth run
-    assert parquet_pages._full_runs(memoryview(full), width, starts, ends) is not None
-    assert parquet_pages._full_runs(memoryview(cut), width, starts, ends) is None
-    assert parquet_pages._full_runs(memoryview(cut), width, starts[early], ends[early]) is not None
-    assert parquet_pages._full_runs(memoryview(full[:-1]), width, starts, ends) is None
-    for stream in (full, cut):
-        got = parquet_pages._hybrid(memoryview(stream), width, starts, ends)
-        assert np.array_equal(got, expected)
-    monkeypatch.setattr(parquet_pages, "_full_runs", lambda *a: None)
-    walked = parquet_pages._hybrid(memoryview(full), width, starts, ends)
-    assert np.array_equal(walked, expected)
