@@ -74,9 +74,9 @@ class Runs:
             first_byte, nbytes = (bit0 >> 3).tolist(), (length * (width // 8)).tolist()
             pieces = [raw[b : b + n] for b, n in zip(first_byte, nbytes, strict=True)]
             return np.concatenate(pieces).view(f"<u{width // 8}")
-        if width < 8 and packed.all() and (lo == first[run]).all():
-            # Whole bit-packed runs from their first value (a level stream's): unpacked in
-            # whole groups of 8, bit by bit, if those groups lie within the data.
+        if width < 8 and packed.all() and (lo == first[run]).all() and (np.diff(run) > 0).all():
+            # Bit-packed runs, each from its first value: unpacked in whole groups of 8, bit
+            # by bit, if those groups lie within the data.
             places, groups = self.place[run], (length + 7) // 8
             if int((places + groups * width).max()) <= size:
                 return _unpack(raw, places, groups, length, width)
@@ -101,10 +101,10 @@ class Runs:
 
 
 def _unpack(raw: np.ndarray, places, groups, lengths, width: int) -> np.ndarray:
-    """The first `lengths` values of the `groups` groups of 8 bit-packed values narrower than
-    a byte at each of `places`: unpacked bit by bit, then the values past each length
-    dropped."""
-    bits = np.unpackbits(raw[ranges(places, groups * width)], bitorder="little")
+    """The first `lengths` values of the `groups` groups of 8 bit-packed values of at most 8
+    bits at each of increasing `places` (the groups must not overlap): unpacked bit by bit,
+    then the values past each length dropped."""
+    bits = np.unpackbits(_slices(raw, places, groups * width), bitorder="little")
     if width == 1:
         got = bits
     else:
@@ -114,6 +114,15 @@ def _unpack(raw: np.ndarray, places, groups, lengths, width: int) -> np.ndarray:
         cut = extra > 0
         got = np.delete(got, ranges(np.cumsum(groups * 8)[cut] - extra[cut], extra[cut]))
     return got
+
+
+def _slices(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of data[s : s + n] for each (s, n); the slices must not overlap."""
+    keep = lengths > 0
+    edges = np.zeros(data.size + 1, np.int8)
+    edges[starts[keep]] = 1
+    edges[starts[keep] + lengths[keep]] -= 1
+    return data[np.cumsum(edges[:-1], dtype=np.int8).view(bool)]
 
 
 def walk(data, width: int, limit: int) -> Runs:
@@ -197,9 +206,14 @@ def _full_runs(data, width: int, starts: np.ndarray, ends: np.ndarray) -> np.nda
 
 def all_equal(data, width: int, n: int, value: int) -> bool:
     """Whether the first `n` values of a stream of `width`-bit values all equal `value`."""
+    if n and data:  # the usual: one RLE run holds them all (a page without nulls)
+        header, pos = varint(data, 0, _HEADER_BYTES)
+        size = (width + 7) // 8
+        if not header & 1 and header >> 1 >= n and pos + size <= len(data):
+            return int.from_bytes(data[pos : pos + size], "little") == value
     runs = walk(data, width, n)
     repeats = runs.repeat.tolist()
-    if all(r == value for r in repeats):  # the usual: one RLE run (a page without nulls)
+    if all(r == value for r in repeats):
         return True
     if any(r >= 0 and r != value for r in repeats):
         return False
@@ -382,7 +396,7 @@ def decode_pages(data: np.ndarray, page_ends: np.ndarray, counts: np.ndarray, ma
     trimmed[last] -= excess[excess > 0]
     runs = _runs(data, width, starts + header_len, header, trimmed)
     end = runs.first[1:]
-    got = runs.take(data, width, runs.first[:-1][packed], end[packed])
+    got = _unpack(data, runs.place[packed], header[packed] >> 1, trimmed[packed], width)
     if max(int(runs.repeat.max(initial=0)), int(got.max(initial=0))) > max_value:
         raise Unsupported("value above the maximum")
     kept = np.where(packed, trimmed, 0)
