@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mds.errors import SourceDataError
+from mds.errors import ConfigError, SourceDataError
 from mds.formats.parquet import levels as parquet_levels
 from mds.formats.parquet.compression import PREFIX_DECODERS
 from mds.formats.parquet.levels import list_lengths
@@ -431,3 +431,64 @@ def test_read_prefix_of_a_whole_body_that_ends_too_early_is_unsupported(stream, 
     body = parquet_levels._Body(_FakeReader(stream), 0, len(stream), stream)
     with pytest.raises(Unsupported):
         parquet_levels._read_prefix(body, PREFIX_DECODERS["snappy"], 1 << 20)
+
+
+# --- the page_reads switch (MDS_PAGE_READS) ---
+
+
+def _sample(tmp_path: Path) -> Path:
+    """Token lists with null and empty rows, in 4 row groups."""
+    rows = [[1, 2, 3], None, [], list(range(700)), [5] * 40] * 30
+    path = tmp_path / "s.parquet"
+    pq.write_table(
+        pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=40
+    )
+    return path
+
+
+@pytest.mark.parametrize("setting", ["on", "off", "check"])
+def test_every_setting_gives_the_lengths_pyarrow_decodes(tmp_path, monkeypatch, setting):
+    path = _sample(tmp_path)
+    monkeypatch.setenv("MDS_PAGE_READS", setting)
+    if setting == "off":
+        monkeypatch.setattr(parquet_levels, "list_lengths", None)  # not even called
+    got = parquet_levels.lengths(path, "tokens", pq.read_metadata(path))
+    assert got is not None and got.dtype == np.int64
+    np.testing.assert_array_equal(got, oracle(path))
+
+
+def test_check_leaves_a_file_the_level_reader_declines_to_the_full_decode(tmp_path, monkeypatch):
+    path = _sample(tmp_path)
+    monkeypatch.setattr(parquet_levels, "list_lengths", lambda *a: None)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    assert parquet_levels.lengths(path, "tokens") is None
+
+
+@pytest.mark.parametrize("fault", ["length", "null", "missing row"])
+def test_check_raises_on_wrong_lengths_naming_the_row(tmp_path, monkeypatch, fault):
+    path = _sample(tmp_path)
+    real = parquet_levels.list_lengths
+
+    def wrong(*args):
+        got = real(*args).copy()
+        if fault == "length":
+            got[83] += 1
+        elif fault == "null":
+            got[83] = -1
+        else:
+            got = got[:83]
+        return got
+
+    monkeypatch.setattr(parquet_levels, "list_lengths", wrong)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    with pytest.raises(SourceDataError) as err:
+        parquet_levels.lengths(path, "tokens", None, "data/s.parquet")
+    message = str(err.value)
+    assert message.startswith("data/s.parquet: row group 2, column 'tokens', row 83: ")
+    assert "MDS_PAGE_READS=off" in message and "\n" not in message
+
+
+def test_an_invalid_setting_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("MDS_PAGE_READS", "ON")
+    with pytest.raises(ConfigError, match="MDS_PAGE_READS='ON'"):
+        parquet_levels.lengths(_sample(tmp_path), "tokens")

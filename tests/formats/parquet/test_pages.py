@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mds.errors import ConfigError, SourceDataError
 from mds.formats.parquet import pages as parquet_pages
 from mds.formats.parquet.thrift import Unsupported
 
@@ -37,6 +38,12 @@ def _file(tmp_path, table: pa.Table, **writer) -> tuple[int, pq.FileMetaData, pa
 
 
 _OPEN: list = []
+
+
+@pytest.fixture(autouse=True)
+def _page_reads_on(monkeypatch):
+    """These tests are of the page reader itself, whatever MDS_PAGE_READS the run has."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
 
 
 @pytest.fixture(autouse=True)
@@ -240,3 +247,97 @@ def test_every_dictionary_index_width(tmp_path, distinct):
             assert got is not None
             for r, v in zip(ask.tolist(), got, strict=True):
                 assert np.array_equal(v, rows[r].values.to_numpy())
+
+
+# --- the page_reads switch (MDS_PAGE_READS) ---
+
+
+def _sample(tmp_path, **writer):
+    """A file of 3 row groups of token lists, its layout, and what a fetch of some rows of
+    row group 1 passes: their file rows, where their values start in the group, counts."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(1, 50, 90)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(rng.integers(0, 3000, offsets[-1]), pa.int32())
+    )
+    fd, meta, table = _file(tmp_path, pa.table({"t": lists}), row_group_size=30, **writer)
+    lay = _layout(meta, table)
+    group = lengths[30:60]
+    rows = np.array([31, 45, 59, 30])
+    starts = (np.cumsum(group) - group)[rows - 30]
+    return fd, lay, rows, starts, group[rows - 30], table.column("t")
+
+
+@pytest.mark.parametrize("setting", ["on", "check"])
+def test_on_and_check_read_the_rows_pyarrow_decodes(tmp_path, monkeypatch, setting):
+    monkeypatch.setenv("MDS_PAGE_READS", setting)
+    fd, lay, rows, starts, counts, column = _sample(tmp_path)
+    got = parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")
+    assert got is not None
+    for r, v in zip(rows.tolist(), got, strict=True):
+        want = column[r].values.to_numpy()
+        assert v.dtype == want.dtype and np.array_equal(v, want)
+
+
+def test_off_leaves_every_read_to_pyarrow(tmp_path, monkeypatch):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+    monkeypatch.setenv("MDS_PAGE_READS", "off")
+    monkeypatch.setattr(parquet_pages, "read_rows", None)  # not even called
+    assert parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet") is None
+    assert lay.chunk(1) is None  # a reader asking which groups to read from pages: none
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    assert lay.chunk(1) is not None
+
+
+@pytest.mark.parametrize("fault", ["value", "dtype", "short"])
+def test_check_raises_on_a_wrong_decode_naming_the_row(tmp_path, monkeypatch, fault):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+    real = parquet_pages.read_rows
+
+    def wrong(*args):
+        got = [v.copy() for v in real(*args)]
+        if fault == "value":
+            got[1][-1] += 1  # file row 45
+        elif fault == "dtype":
+            got[1] = got[1].astype(np.int64)
+        else:
+            got[1] = got[1][:-1]
+        return got
+
+    monkeypatch.setattr(parquet_pages, "read_rows", wrong)
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    assert parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet") is not None
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    with pytest.raises(SourceDataError) as err:
+        parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "data/t.parquet")
+    message = str(err.value)
+    assert message.startswith("data/t.parquet: row group 1, column 't', row 45: ")
+    assert "MDS_PAGE_READS=off" in message and "\n" not in message
+
+
+def test_check_reads_an_object_through_its_source(tmp_path, monkeypatch):
+    """Of an object pyarrow decodes from the same reader the pages were read through."""
+    fd, lay, rows, starts, counts, column = _sample(tmp_path, compression="zstd")
+    data = (tmp_path / "t.parquet").read_bytes()
+
+    class Bytes:
+        size = len(data)
+        reads = 0
+
+        def read_at(self, size: int, start: int) -> bytes:
+            Bytes.reads += 1
+            return data[start : start + size]
+
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    got = parquet_pages.fetch_rows(Bytes(), lay, 1, rows, starts, counts, "s3://b/t.parquet")
+    assert got is not None and Bytes.reads > 1
+    for r, v in zip(rows.tolist(), got, strict=True):
+        assert np.array_equal(v, column[r].values.to_numpy())
+
+
+def test_an_invalid_setting_is_refused(tmp_path, monkeypatch):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+    monkeypatch.setenv("MDS_PAGE_READS", "maybe")
+    with pytest.raises(ConfigError, match="MDS_PAGE_READS='maybe'"):
+        parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mds.errors import SourceDataError
-from mds.formats.parquet import footer, rle
+from mds.formats.parquet import footer, page_reads, rle
 from mds.formats.parquet.compression import PREFIX_DECODERS, decompress
 from mds.formats.parquet.footer import Chunk
 from mds.formats.parquet.thrift import (
@@ -31,7 +32,7 @@ from mds.formats.parquet.thrift import (
     page_fields,
 )
 
-__all__ = ["find_column", "list_lengths"]
+__all__ = ["find_column", "lengths", "list_lengths"]
 
 _WORKERS = min(2, os.cpu_count() or 1)
 # First read at each page: its header and, mostly, all the compressed level data it holds.
@@ -61,6 +62,48 @@ class _Page:
     num_rows: int | None = None  # DATA_PAGE_V2 only
     rep_bytes: int = 0  # DATA_PAGE_V2 only
     def_bytes: int = 0  # DATA_PAGE_V2 only
+
+
+def lengths(
+    path: str | os.PathLike,
+    column: str,
+    meta: pq.FileMetaData | None = None,
+    display: str | None = None,
+) -> np.ndarray | None:
+    """Per-row lengths (int64, -1 for a null list) of the list column `column`, as
+    MDS_PAGE_READS says (`page_reads`): `on`, `list_lengths` (None where it declines: the
+    caller then decodes the column); `off`, pyarrow's decode; `check`, both where
+    `list_lengths` reads the file, compared: SourceDataError naming the file (`display`,
+    else `path`) and the first row that differs."""
+    setting = page_reads.mode()
+    if setting == "off":
+        return _pyarrow_lengths(path, column, meta)
+    got = list_lengths(path, column, meta)
+    if setting == "check" and got is not None:
+        want = _pyarrow_lengths(path, column, meta)
+        if got.size != want.size or not np.array_equal(got, want):
+            n = min(got.size, want.size)
+            row = int(np.argmax(got[:n] != want[:n])) if np.any(got[:n] != want[:n]) else n
+            if meta is None:
+                meta = pq.read_metadata(path)
+            ends = np.cumsum([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+            group = int(np.searchsorted(ends, row, side="right"))
+            where = display or os.fspath(path)
+            raise page_reads.mismatch(where, group, column, row, "list lengths")
+    return got
+
+
+def _pyarrow_lengths(
+    path: str | os.PathLike, column: str, meta: pq.FileMetaData | None
+) -> np.ndarray:
+    """Per-row lengths of list column `column` (-1 for a null list) from pyarrow's decode of
+    it, a row group at a time."""
+    parts = []
+    with pq.ParquetFile(os.fspath(path), metadata=meta) as parquet:
+        for i in range(parquet.num_row_groups):
+            lists = parquet.read_row_group(i, columns=[column], use_threads=False).column(0)
+            parts.append(pc.list_value_length(lists).fill_null(-1).to_numpy().astype(np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def list_lengths(

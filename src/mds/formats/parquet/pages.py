@@ -15,6 +15,7 @@ else returns None, and the caller decodes with pyarrow, which reports what is wr
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from typing import Protocol
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.formats.parquet import footer, rle
+from mds.formats.parquet import footer, page_reads, rle
 from mds.formats.parquet.compression import decompress
 from mds.formats.parquet.footer import Chunk, chunk_span, leaves
 from mds.formats.parquet.thrift import (
@@ -40,7 +41,7 @@ from mds.formats.parquet.thrift import (
     page_fields,
 )
 
-__all__ = ["Layout", "Source", "chunk_span", "layout", "leaves", "read_rows"]
+__all__ = ["Layout", "Source", "chunk_span", "fetch_rows", "layout", "leaves", "read_rows"]
 
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i8")}
@@ -50,7 +51,9 @@ _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to p
 
 
 class Source(Protocol):
-    """An object's bytes by range (ranges.RangeFile)."""
+    """An object's bytes by range (ranges.RangeFile), and its size."""
+
+    size: int
 
     def read_at(self, size: int, start: int) -> bytes: ...
 
@@ -73,9 +76,18 @@ class Layout:
         self._chunks: dict[int, Chunk | None] = {}
 
     def chunk(self, group: int) -> Chunk | None:
+        """Row group `group`'s column chunk, or None where its pages are not read here: a
+        chunk `footer.chunk` does not take, or any chunk while MDS_PAGE_READS is `off` (so
+        a reader leaves every row group to pyarrow's whole decode)."""
+        if page_reads.mode() == "off":
+            return None
         if group not in self._chunks:
             self._chunks[group] = footer.chunk(self.meta, group, self.leaf)
         return self._chunks[group]
+
+    def first_row(self, group: int) -> int:
+        """The file row where row group `group` starts."""
+        return sum(self.meta.row_group(i).num_rows for i in range(group))
 
 
 def layout(meta: pq.FileMetaData, column: str, value_type: pa.DataType) -> Layout | None:
@@ -91,6 +103,90 @@ def layout(meta: pq.FileMetaData, column: str, value_type: pa.DataType) -> Layou
     if col.logical_type.type != "NONE" or col.converted_type != "NONE":
         return None
     return Layout(meta, found[0], dtype, col.max_definition_level, column)
+
+
+def fetch_rows(
+    source: int | Source,
+    lay: Layout,
+    group: int,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    file: str,
+) -> list[np.ndarray] | None:
+    """`read_rows` as MDS_PAGE_READS says (`page_reads`): `on`, read_rows; `off`, None, so
+    the caller decodes the row group with pyarrow; `check`, read_rows compared with pyarrow's
+    decode of file rows `rows` (whose values the plan says are [starts, starts + counts) of
+    the group): SourceDataError naming `file` and the first row that differs."""
+    setting = page_reads.mode()
+    if setting == "off":
+        return None
+    got = read_rows(source, lay, group, starts, counts)
+    if setting == "check" and got is not None:
+        _check(source, lay, group, np.asarray(rows, dtype=np.int64), got, file)
+    return got
+
+
+def _check(source, lay: Layout, group: int, rows: np.ndarray, got: list, file: str) -> None:
+    """SourceDataError unless each of `got` is file row rows[k] as pyarrow decodes it: the
+    same values of the same dtype."""
+    lists = _pyarrow_group(source, lay, group)
+    offsets = lists.offsets.to_numpy()
+    valid = lists.is_valid().to_numpy(zero_copy_only=False)
+    first = lay.first_row(group)
+    for k in np.argsort(rows, kind="stable").tolist():
+        r = int(rows[k]) - first
+        if valid[r]:
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            want = lists.values.slice(a, b - a).to_numpy(zero_copy_only=False)
+            if got[k].dtype == want.dtype and np.array_equal(got[k], want):
+                continue
+        raise page_reads.mismatch(file, group, lay.column, int(rows[k]), "token ids")
+
+
+def _pyarrow_group(source: int | Source, lay: Layout, group: int) -> pa.ListArray:
+    """Row group `group`'s list column as pyarrow decodes it, from the same bytes."""
+    handle = pa.PythonFile(_SourceFile(source), mode="r")
+    try:
+        with pq.ParquetFile(handle, metadata=lay.meta) as parquet:
+            table = parquet.read_row_group(group, columns=[lay.column], use_threads=False)
+    finally:
+        handle.close()
+    return table.column(0).combine_chunks()
+
+
+class _SourceFile(io.RawIOBase):
+    """A seekable, readable file object over a file descriptor or a Source, for pyarrow."""
+
+    def __init__(self, source: int | Source):
+        super().__init__()
+        self._source, self._pos = source, 0
+        self._size = os.fstat(source).st_size if isinstance(source, int) else source.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = max(0, (0, self._pos, self._size)[whence] + pos)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        left = max(0, self._size - self._pos)
+        size = left if size is None or size < 0 else min(size, left)
+        source = self._source
+        data = (
+            os.pread(source, size, self._pos)
+            if isinstance(source, int)
+            else source.read_at(size, self._pos)
+        )
+        self._pos += len(data)
+        return data
 
 
 def read_rows(
