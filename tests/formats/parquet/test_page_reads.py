@@ -38,3 +38,11 @@ def test_a_mismatch_names_file_row_group_column_and_row():
         "corpus/a.parquet: row group 3, column 'tokens', row 1234: the page reader's token ids "
         "differ from pyarrow's; set MDS_PAGE_READS=off to read this file with pyarrow only"
     )
+
+
+def test_unreadable_names_file_row_group_column_and_the_first_line_of_the_cause():
+    err = page_reads.unreadable("a.parquet", 0, "tokens", OSError("short read\nat 123"))
+    assert isinstance(err, SourceDataError) and "\n" not in str(err)
+    assert str(err).startswith(
+        "a.parquet: row group 0, column 'tokens': pyarrow cannot read it (short read)"
+    )

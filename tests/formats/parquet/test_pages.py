@@ -341,3 +341,20 @@ def test_an_invalid_setting_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("MDS_PAGE_READS", "maybe")
     with pytest.raises(ConfigError, match="MDS_PAGE_READS='maybe'"):
         parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")
+
+
+def test_check_where_pyarrow_cannot_decode_the_group(tmp_path, monkeypatch):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+
+    def broken(*args):
+        raise pa.ArrowInvalid("Couldn't deserialize thrift\nmore detail")
+
+    monkeypatch.setattr(parquet_pages, "_pyarrow_group", broken)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    with pytest.raises(SourceDataError) as err:
+        parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")
+    assert str(err.value) == (
+        "t.parquet: row group 1, column 't': pyarrow cannot read it (Couldn't deserialize "
+        "thrift), so the page reader's token ids cannot be checked; set MDS_PAGE_READS=off to "
+        "read this file with pyarrow only"
+    )

@@ -14,7 +14,7 @@ import os
 
 from mds.errors import ConfigError, SourceDataError
 
-__all__ = ["ENV", "MODES", "mismatch", "mode"]
+__all__ = ["ENV", "MODES", "mismatch", "mode", "unreadable"]
 
 ENV = "MDS_PAGE_READS"
 MODES = ("on", "off", "check")
@@ -36,4 +36,15 @@ def mismatch(file: str, group: int, column: str, row: int, what: str) -> SourceD
     return SourceDataError(
         f"{file}: row group {group}, column '{column}', row {row}: the page reader's {what} "
         f"differ from pyarrow's; set {ENV}=off to read this file with pyarrow only"
+    )
+
+
+def unreadable(file: str, group: int, column: str, exc: BaseException) -> SourceDataError:
+    """The error of `check` where pyarrow cannot decode what our decoder read."""
+    text = str(exc).strip()
+    reason = text.splitlines()[0] if text else type(exc).__name__
+    return SourceDataError(
+        f"{file}: row group {group}, column '{column}': pyarrow cannot read it ({reason}), "
+        f"so the page reader's token ids cannot be checked; set {ENV}=off to read this file "
+        "with pyarrow only"
     )

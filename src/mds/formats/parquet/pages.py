@@ -130,7 +130,10 @@ def fetch_rows(
 def _check(source, lay: Layout, group: int, rows: np.ndarray, got: list, file: str) -> None:
     """SourceDataError unless each of `got` is file row rows[k] as pyarrow decodes it: the
     same values of the same dtype."""
-    lists = _pyarrow_group(source, lay, group)
+    try:
+        lists = _pyarrow_group(source, lay, group)
+    except (OSError, pa.ArrowException) as exc:  # where the page reader read rows
+        raise page_reads.unreadable(file, group, lay.column, exc) from None
     offsets = lists.offsets.to_numpy()
     valid = lists.is_valid().to_numpy(zero_copy_only=False)
     first = lay.first_row(group)
