@@ -2,7 +2,8 @@
 whole job at seeded random moments, resume from the last checkpoint, and check at the end
 that the samples the final model trained on are exactly the plan's: every step once, every
 planned sample of it, nothing else. Every attempt at a step, including those lost to a
-kill, must also have drawn exactly that step's planned samples.
+kill, must also have drawn exactly that step's planned samples. The runs read Parquet with
+MDS_PAGE_READS=check (docs/executor.md): every read from pages is compared with pyarrow's.
 
     python tests/examples/soak.py --plan build/demo/plan-dp2.mds --kills 200 --steps 24
 
@@ -66,7 +67,9 @@ def _launch(plan: Path, work: Path, steps: int, resume: bool) -> subprocess.Pope
     ]  # fmt: skip
     if resume:
         cmd.append("--resume")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Every Parquet read from pages is also decoded by pyarrow and compared (a difference
+    # fails the run, naming the file and row): the soak's reads test the page reader too.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MDS_PAGE_READS": "check"}
     with open(work / "out.txt", "ab") as out:
         # A session of its own: torchrun's process group is the job's alone.
         return subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)

@@ -28,7 +28,12 @@ MOVED: dict[str, tuple[str, ...]] = {
     "mds.executor.megatron": ("mds.formats.megatron",),
     "mds.executor.metacache": ("mds.core.metacache",),
     "mds.executor.parquet_pages": ("mds.formats.parquet.pages",),
-    "mds.executor.parquet_thrift": ("mds.formats.parquet.thrift",),
+    "mds.executor.parquet_thrift": (
+        "mds.formats.parquet.thrift",
+        "mds.formats.parquet.footer",
+        "mds.formats.parquet.compression",
+        "mds.formats.parquet.rle",
+    ),
     "mds.executor.planfile": (
         "mds.core.planfile",
         "mds.core.planfile_reader",

@@ -387,6 +387,7 @@ def _located_file(path: Path, n: int, row_group_size: int, seed: int):
 def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_path, monkeypatch):
     """A few rows of a group are read from its pages; a quarter or more of its values, or a
     group already cached, go through whole decodes; the payloads are the same either way."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")  # what is read from pages, not just the payloads
     rows, offsets, lengths, reader = _located_file(tmp_path / "t.parquet", 200, 50, 3)
     whole: list[int] = []
     paged: list[int] = []
@@ -416,7 +417,8 @@ def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_pat
     reader.close()
 
 
-def test_parquet_rows_from_pages_stay_from_pages_when_the_cache_has_no_room(tmp_path):
+def test_parquet_rows_from_pages_stay_from_pages_when_the_cache_has_no_room(tmp_path, monkeypatch):
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
     rows, offsets, lengths, reader = _located_file(tmp_path / "t.parquet", 100, 100, 4)
     rng = np.random.default_rng(4)
     reader._room = lambda i: False

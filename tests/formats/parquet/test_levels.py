@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mds.errors import SourceDataError
+from mds.errors import ConfigError, SourceDataError
 from mds.formats.parquet import levels as parquet_levels
+from mds.formats.parquet.compression import PREFIX_DECODERS
 from mds.formats.parquet.levels import list_lengths
+from mds.formats.parquet.thrift import Truncated, Unsupported
 
 FAST = settings(
     max_examples=40,
@@ -243,9 +245,6 @@ def test_twenty_megabyte_file(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, lengths)
 
 
-# --- the pieces: RLE/bit-packed hybrid decoder and Thrift compact skipping ---
-
-
 def _uleb(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -253,83 +252,6 @@ def _uleb(n: int) -> bytes:
         out.append(byte | (0x80 if n else 0))
         if not n:
             return bytes(out)
-
-
-def _encode_page(rng, max_level: int, runs: list[tuple[int, bool]]) -> tuple[bytes, list]:
-    """Reference encoder: the given runs, RLE or bit-packed, and the values they hold."""
-    width = max_level.bit_length()
-    out, values = bytearray(), []
-    for i, (size, packed) in enumerate(runs):
-        if packed:
-            # Only a page's last bit-packed run may end in padding.
-            size = min(size, 400) if i == len(runs) - 1 else -(-min(size, 400) // 8) * 8
-            # Constant payloads (0x00, 0xff, ...) are the hardest: every byte parses as a run.
-            run = rng.integers(0, max_level + 1, size)
-            if rng.random() < 0.5:
-                run[:] = run[0]
-            groups = -(-size // 8)
-            bits = sum(int(v) << (j * width) for j, v in enumerate(run))
-            out += _uleb(groups << 1 | 1) + bits.to_bytes(groups * width, "little")
-        else:
-            value = int(rng.integers(0, max_level + 1))
-            run = np.full(size, value)
-            out += _uleb(size << 1) + value.to_bytes(-(-width // 8), "little")
-        values.append(run)
-    return bytes(out), values
-
-
-RUN = st.tuples(st.integers(1, 300) | st.integers(1, 1 << 20), st.booleans())
-
-
-@FAST
-@given(
-    max_level=st.integers(1, 7),
-    pages=st.lists(st.lists(RUN, max_size=8), min_size=1, max_size=5),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_hybrid_decoder_against_reference_encoder(max_level, pages, seed) -> None:
-    rng = np.random.default_rng(seed)
-    data, ends, counts, expected = bytearray(), [], [], []
-    for runs in pages:
-        encoded, values = _encode_page(rng, max_level, runs)
-        data += encoded
-        ends.append(len(data))
-        counts.append(sum(len(v) for v in values))
-        expected += values
-    expected = np.concatenate(expected) if expected else np.zeros(0, np.int64)
-    runs = parquet_levels._hybrid(
-        np.frombuffer(bytes(data), np.uint8), np.array(ends), np.array(counts), max_level
-    )
-    assert runs.size == expected.size
-    np.testing.assert_array_equal(runs.at(np.arange(runs.size)), expected)
-    np.testing.assert_array_equal(runs.positions_of(0), np.flatnonzero(expected == 0))
-    assert runs.count_at_most(1) == np.count_nonzero(expected <= 1)
-
-
-@pytest.mark.parametrize(
-    ("data", "ends", "counts"),
-    [
-        (_uleb(10 << 1) + b"\x01", [2], [11]),  # fewer levels than the page claims
-        (_uleb(10 << 1) + b"\x01", [2], [9]),  # an RLE run past the page's values
-        (_uleb(2 << 1 | 1) + b"\xff", [2], [16]),  # a bit-packed run cut short
-        (_uleb(1 << 1 | 1) + b"\xff" + _uleb(4 << 1) + b"\x01", [1, 4], [8, 4]),  # crosses
-        (_uleb(2 << 1 | 1) + b"\xff\xff", [3], [7]),  # padding of more than 7 values
-        (_uleb(4 << 1) + b"\x02", [2], [4]),  # a level above the maximum
-        (b"\xff" * 6, [6], [1]),  # a varint longer than 32 bits
-    ],
-)
-def test_hybrid_decoder_rejects_malformed_runs(data, ends, counts) -> None:
-    args = (np.frombuffer(data, np.uint8), np.array(ends), np.array(counts), 1)
-    with pytest.raises(parquet_levels._Unsupported):
-        parquet_levels._hybrid(*args)
-
-
-def test_hybrid_decoder_two_pages() -> None:
-    data = _uleb(1 << 1 | 1) + b"\xfe" + _uleb(4 << 1) + b"\x00"
-    runs = parquet_levels._hybrid(
-        np.frombuffer(data, np.uint8), np.array([2, 4]), np.array([8, 4]), 1
-    )
-    np.testing.assert_array_equal(runs.positions_of(0), [0, 8, 9, 10, 11])
 
 
 def _field(delta: int, kind: int) -> bytes:
@@ -386,7 +308,7 @@ def test_page_header_with_bit_packed_levels_is_declined() -> None:
     header = _field(1, 5) + _zz(0) + _field(1, 5) + _zz(10) + _field(1, 5) + _zz(10)
     header += _field(2, 12) + _field(1, 5) + _zz(5) + _field(1, 5) + _zz(0)
     header += _field(1, 5) + _zz(4) + _field(1, 5) + _zz(4) + b"\0" + b"\0"
-    with pytest.raises(parquet_levels._Unsupported):
+    with pytest.raises(Unsupported):
         parquet_levels._page_header(memoryview(header), 0)
 
 
@@ -400,36 +322,7 @@ def _compress(data: bytes, codec: str) -> bytes:
 
 
 def _decoder(codec: str):
-    return parquet_levels._PREFIX_DECODERS[None if codec == "none" else codec]
-
-
-def _fixed(n: int):
-    return lambda out: n
-
-
-# Random bytes give literals; repeated short patterns give copies, many overlapping their
-# own output (offset < length).
-SEGMENT = st.binary(max_size=300) | st.tuples(
-    st.binary(min_size=1, max_size=9), st.integers(1, 400)
-)
-PAYLOAD = st.lists(SEGMENT, max_size=12).map(
-    lambda segments: b"".join(s if isinstance(s, bytes) else s[0] * s[1] for s in segments)
-)
-
-
-@FAST
-@given(data=PAYLOAD, frac=st.floats(0, 1), cut=st.floats(0, 1))
-def test_snappy_prefix_matches_pyarrow(data: bytes, frac: float, cut: float) -> None:
-    stream = _compress(data, "snappy")
-    for n in (round(frac * len(data)), len(data)):
-        out = parquet_levels._snappy_prefix(stream, _fixed(n))
-        assert len(out) >= n and bytes(out) == data[: len(out)]
-    # The start of the stream only: enough output or _Truncated, never wrong bytes.
-    try:
-        out = parquet_levels._snappy_prefix(stream[: round(cut * len(stream))], _fixed(n))
-    except parquet_levels._Truncated:
-        return
-    assert len(out) >= n and bytes(out) == data[: len(out)]
+    return PREFIX_DECODERS[None if codec == "none" else codec]
 
 
 def _levels_page(rng, rep: int, dfn: int, rest: int) -> bytes:
@@ -437,26 +330,6 @@ def _levels_page(rng, rep: int, dfn: int, rest: int) -> bytes:
     parts = [rng.integers(0, 4, size).astype(np.uint8).tobytes() for size in (rep, dfn)]
     values = rng.integers(0, 256, rest).astype(np.uint8).tobytes()
     return b"".join(len(p).to_bytes(4, "little") + p for p in parts) + values
-
-
-@FAST
-@given(
-    codec=st.sampled_from(PREFIX_CODECS),
-    sizes=st.tuples(st.integers(0, 20000), st.integers(0, 3000), st.integers(0, 20000)),
-    seed=st.integers(0, 2**32 - 1),
-    cut=st.floats(0, 1),
-)
-def test_prefix_decoders_reach_the_end_of_the_levels(codec, sizes, seed, cut) -> None:
-    page = _levels_page(np.random.default_rng(seed), *sizes)
-    end = 8 + sizes[0] + sizes[1]
-    stream, decode = _compress(page, codec), _decoder(codec)
-    out = decode(stream, parquet_levels._levels_end)
-    assert len(out) >= end and bytes(out) == page[: len(out)]
-    try:
-        out = decode(stream[: round(cut * len(stream))], parquet_levels._levels_end)
-    except parquet_levels._Truncated:
-        return
-    assert len(out) >= end and bytes(out) == page[: len(out)]
 
 
 class _FakeReader:
@@ -477,74 +350,6 @@ def test_read_prefix_reads_more_of_the_body_as_needed(codec: str) -> None:
     out = parquet_levels._read_prefix(body, _decoder(codec), len(page))
     assert bytes(out[:100_018]) == page[:100_018]
     assert reader.reads > 0 and len(body.data) < len(stream)
-
-
-_varint = _uleb  # a snappy stream starts with its length as a ULEB128 varint
-
-
-@pytest.mark.parametrize(
-    ("stream", "expected"),
-    [
-        # Long-form literals (60: 1 length byte ... 63: 4), even where a short form fits.
-        (_varint(7) + bytes([60 << 2, 6]) + b"abcdefg", b"abcdefg"),
-        (_varint(3) + bytes([61 << 2, 2, 0]) + b"xyz", b"xyz"),
-        (_varint(2) + bytes([62 << 2, 1, 0, 0]) + b"pq", b"pq"),
-        (_varint(1) + bytes([63 << 2, 0, 0, 0, 0]) + b"z", b"z"),
-        # Copies with 1-, 2- and 4-byte offsets, overlapping their output.
-        (_varint(10) + b"\x04ab" + bytes([1 | 4 << 2, 2]), b"abababababab"[:10]),
-        (_varint(9) + b"\x08abc" + bytes([2 | 5 << 2, 3, 0]), b"abcabcabc"),
-        (_varint(12) + b"\x0cabcd" + bytes([3 | 7 << 2, 4, 0, 0, 0]), b"abcd" * 3),
-        (_varint(6) + b"\x00a" + bytes([1 | 1 << 2, 1]), b"aaaaaa"),
-    ],
-)
-def test_snappy_prefix_element_forms(stream: bytes, expected: bytes) -> None:
-    assert pa.decompress(stream, len(expected), codec="snappy").to_pybytes() == expected
-    for n in range(len(expected) + 1):
-        out = parquet_levels._snappy_prefix(stream, _fixed(n))
-        assert len(out) >= n and bytes(out) == expected[: len(out)]
-
-
-@pytest.mark.parametrize(
-    ("stream", "n", "error"),
-    [
-        (_varint(5) + b"\x00a" + bytes([1, 0]), 5, "_Unsupported"),  # copy offset 0
-        (_varint(5) + b"\x00a" + bytes([1, 2]), 5, "_Unsupported"),  # offset past the output
-        (_varint(9) + b"\x08abc" + bytes([2 | 5 << 2, 4, 0]), 9, "_Unsupported"),
-        (_varint(9) + b"\x08abc" + bytes([3 | 5 << 2, 0, 1, 0, 0]), 9, "_Unsupported"),
-        (_varint(5) + b"\x00a" + bytes([1]), 5, "_Truncated"),  # offset byte missing
-        (_varint(5) + b"\x00a" + bytes([3 | 3 << 2, 1, 0]), 5, "_Truncated"),
-        (_varint(100) + bytes([61 << 2, 5]), 1, "_Truncated"),  # length bytes missing
-        (_varint(100) + b"\x10abc", 6, "_Truncated"),  # literal cut short
-        (_varint(100) + b"\x10abcde", 3, None),  # ... which is enough
-        (b"\x80", 1, "_Truncated"),  # stream length cut short
-        (b"\x80" * 5 + b"\x01", 1, "_Unsupported"),  # stream length over 5 bytes
-        (b"\xff\xff\xff\xff\x1f", 1, "_Unsupported"),  # ... or over 32 bits
-        (_varint(3) + b"\x08abc", 4, "_Unsupported"),  # more wanted than the stream holds
-        (_varint(2) + b"\x08abc", 2, "_Unsupported"),  # a literal past the stream's length
-        (_varint(2) + b"\x08ab", 2, "_Unsupported"),  # ... also when cut short
-        (_varint(5) + b"\x00a" + bytes([1 | 7 << 2, 1]), 5, "_Unsupported"),  # copy too
-        (_varint(1) + b"", 1, "_Truncated"),
-    ],
-)
-def test_snappy_prefix_rejects_malformed_streams(stream: bytes, n: int, error) -> None:
-    if error is None:
-        out = parquet_levels._snappy_prefix(stream, _fixed(n))
-        assert bytes(out[:n]) == stream[2 : 2 + n]
-        return
-    with pytest.raises(getattr(parquet_levels, error)):
-        parquet_levels._snappy_prefix(stream, _fixed(n))
-    # A whole body that ends too early is no longer a matter of reading more.
-    body = parquet_levels._Body(_FakeReader(stream), 0, len(stream), stream)
-    with pytest.raises(parquet_levels._Unsupported):
-        parquet_levels._read_prefix(body, parquet_levels._snappy_prefix, 1 << 20)
-
-
-@pytest.mark.parametrize("codec", ["zstd", "gzip"])
-def test_corrupt_zstd_or_gzip_prefix_is_unsupported(codec: str) -> None:
-    stream = bytearray(_compress(_levels_page(np.random.default_rng(5), 500, 20, 500), codec))
-    stream[:4] = b"\x00\x01\x02\x03"  # the magic / header
-    with pytest.raises(parquet_levels._Unsupported):
-        _decoder(codec)(bytes(stream), parquet_levels._levels_end)
 
 
 def _many_pages(tmp_path: Path, compression: str, version: str = "1.0") -> Path:
@@ -587,9 +392,9 @@ def test_whole_page_fallback_when_the_prefix_decoder_declines(
     path = _many_pages(tmp_path, compression)
 
     def decline(src, need):
-        raise parquet_levels._Unsupported("declined")
+        raise Unsupported("declined")
 
-    monkeypatch.setitem(parquet_levels._PREFIX_DECODERS, compression, decline)
+    monkeypatch.setitem(PREFIX_DECODERS, compression, decline)
     assert_fast_path(path)
 
 
@@ -605,6 +410,85 @@ def test_read_prefix_stops_at_the_end_of_the_body() -> None:
     body_size = 3000  # the levels claim more than the page holds
     reader = _FakeReader(page)  # the bytes after the body belong to the next page
     body = parquet_levels._Body(reader, 0, body_size, page[:100])
-    with pytest.raises(parquet_levels._Unsupported):
-        parquet_levels._read_prefix(body, parquet_levels._plain_prefix, 1 << 20)
+    with pytest.raises(Unsupported):
+        parquet_levels._read_prefix(body, PREFIX_DECODERS[None], 1 << 20)
     assert len(body.data) == body_size
+
+
+@pytest.mark.parametrize(
+    ("stream", "n"),
+    [
+        (_uleb(5) + b"\x00a" + bytes([1]), 5),  # a copy's offset byte missing
+        (_uleb(100) + bytes([61 << 2, 5]), 1),  # a literal's length bytes missing
+        (_uleb(100) + b"\x10abc", 6),  # a literal cut short
+        (b"\x80", 1),  # the stream's length cut short
+    ],
+)
+def test_read_prefix_of_a_whole_body_that_ends_too_early_is_unsupported(stream, n) -> None:
+    """Truncated asks for more of the body; once the body is whole, it is Unsupported."""
+    with pytest.raises(Truncated):
+        PREFIX_DECODERS["snappy"](stream, lambda out: n)
+    body = parquet_levels._Body(_FakeReader(stream), 0, len(stream), stream)
+    with pytest.raises(Unsupported):
+        parquet_levels._read_prefix(body, PREFIX_DECODERS["snappy"], 1 << 20)
+
+
+# --- the page_reads switch (MDS_PAGE_READS) ---
+
+
+def _sample(tmp_path: Path) -> Path:
+    """Token lists with null and empty rows, in 4 row groups."""
+    rows = [[1, 2, 3], None, [], list(range(700)), [5] * 40] * 30
+    path = tmp_path / "s.parquet"
+    pq.write_table(
+        pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=40
+    )
+    return path
+
+
+@pytest.mark.parametrize("setting", ["on", "off", "check"])
+def test_every_setting_gives_the_lengths_pyarrow_decodes(tmp_path, monkeypatch, setting):
+    path = _sample(tmp_path)
+    monkeypatch.setenv("MDS_PAGE_READS", setting)
+    if setting == "off":
+        monkeypatch.setattr(parquet_levels, "list_lengths", None)  # not even called
+    got = parquet_levels.lengths(path, "tokens", pq.read_metadata(path))
+    assert got is not None and got.dtype == np.int64
+    np.testing.assert_array_equal(got, oracle(path))
+
+
+def test_check_leaves_a_file_the_level_reader_declines_to_the_full_decode(tmp_path, monkeypatch):
+    path = _sample(tmp_path)
+    monkeypatch.setattr(parquet_levels, "list_lengths", lambda *a: None)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    assert parquet_levels.lengths(path, "tokens") is None
+
+
+@pytest.mark.parametrize("fault", ["length", "null", "missing row"])
+def test_check_raises_on_wrong_lengths_naming_the_row(tmp_path, monkeypatch, fault):
+    path = _sample(tmp_path)
+    real = parquet_levels.list_lengths
+
+    def wrong(*args):
+        got = real(*args).copy()
+        if fault == "length":
+            got[83] += 1
+        elif fault == "null":
+            got[83] = -1
+        else:
+            got = got[:83]
+        return got
+
+    monkeypatch.setattr(parquet_levels, "list_lengths", wrong)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    with pytest.raises(SourceDataError) as err:
+        parquet_levels.lengths(path, "tokens", None, "data/s.parquet")
+    message = str(err.value)
+    assert message.startswith("data/s.parquet: row group 2, column 'tokens', row 83: ")
+    assert "MDS_PAGE_READS=off" in message and "\n" not in message
+
+
+def test_an_invalid_setting_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("MDS_PAGE_READS", "ON")
+    with pytest.raises(ConfigError, match="MDS_PAGE_READS='ON'"):
+        parquet_levels.lengths(_sample(tmp_path), "tokens")

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mds.errors import ConfigError, SourceDataError
 from mds.formats.parquet import pages as parquet_pages
+from mds.formats.parquet.thrift import Unsupported
 
 WRITERS = st.fixed_dictionaries(
     {
@@ -36,6 +38,12 @@ def _file(tmp_path, table: pa.Table, **writer) -> tuple[int, pq.FileMetaData, pa
 
 
 _OPEN: list = []
+
+
+@pytest.fixture(autouse=True)
+def _page_reads_on(monkeypatch):
+    """These tests are of the page reader itself, whatever MDS_PAGE_READS the run has."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
 
 
 @pytest.fixture(autouse=True)
@@ -210,7 +218,7 @@ def test_a_dictionary_index_past_the_end_is_declined(width, index):
         return [memoryview(bytes([width, 4 << 1]) + v), memoryview(bytes([width, 3]) + v * 8)]
 
     for bad, ok in zip(runs(index), runs(2), strict=True):
-        with pytest.raises(parquet_pages.Unsupported, match="out of range"):
+        with pytest.raises(Unsupported, match="out of range"):
             parquet_pages._values(8, bad, starts, ends, dictionary, np.dtype(np.int32), 4)
         got = parquet_pages._values(8, ok, starts, ends, dictionary, np.dtype(np.int32), 4)
         assert got.tolist() == [30] * 4
@@ -241,33 +249,112 @@ def test_every_dictionary_index_width(tmp_path, distinct):
                 assert np.array_equal(v, rows[r].values.to_numpy())
 
 
-@pytest.mark.parametrize("width", [8, 16])
-def test_full_bit_packed_runs_are_read_by_arithmetic_alike(width, monkeypatch):
-    """Whole-byte indices in runs of the most groups a one-byte header holds are cut from a
-    2-D view (`_full_runs`); the header walk gives the same values, and any other stream
-    (a shorter run before the last value asked, too few bytes) is left to the walk."""
-    rng = np.random.default_rng(width)
-    run, dtype = 63 * 8, np.dtype(f"<u{width // 8}")
-    values = rng.integers(0, 1 << width, 6 * run).astype(dtype)
-    full = b"".join(b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(6))
-    # the same values with the fourth run cut in two runs of 31 and 32 groups
-    cut = b"".join(
-        [b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(3)]
-        + [bytes([31 << 1 | 1]) + values[3 * run : 3 * run + 248].tobytes()]
-        + [bytes([32 << 1 | 1]) + values[3 * run + 248 : 4 * run].tobytes()]
-        + [b"\x7f" + values[r * run : (r + 1) * run].tobytes() for r in range(4, 6)]
+# --- the page_reads switch (MDS_PAGE_READS) ---
+
+
+def _sample(tmp_path, **writer):
+    """A file of 3 row groups of token lists, its layout, and what a fetch of some rows of
+    row group 1 passes: their file rows, where their values start in the group, counts."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(1, 50, 90)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(rng.integers(0, 3000, offsets[-1]), pa.int32())
     )
-    starts = np.sort(rng.choice(len(values) - 700, 30, replace=False)).astype(np.int64)
-    ends = starts + rng.integers(1, 700, 30)  # many cross a run's end
-    expected = np.concatenate([values[a:b] for a, b in zip(starts, ends, strict=True)])
-    early = starts < 3 * run - 700  # ranges that end before the fourth run
-    assert parquet_pages._full_runs(memoryview(full), width, starts, ends) is not None
-    assert parquet_pages._full_runs(memoryview(cut), width, starts, ends) is None
-    assert parquet_pages._full_runs(memoryview(cut), width, starts[early], ends[early]) is not None
-    assert parquet_pages._full_runs(memoryview(full[:-1]), width, starts, ends) is None
-    for stream in (full, cut):
-        got = parquet_pages._hybrid(memoryview(stream), width, starts, ends)
-        assert np.array_equal(got, expected)
-    monkeypatch.setattr(parquet_pages, "_full_runs", lambda *a: None)
-    walked = parquet_pages._hybrid(memoryview(full), width, starts, ends)
-    assert np.array_equal(walked, expected)
+    fd, meta, table = _file(tmp_path, pa.table({"t": lists}), row_group_size=30, **writer)
+    lay = _layout(meta, table)
+    group = lengths[30:60]
+    rows = np.array([31, 45, 59, 30])
+    starts = (np.cumsum(group) - group)[rows - 30]
+    return fd, lay, rows, starts, group[rows - 30], table.column("t")
+
+
+@pytest.mark.parametrize("setting", ["on", "check"])
+def test_on_and_check_read_the_rows_pyarrow_decodes(tmp_path, monkeypatch, setting):
+    monkeypatch.setenv("MDS_PAGE_READS", setting)
+    fd, lay, rows, starts, counts, column = _sample(tmp_path)
+    got = parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")
+    assert got is not None
+    for r, v in zip(rows.tolist(), got, strict=True):
+        want = column[r].values.to_numpy()
+        assert v.dtype == want.dtype and np.array_equal(v, want)
+
+
+def test_off_leaves_every_read_to_pyarrow(tmp_path, monkeypatch):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+    monkeypatch.setenv("MDS_PAGE_READS", "off")
+    monkeypatch.setattr(parquet_pages, "read_rows", None)  # not even called
+    assert parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet") is None
+    assert lay.chunk(1) is None  # a reader asking which groups to read from pages: none
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    assert lay.chunk(1) is not None
+
+
+@pytest.mark.parametrize("fault", ["value", "dtype", "short"])
+def test_check_raises_on_a_wrong_decode_naming_the_row(tmp_path, monkeypatch, fault):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+    real = parquet_pages.read_rows
+
+    def wrong(*args):
+        got = [v.copy() for v in real(*args)]
+        if fault == "value":
+            got[1][-1] += 1  # file row 45
+        elif fault == "dtype":
+            got[1] = got[1].astype(np.int64)
+        else:
+            got[1] = got[1][:-1]
+        return got
+
+    monkeypatch.setattr(parquet_pages, "read_rows", wrong)
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    assert parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet") is not None
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    with pytest.raises(SourceDataError) as err:
+        parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "data/t.parquet")
+    message = str(err.value)
+    assert message.startswith("data/t.parquet: row group 1, column 't', row 45: ")
+    assert "MDS_PAGE_READS=off" in message and "\n" not in message
+
+
+def test_check_reads_an_object_through_its_source(tmp_path, monkeypatch):
+    """Of an object pyarrow decodes from the same reader the pages were read through."""
+    fd, lay, rows, starts, counts, column = _sample(tmp_path, compression="zstd")
+    data = (tmp_path / "t.parquet").read_bytes()
+
+    class Bytes:
+        size = len(data)
+        reads = 0
+
+        def read_at(self, size: int, start: int) -> bytes:
+            Bytes.reads += 1
+            return data[start : start + size]
+
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    got = parquet_pages.fetch_rows(Bytes(), lay, 1, rows, starts, counts, "s3://b/t.parquet")
+    assert got is not None and Bytes.reads > 1
+    for r, v in zip(rows.tolist(), got, strict=True):
+        assert np.array_equal(v, column[r].values.to_numpy())
+
+
+def test_an_invalid_setting_is_refused(tmp_path, monkeypatch):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+    monkeypatch.setenv("MDS_PAGE_READS", "maybe")
+    with pytest.raises(ConfigError, match="MDS_PAGE_READS='maybe'"):
+        parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")
+
+
+def test_check_where_pyarrow_cannot_decode_the_group(tmp_path, monkeypatch):
+    fd, lay, rows, starts, counts, _column = _sample(tmp_path)
+
+    def broken(*args):
+        raise pa.ArrowInvalid("Couldn't deserialize thrift\nmore detail")
+
+    monkeypatch.setattr(parquet_pages, "_pyarrow_group", broken)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    with pytest.raises(SourceDataError) as err:
+        parquet_pages.fetch_rows(fd, lay, 1, rows, starts, counts, "t.parquet")
+    assert str(err.value) == (
+        "t.parquet: row group 1, column 't': pyarrow cannot read it (Couldn't deserialize "
+        "thrift), so the page reader's token ids cannot be checked; set MDS_PAGE_READS=off to "
+        "read this file with pyarrow only"
+    )

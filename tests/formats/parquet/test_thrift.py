@@ -1,18 +1,20 @@
 """Page headers parsed here walk a column chunk page by page to its last byte and count its
 values as the footer does; a header cut short is Truncated, and any bytes at all give a
-header, Truncated or Unsupported, never another error."""
+header, Truncated or Unsupported, never another error. The ULEB128 varint reader reads the
+same at one place (`varint`) as at every byte at once (`varints`)."""
 
 from __future__ import annotations
 
 import io
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mds.formats.parquet import pages as parquet_pages
+from mds.formats.parquet.footer import chunk_span
 from mds.formats.parquet.thrift import (
     DATA_PAGE,
     DATA_PAGE_V2,
@@ -22,6 +24,8 @@ from mds.formats.parquet.thrift import (
     field_int,
     field_struct,
     page_fields,
+    varint,
+    varints,
 )
 
 
@@ -31,7 +35,7 @@ def _chunk(**writer) -> tuple[bytes, pq.ColumnChunkMetaData]:
     pq.write_table(table, out, **writer)
     data = out.getvalue()
     col = pq.read_metadata(io.BytesIO(data)).row_group(0).column(0)
-    lo, hi = parquet_pages.chunk_span(col)
+    lo, hi = chunk_span(col)
     return data[lo:hi], col
 
 
@@ -108,3 +112,42 @@ def test_any_bytes_give_a_header_or_a_declared_failure(data, cut):
             continue
         assert 0 < size <= len(buf)
         assert isinstance(fields, dict)
+
+
+def _uleb(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 2**32 - 1, 2**35 - 1, 2**63, 2**64 - 1])
+def test_varint_reads_uleb128(n):
+    data = b"\xaa" + _uleb(n) + b"\x55"
+    assert varint(data, 1) == (n, 1 + len(_uleb(n)))
+    with pytest.raises(Truncated):
+        varint(data[: len(_uleb(n))], 1)
+    if len(_uleb(n)) > 5:
+        with pytest.raises(Unsupported, match="too long"):
+            varint(data, 1, 5)
+    with pytest.raises(Unsupported, match="too long"):
+        varint(b"\x80" * 10 + b"\x01", 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40), st.integers(1, 9))
+def test_varints_at_every_byte_are_varint_at_each(data, longest):
+    value, length = varints(np.frombuffer(data, np.uint8), longest)
+    assert value.size == length.size == len(data)
+    for pos in range(len(data)):
+        try:
+            want, end = varint(data, pos, longest)
+        except Truncated:  # read as if zero bytes followed: it ends past the data
+            assert length[pos] == 0 or pos + length[pos] > len(data)
+            continue
+        except Unsupported:
+            assert length[pos] == 0
+            continue
+        assert (int(value[pos]), pos + int(length[pos])) == (want, end)

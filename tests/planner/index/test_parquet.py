@@ -334,7 +334,7 @@ def test_token_ids_that_are_not_int64_integers_are_refused(
     tmp_path: Path, monkeypatch, fast: bool, statistics: bool, ids, list_type, shown
 ) -> None:
     if not fast:
-        monkeypatch.setattr("mds.planner.index.parquet.list_lengths", lambda *a, **k: None)
+        monkeypatch.setattr("mds.formats.parquet.levels.list_lengths", lambda *a, **k: None)
     table = {"ids": pa.array([[7]] * 5 + ids, list_type)}
     path = write_parquet(
         tmp_path / "u.parquet", table, row_group_size=4, write_statistics=statistics
@@ -348,3 +348,35 @@ def test_uint64_token_ids_below_2_63_are_fine(tmp_path: Path) -> None:
     ids = pa.array([[1, 2**63 - 1], [], [3]], pa.list_(pa.uint64()))
     path = write_parquet(tmp_path / "u.parquet", {"ids": ids})
     assert _scan(path, tokens="ids")["n_tokens"].to_list() == [2, 0, 1]
+
+
+@pytest.mark.parametrize("setting", ["off", "check"])
+def test_page_reads_setting_gives_the_same_scan(tmp_path: Path, monkeypatch, setting) -> None:
+    tokens = [list(range(i % 23)) for i in range(200)]
+    path = write_parquet(
+        tmp_path / "a.parquet",
+        {"tokens": pa.array(tokens, pa.list_(pa.int32()))},
+        row_group_size=7,
+        data_page_size=256,
+    )
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    want = _scan(path, tokens="tokens")
+    monkeypatch.setenv("MDS_PAGE_READS", setting)
+    assert _scan(path, tokens="tokens").equals(want)
+
+
+def test_page_reads_check_names_the_file_and_row(tmp_path: Path, monkeypatch) -> None:
+    from mds.formats.parquet import levels
+
+    path = write_parquet(tmp_path / "a.parquet", {"tokens": pa.array(TOKENS * 4)}, row_group_size=6)
+    real = levels.list_lengths
+
+    def wrong(*args):
+        got = real(*args).copy()
+        got[13] += 1
+        return got
+
+    monkeypatch.setattr(levels, "list_lengths", wrong)
+    monkeypatch.setenv("MDS_PAGE_READS", "check")
+    message = _error(path, tokens="tokens")
+    assert message.startswith("a.parquet: row group 2, column 'tokens', row 13: ")

@@ -228,7 +228,9 @@ class ParquetReader(ColumnReader):
         out: list = [None] * len(rows)
         done = np.zeros(len(rows), dtype=bool)
         for i, pick in pages.items():
-            values = parquet_pages.read_rows(source, lay, i, offsets[pick], lengths[pick])
+            values = parquet_pages.fetch_rows(
+                source, lay, i, rows[pick], offsets[pick], lengths[pick], self.display
+            )
             if values is not None:  # else decoded whole below, where problems are named
                 for k, v in zip(pick.tolist(), values, strict=True):
                     out[k] = v

@@ -1,5 +1,6 @@
-"""Parquet pages: just enough of the Thrift compact protocol to read a PageHeader, and the
-pieces of a page body both page readers use.
+"""Parquet page headers: just enough of the Thrift compact protocol to read a PageHeader; the
+one ULEB128 varint reader (Thrift's integers, the RLE/bit-packed hybrid's run headers,
+snappy's length); and the split of a v1 page's level sections.
 
 Shared by the indexer (list lengths from levels) and the executor (rows from pages); both
 fall back to pyarrow on anything they do not decode (`Unsupported`).
@@ -8,10 +9,8 @@ fall back to pyarrow on anything they do not decode (`Unsupported`).
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 __all__ = [
-    "CODECS",
     "DATA_PAGE",
     "DATA_PAGE_V2",
     "DICTIONARY_PAGE",
@@ -20,27 +19,13 @@ __all__ = [
     "Compact",
     "Truncated",
     "Unsupported",
-    "decompress",
     "field_int",
     "field_struct",
     "length_prefixed",
     "page_fields",
-    "ranges",
     "varint",
+    "varints",
 ]
-
-# ColumnChunkMetaData.compression -> pyarrow.decompress codec (None: stored as is). pyarrow
-# names the Thrift codec LZ4_RAW "LZ4" and the deprecated Hadoop-framed LZ4 "UNKNOWN" (like
-# LZO, it falls back); "LZ4_RAW" is listed in case a later pyarrow spells it out.
-CODECS = {
-    "UNCOMPRESSED": None,
-    "SNAPPY": "snappy",
-    "GZIP": "gzip",
-    "ZSTD": "zstd",
-    "LZ4": "lz4_raw",
-    "LZ4_RAW": "lz4_raw",
-    "BROTLI": "brotli",
-}
 
 # Enums of parquet.thrift: PageType and Encoding.
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
@@ -133,10 +118,11 @@ def page_fields(buf: memoryview, pos: int) -> tuple[dict, int]:
 _PAGE_HEADER_STRUCTS = frozenset({5, 7, 8})
 
 
-def varint(buf, pos: int) -> tuple[int, int]:
-    """The unsigned (ULEB128) varint at `pos` and where it ends."""
+def varint(buf, pos: int, longest: int = 10) -> tuple[int, int]:
+    """The unsigned (ULEB128) varint at `pos` and where it ends: Truncated where `buf` ends
+    first, Unsupported where it is longer than `longest` bytes (10 hold 64 bits, 5 hold 32)."""
     value = shift = 0
-    size = len(buf)
+    size, limit = len(buf), 7 * longest
     while True:
         if pos >= size:
             raise Truncated
@@ -146,8 +132,31 @@ def varint(buf, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return value, pos
         shift += 7
-        if shift > 63:
+        if shift >= limit:
             raise Unsupported("varint too long")
+
+
+def varints(data: np.ndarray, longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """`varint` at every byte of `data` at once: the value and byte length of the varint
+    starting there (length 0: none ends within `longest` bytes, at most 9: values below
+    2^63). One that `data` cuts short is read as if zero bytes followed: its end (start +
+    length) is then past the end of `data`, which the caller checks. For a reader that must
+    parse a varint wherever one might start (`rle.scan`)."""
+    # Masks multiply instead of indexing: random masks make np.where and boolean indexing slow.
+    n = data.size
+    padded = np.concatenate([data, np.zeros(longest, np.uint8)])
+    value = (padded[:n] & 0x7F).astype(np.int64)
+    length = np.ones(n, np.uint8)
+    more = padded[:n] >= 0x80
+    for i in range(1, longest):
+        if not more.any():
+            break
+        byte = padded[i : n + i]
+        value |= ((byte & 0x7F) * more.view(np.uint8)).astype(np.int64) << (7 * i)
+        length += more.view(np.uint8)
+        more &= byte >= 0x80
+    length[more] = 0
+    return value, length
 
 
 def _struct(buf, pos: int, nested: frozenset[int], depth: int) -> tuple[dict, int]:
@@ -211,21 +220,6 @@ def field_struct(fields: dict, key: int) -> dict:
     return value
 
 
-def decompress(body, size: int, codec: str | None) -> memoryview:
-    """A page body (or a v2 page's values) decompressed to its `size` bytes, as unsigned
-    bytes."""
-    if codec is None:
-        data = memoryview(body)
-    else:
-        try:
-            data = memoryview(pa.decompress(body, decompressed_size=size, codec=codec))
-        except (pa.ArrowException, OSError) as exc:  # e.g. an LZ4 framing we do not expect
-            raise Unsupported(f"cannot decompress a page: {exc}") from None
-    if len(data) != size:
-        raise Unsupported("page size differs from its header")
-    return data.cast("B") if data.format != "B" else data
-
-
 def length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
     """A v1 page's level section at `pos` (a 4-byte length, then the levels), and where the
     next section starts."""
@@ -235,10 +229,3 @@ def length_prefixed(data: memoryview, pos: int) -> tuple[memoryview, int]:
     if end > len(data):
         raise Unsupported("level data runs past the page")
     return data[pos + 4 : end], end
-
-
-def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n)."""
-    total = int(lengths.sum())
-    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    return offsets + np.arange(total, dtype=np.int64)

@@ -7,7 +7,8 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from mds.core import storage
-from mds.formats.parquet.levels import find_column, list_lengths
+from mds.formats.parquet import levels
+from mds.formats.parquet.levels import find_column
 from mds.planner.index.discover import DataFile
 from mds.planner.index.lengths import (
     check_column_type,
@@ -112,7 +113,7 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         else:
             lazy, groups = pl.scan_parquet(file.path, glob=False), []  # a name, not a pattern
             if spec.length.kind == "tokens":
-                # row-group sizes for `offset`; the same parse serves `list_lengths`
+                # row-group sizes for `offset`; the same parse serves `levels.lengths`
                 meta = pq.read_metadata(file.path)
                 groups = _group_rows(meta)
         schema = lazy.collect_schema()
@@ -131,7 +132,9 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         check_column_type(schema[spec.text], "text", spec.text, f"{file.rel}: ")
 
     with reading(file, "Parquet file"):
-        fast = list_lengths(file.path, column, meta) if kind == "tokens" and not remote else None
+        fast = None
+        if kind == "tokens" and not remote:  # from page levels, or pyarrow (MDS_PAGE_READS)
+            fast = levels.lengths(file.path, column, meta, file.rel)
         exprs = [pl.col(c) for c in spec.keep]
         if kind == "tokens" and fast is None:
             exprs.append(pl.col(column).list.len().cast(pl.Int64).alias("__n"))
