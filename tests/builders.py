@@ -263,3 +263,13 @@ def multi_source(root: Path) -> Path:
     write_save_to_disk(root / "wiki", [wiki])
     write_megatron(root / "math/math_text_document", MATH)
     return config_file(root, MULTI_TOML)
+
+
+def uleb(n: int) -> bytes:
+    """`n` as a ULEB128 varint (Thrift's and Parquet's), for hand-built test bytes."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from builders import uleb as _uleb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,14 +21,6 @@ FAST = settings(
 )
 PREFIX_CODECS = ["none", "snappy", "zstd", "gzip"]
 
-
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _compress(data: bytes, codec: str) -> bytes:

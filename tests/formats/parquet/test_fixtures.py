@@ -20,9 +20,9 @@ import pytest
 from executor_builders import Oracle
 from plan_builders import index_data, plan_config
 
-from mds.core.planfile import PlanReader
+from mds.core.planfile_reader import PlanReader
 from mds.executor import PlanExecutor
-from mds.executor import readers as readers_module
+from mds.executor.readers import parquet as parquet_reader
 from mds.formats.parquet import levels, pages
 
 FIXTURES = Path(__file__).resolve().with_name("fixtures")
@@ -150,8 +150,8 @@ def test_index_plan_and_replay_give_pyarrow_tokens(tmp_path, monkeypatch, settin
 
     build_plan(plan_config(root, data), plan)
     # every row asked is read from its group's pages, not decoded with the whole group
-    monkeypatch.setattr(readers_module, "_SPARSE", 1)
-    monkeypatch.setattr(readers_module, "_PAGED_READS", 1 << 30)
+    monkeypatch.setattr(parquet_reader, "_SPARSE", 1)
+    monkeypatch.setattr(parquet_reader, "_PAGED_READS", 1 << 30)
     paged = []
     real = pages.read_rows
 

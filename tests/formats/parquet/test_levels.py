@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from builders import uleb as _uleb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -244,14 +245,6 @@ def test_twenty_megabyte_file(tmp_path: Path) -> None:
     assert got is not None
     np.testing.assert_array_equal(got, lengths)
 
-
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _field(delta: int, kind: int) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import uleb as _uleb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,14 +20,6 @@ FAST = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
-
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _encode_page(rng, max_level: int, runs: list[tuple[int, bool]]) -> tuple[bytes, list]:

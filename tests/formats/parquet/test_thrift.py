@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from builders import uleb as _uleb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,14 +114,6 @@ def test_any_bytes_give_a_header_or_a_declared_failure(data, cut):
         assert 0 < size <= len(buf)
         assert isinstance(fields, dict)
 
-
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 2**32 - 1, 2**35 - 1, 2**63, 2**64 - 1])
