@@ -1,6 +1,6 @@
 """Fault matrix: paths that are not data, outputs that are inputs, non-regular files.
 
-Every row starts from the built data root of tests/faults/conftest.py (index at root/index,
+Every row starts from the built data root of tests/conftest.py (index at root/index,
 plan at root/plan.mds) and asserts the one `error:` line, the exit code and the files on disk.
 
 | row | how | expected outcome |

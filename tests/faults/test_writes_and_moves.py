@@ -1,6 +1,6 @@
 """Fault matrix: outputs on a full disk, plans moved away from their index, racing writers.
 
-Every row starts from the built data root of tests/faults/conftest.py (index at root/index,
+Every row starts from the built data root of tests/conftest.py (index at root/index,
 plan at root/plan.mds) and asserts the one `error:` line, the exit code and the files on disk.
 
 | row | how | expected outcome |
