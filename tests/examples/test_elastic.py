@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from dataclasses import replace
 
+import pytest
 from plan_builders import (
     REPO,
     per_source,
@@ -44,6 +45,7 @@ def train(plan, work, steps: int, ranks: int, resume: bool) -> None:
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
 
 
+@pytest.mark.slow
 def test_two_ranks_then_one_then_two_train_on_exactly_the_stream(tmp_path_factory, tmp_path):
     config = with_overrides(sample_plan_config(sample_index(tmp_path_factory)), dp_size=2, steps=12)
     one_rank = replace(config, train=replace(config.train, dp_size=1, micro_batches=4))

@@ -28,6 +28,7 @@ def plan(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_killed_runs_resume_to_exactly_the_plans_samples(plan, tmp_path):
     result = soak.soak(plan, tmp_path, kills=3, steps=6, seed=7)
     assert result.kills == 3

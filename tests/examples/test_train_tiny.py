@@ -128,6 +128,7 @@ def assert_same_state(a, b, where: str = "") -> None:
 
 
 @needs_gloo
+@pytest.mark.slow
 def test_killed_and_resumed_run_is_bitwise_the_uninterrupted_run(plans, tmp_path):
     plan = ["--plan", str(plans[2]), "--steps", "5"]
     # A: five steps without interruption (checkpoints at steps 2 and 4 and at the end).
