@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mds.formats.parquet.compression import PREFIX_DECODERS, decompress
+from mds.formats.parquet.levels import levels_end
 from mds.formats.parquet.thrift import Truncated, Unsupported
 
 FAST = settings(
@@ -33,16 +34,6 @@ def _decoder(codec: str):
 
 def _fixed(n: int):
     return lambda out: n
-
-
-def _levels_end(out) -> int:
-    """What the level reader needs of a v1 page: its two length-prefixed level sections."""
-    if len(out) < 4:
-        return 4
-    rep_end = 8 + int.from_bytes(out[:4], "little")
-    if len(out) < rep_end:
-        return rep_end
-    return rep_end + int.from_bytes(out[rep_end - 4 : rep_end], "little")
 
 
 # Random bytes give literals; repeated short patterns give copies, many overlapping their
@@ -88,10 +79,10 @@ def test_prefix_decoders_reach_the_end_of_the_levels(codec, sizes, seed, cut) ->
     page = _levels_page(np.random.default_rng(seed), *sizes)
     end = 8 + sizes[0] + sizes[1]
     stream, decode = _compress(page, codec), _decoder(codec)
-    out = decode(stream, _levels_end)
+    out = decode(stream, levels_end)
     assert len(out) >= end and bytes(out) == page[: len(out)]
     try:
-        out = decode(stream[: round(cut * len(stream))], _levels_end)
+        out = decode(stream[: round(cut * len(stream))], levels_end)
     except Truncated:
         return
     assert len(out) >= end and bytes(out) == page[: len(out)]
@@ -158,7 +149,7 @@ def test_corrupt_zstd_or_gzip_prefix_is_unsupported(codec: str) -> None:
     stream = bytearray(_compress(_levels_page(np.random.default_rng(5), 500, 20, 500), codec))
     stream[:4] = b"\x00\x01\x02\x03"  # the magic / header
     with pytest.raises(Unsupported):
-        _decoder(codec)(bytes(stream), _levels_end)
+        _decoder(codec)(bytes(stream), levels_end)
 
 
 @pytest.mark.parametrize("codec", ["snappy", "gzip", "zstd", "brotli", "lz4_raw"])

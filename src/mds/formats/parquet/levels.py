@@ -294,7 +294,7 @@ def _decompress(body: bytes, page: _Page, codec: str | None) -> memoryview:
     return decompress(body, page.uncompressed_size, codec)
 
 
-def _levels_end(out) -> int:
+def levels_end(out) -> int:
     """Bytes the level sections of a v1 page take, as far as `out` (its start) tells."""
     if len(out) < 4:
         return 4
@@ -309,7 +309,7 @@ def _read_prefix(body: _Body, decode, page_size: int) -> memoryview:
     while the decoder runs out of input."""
 
     def need(out) -> int:
-        end = _levels_end(out)
+        end = levels_end(out)
         if end > page_size:
             raise Unsupported("level data runs past the page")
         return end
