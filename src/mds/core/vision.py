@@ -160,6 +160,8 @@ class VisionGeometry:
                     raise ConfigError(f"{where}.{key}: {v!r} is not a positive integer")
         for key in ("image_token_id", "vision_start_id", "vision_end_id"):
             v = values.get(key, 0)
+            if key != "image_token_id" and v == -1:
+                values[key] = v = None  # TOML has no null: -1 says the model has no such token
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(f"{where}.{key}: {v!r} is not a token id (an integer >= 0)")
         resize = values.get("resize", "smart")
