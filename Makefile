@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
 	# a venv made before the distribution was renamed to mds-planner still holds `mds`
 	$(BIN)/python -m pip uninstall --quiet --yes mds 2>/dev/null || true
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[plan,train,tokenizers,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[plan,train,tokenizers,vision,dev]"
 	touch $@
 
 demo: setup
