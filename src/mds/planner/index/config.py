@@ -34,7 +34,7 @@ LENGTH_KEYS = ("tokens", "count", "tokenizer", "estimate")
 INDEX_SOURCE_KEYS = ("name", "path", "format", "text", "keep", *LENGTH_KEYS)
 # Per-source keys owned by the planner; accepted here so one file configures every stage.
 PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "on_exhausted")
-TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan")
+TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan", "vision")
 INDEX_KEYS = ("root", "output", "workers", "fingerprint", "engine", "address")
 # Index columns, plus the columns `mds export` adds beside kept metadata.
 RESERVED_COLUMNS = (

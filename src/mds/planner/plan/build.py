@@ -24,7 +24,7 @@ from mds.core.planfile_writer import PlanWriter
 from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.tables import IndexManifest, download_index
-from mds.planner.plan.chunk import STAT_COLUMNS, ChunkResult, Planner
+from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
 from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes
 from mds.planner.plan.footer import plan_footer
 from mds.planner.plan.mixing import MixState
@@ -356,7 +356,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
             mixed.append(result.source_samples)
             if progress is not None:
                 progress.advance(result.end - result.start)
-        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(STAT_COLUMNS)), np.int64)
+        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(stat_columns(planner.config))), np.int64)
         mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
         writer.add_section("stats", stats_arr)
         writer.add_section("source_samples", mixed_arr)
@@ -388,7 +388,7 @@ def _summary(
     workers: int = 1,
     notice: str | None = None,
 ) -> PlanSummary:
-    col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
+    col = {name: stats[:, i] for i, name in enumerate(stat_columns(planner.config))}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
     naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
     inter = _ratio(col["interleave_max_rank_cost"], col["lower_bound"])
