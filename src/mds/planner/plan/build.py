@@ -60,9 +60,14 @@ class PlanSummary:
     sources: list[dict[str, Any]] = field(default_factory=list)
     workers: int = 1  # processes (or Ray tasks in flight) that planned chunks; 1: this one
     notice: str | None = None  # why fewer workers were used than asked for
+    # Plans with [vision]: {"encoder" | "backbone": {"ratio_mean", "ratio_max",
+    # "naive_ratio_mean"}}, each part's most-loaded rank over its own lower bound.
+    parts: dict[str, dict[str, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
+        if self.parts is None:
+            del out["parts"]
         out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
         out["seconds"] = round(self.seconds, 3)
         return out
@@ -418,4 +423,18 @@ def _summary(
         sources=footer["sources"],
         workers=workers,
         notice=notice,
+        parts=_part_ratios(col) if "encoder_cost" in col else None,
     )
+
+
+def _part_ratios(col: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    out = {}
+    for part in ("encoder", "backbone"):
+        mine = _ratio(col[f"max_rank_{part}"], col[f"{part}_lower_bound"])
+        naive = _ratio(col[f"naive_max_rank_{part}"], col[f"{part}_lower_bound"])
+        out[part] = {
+            "ratio_mean": round(float(mine.mean()), 6) if len(mine) else 1.0,
+            "ratio_max": round(float(mine.max()), 6) if len(mine) else 1.0,
+            "naive_ratio_mean": round(float(naive.mean()), 6) if len(naive) else 1.0,
+        }
+    return out

@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 JSONL_FORMATS = ("jsonl", "jsonl.zst")
-# What a JSONL sample's fetch record needs besides n_tokens: the line and its byte range.
+# Formats whose samples are byte ranges of their files: JSONL lines, WebDataset samples.
+RANGE_FORMATS = (*JSONL_FORMATS, "webdataset")
+# What such a sample's fetch record needs besides n_tokens: its row and its byte range.
 JSONL_COLUMNS = ("file_row", "offset", "length")
 # A Parquet token list's: where the row's values start in its row group (payload "offsets").
 ROW_GROUP_COLUMNS = ("offset",)
@@ -45,7 +47,7 @@ ROW_GROUP_COLUMNS = ("offset",)
 
 def location_columns(entry: dict) -> tuple[str, ...]:
     """The index columns a manifest source's fetch records copy besides n_tokens."""
-    if entry["format"] in JSONL_FORMATS:
+    if entry["format"] in RANGE_FORMATS:
         return JSONL_COLUMNS
     if (entry.get("payload") or {}).get("offsets") == "row_group":
         return ROW_GROUP_COLUMNS

@@ -16,7 +16,7 @@ from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError
 from mds.planner.index.tables import IndexManifest, source_frame
-from mds.planner.plan.pool import JSONL_FORMATS
+from mds.planner.plan.pool import RANGE_FORMATS
 from mds.planner.plan.sqlexpr import signed_ints, sql_expr
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
@@ -121,7 +121,7 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
             .filter(pl.col("row").is_in(part["row"].unique().implode()))
             .collect()
         )
-        if manifest.source(name)["format"] not in JSONL_FORMATS:
+        if manifest.source(name)["format"] not in RANGE_FORMATS:
             # a Parquet token list's `offset` counts values in its row group, not bytes:
             # how the executor reads it, not a place for a reader of the export
             table = table.drop("offset", strict=False)
