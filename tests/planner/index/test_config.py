@@ -231,8 +231,9 @@ def test_duplicate_names(tmp_path: Path) -> None:
 
 def test_bad_format() -> None:
     message = _source_error(name="a", path="x", tokens="t", format="csv")
-    assert "`format` must be one of parquet, jsonl, jsonl.zst, arrow, megatron, got 'csv'" in (
-        message
+    assert (
+        "`format` must be one of parquet, jsonl, jsonl.zst, arrow, megatron, webdataset, got 'csv'"
+        in (message)
     )
 
 
