@@ -251,6 +251,11 @@ def _length_spec(
 def resolve_format(spec: SourceSpec, fmt: str) -> SourceSpec:
     """Settle the length spec once the files' format is known (auto-detected formats)."""
     where = f"source '{spec.name}': "
+    if spec.images is not None and fmt not in IMAGE_LAYOUTS:
+        raise ConfigError(
+            f"{where}`images` does not apply to format {fmt!r}; image-text sources are "
+            f"{', '.join(IMAGE_LAYOUTS)}"
+        )
     if fmt == "megatron":
         if spec.length.kind not in ("auto", "megatron"):
             raise ConfigError(
@@ -262,11 +267,6 @@ def resolve_format(spec: SourceSpec, fmt: str) -> SourceSpec:
                 f'{where}`{key}` does not apply to format "megatron": it has no columns'
             )
         return replace(spec, format=fmt, length=LengthSpec("megatron"))
-    if spec.images is not None and fmt not in IMAGE_LAYOUTS:
-        raise ConfigError(
-            f"{where}`images` does not apply to format {fmt!r}; image-text sources are "
-            f"{', '.join(IMAGE_LAYOUTS)}"
-        )
     if spec.images is None and fmt == "webdataset":
         raise ConfigError(
             f'{where}format "webdataset" needs `images`: the member extensions that are images '
