@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from mds.core import storage
 from mds.errors import SourceDataError
-from mds.formats.tar import Member, Sample, members, samples
+from mds.formats.tar import Member, Sample, image_members, members, samples
 from mds.planner.index.discover import DataFile
 from mds.planner.index.images import BadImage, ImageRows, ImageScan, bad_image, image_frame, size_of
 from mds.planner.index.scan import ScanContext
@@ -48,17 +48,6 @@ class Window:
         self.start = offset
         self.fetched += len(self.buf)
         return self.buf[:n]
-
-
-def image_members(sample: Sample, extensions: tuple[str, ...]) -> list[tuple[str, Member]]:
-    """(extension, member) of a sample's images, in the order of the module docstring."""
-    found = []
-    for ext, member in sample.members.items():
-        for rank, want in enumerate(extensions):
-            if ext == want or ext.endswith("." + want):
-                found.append((rank, ext, member))
-                break
-    return [(ext, m) for _, ext, m in sorted(found, key=lambda t: (t[0], t[1]))]
 
 
 def _opened(file: DataFile):
