@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from builders import config_file, write_tokenizer
 from vlm_builders import image_bytes, write_tar
@@ -17,10 +18,12 @@ from mds.core.vision import VisionGeometry, smart_resize
 from mds.errors import ConfigError, PlanError
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config
+from mds.planner.index.tables import source_table
 from mds.planner.plan.build import build_plan
 from mds.planner.plan.chunk import STAT_COLUMNS, VISION_STAT_COLUMNS, Planner
 from mds.planner.plan.config import load_plan_config
-from mds.planner.report.plan import plan_report
+from mds.planner.report.export import plan_frame
+from mds.planner.report.plan import plan_report, step_stats
 
 pytest.importorskip("PIL")
 WORDS = ["a", "cat", "dog", "on", "the", "mat", "red", "long"]
@@ -99,10 +102,6 @@ def test_backbone_lengths_patches_and_costs_follow_the_geometry(tmp_path: Path) 
     geometry = config.vision.geometry
     table = planner.manifest
     assert config.vision.origin == "default"
-    import polars as pl
-
-    from mds.planner.index.tables import source_table
-
     rows = source_table(table, "caps", None)
     for r in range(rows.height):
         text = rows["n_tokens"][r]
@@ -216,3 +215,16 @@ def test_encoder_coefficients_from_a_shape_or_given(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="`encoder` needs a \\[vision\\] table"):
         load_plan_config(path)
     assert math.isfinite(spec.a)
+
+
+def test_export_gives_the_costs_the_balancer_summed(tmp_path: Path) -> None:
+    path = _root(tmp_path)
+    out = tmp_path / "plan.mds"
+    build_plan(load_plan_config(path), out)
+    frame = plan_frame(out)
+    per_step = frame.group_by("step").agg(pl.col("cost_units").sum()).sort("step")
+    assert per_step["cost_units"].to_list() == step_stats(PlanReader(out))["cost"].tolist()
+    caps = frame.filter(pl.col("source") == "caps")
+    assert (caps["backbone_tokens"] >= caps["n_tokens"]).all() and caps["patches"].sum() > 0
+    plain = frame.filter(pl.col("source") == "plain")
+    assert (plain["backbone_tokens"] == plain["n_tokens"]).all() and plain["patches"].sum() == 0
