@@ -311,7 +311,9 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         eligible = (
             AllRows(len(lengths), row_type) if rows is None else rows.astype(row_type, copy=False)
         )
-        by_row = {"n_tokens": tokens.to_numpy()}
+        # An image-text sample's fetch record carries its whole backbone length, which the
+        # executor checks once it has read the images' sizes (docs/vision.md).
+        by_row = {"n_tokens": tokens.to_numpy() if planned is None else planned}
         for c in located:
             by_row[c] = table[c].rechunk().to_numpy()
         bb_raw = _costs(table, rows, lengths, config.cost, mix.name)
