@@ -55,3 +55,9 @@ def test_inspect_json_and_html(plan: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     page = html.read_text()
     assert "<h2>Encoder and backbone</h2>" in page and "patches per image" in page
+
+
+def test_verify_checks_backbone_lengths_against_the_index(plan: Path) -> None:
+    result = CliRunner().invoke(app, ["verify", str(plan)])
+    assert result.exit_code == 0, result.output
+    assert "fetch records" in result.output
