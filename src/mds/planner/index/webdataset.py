@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from mds.core import storage
 from mds.errors import SourceDataError
-from mds.formats.tar import Member, Sample, image_members, members, samples
+from mds.formats.tar import Sample, image_members, members, samples
 from mds.planner.index.discover import DataFile
 from mds.planner.index.images import BadImage, ImageRows, ImageScan, bad_image, image_frame, size_of
 from mds.planner.index.scan import ScanContext
@@ -144,7 +144,7 @@ def scan_webdataset(file: DataFile, ctx: ScanContext) -> ImageScan:
     reported = 0
     try:
         window = Window(raw, size, ctx.chunk_bytes, into)
-        for i, sample in enumerate(samples(members(window.read, 0, None, file.rel))):
+        for i, sample in enumerate(samples(members(window.read, 0, None, file.rel), file.rel)):
             if i % CHECK_EVERY == 0:
                 ctx.check_stop()
                 ctx.advance(window.fetched - reported)
