@@ -102,3 +102,87 @@ def test_calibrate_unwritable_output(tmp_path):
     out = tmp_path / "missing-dir" / "cost.toml"
     result = mds("calibrate", *TINY, *GRID, "-o", out)
     one_error_line(result, str(out), "cannot write the [cost] table")
+
+
+# --- --encoder: a tiny ViT over packed images --------------------------------------------
+
+VIT = ("--encoder", "--layers", "1", "--hidden", "16", "--heads", "2", "--patch-size", "4")
+PATCH_GRID = ("--patches", "4,16,64", "--max-patches", "128", "--mixed", "1", "--repeats", "1")
+VISION_CONFIG = """
+[[source]]
+name = "plain"
+path = "plain.jsonl"
+text = "text"
+weight = 1.0
+
+[train]
+steps = 1
+dp_size = 2
+micro_batches = 1
+samples_per_step = 4
+max_tokens_per_micro_batch = 4096
+
+[vision]
+"""
+
+
+def test_calibrate_encoder_writes_the_encoder_cost(tmp_path):
+    from mds.planner.plan.config import load_plan_config
+
+    out = tmp_path / "encoder.toml"
+    result = mds("calibrate", *VIT, *PATCH_GRID, "--threads", "1", "--warmup", "0", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        "[cost]\n# mds calibrate --encoder: built-in ViT (layers = 1, hidden = 16, heads = 2, "
+        "patch = 2 x 4 x 4)"
+    )
+    assert out.read_text() == result.stdout
+    encoder = tomllib.loads(result.stdout)["cost"]["encoder"]
+    assert set(encoder) == {"a", "b"} and encoder["a"] + encoder["b"] > 0
+    assert "images x patches" in result.stderr and "d is not written" in result.stderr
+    # Pasted under the config's [cost] header, it is the plan's encoder cost.
+    config = tmp_path / "vlm.toml"
+    config.write_text(VISION_CONFIG + out.read_text())
+    vision = load_plan_config(config).vision
+    assert vision is not None and vision.origin == "given"
+    assert (vision.a, vision.b) == (encoder["a"], encoder["b"])
+
+
+def test_calibrate_encoder_json_and_user_model(tmp_path, monkeypatch):
+    (tmp_path / "calibration_user_vit.py").write_text(
+        "from mds.planner.calibrate.packed_vit import VitShape, build_packed_vit\n"
+        "def build():\n"
+        "    return build_packed_vit(VitShape(layers=1, hidden=8, heads=2, patch_size=4))\n"
+        "def text_model():\n"
+        "    import torch\n"
+        "    return torch.nn.Embedding(8, 4)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = "calibration_user_vit:build"
+    result = mds("calibrate", *VIT, *PATCH_GRID, "--model", spec, "--json", "--warmup", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["encoder"] is True and data["model"] == f"--model {spec}"
+    assert set(data["cost"]) == {"encoder"} and data["fit"]["fit_error"]["points"] == 13
+    assert data["fit_per_image"]["d"] >= 0 and data["points"][0]["patches"] == [4]
+    from mds.planner.calibrate.fit import ENCODER_FORM
+
+    result = mds("calibrate", *VIT, *PATCH_GRID, "--model", "calibration_user_vit:text_model")
+    one_error_line(result, "one forward+backward failed", f"--model must be {ENCODER_FORM}")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--encoder", "--lengths", "8,16"), "--lengths sizes the backbone's grid; with --encoder"),
+        (("--encoder", "--vocab", "8"), "--vocab sizes the backbone's grid"),
+        (("--patches", "8,16"), "--patches sizes the images of an encoder: it needs --encoder"),
+        (("--encoder", "--patches", "64"), "--patches needs at least two different patch counts"),
+        (
+            ("--encoder", "--patches", "64,512", "--max-patches", "256"),
+            "--patches: 512 exceeds --max-patches 256",
+        ),
+    ],
+)
+def test_calibrate_encoder_bad_flags(args, needle):
+    one_error_line(mds("calibrate", "--repeats", "1", *args), needle)

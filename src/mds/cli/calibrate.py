@@ -11,6 +11,12 @@ from mds.cli.output import console, err_console, print_json
 __all__ = ["calibrate_command"]
 
 DEFAULT_LENGTHS = "64,128,256,512,1024,2048"
+DEFAULT_MAX_TOKENS = 4096
+DEFAULT_VOCAB = 512
+# --encoder: patches per image, sized so the default run stays near 30 s on 2 CPU cores.
+DEFAULT_PATCHES = "16,64,256,1024"
+DEFAULT_MAX_PATCHES = 2048
+DEFAULT_PATCH_SIZE, DEFAULT_TEMPORAL_PATCH_SIZE = 14, 2
 
 
 def _progress(label: str, enabled: bool):
@@ -20,18 +26,32 @@ def _progress(label: str, enabled: bool):
     return MicroBatchProgress(label, enabled)
 
 
-def _lengths(text: str) -> list[int]:
+def _lengths(text: str, flag: str = "--lengths", what: str = "lengths") -> list[int]:
     from mds.errors import ConfigError
 
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"--lengths must be comma-separated integers, e.g. 64,256,1024; got {text!r}"
+            f"{flag} must be comma-separated integers, e.g. 64,256,1024; got {text!r}"
         ) from None
     if len(set(values)) < 2:
-        raise ConfigError(f"--lengths needs at least two different lengths, got {text!r}")
+        raise ConfigError(f"{flag} needs at least two different {what}, got {text!r}")
     return values
+
+
+def _only_with(given: dict[str, object], encoder: bool) -> None:
+    """Flags of the other mode are an error, not silently ignored."""
+    from mds.errors import ConfigError
+
+    for flag, value in given.items():
+        if value is None:
+            continue
+        if encoder:
+            raise ConfigError(
+                f"{flag} sizes the backbone's grid; with --encoder use --patches/--max-patches"
+            )
+        raise ConfigError(f"{flag} sizes the images of an encoder: it needs --encoder")
 
 
 def calibrate_command(
@@ -39,19 +59,59 @@ def calibrate_command(
         None,
         "--model",
         help="module:function returning a torch module with forward(input_ids [1, T], "
-        "cu_seqlens [n + 1] int32); default: the built-in GPT of --layers/--hidden/--heads.",
+        "cu_seqlens [n + 1] int32), with --encoder forward(pixel_values [P_total, D_in], "
+        "cu_seqlens); default: the built-in GPT (ViT) of --layers/--hidden/--heads.",
+    ),
+    encoder: bool = typer.Option(
+        False,
+        "--encoder",
+        help="Time an image encoder (a ViT over packed images) and write [cost] encoder.",
     ),
     layers: int = typer.Option(2, "--layers", min=1, help="Built-in model: transformer layers."),
     hidden: int = typer.Option(128, "--hidden", min=1, help="Built-in model: hidden size."),
     heads: int = typer.Option(4, "--heads", min=1, help="Built-in model: attention heads."),
-    vocab: int = typer.Option(
-        512, "--vocab", min=1, help="Vocabulary the random token ids are drawn from."
+    vocab: int | None = typer.Option(
+        None,
+        "--vocab",
+        min=1,
+        help=f"Vocabulary the random token ids are drawn from [default: {DEFAULT_VOCAB}].",
     ),
-    lengths: str = typer.Option(
-        DEFAULT_LENGTHS, "--lengths", help="Sample lengths of the grid, comma-separated."
+    lengths: str | None = typer.Option(
+        None,
+        "--lengths",
+        help=f"Sample lengths of the grid, comma-separated [default: {DEFAULT_LENGTHS}].",
     ),
-    max_tokens: int = typer.Option(
-        4096, "--max-tokens", min=1, help="Tokens per micro-batch: packings go up to this."
+    max_tokens: int | None = typer.Option(
+        None,
+        "--max-tokens",
+        min=1,
+        help=f"Tokens per micro-batch: packings go up to this [default: {DEFAULT_MAX_TOKENS}].",
+    ),
+    patches: str | None = typer.Option(
+        None,
+        "--patches",
+        help="--encoder: patches per image of the grid, comma-separated "
+        f"[default: {DEFAULT_PATCHES}].",
+    ),
+    max_patches: int | None = typer.Option(
+        None,
+        "--max-patches",
+        min=1,
+        help="--encoder: patches per micro-batch: packings go up to this "
+        f"[default: {DEFAULT_MAX_PATCHES}].",
+    ),
+    patch_size: int | None = typer.Option(
+        None,
+        "--patch-size",
+        min=1,
+        help=f"--encoder: patch side in pixels [default: {DEFAULT_PATCH_SIZE}].",
+    ),
+    temporal_patch_size: int | None = typer.Option(
+        None,
+        "--temporal-patch-size",
+        min=1,
+        help="--encoder: frames per patch; a patch row holds 3 x this x patch^2 values "
+        f"[default: {DEFAULT_TEMPORAL_PATCH_SIZE}].",
     ),
     mixed: int = typer.Option(
         4, "--mixed", min=0, help="Extra micro-batches of mixed, seeded lengths."
@@ -83,6 +143,11 @@ def calibrate_command(
     squares on relative error. The printed table can be pasted into the config, or written with -o and
     referenced as `[cost] file = "cost.toml"`.
 
+    With --encoder it times an image encoder instead (a ViT over k images of P patches,
+    --patches) and writes `[cost] encoder = { a, b }` of the fit a*sum(P) + b*sum(P^2) + c,
+    the form of the plan's encoder cost a*P + b*P^2 per image; the fit with a term d per
+    image is reported beside it, not written.
+
     Example:
 
     \b
@@ -90,17 +155,45 @@ def calibrate_command(
         mds calibrate --model mymodels.gpt:build --lengths 128,512,2048 \\
             --max-tokens 8192
         mds calibrate --lengths 32,64,128 --max-tokens 256 --repeats 5 --json
+        mds calibrate --encoder --patches 64,256,1024 --max-patches 4096 \\
+            -o encoder.toml
     """
     from mds.planner.calibrate import fit as cal
     from mds.planner.calibrate.packed_gpt import GptShape, build_packed_gpt
+    from mds.planner.calibrate.packed_vit import VitShape, build_packed_vit
     from mds.planner.runtime.atomic import atomic_write_bytes, cannot_write
 
-    grid = cal.calibration_grid(_lengths(lengths), max_tokens, mixed=mixed, seed=seed)
-    if model is None:
-        shape = GptShape(layers=layers, hidden=hidden, heads=heads, vocab=vocab)
-        what = shape.describe()
+    if encoder:
+        _only_with({"--lengths": lengths, "--max-tokens": max_tokens, "--vocab": vocab}, True)
+        vit = VitShape(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            patch_size=patch_size or DEFAULT_PATCH_SIZE,
+            temporal_patch_size=temporal_patch_size or DEFAULT_TEMPORAL_PATCH_SIZE,
+        )
+        axis, form = cal.PATCHES, cal.ENCODER_FORM
+        sizes = _lengths(patches or DEFAULT_PATCHES, "--patches", "patch counts")
+        cap = max_patches or DEFAULT_MAX_PATCHES
+        inputs = cal.patch_inputs(vit.patch_dim)
+        what = vit.describe() if model is None else f"--model {model}"
     else:
-        what = f"--model {model}"
+        _only_with(
+            {
+                "--patches": patches,
+                "--max-patches": max_patches,
+                "--patch-size": patch_size,
+                "--temporal-patch-size": temporal_patch_size,
+            },
+            False,
+        )
+        shape = GptShape(layers=layers, hidden=hidden, heads=heads, vocab=vocab or DEFAULT_VOCAB)
+        axis, form = cal.TOKENS, cal.MODEL_FORM
+        sizes = _lengths(lengths or DEFAULT_LENGTHS)
+        cap = max_tokens or DEFAULT_MAX_TOKENS
+        inputs = cal.token_inputs(shape.vocab)
+        what = shape.describe() if model is None else f"--model {model}"
+    grid = cal.calibration_grid(sizes, cap, mixed=mixed, seed=seed, axis=axis)
     if output is not None:
         from mds.planner.runtime.outputs import check_output
 
@@ -114,16 +207,16 @@ def calibrate_command(
     reduce = cal.pick_statistic(statistic)
     torch.manual_seed(seed)
     if model is None:
-        net = build_packed_gpt(shape, seed=seed)
+        net = build_packed_vit(vit, seed=seed) if encoder else build_packed_gpt(shape, seed=seed)
     else:
-        net = cal.load_model(model)
-        cal.check_model(net, model, vocab, dev)
+        net = cal.load_model(model, form)
+        cal.check_model(net, model, device=dev, inputs=inputs, form=form)
     with _progress(f"timing {what}", enabled=not json_out) as bar:
         bar.start(len(grid) * (warmup + repeats))
         seconds = cal.time_grid(
             net,
             grid,
-            vocab=vocab,
+            inputs=inputs,
             repeats=repeats,
             warmup=warmup,
             seed=seed,
@@ -140,11 +233,14 @@ def calibrate_command(
         seed=seed,
         micro_batches=[tuple(mb) for mb in grid],
         seconds=seconds,
-        fit=cal.fit_cost(grid, seconds),
+        # The encoder's cost has no per-image term: write the fit without one, report both.
+        fit=cal.fit_cost(grid, seconds, per_sample=not encoder, axis=axis),
         torch_version=version,
         threads=nthreads,
         clock=clk,
         statistic=statistic,
+        encoder=encoder,
+        per_image=cal.fit_cost(grid, seconds, axis=axis) if encoder else None,
     )
     table = result.cost_table()
     if output is not None:
@@ -162,7 +258,8 @@ def _print(result, table: str, output: Path | None) -> None:
     from rich.table import Table
 
     points = Table(title="calibration grid (seconds per micro-batch)", title_justify="left")
-    for col in ("samples x length", "tokens", "measured", "fitted", "error"):
+    columns = ("images x patches", "patches") if result.encoder else ("samples x length", "tokens")
+    for col in (*columns, "measured", "fitted", "error"):
         points.add_column(col, justify="right")
     for mb, s, e in zip(result.micro_batches, result.seconds, result.fit.rel_errors, strict=True):
         shape = f"{len(mb)} x {mb[0]}" if len(set(mb)) == 1 else f"mixed {len(mb)}"
@@ -175,6 +272,15 @@ def _print(result, table: str, output: Path | None) -> None:
         f"fit error over {len(f.rel_errors)} micro-batches: max {f.max_error:.1%}, "
         f"median {f.median_error:.1%}"
     )
+    if result.per_image is not None:
+        g = result.per_image
+        err_console.print(
+            f"written: encoder = {{ a = {f.a:.4g}, b = {f.b:.4g} }}, the plan's a*P + b*P^2 per "
+            f"image; with a term d per image the fit is a = {g.a:.4g}, b = {g.b:.4g}, "
+            f"c = {g.c:.4g}, d = {g.d:.4g} (error max {g.max_error:.1%}, median "
+            f"{g.median_error:.1%}); d is not written, c is not used for balancing",
+            soft_wrap=True,
+        )
     if output is not None:
         err_console.print(
             f'wrote {output}; reference it with \\[cost] file = "{output}"', soft_wrap=True

@@ -232,3 +232,88 @@ def test_inputs_are_seeded():
     assert a_ids.equal(b_ids) and a_cu.tolist() == b_cu.tolist() == [0, 3, 8]
     assert a_ids.shape == (1, 8) and int(a_ids.max()) < 50
     assert not cal.micro_batch_inputs([3, 5], 50, 8, "cpu")[0].equal(a_ids)
+
+
+# --- the image encoder's calibration (--encoder): patches per image in place of lengths ---
+
+PATCH_GRID = cal.calibration_grid([16, 64, 256, 1024], 2048, mixed=3, seed=2, axis=cal.PATCHES)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "c", "d"), [(2.5e-5, 9e-8, 1.8e-3, 5.6e-4), (4e-5, 2e-8, 0.0, 0.0)]
+)
+def test_encoder_fit_recovers_exact_coefficients(a, b, c, d):
+    seconds = synthetic(a, b, c, PATCH_GRID, d=d)
+    fit = cal.fit_cost(PATCH_GRID, seconds, axis=cal.PATCHES)
+    for got, want in ((fit.a, a), (fit.b, b), (fit.c, c), (fit.d, d)):
+        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15)
+    # Without a per-image term (what the encoder's [cost] holds) the fit is exact only if
+    # there is none to absorb.
+    three = cal.fit_cost(PATCH_GRID, seconds, per_sample=False, axis=cal.PATCHES)
+    assert three.d == 0 and (three.max_error < 1e-9) == (d == 0)
+
+
+def test_encoder_table_is_the_encoder_cost_of_a_vision_config(tmp_path):
+    from mds.planner.plan.config import plan_config_from_dict
+
+    seconds = synthetic(2.5e-5, 9e-8, 1.8e-3, PATCH_GRID, d=5.6e-4)
+    result = cal.Calibration(
+        "tiny ViT", "cpu", 1, 0, PATCH_GRID, seconds,
+        cal.fit_cost(PATCH_GRID, seconds, per_sample=False, axis=cal.PATCHES),
+        encoder=True, per_image=cal.fit_cost(PATCH_GRID, seconds, axis=cal.PATCHES),
+    )  # fmt: skip
+    text = result.cost_table()
+    assert text.startswith("[cost]\n# mds calibrate --encoder: tiny ViT on cpu")
+    assert "d = 0.00056" in text and "not written" in text
+    written = tomllib.loads(text)["cost"]
+    assert set(written) == {"encoder"} and set(written["encoder"]) == {"a", "b"}
+    config = tomllib.loads(
+        '[[source]]\nname = "plain"\npath = "plain.jsonl"\ntext = "text"\nweight = 1.0\n'
+        "[train]\nsteps = 1\ndp_size = 2\nmicro_batches = 1\nsamples_per_step = 4\n"
+        "max_tokens_per_micro_batch = 4096\n"
+        "[vision]\n"
+    )
+    vision = plan_config_from_dict({**config, "cost": written}, tmp_path).vision
+    assert vision is not None and vision.origin == "given"
+    assert (vision.a, vision.b) == pytest.approx((result.fit.a, result.fit.b), rel=1e-5)
+    data = result.to_json()
+    assert data["encoder"] is True and data["cost"] == {
+        "encoder": {"a": result.fit.a, "b": result.fit.b}
+    }
+    assert data["fit_per_image"]["d"] == pytest.approx(5.6e-4, rel=1e-9)
+    assert data["points"][0]["patches"] == list(PATCH_GRID[0])
+
+
+def test_encoder_messages_name_the_patch_flags():
+    with pytest.raises(ConfigError, match="--patches: 4096 exceeds --max-patches 2048"):
+        cal.calibration_grid([64, 4096], 2048, axis=cal.PATCHES)
+    with pytest.raises(ConfigError, match="image patch count.*widen --patches"):
+        cal.fit_cost([(16,), (16, 16), (16,) * 4], [1.0, 2.0, 4.0], axis=cal.PATCHES)
+
+
+def test_encoder_inputs_and_timing():
+    from mds.planner.calibrate.packed_vit import VitShape, build_packed_vit
+
+    a_px, a_cu = cal.encoder_inputs([3, 5], 12, 7, "cpu")
+    assert a_px.shape == (8, 12) and a_cu.tolist() == [0, 3, 8]
+    assert a_px.equal(cal.encoder_inputs([3, 5], 12, 7, "cpu")[0])
+    shape = VitShape(layers=1, hidden=8, heads=2, patch_size=2, temporal_patch_size=1)
+    model = build_packed_vit(shape)
+    grid = cal.calibration_grid([4, 8], 16, mixed=1, seed=0, axis=cal.PATCHES)
+    seconds = cal.time_grid(
+        model, grid, inputs=cal.patch_inputs(shape.patch_dim), repeats=1, warmup=0, seed=0,
+        device="cpu", clock="cpu",
+    )  # fmt: skip
+    assert len(seconds) == len(grid) and all(p.grad is None for p in model.parameters())
+    cal.check_model(model, "m:build", inputs=cal.patch_inputs(shape.patch_dim))
+    with pytest.raises(ConfigError) as info:
+        cal.check_model(
+            torch_linear(), "m:build", inputs=cal.patch_inputs(12), form=cal.ENCODER_FORM
+        )
+    assert str(info.value).endswith(f"--model must be {cal.ENCODER_FORM}")
+
+
+def torch_linear():
+    import torch
+
+    return torch.nn.Linear(2, 2)

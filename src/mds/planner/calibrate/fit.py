@@ -3,7 +3,9 @@
 A micro-batch holding n samples of lengths L1..Ln is modelled as
     seconds = a * sum(Li) + b * sum(Li^2) + d * n + c
 (d: the per-sample overhead, e.g. an attention call per sample or its padded last tile; c: the
-per-micro-batch overhead: kernel launches, norms and the head outside attention). The fit is
+per-micro-batch overhead: kernel launches, norms and the head outside attention). The same
+model, fit and grid serve an image encoder (`mds calibrate --encoder`), with the images'
+patch counts P in place of the samples' lengths L (`PATCHES`). The fit is
 a least-squares fit of relative error (each point weighted by 1/seconds, since timings span
 orders of magnitude), with a, b, c, d >= 0: the best of the fits over every subset of the
 four terms whose coefficients all come out non-negative (an exact NNLS for four unknowns).
@@ -27,20 +29,44 @@ import numpy as np
 from mds.errors import ConfigError
 
 __all__ = [
+    "ENCODER_FORM",
+    "MODEL_FORM",
+    "PATCHES",
+    "TOKENS",
+    "Axis",
     "Calibration",
     "CostFit",
     "calibration_grid",
+    "encoder_inputs",
     "fit_cost",
     "forward_backward",
     "load_model",
     "micro_batch_inputs",
+    "patch_inputs",
     "pick_clock",
     "pick_device",
     "pick_statistic",
     "time_grid",
     "time_micro_batch",
+    "token_inputs",
     "torch_info",
 ]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """What the grid's sizes are, for messages: samples' lengths in tokens (the backbone) or
+    images' patch counts (the encoder), and the flags that set them."""
+
+    flag: str  # the sizes: --lengths
+    cap: str  # the most per micro-batch: --max-tokens
+    size: str  # one size: "sample length"
+    sizes: str  # "lengths"
+    larger: str  # what to time when the overhead hides the work: "longer samples"
+
+
+TOKENS = Axis("--lengths", "--max-tokens", "sample length", "lengths", "longer samples")
+PATCHES = Axis("--patches", "--max-patches", "image patch count", "patch counts", "larger images")
 
 
 @dataclass(frozen=True)
@@ -89,10 +115,13 @@ def _features(micro_batches: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def fit_cost(
-    micro_batches: Sequence[Sequence[int]], seconds: Sequence[float], per_sample: bool = True
+    micro_batches: Sequence[Sequence[int]],
+    seconds: Sequence[float],
+    per_sample: bool = True,
+    axis: Axis = TOKENS,
 ) -> CostFit:
     """Fit seconds ~ a*sum(L) + b*sum(L^2) + c + d*n with a, b, c, d >= 0 (module docstring);
-    `per_sample=False` fixes d = 0 (the three-term model).
+    `per_sample=False` fixes d = 0 (the three-term model); `axis` names the sizes in errors.
 
     Subsets whose columns are linearly dependent are skipped (e.g. c and d when every
     micro-batch holds one sample): their split between the dependent terms is arbitrary."""
@@ -103,7 +132,7 @@ def fit_cost(
     for i, lengths in enumerate(micro_batches):
         if len(lengths) == 0 or any(int(x) < 1 for x in lengths):
             raise ConfigError(
-                f"calibration point {i}: every sample length must be >= 1, got {list(lengths)}"
+                f"calibration point {i}: every {axis.size} must be >= 1, got {list(lengths)}"
             )
     y = np.asarray(seconds, dtype=np.float64)
     if y.size and not (np.isfinite(y).all() and (y > 0).all()):
@@ -114,8 +143,8 @@ def fit_cost(
     lengths = {int(v) for mb in micro_batches for v in mb}
     if len(distinct) < 3 or len(lengths) < 2:
         raise ConfigError(
-            "calibration: need at least 3 different micro-batches over at least 2 sample "
-            f"lengths to fit a, b and c; got {len(distinct)} over {len(lengths)} (widen --lengths)"
+            f"calibration: need at least 3 different micro-batches over at least 2 {axis.size}s "
+            f"to fit a, b and c; got {len(distinct)} over {len(lengths)} (widen {axis.flag})"
         )
     w = 1.0 / y
     xw, yw = x * w[:, None], y * w
@@ -140,27 +169,27 @@ def fit_cost(
     a, b, c, d = (float(v) for v in best[1])
     if a == 0 and b == 0:
         raise ConfigError(
-            "calibration: the fitted time does not grow with sample length (a = b = 0, the "
-            "per-micro-batch overhead hides the model's work); time longer samples (--lengths)"
+            f"calibration: the fitted time does not grow with {axis.size} (a = b = 0, the "
+            f"per-micro-batch overhead hides the model's work); time {axis.larger} ({axis.flag})"
         )
     rel = np.abs(x @ best[1] - y) / y
     return CostFit(a=a, b=b, c=c, d=d, rel_errors=tuple(float(v) for v in rel))
 
 
 def calibration_grid(
-    lengths: Sequence[int], max_tokens: int, mixed: int = 4, seed: int = 0
+    lengths: Sequence[int], max_tokens: int, mixed: int = 4, seed: int = 0, axis: Axis = TOKENS
 ) -> list[tuple[int, ...]]:
     """Micro-batches to time: k samples of length L for k in 1, 2, 4, ... while k*L fits
-    `max_tokens`, plus `mixed` seeded micro-batches of lengths drawn from `lengths`."""
+    `max_tokens`, plus `mixed` seeded micro-batches of lengths drawn from `lengths` (for the
+    encoder: k images of P patches, up to `max_tokens` patches)."""
+    flag, cap = axis.flag, axis.cap
     if not lengths:
-        raise ConfigError("--lengths: give at least two sample lengths, e.g. 64,256,1024")
+        raise ConfigError(f"{flag}: give at least two {axis.size}s, e.g. 64,256,1024")
     bad = [x for x in lengths if x < 1]
     if bad:
-        raise ConfigError(f"--lengths: lengths must be >= 1, got {bad[0]}")
+        raise ConfigError(f"{flag}: {axis.sizes} must be >= 1, got {bad[0]}")
     if max(lengths) > max_tokens:
-        raise ConfigError(
-            f"--lengths: {max(lengths)} exceeds --max-tokens {max_tokens}; raise --max-tokens"
-        )
+        raise ConfigError(f"{flag}: {max(lengths)} exceeds {cap} {max_tokens}; raise {cap}")
     grid: list[tuple[int, ...]] = []
     for length in sorted(set(lengths)):
         k = 1
@@ -183,11 +212,18 @@ MODEL_FORM = (
     "module:function, a function with no arguments returning a torch.nn.Module whose "
     "forward(input_ids [1, T], cu_seqlens [n + 1] int32) returns a tensor"
 )
+ENCODER_FORM = (
+    "module:function, a function with no arguments returning a torch.nn.Module whose "
+    "forward(pixel_values [P_total, D_in], cu_seqlens [n + 1] int32) returns a tensor"
+)
+
+# Inputs of one packed micro-batch: (sizes, seed, device) -> (the model's first input, cu_seqlens).
+Inputs = Callable[[Sequence[int], int, str], tuple]
 
 
-def load_model(spec: str) -> Any:
+def load_model(spec: str, form: str = MODEL_FORM) -> Any:
     """Build the user's model from `module:function` (the function takes no arguments and
-    returns a torch.nn.Module); anything else is a ConfigError naming the spec."""
+    returns a torch.nn.Module); anything else is a ConfigError naming the spec and `form`."""
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name or not func_name.isidentifier():
         raise ConfigError(f"--model must be module:function, got {spec!r}")
@@ -205,7 +241,7 @@ def load_model(spec: str) -> Any:
     except TypeError:
         raise ConfigError(
             f"--model {spec}: {func_name}{inspect.signature(builder)} needs arguments; "
-            f"--model must be {MODEL_FORM}"
+            f"--model must be {form}"
         ) from None
     except ValueError:  # no signature to inspect (some builtins): calling it tells
         pass
@@ -213,22 +249,31 @@ def load_model(spec: str) -> Any:
         model = builder()
     except Exception as exc:  # the user's code: any failure is theirs to fix
         raise ConfigError(
-            f"--model {spec}: {func_name}() raised {_first_line(exc)}; --model must be {MODEL_FORM}"
+            f"--model {spec}: {func_name}() raised {_first_line(exc)}; --model must be {form}"
         ) from None
     import torch
 
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
             f"--model {spec}: {func_name}() returned {type(model).__name__}, not a "
-            f"torch.nn.Module; --model must be {MODEL_FORM}"
+            f"torch.nn.Module; --model must be {form}"
         )
     return model
 
 
-def check_model(model: Any, spec: str, vocab: int, device: str) -> None:
-    """One forward+backward of the user's model on a two-sample micro-batch, so that a
-    forward of the wrong form is a ConfigError naming the spec before any timing."""
-    ids, cu = micro_batch_inputs((2, 2), vocab, 0, device)
+def check_model(
+    model: Any,
+    spec: str,
+    vocab: int | None = None,
+    device: str = "cpu",
+    *,
+    inputs: Inputs | None = None,
+    form: str = MODEL_FORM,
+) -> None:
+    """One forward+backward of the user's model on a two-sample micro-batch (token ids of
+    `vocab`, or `inputs`), so that a forward of the wrong form is a ConfigError naming the
+    spec and `form` before any timing."""
+    ids, cu = _inputs(vocab, inputs)((2, 2), 0, device)
     try:
         model.to(device).train()
         forward_backward(model, ids, cu)
@@ -236,7 +281,7 @@ def check_model(model: Any, spec: str, vocab: int, device: str) -> None:
     except Exception as exc:  # the user's code: any failure is theirs to fix
         raise ConfigError(
             f"--model {spec}: one forward+backward failed ({_first_line(exc)}); --model must "
-            f"be {MODEL_FORM}"
+            f"be {form}"
         ) from None
 
 
@@ -261,9 +306,16 @@ class Calibration:
     clock: str = "wall"
     extra: dict[str, Any] = field(default_factory=dict)
     statistic: str = "median"
+    # An image encoder's calibration (sizes are patches per image): `fit` is then the fit
+    # without a per-image term, in the form of the plan's encoder cost, and `per_image` the
+    # four-term fit, reported only.
+    encoder: bool = False
+    per_image: CostFit | None = None
 
     def cost_table(self) -> str:
         """A `[cost]` table to paste into the config or reference with `[cost] file`."""
+        if self.encoder:
+            return self.encoder_table()
         f = self.fit
         err = f.fit_error()
         return (
@@ -282,7 +334,36 @@ class Calibration:
             f"points = {err['points']} }}\n"
         )
 
+    def encoder_table(self) -> str:
+        """`[cost] encoder = { a, b }`: the plan's encoder cost per image of P patches is
+        a*P + b*P^2, so `a`, `b` are those of the fit without a per-image term (which spreads
+        a per-image overhead over a and b as well as they can take it); its c (per
+        micro-batch, no part of balancing) and the four-term fit with its d are comments."""
+        f = self.fit
+        err = f.fit_error()
+        lines = [
+            "[cost]",
+            f"# mds calibrate --encoder: {self.model} on {self.device} (torch "
+            f"{self.torch_version}, threads = {self.threads}, {self.clock} clock)",
+            f"# {err['points']} micro-batches, {self.statistic} of {self.repeats} repeats, "
+            f"seed {self.seed}; P: patches per image, a: seconds per patch, b: per patch^2",
+            "# fit: seconds = a*sum(P) + b*sum(P^2) + c, the form of the encoder's cost "
+            f"a*P + b*P^2 per image (c = {f.c:.6g} per micro-batch is not written)",
+            f"# fit_error = {{ max = {err['max']}, median = {err['median']} }}",
+        ]
+        if self.per_image is not None:
+            g, gerr = self.per_image, self.per_image.fit_error()
+            lines.append(
+                f"# with d per image (not in the plan's encoder cost): a = {g.a:.6g}, "
+                f"b = {g.b:.6g}, c = {g.c:.6g}, d = {g.d:.6g}, "
+                f"fit_error = {{ max = {gerr['max']}, median = {gerr['median']} }}"
+            )
+        lines.append(f"encoder = {{ a = {f.a:.6g}, b = {f.b:.6g} }}")
+        return "\n".join(lines) + "\n"
+
     def to_json(self) -> dict[str, Any]:
+        if self.encoder:
+            return self._encoder_json()
         f = self.fit
         return {
             "model": self.model,
@@ -304,6 +385,40 @@ class Calibration:
             "points": [
                 {
                     "lengths": list(mb),
+                    "seconds": s,
+                    "predicted": f.predict(mb),
+                    "rel_error": e,
+                }
+                for mb, s, e in zip(self.micro_batches, self.seconds, f.rel_errors, strict=True)
+            ],
+        }
+
+    def _encoder_json(self) -> dict[str, Any]:
+        f = self.fit
+        return {
+            "model": self.model,
+            "encoder": True,
+            "device": self.device,
+            "torch": self.torch_version,
+            "threads": self.threads,
+            "clock": self.clock,
+            "repeats": self.repeats,
+            "statistic": self.statistic,
+            "seed": self.seed,
+            "cost": {"encoder": {"a": f.a, "b": f.b}},
+            "fit": {"a": f.a, "b": f.b, "c": f.c, "fit_error": f.fit_error()},
+            "fit_per_image": None
+            if self.per_image is None
+            else {
+                "a": self.per_image.a,
+                "b": self.per_image.b,
+                "c": self.per_image.c,
+                "d": self.per_image.d,
+                "fit_error": self.per_image.fit_error(),
+            },
+            "points": [
+                {
+                    "patches": list(mb),
                     "seconds": s,
                     "predicted": f.predict(mb),
                     "rel_error": e,
@@ -335,6 +450,33 @@ def micro_batch_inputs(lengths: Sequence[int], vocab: int, seed: int, device: st
     ids = torch.randint(0, vocab, (1, total), generator=gen)
     cu = torch.tensor([0, *itertools.accumulate(int(x) for x in lengths)], dtype=torch.int32)
     return ids.to(device), cu.to(device)
+
+
+def encoder_inputs(patches: Sequence[int], patch_dim: int, seed: int, device: str) -> tuple:
+    """Seeded pixel values [P_total, patch_dim] (standard normal, as normalized pixels are
+    near) and cu_seqlens (int32) of one packed micro-batch of images."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randn((int(sum(patches)), patch_dim), generator=gen)
+    cu = torch.tensor([0, *itertools.accumulate(int(x) for x in patches)], dtype=torch.int32)
+    return pixels.to(device), cu.to(device)
+
+
+def token_inputs(vocab: int) -> Inputs:
+    return lambda lengths, seed, device: micro_batch_inputs(lengths, vocab, seed, device)
+
+
+def patch_inputs(patch_dim: int) -> Inputs:
+    return lambda patches, seed, device: encoder_inputs(patches, patch_dim, seed, device)
+
+
+def _inputs(vocab: int | None, inputs: Inputs | None) -> Inputs:
+    if inputs is not None:
+        return inputs
+    if vocab is None:
+        raise TypeError("give vocab (token ids) or inputs")
+    return token_inputs(vocab)
 
 
 def forward_backward(model: Any, ids: Any, cu: Any) -> None:
@@ -392,7 +534,8 @@ def time_grid(
     model: Any,
     grid: Sequence[Sequence[int]],
     *,
-    vocab: int,
+    vocab: int | None = None,
+    inputs: Inputs | None = None,
     repeats: int,
     warmup: int,
     seed: int,
@@ -401,23 +544,21 @@ def time_grid(
     advance: Callable[[int], None] | None = None,
     statistic: Callable[[list[float]], float] = statistics.median,
 ) -> list[float]:
-    """Median seconds (or `statistic` of the rounds) of each grid micro-batch; inputs seeded
-    by (seed, point).
+    """Median seconds (or `statistic` of the rounds) of each grid micro-batch; inputs (token
+    ids of `vocab`, or `inputs`: encoder_inputs for an encoder) seeded by (seed, point).
 
     Repeats go in rounds over the whole grid (after `warmup` untimed rounds), each round in
     a seeded random order, so a slow spell of a shared machine lands on every point alike
     rather than on a few neighbouring lengths."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    make = _inputs(vocab, inputs)
     model.to(device).train()
-    inputs = [
-        micro_batch_inputs(lengths, vocab, seed * 1_000_003 + i, device)
-        for i, lengths in enumerate(grid)
-    ]
+    batches = [make(lengths, seed * 1_000_003 + i, device) for i, lengths in enumerate(grid)]
     times: list[list[float]] = [[] for _ in grid]
     for round_ in range(warmup + repeats):
-        for i in np.random.default_rng([seed, round_]).permutation(len(inputs)):
-            ids, cu = inputs[i]
+        for i in np.random.default_rng([seed, round_]).permutation(len(batches)):
+            ids, cu = batches[i]
             t = time_micro_batch(model, ids, cu, 1, 0, device, clock)
             if round_ >= warmup:
                 times[i].append(t)
