@@ -138,7 +138,7 @@ def test_calibrate_encoder_writes_the_encoder_cost(tmp_path):
     )
     assert out.read_text() == result.stdout
     encoder = tomllib.loads(result.stdout)["cost"]["encoder"]
-    assert set(encoder) == {"a", "b"} and encoder["a"] + encoder["b"] > 0
+    assert set(encoder) == {"a", "b", "d"} and encoder["a"] + encoder["b"] > 0
     assert "images x patches" in result.stderr and "d is not written" in result.stderr
     # Pasted under the config's [cost] header, it is the plan's encoder cost.
     config = tmp_path / "vlm.toml"

@@ -266,7 +266,7 @@ def test_encoder_table_is_the_encoder_cost_of_a_vision_config(tmp_path):
     assert text.startswith("[cost]\n# mds calibrate --encoder: tiny ViT on cpu")
     assert "d = 0.00056" in text and "not written" in text
     written = tomllib.loads(text)["cost"]
-    assert set(written) == {"encoder"} and set(written["encoder"]) == {"a", "b"}
+    assert set(written) == {"encoder"} and set(written["encoder"]) == {"a", "b", "d"}
     config = tomllib.loads(
         '[[source]]\nname = "plain"\npath = "plain.jsonl"\ntext = "text"\nweight = 1.0\n'
         "[train]\nsteps = 1\ndp_size = 2\nmicro_batches = 1\nsamples_per_step = 4\n"
@@ -275,11 +275,11 @@ def test_encoder_table_is_the_encoder_cost_of_a_vision_config(tmp_path):
     )
     vision = plan_config_from_dict({**config, "cost": written}, tmp_path).vision
     assert vision is not None and vision.origin == "given"
-    assert (vision.a, vision.b) == pytest.approx((result.fit.a, result.fit.b), rel=1e-5)
+    g = result.per_image
+    assert (vision.a, vision.b, vision.d) == pytest.approx((g.a, g.b, g.d), rel=1e-5)
+    assert vision.d == pytest.approx(5.6e-4, rel=1e-5)
     data = result.to_json()
-    assert data["encoder"] is True and data["cost"] == {
-        "encoder": {"a": result.fit.a, "b": result.fit.b}
-    }
+    assert data["encoder"] is True and data["cost"] == {"encoder": {"a": g.a, "b": g.b, "d": g.d}}
     assert data["fit_per_image"]["d"] == pytest.approx(5.6e-4, rel=1e-9)
     assert data["points"][0]["patches"] == list(PATCH_GRID[0])
 

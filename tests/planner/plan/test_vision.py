@@ -189,7 +189,7 @@ def test_images_cannot_be_truncated_and_patch_room_drops(tmp_path: Path) -> None
         ("", 'resize = "crop"', "", r"\[vision\].resize: 'crop'; use one of smart, fixed"),
         ("", 'resize = "fixed"', "", r"\[vision\].image_size: required"),
         ("", "wobble = 1", "", r"\[vision\]: unknown key 'wobble'"),
-        ("", "", "encoder = { a = 1.0, layers = 2 }", "use `a`/`b` or `layers`/`hidden`, not both"),
+        ("", "", "encoder = { a = 1.0, layers = 2 }", "use `a`/`b`/`d` or `layers`/`hidden`, not both"),
         ("", "", "encoder = { layers = 2 }", "`layers` and `hidden` are both required"),
         ("max_patches_per_micro_batch = 0", "", "", "max_patches_per_micro_batch` must be an integer >= 1"),
     ],
@@ -228,3 +228,38 @@ def test_export_gives_the_costs_the_balancer_summed(tmp_path: Path) -> None:
     assert (caps["backbone_tokens"] >= caps["n_tokens"]).all() and caps["patches"].sum() > 0
     plain = frame.filter(pl.col("source") == "plain")
     assert (plain["backbone_tokens"] == plain["n_tokens"]).all() and plain["patches"].sum() == 0
+
+
+def test_encoder_cost_per_image_and_from_a_cost_file(tmp_path: Path) -> None:
+    path = _root(tmp_path, cost="encoder = { a = 2.0, b = 0.5, d = 100.0 }")
+    config = load_plan_config(path)
+    assert config.vision.d == 100.0 and config.canonical()["cost"]["encoder"]["d"] == 100.0
+    pool = Planner(config).pools[0]
+    rows = source_table(Planner(config).manifest, "caps", None)
+    images = rows["n_images"].to_numpy()
+    patches = np.asarray(pool.patches)
+    want = 2.0 * patches + 0.5 * patches.astype(float) ** 2 + 100.0 * images
+    assert np.allclose(pool.enc_raw, want)
+    # the encoder of a `[cost] file` counts; in both places it is refused
+    (tmp_path / "cost.toml").write_text("[cost]\na = 1.0\nb = 0.001\nencoder = { a = 3.0, b = 0.25 }\n")
+    text = CONFIG.format(train="", vision="", cost="").replace(
+        "model = { layers = 4, hidden = 256, vocab = 512 }", 'file = "cost.toml"'
+    )
+    path.write_text(text)
+    spec = load_plan_config(path).vision
+    assert (spec.a, spec.b, spec.d) == (3.0, 0.25, 0.0)
+    path.write_text(text.replace('file = "cost.toml"', 'file = "cost.toml"\nencoder = { a = 1.0 }'))
+    with pytest.raises(ConfigError, match="`encoder` is both here and in"):
+        load_plan_config(path)
+
+
+def test_a_calibrated_backbone_needs_a_calibrated_encoder(tmp_path: Path) -> None:
+    path = _root(tmp_path)
+    cost = 'source = "calibrated"\na = 1e-6\nb = 1e-9\nfit_error = { max = 0.1, median = 0.05, points = 9 }'
+    path.write_text(
+        CONFIG.format(train="", vision="", cost="").replace(
+            "model = { layers = 4, hidden = 256, vocab = 512 }", cost
+        )
+    )
+    with pytest.raises(ConfigError, match="backbone's cost is calibrated"):
+        load_plan_config(path)

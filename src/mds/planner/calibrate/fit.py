@@ -335,10 +335,9 @@ class Calibration:
         )
 
     def encoder_table(self) -> str:
-        """`[cost] encoder = { a, b }`: the plan's encoder cost per image of P patches is
-        a*P + b*P^2, so `a`, `b` are those of the fit without a per-image term (which spreads
-        a per-image overhead over a and b as well as they can take it); its c (per
-        micro-batch, no part of balancing) and the four-term fit with its d are comments."""
+        """`[cost] encoder = { a, b, d }`: the plan's encoder cost per image of P patches,
+        a*P + b*P^2 + d, from the four-term fit (its c, per micro-batch, is no part of
+        balancing and only a comment); the fit without d is a comment too."""
         f = self.fit
         err = f.fit_error()
         lines = [
@@ -347,18 +346,19 @@ class Calibration:
             f"{self.torch_version}, threads = {self.threads}, {self.clock} clock)",
             f"# {err['points']} micro-batches, {self.statistic} of {self.repeats} repeats, "
             f"seed {self.seed}; P: patches per image, a: seconds per patch, b: per patch^2",
-            "# fit: seconds = a*sum(P) + b*sum(P^2) + c, the form of the encoder's cost "
-            f"a*P + b*P^2 per image (c = {f.c:.6g} per micro-batch is not written)",
-            f"# fit_error = {{ max = {err['max']}, median = {err['median']} }}",
+            f"# without d: a = {f.a:.6g}, b = {f.b:.6g}, c = {f.c:.6g}, "
+            f"fit_error = {{ max = {err['max']}, median = {err['median']} }}",
         ]
-        if self.per_image is not None:
-            g, gerr = self.per_image, self.per_image.fit_error()
-            lines.append(
-                f"# with d per image (not in the plan's encoder cost): a = {g.a:.6g}, "
-                f"b = {g.b:.6g}, c = {g.c:.6g}, d = {g.d:.6g}, "
-                f"fit_error = {{ max = {gerr['max']}, median = {gerr['median']} }}"
-            )
-        lines.append(f"encoder = {{ a = {f.a:.6g}, b = {f.b:.6g} }}")
+        if self.per_image is None:
+            lines.append(f"encoder = {{ a = {f.a:.6g}, b = {f.b:.6g} }}")
+            return "\n".join(lines) + "\n"
+        g, gerr = self.per_image, self.per_image.fit_error()
+        lines.append(
+            f"# written: the fit with d per image, a*sum(P) + b*sum(P^2) + d*images + c "
+            f"(c = {g.c:.6g} per micro-batch is not written), "
+            f"fit_error = {{ max = {gerr['max']}, median = {gerr['median']} }}"
+        )
+        lines.append(f"encoder = {{ a = {g.a:.6g}, b = {g.b:.6g}, d = {g.d:.6g} }}")
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -405,7 +405,11 @@ class Calibration:
             "repeats": self.repeats,
             "statistic": self.statistic,
             "seed": self.seed,
-            "cost": {"encoder": {"a": f.a, "b": f.b}},
+            "cost": {
+                "encoder": {"a": f.a, "b": f.b}
+                if self.per_image is None
+                else {"a": self.per_image.a, "b": self.per_image.b, "d": self.per_image.d}
+            },
             "fit": {"a": f.a, "b": f.b, "c": f.c, "fit_error": f.fit_error()},
             "fit_per_image": None
             if self.per_image is None

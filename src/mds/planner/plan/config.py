@@ -42,7 +42,7 @@ TRAIN_KEYS = (
     "max_patches_per_micro_batch",
 )
 COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file", "encoder")
-ENCODER_KEYS = ("a", "b", "layers", "hidden")
+ENCODER_KEYS = ("a", "b", "d", "layers", "hidden")
 # Without `[cost] encoder`: the shape of Qwen2-VL's ViT (32 layers, hidden size 1280).
 DEFAULT_ENCODER = {"layers": 32, "hidden": 1280}
 FIT_ERROR_KEYS = ("max", "median", "points")
@@ -117,15 +117,19 @@ class CostSpec:
 @dataclass(frozen=True)
 class VisionSpec:
     """`[vision]` and `[cost] encoder`: the model's image geometry, and the encoder's cost
-    per image, a*P + b*P^2 in its P patches (full attention inside an image)."""
+    per image, a*P + b*P^2 (+ d) in its P patches (full attention inside an image)."""
 
     geometry: VisionGeometry
     a: float
     b: float
     origin: str  # "default" | "given" | "model"
+    d: float = 0.0  # per image, e.g. the per-image overhead `mds calibrate --encoder` fits
 
     def describe_cost(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "origin": self.origin}
+        out = {"a": self.a, "b": self.b, "origin": self.origin}
+        if self.d:
+            out["d"] = self.d
+        return out
 
 
 @dataclass(frozen=True)
@@ -366,17 +370,28 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
     return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, d=d or 0.0, fit_error=fit)
 
 
-def parse_vision(data: dict[str, Any], where: str, train: TrainSpec) -> VisionSpec | None:
+def parse_vision(
+    data: dict[str, Any], where: str, train: TrainSpec, base: Path | None = None
+) -> VisionSpec | None:
     """`[vision]` (the image geometry, src/mds/core/vision.py) and `[cost] encoder`: a
     `{ a, b }` per image in patches, or a ViT's `{ layers, hidden }` (training FLOPs as for
-    the backbone, with full attention: 72*l*h^2*P + 12*l*h*P^2)."""
+    the backbone, with full attention: 72*l*h^2*P + 12*l*h*P^2). With `[cost] file`, the
+    `encoder` of that file's [cost] table (e.g. `mds calibrate --encoder -o`) counts too."""
     table = data.get("vision")
     cost = data.get("cost") if isinstance(data.get("cost"), dict) else {}
+    if isinstance(cost.get("file"), str) and cost["file"]:
+        inner, path = _read_cost_file(cost, f"{where}[cost]: ", base or Path.cwd())
+        if "encoder" in inner:
+            if "encoder" in cost:
+                raise ConfigError(f"{where}[cost]: `encoder` is both here and in {path}; keep one")
+            cost, where = {"encoder": inner["encoder"]}, f"{path}: "
     if table is None:
         if "encoder" in cost:
             raise ConfigError(f"{where}[cost]: `encoder` needs a [vision] table")
         if train.max_patches_per_micro_batch is not None:
-            raise ConfigError(f"{where}[train]: `max_patches_per_micro_batch` needs a [vision] table")
+            raise ConfigError(
+                f"{where}[train]: `max_patches_per_micro_batch` needs a [vision] table"
+            )
         return None
     if not isinstance(table, dict):
         raise ConfigError(f"{where}[vision]: must be a table")
@@ -387,9 +402,9 @@ def parse_vision(data: dict[str, Any], where: str, train: TrainSpec) -> VisionSp
         raise ConfigError(f"{ewhere}must be a table {{ a, b }} or {{ layers, hidden }}")
     check_keys(encoder, ENCODER_KEYS, ewhere)
     shape = {"layers", "hidden"} & set(encoder)
-    coefficients = {"a", "b"} & set(encoder)
+    coefficients = {"a", "b", "d"} & set(encoder)
     if shape and coefficients:
-        raise ConfigError(f"{ewhere}use `a`/`b` or `layers`/`hidden`, not both")
+        raise ConfigError(f"{ewhere}use `a`/`b`/`d` or `layers`/`hidden`, not both")
     if shape:
         layers, hidden = _int(encoder, "layers", ewhere), _int(encoder, "hidden", ewhere)
         if layers is None or hidden is None:
@@ -400,7 +415,7 @@ def parse_vision(data: dict[str, Any], where: str, train: TrainSpec) -> VisionSp
     a, b = _float(encoder, "a", ewhere) or 0.0, _float(encoder, "b", ewhere) or 0.0
     if a == 0 and b == 0:
         raise ConfigError(f"{ewhere}`a` and `b` cannot both be 0")
-    return VisionSpec(geometry, a, b, "given")
+    return VisionSpec(geometry, a, b, "given", _float(encoder, "d", ewhere) or 0.0)
 
 
 def _fit_error(value: Any, where: str) -> dict[str, Any]:
@@ -432,7 +447,13 @@ def _cost_file(table: dict[str, Any], where: str, base: Path) -> CostSpec:
     name = table["file"]
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}`file` must be a path string")
-    path = base / name
+    inner, path = _read_cost_file(table, where, base)
+    return parse_cost(inner, f"{path}: ", path.parent)
+
+
+def _read_cost_file(table: dict[str, Any], where: str, base: Path) -> tuple[dict[str, Any], Path]:
+    """The `[cost]` table of the file `table["file"]` names, and its path."""
+    path = base / table["file"]
     try:
         data = tomllib.loads(read_whole(path).decode("utf-8-sig"))
     except OSError as exc:
@@ -444,7 +465,7 @@ def _cost_file(table: dict[str, Any], where: str, base: Path) -> CostSpec:
         raise ConfigError(f"{where}`file`: {path} has no [cost] table")
     if "file" in inner:
         raise ConfigError(f"{path}: [cost]: `file` cannot refer to another file")
-    return parse_cost(inner, f"{path}: ", path.parent)
+    return inner, path
 
 
 def parse_mix(table: dict[str, Any], where: str) -> MixSpec:
@@ -509,7 +530,13 @@ def parse_plan_config(
     chunk_steps = _int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS)
     check_chunk_size(train, chunk_steps, f"{where}[plan]: ")
     engine, address = parse_engine(plan, f"{where}[plan]: ")
-    vision = parse_vision(data, where, train)
+    vision = parse_vision(data, where, train, base)
+    if vision is not None and vision.origin == "default" and cost.origin == "calibrated":
+        raise ConfigError(
+            f"{where}[cost]: the backbone's cost is calibrated (seconds) and the encoder's would "
+            "be the default FLOP formula, so the two parts could not be added; set `encoder` "
+            "from `mds calibrate --encoder` (or give both as model shapes)"
+        )
     return PlanConfig(
         train=train,
         cost=cost,

@@ -322,7 +322,8 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
             enc_raw = np.zeros(len(lengths), np.float64)
             if parts is not None:
                 pos = slice(None) if rows is None else rows
-                enc_raw = parts.encoder_cost(config.vision.a, config.vision.b, pos)
+                v = config.vision
+                enc_raw = parts.encoder_cost(v.a, v.b, v.d, pos)
         pools.append(
             SourcePool(
                 name=mix.name,

@@ -3,7 +3,7 @@ each sample's backbone length (text + image tokens), its encoder patches and the
 of its cost.
 
 An image of H x W pixels becomes a grid of gh x gw patches (src/mds/core/vision.py); its
-P = gh*gw patches cost the encoder a*P + b*P^2 (full attention inside the image) and give
+P = gh*gw patches cost the encoder a*P + b*P^2 + d (full attention inside the image) and give
 the backbone P / merge^2 tokens plus the vision start and end tokens. A sample's backbone
 length L is what packing, the token capacity and the backbone cost (a*L + b*L^2 of [cost])
 use; its patches are what the patch capacity uses.
@@ -39,10 +39,13 @@ class ImageParts:
     image_tokens: np.ndarray  # int64
     patches: np.ndarray  # int64
     patches_sq: np.ndarray  # int64
+    images: np.ndarray  # int64
 
-    def encoder_cost(self, a: float, b: float, pos=slice(None)) -> np.ndarray:
-        """a * sum(P) + b * sum(P^2) per sample, float64 (exact integer sums first)."""
-        return a * self.patches[pos].astype(np.float64) + b * self.patches_sq[pos].astype(np.float64)
+    def encoder_cost(self, a: float, b: float, d: float = 0.0, pos=slice(None)) -> np.ndarray:
+        """a * sum(P) + b * sum(P^2) (+ d per image) per sample, float64 (exact integer sums
+        first; d = 0 adds no rounding step)."""
+        cost = a * self.patches[pos].astype(np.float64) + b * self.patches_sq[pos].astype(np.float64)
+        return cost + d * self.images[pos].astype(np.float64) if d else cost
 
 
 def _flat(column: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -83,4 +86,6 @@ def image_parts(table: pl.DataFrame, geometry: VisionGeometry, name: str) -> Ima
     gh, gw = geometry.grids(heights, widths)
     p = gh * gw
     tokens = geometry.image_tokens(gh, gw)
-    return ImageParts(_per_sample(tokens, offsets), _per_sample(p, offsets), _per_sample(p * p, offsets))
+    return ImageParts(
+        _per_sample(tokens, offsets), _per_sample(p, offsets), _per_sample(p * p, offsets), np.diff(offsets)
+    )

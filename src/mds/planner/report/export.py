@@ -168,7 +168,7 @@ def _image_columns(frame: pl.DataFrame, footer: dict, entry: dict) -> pl.DataFra
         geometry = VisionGeometry.from_json(footer["config"]["vision"], "plan footer: vision")
         parts = image_parts(frame, geometry, entry["name"])
         tokens, patches = parts.image_tokens, parts.patches
-        enc = parts.encoder_cost(float(encoder["a"]), float(encoder["b"]))
+        enc = parts.encoder_cost(float(encoder["a"]), float(encoder["b"]), float(encoder.get("d", 0.0)))
     else:
         tokens = patches = np.zeros(frame.height, np.int64)
         enc = np.zeros(frame.height, np.float64)
