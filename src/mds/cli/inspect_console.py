@@ -212,7 +212,35 @@ def print_plan(report: dict[str, Any]) -> None:
     _print_balance(report)
     if report.get("vision") is not None:
         _print_vision(report["vision"])
+    if report.get("cp") is not None:
+        _print_cp(report["cp"])
     _print_charts(report)
+
+
+CP_LAYOUT_NAMES = {"mds": "mds", "headtail": "head-tail everywhere", "contiguous": "contiguous"}
+
+
+def _print_cp(cp: dict[str, Any]) -> None:
+    """The CP layout: per layout the CP-rank imbalance and the DP x CP step over its bound."""
+    table = _table(
+        f"context parallelism: cp {cp['cp_size']}, samples of {cp['split_from']:,}+ tokens split "
+        "(per step: mean, max)",
+        "layout", "CP busiest / mean", "DP x CP step / lower bound", "step time / mds",
+    )  # fmt: skip
+    for name, label in CP_LAYOUT_NAMES.items():
+        q = cp["layouts"][name]
+        imb, step = q["imbalance"], q["step_over_lower_bound"]
+        table.add_row(
+            label,
+            f"{number(imb['mean'])}, {number(imb['max'])}",
+            f"{number(step['mean'])}, {number(step['max'])}",
+            f"{q['step_time_over_mds']:.4f}",
+        )
+    console.print(table)
+    console.print(
+        f"samples split: {cp['samples_split']:,} ({percent(cp['split_share'])}); padding: "
+        f"{cp['padding_tokens']:,} tokens ({percent(cp['padding_share'])} of the tokens)"
+    )
 
 
 def _print_vision(v: dict[str, Any]) -> None:

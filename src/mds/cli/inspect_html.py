@@ -171,8 +171,38 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
     out.extend(_balance(r))
     if r.get("vision") is not None:
         out.extend(_vision(r["vision"]))
+    if r.get("cp") is not None:
+        out.extend(_cp(r["cp"]))
     out.extend(_charts(r))
     return out
+
+
+def _cp(cp: dict[str, Any]) -> list[str]:
+    """The CP layout: per layout the CP-rank imbalance and the DP x CP step over its bound."""
+    names = {"mds": "mds", "headtail": "head-tail everywhere", "contiguous": "contiguous"}
+    rows = []
+    for name, label in names.items():
+        q = cp["layouts"][name]
+        rows.append(
+            [label]
+            + [number(q["imbalance"][k]) for k in ("mean", "max")]
+            + [number(q["step_over_lower_bound"][k]) for k in ("mean", "max")]
+            + [f"{q['step_time_over_mds']:.4f}"]
+        )
+    return [
+        "<h2>Context parallelism</h2>",
+        _pairs(
+            [
+                ("cp_size / split from", f"{cp['cp_size']} / {cp['split_from']:,} tokens"),
+                ("samples split", f"{cp['samples_split']:,} ({percent(cp['split_share'])})"),
+                ("padding", f"{cp['padding_tokens']:,} tokens ({percent(cp['padding_share'])})"),
+            ]
+        ),
+        _table(
+            ["layout", "CP busiest / mean: mean", "max", "DP x CP step / lower bound: mean", "max", "step time / mds"],
+            rows,
+        ),
+    ]
 
 
 def _vision(v: dict[str, Any]) -> list[str]:

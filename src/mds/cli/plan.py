@@ -140,6 +140,24 @@ def _manifest_or_none(index: Path):
         return None
 
 
+def _cp_rows(cp) -> list[tuple[str, str]]:
+    """Plans with cp_size > 1: the DP x CP step time over its lower bound, and the layouts
+    it is compared with (docs/context-parallel.md)."""
+    if cp is None:
+        return []
+    return [
+        (
+            f"DP x CP step / lower bound (cp {cp['cp_size']})",
+            f"mean {cp['ratio_mean']:.4f}, max {cp['ratio_max']:.4f}",
+        ),
+        (
+            "head-tail everywhere / contiguous",
+            f"mean {cp['headtail_ratio_mean']:.4f} / {cp['contiguous_ratio_mean']:.4f}",
+        ),
+        ("CP samples split", f"{cp['samples_split']:,} ({cp['padding_tokens']:,} padding tokens)"),
+    ]
+
+
 def _print_summary(s) -> None:
     from rich.table import Table
 
@@ -169,6 +187,7 @@ def _print_summary(s) -> None:
             )
             for part, q in (s.parts or {}).items()
         ),
+        *_cp_rows(s.cp),
         ("plan id", s.plan_id),
     ]
     for row in rows:

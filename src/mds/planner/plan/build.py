@@ -25,7 +25,7 @@ from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.tables import IndexManifest, download_index
 from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
-from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes
+from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes, with_cp_linear
 from mds.planner.plan.footer import plan_footer
 from mds.planner.plan.mixing import MixState
 from mds.planner.runtime import upload
@@ -63,11 +63,17 @@ class PlanSummary:
     # Plans with [vision]: {"encoder" | "backbone": {"ratio_mean", "ratio_max",
     # "naive_ratio_mean"}}, each part's most-loaded rank over its own lower bound.
     parts: dict[str, dict[str, float]] | None = None
+    # Plans with cp_size > 1: the step time over DP x CP ranks over its lower bound for
+    # mds's CP layout, head-tail everywhere and contiguous, and the CP layout's figures
+    # (plan/cp.py, docs/context-parallel.md).
+    cp: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         if self.parts is None:
             del out["parts"]
+        if self.cp is None:
+            del out["cp"]
         out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
         out["seconds"] = round(self.seconds, 3)
         return out
@@ -137,6 +143,7 @@ def with_overrides(
                 f"step's capacity dp_size x micro_batches x max_tokens_per_micro_batch = {room}"
             )
     check_sizes(train, "--steps/--dp-size: ")
+    train = with_cp_linear(train, config.cost, config.vision, "--dp-size: ")
     check_chunk_size(train, config.chunk_steps, "--steps/--dp-size: ")
     return replace(config, train=train)
 
@@ -424,7 +431,30 @@ def _summary(
         workers=workers,
         notice=notice,
         parts=_part_ratios(col) if "encoder_cost" in col else None,
+        cp=_cp_ratios(col, train.cp_size) if "cp_max_rank_work" in col else None,
     )
+
+
+def _cp_ratios(col: dict[str, np.ndarray], cp: int) -> dict[str, Any]:
+    """The plan summary's CP figures: per layout the step time over its lower bound (mean,
+    and max for mds's) and the mean CP-rank imbalance; samples split and padding."""
+
+    def mean(x):
+        return round(float(np.mean(x)), 6) if len(x) else 1.0
+
+    bound = col["cp_lower_bound"]
+    ratio = _ratio(col["cp_max_rank_work"], bound)
+    return {
+        "cp_size": cp,
+        "ratio_mean": mean(ratio),
+        "ratio_max": round(float(ratio.max()), 6) if len(ratio) else 1.0,
+        "headtail_ratio_mean": mean(_ratio(col["cp_headtail_max_rank_work"], bound)),
+        "contiguous_ratio_mean": mean(_ratio(col["cp_contiguous_max_rank_work"], bound)),
+        "imbalance_mean": mean(col["cp_imbalance_ppm"] / 1e6),
+        "contiguous_imbalance_mean": mean(col["cp_contiguous_imbalance_ppm"] / 1e6),
+        "samples_split": int(col["cp_split_samples"].sum()),
+        "padding_tokens": int(col["cp_padding"].sum()),
+    }
 
 
 def _part_ratios(col: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:

@@ -19,12 +19,13 @@ from mds.planner.plan.balance import balance
 from mds.planner.plan.balance_parts import balance_parts, part_bounds
 from mds.planner.plan.bounds import group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.plan.config import PlanConfig
+from mds.planner.plan.cp import CP_STAT_COLUMNS, cp_stats
 from mds.planner.plan.fetch import FetchTable
 from mds.planner.plan.mixing import Mixer, MixState
 from mds.planner.plan.pool import SourcePool, load_pools
 from mds.planner.plan.stream import SourceStream
 
-__all__ = ["STAT_COLUMNS", "VISION_STAT_COLUMNS", "ChunkResult", "Planner", "stat_columns"]
+__all__ = ["CP_STAT_COLUMNS", "STAT_COLUMNS", "VISION_STAT_COLUMNS", "ChunkResult", "Planner", "stat_columns"]
 
 STAT_COLUMNS = (
     "samples",
@@ -56,7 +57,8 @@ VISION_STAT_COLUMNS = (
 
 def stat_columns(config: PlanConfig) -> tuple[str, ...]:
     """The stats section's columns for a plan of `config`."""
-    return STAT_COLUMNS + (VISION_STAT_COLUMNS if config.vision is not None else ())
+    vision = VISION_STAT_COLUMNS if config.vision is not None else ()
+    return STAT_COLUMNS + vision + (CP_STAT_COLUMNS if config.train.cp_size > 1 else ())
 
 
 @dataclass
@@ -174,6 +176,12 @@ class Planner:
             stats = np.concatenate(
                 [stats, _vision_stats(assign, enc, cost - enc, patches, valid, steps, D, M)], axis=1
             )
+        if train.cp_size > 1:  # CP plans: the step time over DP x CP ranks (plan/cp.py)
+            cp = cp_stats(
+                assign.rank, assign.micro, length, valid, D, M,
+                train.cp_size, train.cp_split_from, train.cp_linear,
+            )  # fmt: skip
+            stats = np.concatenate([stats, cp], axis=1)
         return ChunkResult(a, end, blocks, stats, counts)
 
 

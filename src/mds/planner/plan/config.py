@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ TRAIN_KEYS = (
     "overlong",
     "weight_by",
     "max_patches_per_micro_batch",
+    "cp_size",
+    "cp_split_from",
 )
 COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file", "encoder")
 ENCODER_KEYS = ("a", "b", "d", "layers", "hidden")
@@ -59,6 +61,11 @@ MAX_PLAN_SAMPLES = 2**40  # steps x samples_per_step: sample ids planned in all
 MAX_CHUNK_ITEMS = 2**24  # chunk_steps x samples_per_step (or x bins): one chunk's arrays
 # Without [cost]: the a:b ratio of a causal model with hidden size 4096 (see docs/config.md).
 DEFAULT_A, DEFAULT_B = 1.0, 1.0 / (6 * 4096)
+# Context parallelism (docs/context-parallel.md): samples of at least this many tokens are
+# split head-tail over the CP ranks by default.
+DEFAULT_CP_SPLIT_FROM = 8192
+# A step's CP work (src/mds/core/cp_layout.py units) must stay well inside int64.
+MAX_CP_STEP_WORK = 2**62
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,12 @@ class TrainSpec:
     weight_by: str
     # Encoder capacity of a micro-batch, in patches (plans with [vision]); None: no limit.
     max_patches_per_micro_batch: int | None = None
+    # Context parallelism: CP ranks per DP rank, the length from which samples are split
+    # head-tail over them, and the work units' `linear` (round(a / b) of [cost]); 1, None
+    # and None without CP (docs/context-parallel.md).
+    cp_size: int = 1
+    cp_split_from: int | None = None
+    cp_linear: int | None = None
 
     @property
     def bins(self) -> int:
@@ -183,6 +196,10 @@ class PlanConfig:
                 for s in self.sources
             ],
         }
+        if t.cp_size > 1:  # only in CP plans, so other plans keep their bytes
+            out["train"]["cp_size"] = t.cp_size
+            out["train"]["cp_split_from"] = t.cp_split_from
+            out["train"]["cp_linear"] = t.cp_linear
         if self.vision is not None:
             out["train"]["max_patches_per_micro_batch"] = t.max_patches_per_micro_batch
             out["cost"]["encoder"] = self.vision.describe_cost()
@@ -261,6 +278,7 @@ def parse_train(table: Any, where: str) -> TrainSpec:
         overlong=_choice(table, "overlong", OVERLONG, where, "error"),
         weight_by=weight_by,
         max_patches_per_micro_batch=_int(table, "max_patches_per_micro_batch", where),
+        **_parse_cp(table, where),
     )
     if sps is not None and sps < spec.dp_size:
         raise ConfigError(
@@ -273,6 +291,55 @@ def parse_train(table: Any, where: str) -> TrainSpec:
             f"max_tokens_per_micro_batch = {spec.bins * spec.max_tokens_per_micro_batch}"
         )
     return spec
+
+
+def _parse_cp(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """`cp_size` and `cp_split_from`; `cp_linear` comes with the cost (with_cp_linear)."""
+    cp = _int(table, "cp_size", where, default=1)
+    if cp == 1:
+        if "cp_split_from" in table:
+            raise ConfigError(f"{where}`cp_split_from` needs `cp_size` > 1")
+        return {}
+    split_from = _int(table, "cp_split_from", where, default=DEFAULT_CP_SPLIT_FROM)
+    if split_from < 2 * cp:  # a split sample has at least one token per chunk
+        raise ConfigError(
+            f"{where}`cp_split_from` must be an integer >= 2 x cp_size = {2 * cp}, got {split_from}"
+        )
+    return {"cp_size": cp, "cp_split_from": split_from}
+
+
+def with_cp_linear(train: TrainSpec, cost: CostSpec, vision: Any, where: str) -> TrainSpec:
+    """With `cp_size` > 1: the CP work's `linear` = round(a / b) of a causal `a*L + b*L^2`
+    cost (src/mds/core/cp_layout.py), refused for costs that have no such form, and the
+    step's work checked to fit int64."""
+    if train.cp_size == 1:
+        return replace(train, cp_split_from=None, cp_linear=None)
+    what = f"{where}[train]: `cp_size = {train.cp_size}`"
+    if cost.expr is not None:
+        raise ConfigError(
+            f"{what} needs a cost of the form a*L + b*L^2 (`a`/`b`, `model` or calibrated): "
+            "the CP layout weighs each CP rank's tokens and attention pairs by a / b; "
+            "a cost `expr` gives no such ratio"
+        )
+    if cost.b <= 0:
+        raise ConfigError(
+            f"{what} needs [cost] `b` > 0: with no attention term every layout of a "
+            "micro-batch costs the same and CP planning has nothing to weigh"
+        )
+    if vision is not None:
+        raise ConfigError(f"{what} cannot be combined with [vision] yet")
+    linear = round(cost.a / cost.b)
+    cap, cp = train.max_tokens_per_micro_batch, train.cp_size
+    # Per micro-batch, at most `cap` tokens in at most `cap` samples, each padded by < 2cp.
+    padded = cap * 2 * cp
+    bound = train.bins * padded * (linear + padded + 1)
+    if bound >= MAX_CP_STEP_WORK:
+        raise ConfigError(
+            f"{what}: a step's CP work (linear = round(a / b) = {linear} per token plus 2 per "
+            f"attention pair) could reach {bound:.3g}, past int64's 2^62 margin; lower "
+            "max_tokens_per_micro_batch or use a cost with a smaller a / b"
+        )
+    return replace(train, cp_linear=linear)
 
 
 def _check_limit(where: str, what: str, value: int, limit: int, unit: str) -> None:
@@ -537,6 +604,7 @@ def parse_plan_config(
             "be the default FLOP formula, so the two parts could not be added; set `encoder` "
             "from `mds calibrate --encoder` (or give both as model shapes)"
         )
+    train = with_cp_linear(train, cost, vision, where)
     return PlanConfig(
         train=train,
         cost=cost,

@@ -18,6 +18,7 @@ from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 from mds.planner.plan.schedule import parse_schedule
 from mds.planner.report.common import SCHEMA, buckets, ratio, summary
+from mds.planner.report.cp import cp_report
 from mds.planner.report.vision import vision_report
 
 __all__ = [
@@ -322,4 +323,7 @@ def plan_report(
     vision = vision_report(reader.path, col, footer, index)
     if vision is not None:  # plans made with [vision] only
         out["vision"] = vision
+    cp = cp_report(col, footer)
+    if cp is not None:  # plans made with cp_size > 1 only
+        out["cp"] = cp
     return out
