@@ -111,7 +111,8 @@ class TokenIds:
 
     def __init__(self, plan: PlanSources):
         self.sources, self.truncate_to = plan.sources, plan.truncate_to
-        self.marker = plan.vision.marker if plan.vision is not None else ""
+        vision = getattr(plan, "vision", None)
+        self.marker = vision.marker if vision is not None else ""
 
     def of_samples(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
         """Each of samples [lo, hi)'s token ids (`of_sample`). An integer array of the
