@@ -34,6 +34,9 @@ demo: setup
 	$(MDS) plan sample_data/mds.toml --index $(DEMO)/index -o $(DEMO)/plan-dp2.mds --dp-size 2
 	$(TORCHRUN) examples/train_tiny.py --plan $(DEMO)/plan-dp2.mds --steps 4 --checkpoint $(DEMO)/train
 	$(TORCHRUN) examples/train_tiny.py --plan $(DEMO)/plan-dp2.mds --steps 8 --checkpoint $(DEMO)/train --resume
+	$(MDS) index sample_data/vlm.toml -o $(DEMO)/vlm-index
+	$(MDS) plan sample_data/vlm.toml --index $(DEMO)/vlm-index -o $(DEMO)/vlm-plan.mds
+	$(MDS) inspect $(DEMO)/vlm-plan.mds --html $(DEMO)/vlm-report.html
 	@echo "demo: index, plan, export, report and a resumed 2-rank training run in $(DEMO)/"
 
 # The whole suite, then the 15 slowest tests; `make test-quick` leaves out those marked slow.
@@ -57,6 +60,7 @@ bench: setup
 	$(BIN)/python bench/bench_storage.py --out build/bench
 	$(BIN)/python bench/bench_calibrate.py --out build/bench
 	$(BIN)/python bench/bench_engine.py --out build/bench
+	$(BIN)/python bench/bench_vision_balance.py --out build/bench
 
 # Kill-and-resume soak: SIGKILL the 2-rank training example at SOAK_KILLS seeded random
 # moments and check that the final model trained on exactly the plan's samples.

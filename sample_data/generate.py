@@ -406,6 +406,159 @@ def make_math(out: Path, text: Text) -> Stats:
     )
 
 
+# --- image-text (docs/vision.md) -----------------------------------------------------------
+
+# (width, height) of the drawn images: small to large, several aspect ratios.
+VLM_SIZES = (
+    (32, 32), (48, 64), (64, 48), (96, 96), (128, 72), (160, 120), (200, 300), (224, 224),
+    (256, 192), (320, 180), (300, 400), (448, 448), (512, 256), (640, 480), (720, 405),
+)  # fmt: skip
+VLM_LARGE = ((1200, 800), (800, 1200), (1024, 768))
+VLM_JPEG_QUALITY = 60
+MARKER = "<image>"
+TAR_BLOCK = 512
+
+
+def draw_image(rng: np.random.Generator, size: tuple[int, int], fmt: str) -> bytes:
+    """A few flat shapes on a flat background (compresses to a few KB), encoded by Pillow."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    w, h = size
+    color = tuple(int(c) for c in rng.integers(0, 256, 3))
+    image = Image.new("RGB", size, color)  # type: ignore[arg-type]
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(2, 6))):
+        x0, x1 = sorted(int(v) for v in rng.integers(0, w, 2))
+        y0, y1 = sorted(int(v) for v in rng.integers(0, h, 2))
+        fill = tuple(int(c) for c in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.rectangle((x0, y0, x1, y1), fill=fill)  # type: ignore[arg-type]
+        else:
+            draw.ellipse((x0, y0, x1, y1), fill=fill)  # type: ignore[arg-type]
+    out = io.BytesIO()
+    if fmt == "jpg":
+        image.save(out, format="JPEG", quality=VLM_JPEG_QUALITY)
+    else:
+        image.save(out, format="PNG", optimize=False, compress_level=9)
+    return out.getvalue()
+
+
+def vlm_sample(rng: np.random.Generator, text: Text, i: int) -> tuple[list[tuple[str, bytes]], str]:
+    """One image-text sample: 0-2 images (jpg or png, a large one now and then) and a caption
+    of heavy-tailed length; some captions place the images with markers."""
+    n_images = int(rng.choice([0, 1, 2], p=[0.12, 0.63, 0.25]))
+    images = []
+    for _ in range(n_images):
+        if rng.random() < 0.06:
+            size = VLM_LARGE[int(rng.integers(len(VLM_LARGE)))]
+        else:
+            size = VLM_SIZES[int(rng.integers(len(VLM_SIZES)))]
+        fmt = "jpg" if rng.random() < 0.7 else "png"
+        images.append((fmt, draw_image(rng, size, fmt)))
+    n_words = int(np.clip(np.rint(rng.lognormal(np.log(24), 0.9)), 1, 600))
+    words = text(sample_ids(rng, n_words)).split(" ")
+    if n_images and rng.random() < 0.4:  # markers: one per image, at word boundaries
+        cuts = sorted(int(c) for c in rng.integers(0, len(words) + 1, n_images))
+        pieces, at = [], 0
+        for c in cuts:
+            pieces.append(" ".join(words[at:c]))
+            at = c
+        pieces.append(" ".join(words[at:]))
+        caption = f" {MARKER} ".join(pieces).strip()
+    else:
+        caption = " ".join(words)
+    return images, caption
+
+
+def tar_member(name: str, data: bytes) -> bytes:
+    """A ustar member (header + data padded to the block), fixed metadata: deterministic."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    info.uname = info.gname = ""
+    header = info.tobuf(format=tarfile.USTAR_FORMAT)
+    return header + data + bytes(-len(data) % TAR_BLOCK)
+
+
+def caption_words(caption: str) -> int:
+    """Tokens of a caption as the index counts them: the words between the markers."""
+    return sum(len(piece.split()) for piece in caption.split(MARKER))
+
+
+def make_captions(out: Path, text: Text) -> Stats:
+    """WebDataset shards: per sample `key.txt` and the images as `key.jpg` / `key.png`, or
+    `key.0.jpg`, `key.1.png` for two."""
+    rng = rng_for("vlm-captions")
+    shards = (26, 22)
+    lengths = []
+    at = 0
+    for s, count in enumerate(shards):
+        body = []
+        for i in range(at, at + count):
+            images, caption = vlm_sample(rng, text, i)
+            key = f"cap{i:05d}"
+            names = (
+                [f"{key}.{images[0][0]}"]
+                if len(images) == 1
+                else [f"{key}.{k}.{fmt}" for k, (fmt, _) in enumerate(images)]
+            )
+            for name, (_, data) in zip(names, images, strict=True):
+                body.append(tar_member(name, data))
+            body.append(tar_member(f"{key}.txt", caption.encode("utf-8")))
+            lengths.append(caption_words(caption))
+        at += count
+        write_bytes(
+            out / "vlm" / "captions" / f"captions-{s:05d}.tar",
+            b"".join(body) + bytes(2 * TAR_BLOCK),
+        )
+    return Stats(
+        "captions",
+        "vlm/captions/captions-0000{0,1}.tar",
+        "WebDataset tar, 2 shards",
+        "tokenize `txt`",
+        "none",
+        np.array(lengths),
+    )
+
+
+def make_charts(out: Path, text: Text) -> Stats:
+    """Parquet in the Hugging Face layout: `image` is a struct of bytes and path."""
+    rng = rng_for("vlm-charts")
+    rows = 20
+    images, captions, lang, lengths = [], [], [], []
+    for i in range(rows):
+        imgs, caption = vlm_sample(rng, text, i)
+        imgs = imgs[:1]  # one image column: a struct, or null for a text-only row
+        caption = caption.replace(MARKER, "").replace("  ", " ").strip() or "chart"
+        images.append({"bytes": imgs[0][1], "path": f"chart{i:03d}.{imgs[0][0]}"} if imgs else None)
+        captions.append(caption)
+        lengths.append(caption_words(caption))
+    lang = langs(rng, rows)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table(
+        {
+            "image": pa.array(images, type=image_type),
+            "text": pa.array(captions, type=pa.string()),
+            "lang": pa.array(lang, type=pa.string()),
+        }
+    )
+    write_parquet(out / "vlm" / "charts" / "charts-00000.parquet", table)
+    return Stats(
+        "charts",
+        "vlm/charts/charts-00000.parquet",
+        "Parquet, HF image struct",
+        "tokenize `text`",
+        "lang",
+        np.array(lengths),
+    )
+
+
+VLM_SOURCES: tuple[Callable[[Path, Text], Stats], ...] = (make_captions, make_charts)
+
+
 SOURCES: tuple[Callable[[Path, Text], Stats], ...] = (
     make_web,
     make_books,
@@ -419,7 +572,7 @@ SOURCES: tuple[Callable[[Path, Text], Stats], ...] = (
 # --- README -----------------------------------------------------------------------------
 
 
-def readme(stats: list[Stats], vocab_size: int) -> str:
+def readme(stats: list[Stats], vocab_size: int, vlm: list[Stats]) -> str:
     head = [
         "# Sample data",
         "",
@@ -441,6 +594,21 @@ def readme(stats: list[Stats], vocab_size: int) -> str:
     tail = [
         f"| **total** | | | | | {rows} | {tokens} | |",
         "",
+        "## Image-text (`vlm.toml`)",
+        "",
+        "Images drawn with Pillow (flat shapes; 32x32 up to 1200x800, JPEG and PNG), 0-2 per",
+        "sample, captions of the same made-up words; some captions place their images with",
+        f"`{MARKER}` markers. `vlm.toml` indexes both sources and sets a small `[vision]`",
+        "geometry (docs/vision.md); tokens below are the captions' (images not included).",
+        "",
+        "| source | path | format | length from | metadata | rows | tokens | max len |",
+        "|---|---|---|---|---|---:|---:|---:|",
+        *[
+            f"| {s.name} | `{s.path}` | {s.fmt} | {s.length} | {s.metadata} | {len(s.lengths)} "
+            f"| {int(s.lengths.sum())} | {int(s.lengths.max())} |"
+            for s in vlm
+        ],
+        "",
         "The files are generated, deterministically (same bytes every run), and committed.",
         "Regenerate with `python sample_data/generate.py`; `tests/sample_data/test_generate.py`",
         "checks that the committed files match the generator.",
@@ -454,7 +622,8 @@ def generate(out: Path) -> list[Stats]:
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out, vocab)
     stats = [make(out, text) for make in SOURCES]
-    write_bytes(out / "README.md", readme(stats, len(vocab)).encode("utf-8"))
+    vlm = [make(out, text) for make in VLM_SOURCES]
+    write_bytes(out / "README.md", readme(stats, len(vocab), vlm).encode("utf-8"))
     return stats
 
 

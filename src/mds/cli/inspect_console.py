@@ -210,7 +210,41 @@ def print_plan(report: dict[str, Any]) -> None:
             )
         console.print(table)
     _print_balance(report)
+    if report.get("vision") is not None:
+        _print_vision(report["vision"])
     _print_charts(report)
+
+
+def _print_vision(v: dict[str, Any]) -> None:
+    """Encoder and backbone balance side by side, patches, and images per source."""
+    table = _table(
+        "two-part balance (per step, most-loaded rank / lower bound: median, max)",
+        "part", "planned", "naive sharding",
+    )  # fmt: skip
+    for part in ("encoder", "backbone", "sum"):
+        q = v["balance"][part]
+        cells = [q[k] for k in ("max_over_lower_bound", "naive_over_lower_bound")]
+        table.add_row(part, *(f"{number(c['median'])}, {number(c['max'])}" for c in cells))
+    console.print(table)
+    patches = v["patches"]
+    cap = patches["capacity"]
+    console.print(
+        f"encoder share of cost: {percent(v['balance']['encoder_share'])}; patches per step: "
+        f"mean {patches['per_step']['mean'] or 0:,.0f}; largest micro-batch: max "
+        f"{patches['max_micro_batch']['max'] or 0:,.0f} patches"
+        + (f" of {cap:,}" if cap else " (no patch capacity)")
+    )
+    for s in v["sources"] or []:
+        table = _table(
+            f"{s['name']}: {s['images']:,} images in {s['samples']:,} samples "
+            f"({s['images_per_sample']:.2f} per sample, {s['without_images']:,} without)",
+            "patches per image", "images", "",
+        )  # fmt: skip
+        peak = max((b["images"] for b in s["patch_histogram"]), default=0)
+        for b in s["patch_histogram"]:
+            span = f"{b['from']:,}+" if b["to"] is None else f"{b['from']:,} - {b['to'] - 1:,}"
+            table.add_row(span, f"{b['images']:,}", bar(b["images"], peak))
+        console.print(table)
 
 
 def _print_balance(report: dict[str, Any]) -> None:

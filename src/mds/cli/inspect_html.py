@@ -169,7 +169,48 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
     ]
     out.append(_table(["source"] + [f"steps {p['start']}-{p['end'] - 1}" for p in phases], rows))
     out.extend(_balance(r))
+    if r.get("vision") is not None:
+        out.extend(_vision(r["vision"]))
     out.extend(_charts(r))
+    return out
+
+
+def _vision(v: dict[str, Any]) -> list[str]:
+    """Encoder and backbone balance side by side, patches, images per source."""
+    rows = []
+    for part in ("encoder", "backbone", "sum"):
+        q = v["balance"][part]
+        rows.append(
+            [part]
+            + [number(q["max_over_lower_bound"][k]) for k in ("median", "max")]
+            + [number(q["naive_over_lower_bound"][k]) for k in ("median", "max")]
+        )
+    g, patches = v["geometry"], v["patches"]
+    cap = patches["capacity"]
+    out = [
+        "<h2>Encoder and backbone</h2>",
+        _table(["part (most-loaded rank / lower bound)", "median", "max", "naive median", "naive max"], rows),
+        _pairs(
+            [
+                ("image geometry", f"patch {g['patch_size']}, merge {g['merge_size']}, temporal "
+                 f"{g['temporal_patch_size']}, resize {g['resize']}, pixels {g['min_pixels']:,} - {g['max_pixels']:,}"),
+                ("encoder share of cost", percent(v["balance"]["encoder_share"])),
+                ("patches per step (mean)", f"{patches['per_step']['mean'] or 0:,.0f}"),
+                ("largest micro-batch (patches)", f"{patches['max_micro_batch']['max'] or 0:,.0f}"
+                 + (f" of {cap:,}" if cap else " (no patch capacity)")),
+            ]
+        ),
+    ]  # fmt: skip
+    for s in v["sources"] or []:
+        out.append(
+            f"<h3>{_e(s['name'])}: {s['images']:,} images in {s['samples']:,} samples "
+            f"({s['images_per_sample']:.2f} per sample, {s['without_images']:,} without)</h3>"
+        )
+        hist = [
+            [f"{b['from']:,}+" if b["to"] is None else f"{b['from']:,} - {b['to'] - 1:,}", f"{b['images']:,}"]
+            for b in s["patch_histogram"]
+        ]
+        out.append(_table(["patches per image", "images"], hist))
     return out
 
 

@@ -162,6 +162,13 @@ def _print_summary(s) -> None:
         ("predicted speedup vs naive", f"{s.speedup_vs_naive:.3f}x"),
         ("predicted speedup vs interleaving", f"{s.speedup_vs_interleave:.3f}x"),
         ("stronger baseline", s.stronger_baseline),
+        *(
+            (
+                f"{part} max rank / its lower bound",
+                f"mean {q['ratio_mean']:.4f}, max {q['ratio_max']:.4f} (naive mean {q['naive_ratio_mean']:.4f})",
+            )
+            for part, q in (s.parts or {}).items()
+        ),
         ("plan id", s.plan_id),
     ]
     for row in rows:

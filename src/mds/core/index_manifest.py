@@ -35,8 +35,14 @@ FORMAT = "mds-index"
 VERSION = 1
 MANIFEST = "manifest.json"
 # The source formats and payload kinds an index may name (the executor's readers read all).
-FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
-PAYLOAD_KINDS = ("token_ids", "text")
+FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron", "webdataset")
+PAYLOAD_KINDS = ("token_ids", "text", "image_text")
+IMAGE_LAYOUTS = {
+    "webdataset": "webdataset",
+    "parquet": "parquet",
+    "jsonl": "jsonl",
+    "jsonl.zst": "jsonl",
+}
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,14 @@ def _source_problem(entry: dict[str, Any]) -> str | None:
     if fmt not in FORMATS:
         return f"format {fmt!r} is not one of {', '.join(FORMATS)}"
     payload = entry.get("payload")
-    if payload is not None:
+    if isinstance(payload, dict) and payload.get("kind") == "image_text":
+        if not (
+            payload.get("layout") == IMAGE_LAYOUTS.get(fmt)
+            and isinstance(payload.get("text"), str)
+            and isinstance(payload.get("images"), str)
+        ):
+            return f"payload {payload!r} is not a {fmt} image_text payload (layout, text, images)"
+    elif payload is not None:
         if not (
             isinstance(payload, dict)
             and payload.get("kind") in PAYLOAD_KINDS

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from mds.errors import SourceDataError
 
-__all__ = ["BLOCK", "Member", "Sample", "members", "samples", "split_key"]
+__all__ = ["BLOCK", "Member", "Sample", "image_members", "members", "samples", "split_key"]
 
 BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")
@@ -157,3 +157,18 @@ def samples(items: Iterable[Member]) -> Iterator[Sample]:
         group[ext.lower()] = m
     if group:
         yield Sample(key, group)  # type: ignore[arg-type]
+
+
+def image_members(sample: Sample, extensions: tuple[str, ...]) -> list[tuple[str, Member]]:
+    """(extension, member) of a sample's images: members whose extension is one of
+    `extensions` or ends in ".<one of them>" ("0.jpg" is a "jpg"), ordered by that
+    extension's place in `extensions`, then by the member's extension as a string ("0.jpg" <
+    "1.jpg" < "10.jpg" < "2.jpg": number them with zero padding). The index and the
+    executor both take a sample's images in this order."""
+    found = []
+    for ext, member in sample.members.items():
+        for rank, want in enumerate(extensions):
+            if ext == want or ext.endswith("." + want):
+                found.append((rank, ext, member))
+                break
+    return [(ext, m) for _, ext, m in sorted(found, key=lambda t: (t[0], t[1]))]

@@ -231,8 +231,9 @@ def test_duplicate_names(tmp_path: Path) -> None:
 
 def test_bad_format() -> None:
     message = _source_error(name="a", path="x", tokens="t", format="csv")
-    assert "`format` must be one of parquet, jsonl, jsonl.zst, arrow, megatron, got 'csv'" in (
-        message
+    assert (
+        "`format` must be one of parquet, jsonl, jsonl.zst, arrow, megatron, webdataset, got 'csv'"
+        in (message)
     )
 
 
@@ -305,3 +306,101 @@ def test_config_with_a_utf8_byte_order_mark(tmp_path: Path) -> None:
     path = tmp_path / "mds.toml"
     path.write_bytes(b"\xef\xbb\xbf" + SOURCE.encode())
     assert [s.name for s in load_config(path).sources] == ["web"]
+
+
+# --- image-text sources (docs/vision.md) ------------------------------------------------------
+
+IMAGE_SOURCE = '[[source]]\nname = "caps"\npath = "a.tar"\nimages = "jpg;png"\ntext = "txt"\n'
+
+
+def test_image_source_and_vision_marker(tmp_path: Path) -> None:
+    path = config_file(
+        tmp_path,
+        IMAGE_SOURCE
+        + 'estimate = "bytes/4"\non_bad_image = "drop"\n\n[vision]\nmarker = "<img>"\npatch_size = 16\n',
+    )
+    spec = load_config(path).sources[0]
+    assert spec.images is not None
+    assert (spec.images.field, spec.images.on_bad, spec.images.marker) == (
+        "jpg;png",
+        "drop",
+        "<img>",
+    )
+    assert spec.images.extensions == ("jpg", "png")
+    spec = resolve_format(spec, "webdataset")
+    assert spec.payload == {
+        "kind": "image_text",
+        "layout": "webdataset",
+        "text": "txt",
+        "images": "jpg;png",
+    }
+    assert resolve_format(spec, "jsonl.zst").payload["layout"] == "jsonl"  # type: ignore[index]
+    default = parse_source(
+        {"name": "c", "path": "x", "images": "img", "text": "t", "count": "n"}, "x: "
+    )
+    assert default.images is not None and default.images.marker == "<image>"
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"on_bad_image": "drop", "tokens": "t"}, "`on_bad_image` applies to image-text sources"),
+        (
+            {"images": "jpg", "on_bad_image": "skip", "text": "t", "estimate": "bytes/4"},
+            "`on_bad_image` must be one of error, drop, got 'skip'",
+        ),
+        ({"images": "jpg", "estimate": "bytes/4"}, "`images` needs `text`"),
+        (
+            {"images": "jpg", "text": "t", "tokens": "ids"},
+            "`tokens` does not apply to an image-text source",
+        ),
+        (
+            {"images": "jpg", "text": "t", "format": "arrow", "estimate": "bytes/4"},
+            "`images` does not apply to format 'arrow'",
+        ),
+        (
+            {"images": "jpg;;png", "text": "txt", "format": "webdataset", "estimate": "bytes/4"},
+            "`images` must be member extensions",
+        ),
+        (
+            {"images": "jpg", "text": "json:", "format": "webdataset", "estimate": "bytes/4"},
+            '"json:KEY"',
+        ),
+        (
+            {"images": "jpg;txt", "text": "txt", "format": "webdataset", "estimate": "bytes/4"},
+            "also one of the image extensions",
+        ),
+        (
+            {
+                "images": "jpg",
+                "text": "txt",
+                "format": "webdataset",
+                "estimate": "bytes/4",
+                "keep": ["a"],
+            },
+            '`keep` does not apply to format "webdataset"',
+        ),
+        ({"images": "", "text": "t"}, "`images` must be a non-empty string"),
+    ],
+)
+def test_image_source_errors(table, message) -> None:
+    assert message in _source_error(name="a", path="x", **table)
+
+
+def test_image_errors_settled_with_the_format() -> None:
+    spec = parse_source(
+        {"name": "c", "path": "x", "images": "jpg", "text": "t", "count": "n"}, "x: "
+    )
+    with pytest.raises(ConfigError, match='`count` does not apply to format "webdataset"'):
+        resolve_format(spec, "webdataset")
+    with pytest.raises(ConfigError, match="`images` does not apply to format 'megatron'"):
+        resolve_format(spec, "megatron")
+    with pytest.raises(ConfigError, match='format "webdataset" needs `images`'):
+        resolve_format(parse_source({"name": "c", "path": "x", "count": "n"}, "x: "), "webdataset")
+
+
+def test_vision_table_errors(tmp_path: Path) -> None:
+    message = _load_error(tmp_path, SOURCE + '[vision]\nmarker = ""\n')
+    assert "[vision]: `marker` must be a non-empty string" in message
+    message = _load_error(tmp_path, "vision = 3\n" + SOURCE)
+    assert "`vision` must be a table" in message

@@ -190,6 +190,22 @@ def _build_dir(config, output, workers, progress, clock, engine, place) -> Index
         )
 
 
+def _dropped(spec: SourceSpec, files, parts: list[Part], old: dict | None) -> np.ndarray | None:
+    """An image-text source's samples left out for a bad image, per file: counted by the
+    scans, or recorded in the previous manifest for a reused file. None for other sources."""
+    if spec.images is None:
+        return None
+    dropped = np.zeros(len(files), dtype=np.int64)
+    for part in parts:
+        if part.dropped is not None:
+            dropped[part.first : part.first + len(part.dropped)] = part.dropped
+    before = {e["id"]: e.get("dropped_bad_images", 0) for e in (old or {}).get("files", [])}
+    for fi, f in enumerate(files):
+        if f.reuse is not None:
+            dropped[fi] = int(before.get(f.reuse, 0))
+    return dropped
+
+
 def _build_to_objects(config, url, workers, progress, clock, engine, held) -> IndexSummary:
     """Index into a local temporary directory, then upload it under the prefix `url`
     (object_output.upload_index: tables first, the manifest last, never a partial object;
@@ -246,7 +262,11 @@ def _build_locked(
                 plans.append(
                     (spec, key, reused_files(spec, files, chunk, key, old_by_name.get(spec.name)))
                 )
-            tasks = [t for si, plan in enumerate(plans) for t in scan_tasks(si, plan[2])]
+            tasks = [
+                t
+                for si, plan in enumerate(plans)
+                for t in scan_tasks(si, plan[2], batch=plan[0].images is None)
+            ]
             progress.start(
                 sum(f.nbytes for _, _, fs in tasks for f in fs),
                 sum(len(fs) for _, _, fs in tasks),
@@ -282,6 +302,7 @@ def _build_locked(
 
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)
+            dropped = _dropped(spec, files, new_parts[si], old)
             parts = new_parts.pop(si) + reused_rows(previous, old, files)
             fmt = files[0].data.format
             table = assemble(spec, fmt, files, parts)
@@ -297,7 +318,7 @@ def _build_locked(
             rows, tokens = per_file_counts(table, len(files))
             first_rows = np.zeros(len(files), dtype=np.int64)
             np.cumsum(rows[:-1], out=first_rows[1:])
-            counts.append((files, first_rows, rows, tokens))
+            counts.append((files, first_rows, rows, tokens, dropped))
             entries.append(
                 {
                     "name": spec.name,
@@ -311,6 +332,7 @@ def _build_locked(
                     "rows": table.height,
                     "tokens": int(n.sum()),
                     "length_stats": length_stats(n),
+                    **({"dropped_bad_images": int(dropped.sum())} if dropped is not None else {}),
                 }
             )
             del table, n
@@ -348,7 +370,7 @@ def _build_locked(
             write_manifest(
                 output / MANIFEST,
                 manifest,
-                [file_entries(*c, config.root) for c in counts],
+                [file_entries(*c[:4], config.root, dropped=c[4]) for c in counts],
             )
         except OSError as exc:
             raise cannot_write_index(output, MANIFEST, exc) from exc

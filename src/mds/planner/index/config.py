@@ -11,14 +11,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mds.core.index_manifest import IMAGE_LAYOUTS  # image-text formats -> payload layout
 from mds.core.storage import is_url
 from mds.errors import ConfigError
 from mds.planner.index.config_file import check_keys, load_toml, place
 from mds.planner.runtime.engine import check_address, check_engine
 
 __all__ = [
+    "BAD_IMAGE_RULES",
     "FORMATS",
+    "IMAGE_LAYOUTS",
     "Estimate",
+    "ImageSpec",
     "IndexConfig",
     "LengthSpec",
     "SourceSpec",
@@ -28,13 +32,18 @@ __all__ = [
     "resolve_format",
 ]
 
-FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron")
+FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron", "webdataset")
+BAD_IMAGE_RULES = ("error", "drop")
+DEFAULT_MARKER = "<image>"
 FINGERPRINT_MODES = ("sampled", "full")
 LENGTH_KEYS = ("tokens", "count", "tokenizer", "estimate")
-INDEX_SOURCE_KEYS = ("name", "path", "format", "text", "keep", *LENGTH_KEYS)
+INDEX_SOURCE_KEYS = (
+    "name", "path", "format", "text", "keep", *LENGTH_KEYS, "images", "on_bad_image",
+)  # fmt: skip
 # Per-source keys owned by the planner; accepted here so one file configures every stage.
 PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "on_exhausted")
-TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan")
+# `[vision]` (the model's image geometry) is parsed by the planner; the index reads `marker`.
+TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan", "vision")
 INDEX_KEYS = ("root", "output", "workers", "fingerprint", "engine", "address")
 # Index columns, plus the columns `mds export` adds beside kept metadata.
 RESERVED_COLUMNS = (
@@ -59,6 +68,9 @@ RESERVED_COLUMNS = (
     "gid",
     "order",
     "source_id",
+    "n_images",
+    "image_width",
+    "image_height",
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ESTIMATE_RE = re.compile(r"^\s*(bytes|chars)\s*/\s*([0-9]+(?:\.[0-9]+)?)\s*$")
@@ -101,6 +113,25 @@ class LengthSpec:
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """The images of an image-text source (docs/vision.md): `field` as configured (a
+    WebDataset's image extensions, `;`-separated, or the Parquet column / JSONL key), what
+    a bad image does, and the marker that places images in the text."""
+
+    field: str
+    on_bad: str = "error"
+    marker: str = DEFAULT_MARKER
+
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """A WebDataset's image extensions, in the configured order (lower case)."""
+        return tuple(e.strip().lower() for e in self.field.split(";") if e.strip())
+
+    def describe(self) -> dict[str, str]:
+        return {"images": self.field, "on_bad_image": self.on_bad, "marker": self.marker}
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     """One `[[source]]` entry: where its files are and how to read lengths and metadata."""
 
@@ -111,10 +142,19 @@ class SourceSpec:
     text: str | None = None
     keep: tuple[str, ...] = ()
     plan: dict[str, Any] = field(default_factory=dict, compare=False)
+    images: ImageSpec | None = None
 
     @property
     def payload(self) -> dict[str, str] | None:
         """Where the executor finds the sample's content."""
+        if self.images is not None:
+            assert self.text is not None and self.format is not None
+            return {
+                "kind": "image_text",
+                "layout": IMAGE_LAYOUTS[self.format],
+                "text": self.text,
+                "images": self.images.field,
+            }
         if self.length.kind in ("tokens", "megatron"):
             return {"kind": "token_ids", "column": self.length.column or ""}
         if self.text is not None:
@@ -211,6 +251,11 @@ def _length_spec(
 def resolve_format(spec: SourceSpec, fmt: str) -> SourceSpec:
     """Settle the length spec once the files' format is known (auto-detected formats)."""
     where = f"source '{spec.name}': "
+    if spec.images is not None and fmt not in IMAGE_LAYOUTS:
+        raise ConfigError(
+            f"{where}`images` does not apply to format {fmt!r}; image-text sources are "
+            f"{', '.join(IMAGE_LAYOUTS)}"
+        )
     if fmt == "megatron":
         if spec.length.kind not in ("auto", "megatron"):
             raise ConfigError(
@@ -222,13 +267,77 @@ def resolve_format(spec: SourceSpec, fmt: str) -> SourceSpec:
                 f'{where}`{key}` does not apply to format "megatron": it has no columns'
             )
         return replace(spec, format=fmt, length=LengthSpec("megatron"))
+    if spec.images is None and fmt == "webdataset":
+        raise ConfigError(
+            f'{where}format "webdataset" needs `images`: the member extensions that are images '
+            '(e.g. "jpg;png")'
+        )
+    if spec.images is not None and fmt == "webdataset" and spec.keep:
+        raise ConfigError(f'{where}`keep` does not apply to format "webdataset": it has no columns')
+    if spec.images is not None and fmt == "webdataset" and spec.length.kind == "count":
+        raise ConfigError(
+            f'{where}`count` does not apply to format "webdataset": it has no columns; use '
+            "`tokenizer` or `estimate`"
+        )
     if spec.length.kind == "auto":
         raise ConfigError(f"{where}{_HOW_TO_MEASURE}")
     return replace(spec, format=fmt)
 
 
-def parse_source(table: dict[str, Any], where: str) -> SourceSpec:
-    """Validate one `[[source]]` table; `where` prefixes every error message."""
+def _image_spec(
+    table: dict[str, Any], fmt: str | None, text: str | None, marker: str, where: str
+) -> ImageSpec | None:
+    """The `images` and `on_bad_image` keys of a source (docs/vision.md)."""
+    images = _string(table, "images", where)
+    on_bad = _string(table, "on_bad_image", where)
+    if images is None:
+        if on_bad is not None:
+            raise ConfigError(
+                f"{where}`on_bad_image` applies to image-text sources (with `images`)"
+            )
+        return None
+    if fmt is not None and fmt not in IMAGE_LAYOUTS:
+        raise ConfigError(
+            f"{where}`images` does not apply to format {fmt!r}; image-text sources are "
+            f"{', '.join(IMAGE_LAYOUTS)}"
+        )
+    if on_bad is not None and on_bad not in BAD_IMAGE_RULES:
+        raise ConfigError(
+            f"{where}`on_bad_image` must be one of {', '.join(BAD_IMAGE_RULES)}, got {on_bad!r}"
+        )
+    if text is None:
+        raise ConfigError(
+            f"{where}`images` needs `text`: the column, key or member extension of the text"
+        )
+    if "tokens" in table:
+        raise ConfigError(
+            f"{where}`tokens` does not apply to an image-text source: its text is counted "
+            "with `tokenizer`, `estimate` or `count`"
+        )
+    spec = ImageSpec(images, on_bad or "error", marker)
+    if fmt == "webdataset":
+        parts = images.split(";")
+        if not all(p.strip() for p in parts):
+            raise ConfigError(
+                f'{where}`images` must be member extensions separated by ";" (e.g. "jpg;png"), '
+                f"got {images!r}"
+            )
+        if text.startswith("json:") and not text[5:]:
+            raise ConfigError(
+                f'{where}`text` "json:" needs the key of the .json member: "json:KEY"'
+            )
+        if text.lower() in spec.extensions:
+            raise ConfigError(f"{where}`text` {text!r} is also one of the image extensions")
+        if "keep" in table:
+            raise ConfigError(
+                f'{where}`keep` does not apply to format "webdataset": it has no columns'
+            )
+    return spec
+
+
+def parse_source(table: dict[str, Any], where: str, marker: str = DEFAULT_MARKER) -> SourceSpec:
+    """Validate one `[[source]]` table; `where` prefixes every error message; `marker`: the
+    `[vision]` image marker (image-text sources count the text between markers)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where}must be a table")
     check_keys(table, INDEX_SOURCE_KEYS + PLAN_SOURCE_KEYS, where)
@@ -250,6 +359,7 @@ def parse_source(table: dict[str, Any], where: str) -> SourceSpec:
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"{where}`format` must be one of {', '.join(FORMATS)}, got {fmt!r}")
     text = _string(table, "text", where)
+    images = _image_spec(table, fmt, text, marker, where)
     length = _length_spec(table, fmt, text, where)
     keep = _strings(table, "keep", where)
     if fmt == "megatron" and (keep or text):
@@ -260,7 +370,7 @@ def parse_source(table: dict[str, Any], where: str) -> SourceSpec:
         if col in RESERVED_COLUMNS:
             raise ConfigError(f"{where}`keep` cannot include {col!r}: the index uses that name")
     plan = {k: table[k] for k in PLAN_SOURCE_KEYS if k in table}
-    return SourceSpec(name, paths, fmt, length, text, keep, plan)
+    return SourceSpec(name, paths, fmt, length, text, keep, plan, images)
 
 
 def parse_config(
@@ -289,10 +399,13 @@ def parse_config(
             f"{where}[index]: `fingerprint` must be one of {', '.join(FINGERPRINT_MODES)}, got {fingerprint!r}"
         )
     engine, address = parse_engine(index, f"{where}[index]: ")
+    marker = _marker(data.get("vision"), where)
     tables = data.get("source", [])
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{where}no sources: add at least one [[source]] table")
-    sources = [parse_source(t, f"{where}[[source]] #{i + 1}: ") for i, t in enumerate(tables)]
+    sources = [
+        parse_source(t, f"{where}[[source]] #{i + 1}: ", marker) for i, t in enumerate(tables)
+    ]
     seen: set[str] = set()
     for i, spec in enumerate(sources):
         if spec.name in seen:
@@ -309,6 +422,18 @@ def parse_config(
         address=address,
         raw=data,
     )
+
+
+def _marker(vision: Any, where: str) -> str:
+    """The `[vision]` table's `marker` (the rest of the table is the planner's)."""
+    if vision is None:
+        return DEFAULT_MARKER
+    if not isinstance(vision, dict):
+        raise ConfigError(f"{where}`vision` must be a table")
+    marker = vision.get("marker", DEFAULT_MARKER)
+    if not isinstance(marker, str) or not marker:
+        raise ConfigError(f"{where}[vision]: `marker` must be a non-empty string, got {marker!r}")
+    return marker
 
 
 def parse_engine(table: dict[str, Any], where: str) -> tuple[str, str | None]:

@@ -47,6 +47,7 @@ _EXTENSIONS = (
     (".ipc", "arrow"),
     (".idx", "megatron"),
     (".bin", "megatron"),
+    (".tar", "webdataset"),
 )
 
 

@@ -68,11 +68,14 @@ def file_entries(
     rows: np.ndarray,
     tokens: np.ndarray,
     root: Path,
+    dropped: np.ndarray | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """The manifest's entry of each file, made as it is written."""
+    """The manifest's entry of each file, made as it is written; `dropped`: an image-text
+    source's samples left out for a bad image, per file."""
     for fi, (f, first_row, n_rows, n_tok) in enumerate(
         zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
     ):
+        extra = {} if dropped is None else {"dropped_bad_images": int(dropped[fi])}
         yield {
             "id": fi,
             "path": f.data.rel,
@@ -83,6 +86,7 @@ def file_entries(
             "first_row": first_row,
             "rows": n_rows,
             "tokens": n_tok,
+            **extra,
         }
 
 

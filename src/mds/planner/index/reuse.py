@@ -103,6 +103,8 @@ def spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
     }
     if row_group_located(spec, fmt):
         key["offsets"] = "row_group"
+    if spec.images is not None:  # which images, the marker that places them, bad ones
+        key["images"] = spec.images.describe()
     if tokenizer is not None:
         key["tokenizer_fingerprint"] = fingerprint(tokenizer, "full")
     return json.dumps(key, sort_keys=True)

@@ -15,6 +15,9 @@ import polars as pl
 from mds.errors import SourceDataError
 from mds.planner.index.arrow import scan_arrow
 from mds.planner.index.config import SourceSpec
+from mds.planner.index.image_jsonl import scan_jsonl_images
+from mds.planner.index.image_parquet import scan_parquet_images
+from mds.planner.index.images import IMAGE_COLUMNS
 from mds.planner.index.jsonl import scan_jsonl
 from mds.planner.index.jsonl_batch import scan_jsonl_batch
 from mds.planner.index.megatron import scan_megatron
@@ -22,9 +25,11 @@ from mds.planner.index.parquet import scan_parquet
 from mds.planner.index.reuse import IndexedFile, row_group_located
 from mds.planner.index.scan import MAX_NESTING, ScanContext, check_nesting, nesting
 from mds.planner.index.tables import IndexManifest, read_table
+from mds.planner.index.webdataset import scan_webdataset
 
 __all__ = [
     "BATCH_SCANNERS",
+    "IMAGE_SCANNERS",
     "SCANNERS",
     "Part",
     "assemble",
@@ -46,6 +51,13 @@ SCANNERS = {
 # Scanners of many small files at once: (rows of all files, rows per file), or None when the
 # files must be scanned one by one (see scan_jsonl_batch).
 BATCH_SCANNERS = {"jsonl": scan_jsonl_batch, "jsonl.zst": scan_jsonl_batch}
+# Scanners of image-text sources (docs/vision.md), one file at a time: (rows, dropped).
+IMAGE_SCANNERS = {
+    "webdataset": scan_webdataset,
+    "parquet": scan_parquet_images,
+    "jsonl": scan_jsonl_images,
+    "jsonl.zst": scan_jsonl_images,
+}
 SMALL_FILE = 1 << 20  # files up to this size are scanned in batches ...
 BATCH_BYTES = 8 << 20  # ... of up to this many bytes
 BATCH_FILES = 4096  # ... and files
@@ -64,6 +76,7 @@ class Part:
     rows: np.ndarray
     frame: pl.DataFrame
     alone: bool = True
+    dropped: np.ndarray | None = None  # image-text sources: samples left out, per file
 
 
 def _type_events(part: Part, spec: SourceSpec):
@@ -131,9 +144,10 @@ def assemble(
     """One table from parts in file order: file_id by file, kept columns cast to one type."""
     parts = sorted(parts, key=lambda p: p.first)
     types = _check_schema(parts, files, spec)
-    cols = ["file_id", "file_row"] + (["offset", "length"] if fmt.startswith("jsonl") else [])
+    located = fmt.startswith("jsonl") or fmt == "webdataset"
+    cols = ["file_id", "file_row"] + (["offset", "length"] if located else [])
     cols += ["offset"] if row_group_located(spec, fmt) else []
-    cols += ["n_tokens", *spec.keep]
+    cols += ["n_tokens", *(IMAGE_COLUMNS if spec.images is not None else ()), *spec.keep]
     frames = []
     for part in parts:
         ids = np.repeat(
@@ -181,16 +195,19 @@ def reused_rows(
     return parts
 
 
-def scan_tasks(si: int, files: list[IndexedFile]) -> list[tuple[int, int, list[IndexedFile]]]:
+def scan_tasks(
+    si: int, files: list[IndexedFile], batch: bool = True
+) -> list[tuple[int, int, list[IndexedFile]]]:
     """(source, first file index, files) per pool task: runs of consecutive small files of a
-    format with a batch scanner go together, every other file alone."""
+    format with a batch scanner go together (unless `batch` is False), every other file
+    alone."""
     tasks: list[tuple[int, int, list[IndexedFile]]] = []
     run: list[IndexedFile] = []
     first = size = 0
     for fi, f in enumerate(files):
         if f.reuse is not None:
             continue
-        batchable = f.data.format in BATCH_SCANNERS and f.nbytes <= SMALL_FILE
+        batchable = batch and f.data.format in BATCH_SCANNERS and f.nbytes <= SMALL_FILE
         if run and (
             not batchable
             or fi != first + len(run)
@@ -215,6 +232,15 @@ def scan_task(first: int, files: list[IndexedFile], ctx: ScanContext) -> list[Pa
     """Scan files first, first+1, ...: together when there are several and the batch scanner
     takes them, else each alone."""
     fmt = files[0].data.format
+    if ctx.spec.images is not None:
+        parts = []
+        for i, f in enumerate(files):
+            got = IMAGE_SCANNERS[fmt](f.data, ctx)
+            check_nesting(got.frame, ctx.spec.keep, f.data)
+            rows = np.array([got.frame.height], dtype=np.int64)
+            dropped = np.array([got.dropped], dtype=np.int64)
+            parts.append(Part(first + i, rows, got.frame, dropped=dropped))
+        return parts
     if len(files) > 1:
         got = BATCH_SCANNERS[fmt]([f.data for f in files], ctx)
         if got is not None and not any(

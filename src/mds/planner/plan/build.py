@@ -24,7 +24,7 @@ from mds.core.planfile_writer import PlanWriter
 from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.tables import IndexManifest, download_index
-from mds.planner.plan.chunk import STAT_COLUMNS, ChunkResult, Planner
+from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
 from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes
 from mds.planner.plan.footer import plan_footer
 from mds.planner.plan.mixing import MixState
@@ -60,9 +60,14 @@ class PlanSummary:
     sources: list[dict[str, Any]] = field(default_factory=list)
     workers: int = 1  # processes (or Ray tasks in flight) that planned chunks; 1: this one
     notice: str | None = None  # why fewer workers were used than asked for
+    # Plans with [vision]: {"encoder" | "backbone": {"ratio_mean", "ratio_max",
+    # "naive_ratio_mean"}}, each part's most-loaded rank over its own lower bound.
+    parts: dict[str, dict[str, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
+        if self.parts is None:
+            del out["parts"]
         out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
         out["seconds"] = round(self.seconds, 3)
         return out
@@ -356,7 +361,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
             mixed.append(result.source_samples)
             if progress is not None:
                 progress.advance(result.end - result.start)
-        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(STAT_COLUMNS)), np.int64)
+        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(stat_columns(planner.config))), np.int64)
         mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
         writer.add_section("stats", stats_arr)
         writer.add_section("source_samples", mixed_arr)
@@ -388,7 +393,7 @@ def _summary(
     workers: int = 1,
     notice: str | None = None,
 ) -> PlanSummary:
-    col = {name: stats[:, i] for i, name in enumerate(STAT_COLUMNS)}
+    col = {name: stats[:, i] for i, name in enumerate(stat_columns(planner.config))}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
     naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
     inter = _ratio(col["interleave_max_rank_cost"], col["lower_bound"])
@@ -418,4 +423,18 @@ def _summary(
         sources=footer["sources"],
         workers=workers,
         notice=notice,
+        parts=_part_ratios(col) if "encoder_cost" in col else None,
     )
+
+
+def _part_ratios(col: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    out = {}
+    for part in ("encoder", "backbone"):
+        mine = _ratio(col[f"max_rank_{part}"], col[f"{part}_lower_bound"])
+        naive = _ratio(col[f"naive_max_rank_{part}"], col[f"{part}_lower_bound"])
+        out[part] = {
+            "ratio_mean": round(float(mine.mean()), 6) if len(mine) else 1.0,
+            "ratio_max": round(float(mine.max()), 6) if len(mine) else 1.0,
+            "naive_ratio_mean": round(float(naive.mean()), 6) if len(naive) else 1.0,
+        }
+    return out

@@ -16,6 +16,7 @@ import numpy as np
 from mds.core.planfile import ChunkBlocks, EncodedChunk
 from mds.planner.index.tables import IndexManifest, read_manifest
 from mds.planner.plan.balance import balance
+from mds.planner.plan.balance_parts import balance_parts, part_bounds
 from mds.planner.plan.bounds import group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.plan.config import PlanConfig
 from mds.planner.plan.fetch import FetchTable
@@ -23,7 +24,7 @@ from mds.planner.plan.mixing import Mixer, MixState
 from mds.planner.plan.pool import SourcePool, load_pools
 from mds.planner.plan.stream import SourceStream
 
-__all__ = ["STAT_COLUMNS", "ChunkResult", "Planner"]
+__all__ = ["STAT_COLUMNS", "VISION_STAT_COLUMNS", "ChunkResult", "Planner", "stat_columns"]
 
 STAT_COLUMNS = (
     "samples",
@@ -37,6 +38,25 @@ STAT_COLUMNS = (
     "max_micro_cost",
     "interleave_max_rank_cost",
 )
+# Plans with [vision] add, per step: the encoder's part of the cost and the backbone's,
+# each with its most-loaded rank, lower bound and naive sharding's most-loaded rank, and
+# the patches (all, and the fullest micro-batch's).
+VISION_STAT_COLUMNS = (
+    "encoder_cost",
+    "max_rank_encoder",
+    "encoder_lower_bound",
+    "naive_max_rank_encoder",
+    "max_rank_backbone",
+    "backbone_lower_bound",
+    "naive_max_rank_backbone",
+    "patches",
+    "max_micro_patches",
+)
+
+
+def stat_columns(config: PlanConfig) -> tuple[str, ...]:
+    """The stats section's columns for a plan of `config`."""
+    return STAT_COLUMNS + (VISION_STAT_COLUMNS if config.vision is not None else ())
 
 
 @dataclass
@@ -118,6 +138,9 @@ class Planner:
         gid = np.zeros((T, width), dtype=np.int64)
         length = np.zeros((T, width), dtype=np.int64)
         cost = np.zeros((T, width), dtype=np.int64)
+        vision = self.config.vision is not None
+        enc = np.zeros((T, width), dtype=np.int64) if vision else None
+        patches = np.zeros((T, width), dtype=np.int64) if vision else None
         valid = np.arange(width)[None, :] < per_step[:, None]
         offsets = np.cumsum(counts, axis=1) - counts  # where each source starts inside a step
         for s, (pool, stream) in enumerate(zip(self.pools, self.streams, strict=True)):
@@ -131,18 +154,27 @@ class Planner:
             gid[step_of, slot] = pool.base + pool.rows[pos]
             length[step_of, slot] = pool.lengths[pos]
             cost[step_of, slot] = pool.costs[pos]
+            if vision:
+                enc[step_of, slot] = pool.enc_costs[pos]
+                patches[step_of, slot] = pool.patches[pos]
         steps = np.arange(a, end)
-        assign = balance(cost, length, valid, steps, D, M, train.max_tokens_per_micro_batch)
+        capacity = train.max_tokens_per_micro_batch
+        if vision:
+            assign = balance_parts(
+                enc, cost - enc, length, patches, valid, steps, D, M, capacity,
+                train.max_patches_per_micro_batch,
+            )
+        else:
+            assign = balance(cost, length, valid, steps, D, M, capacity)
         per_cell, ids, bounds = _blocks(assign, gid, valid, T, D, M)
         columns, files = self.fetch.chunk_records(ids, bounds)
         blocks = ChunkBlocks(per_cell, ids, bounds, columns, files)
-        return ChunkResult(
-            a,
-            end,
-            blocks,
-            _stats(assign, cost, length, valid, steps, D, M),
-            counts,
-        )
+        stats = _stats(assign, cost, length, valid, steps, D, M)
+        if vision:
+            stats = np.concatenate(
+                [stats, _vision_stats(assign, enc, cost - enc, patches, valid, steps, D, M)], axis=1
+            )
+        return ChunkResult(a, end, blocks, stats, counts)
 
 
 def _blocks(
@@ -196,6 +228,35 @@ def _stats(assign, cost, length, valid, steps, D: int, M: int) -> np.ndarray:
             micro_tok[:, : D * M].max(axis=1),
             micro_cost[:, : D * M].max(axis=1),
             inter_load[:, :D].max(axis=1),
+        ],
+        axis=1,
+    )
+    return out.astype(np.int64)
+
+
+def _vision_stats(assign, enc, bb, patches, valid, steps, D: int, M: int) -> np.ndarray:
+    """Per-step rows of VISION_STAT_COLUMNS (the naive ranks are _stats' own)."""
+    T = enc.shape[0]
+    rows = np.arange(T)[:, None]
+    naive = naive_ranks(valid, D, steps)
+
+    def per_rank(ranks, values):
+        cell = rows * (D + 1) + np.where(valid & (ranks >= 0), ranks, D)
+        return group_sums(cell, values, T * (D + 1)).reshape(T, D + 1)[:, :D]
+
+    cell = rows * (D * M + 1) + np.where(valid, assign.rank * M + assign.micro, D * M)
+    micro_patches = group_sums(cell, patches, T * (D * M + 1)).reshape(T, D * M + 1)
+    out = np.stack(
+        [
+            np.where(valid, enc, 0).sum(axis=1),
+            per_rank(assign.rank, enc).max(axis=1),
+            part_bounds(enc, valid, D),
+            per_rank(naive, enc).max(axis=1),
+            per_rank(assign.rank, bb).max(axis=1),
+            part_bounds(bb, valid, D),
+            per_rank(naive, bb).max(axis=1),
+            np.where(valid, patches, 0).sum(axis=1),
+            micro_patches[:, : D * M].max(axis=1),
         ],
         axis=1,
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mds.core.storage import is_url
+from mds.core.vision import VisionGeometry
 from mds.errors import ConfigError
 from mds.planner.index.config import IndexConfig, parse_config, parse_engine
 from mds.planner.index.config_file import check_keys, load_toml, place, read_whole
@@ -23,6 +24,7 @@ __all__ = [
     "MixSpec",
     "PlanConfig",
     "TrainSpec",
+    "VisionSpec",
     "load_plan_config",
     "parse_plan_config",
 ]
@@ -37,8 +39,12 @@ TRAIN_KEYS = (
     "seed",
     "overlong",
     "weight_by",
+    "max_patches_per_micro_batch",
 )
-COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file")
+COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file", "encoder")
+ENCODER_KEYS = ("a", "b", "layers", "hidden")
+# Without `[cost] encoder`: the shape of Qwen2-VL's ViT (32 layers, hidden size 1280).
+DEFAULT_ENCODER = {"layers": 32, "hidden": 1280}
 FIT_ERROR_KEYS = ("max", "median", "points")
 COST_SOURCES = ("calibrated",)
 MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
@@ -68,6 +74,8 @@ class TrainSpec:
     seed: int
     overlong: str
     weight_by: str
+    # Encoder capacity of a micro-batch, in patches (plans with [vision]); None: no limit.
+    max_patches_per_micro_batch: int | None = None
 
     @property
     def bins(self) -> int:
@@ -107,6 +115,20 @@ class CostSpec:
 
 
 @dataclass(frozen=True)
+class VisionSpec:
+    """`[vision]` and `[cost] encoder`: the model's image geometry, and the encoder's cost
+    per image, a*P + b*P^2 in its P patches (full attention inside an image)."""
+
+    geometry: VisionGeometry
+    a: float
+    b: float
+    origin: str  # "default" | "given" | "model"
+
+    def describe_cost(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "origin": self.origin}
+
+
+@dataclass(frozen=True)
 class MixSpec:
     """One source's part in the mix: its weight schedule, filter and epoch limit."""
 
@@ -127,11 +149,13 @@ class PlanConfig:
     path: Path | None = None
     engine: str = "local"  # where chunks are planned: local or ray (src/mds/planner/runtime/engine.py)
     address: str | None = None  # the Ray cluster's address
+    vision: VisionSpec | None = None
 
     def canonical(self) -> dict[str, Any]:
-        """The plan-relevant config in normalized form (stored in the plan header)."""
+        """The plan-relevant config in normalized form (stored in the plan header). Keys of
+        the vision plans appear only in them, so other plans keep their bytes."""
         t = self.train
-        return {
+        out = {
             "train": {
                 "steps": t.steps,
                 "dp_size": t.dp_size,
@@ -155,6 +179,11 @@ class PlanConfig:
                 for s in self.sources
             ],
         }
+        if self.vision is not None:
+            out["train"]["max_patches_per_micro_batch"] = t.max_patches_per_micro_batch
+            out["cost"]["encoder"] = self.vision.describe_cost()
+            out["vision"] = self.vision.geometry.to_json()
+        return out
 
 
 def _int(
@@ -227,6 +256,7 @@ def parse_train(table: Any, where: str) -> TrainSpec:
         seed=seed,
         overlong=_choice(table, "overlong", OVERLONG, where, "error"),
         weight_by=weight_by,
+        max_patches_per_micro_batch=_int(table, "max_patches_per_micro_batch", where),
     )
     if sps is not None and sps < spec.dp_size:
         raise ConfigError(
@@ -277,6 +307,7 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
     to `base`, the config's directory), e.g. the output of `mds calibrate`."""
     where = f"{where}[cost]: "
     _table(table, COST_KEYS, where)
+    table = {k: v for k, v in table.items() if k != "encoder"}  # parse_vision reads it
     if "file" in table:
         return _cost_file(table, where, base or Path.cwd())
     given = [k for k in ("expr", "model") if k in table] + (
@@ -333,6 +364,43 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
         )
     fit = _fit_error(table.get("fit_error"), where)
     return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, d=d or 0.0, fit_error=fit)
+
+
+def parse_vision(data: dict[str, Any], where: str, train: TrainSpec) -> VisionSpec | None:
+    """`[vision]` (the image geometry, src/mds/core/vision.py) and `[cost] encoder`: a
+    `{ a, b }` per image in patches, or a ViT's `{ layers, hidden }` (training FLOPs as for
+    the backbone, with full attention: 72*l*h^2*P + 12*l*h*P^2)."""
+    table = data.get("vision")
+    cost = data.get("cost") if isinstance(data.get("cost"), dict) else {}
+    if table is None:
+        if "encoder" in cost:
+            raise ConfigError(f"{where}[cost]: `encoder` needs a [vision] table")
+        if train.max_patches_per_micro_batch is not None:
+            raise ConfigError(f"{where}[train]: `max_patches_per_micro_batch` needs a [vision] table")
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}[vision]: must be a table")
+    geometry = VisionGeometry.from_json(table, f"{where}[vision]")
+    encoder = cost.get("encoder", DEFAULT_ENCODER)
+    ewhere = f"{where}[cost]: encoder: "
+    if not isinstance(encoder, dict):
+        raise ConfigError(f"{ewhere}must be a table {{ a, b }} or {{ layers, hidden }}")
+    check_keys(encoder, ENCODER_KEYS, ewhere)
+    shape = {"layers", "hidden"} & set(encoder)
+    coefficients = {"a", "b"} & set(encoder)
+    if shape and coefficients:
+        raise ConfigError(f"{ewhere}use `a`/`b` or `layers`/`hidden`, not both")
+    if shape:
+        layers, hidden = _int(encoder, "layers", ewhere), _int(encoder, "hidden", ewhere)
+        if layers is None or hidden is None:
+            raise ConfigError(f"{ewhere}`layers` and `hidden` are both required")
+        origin = "default" if "encoder" not in cost else "model"
+        a, b = 72.0 * layers * hidden * hidden, 12.0 * layers * hidden
+        return VisionSpec(geometry, a, b, origin)
+    a, b = _float(encoder, "a", ewhere) or 0.0, _float(encoder, "b", ewhere) or 0.0
+    if a == 0 and b == 0:
+        raise ConfigError(f"{ewhere}`a` and `b` cannot both be 0")
+    return VisionSpec(geometry, a, b, "given")
 
 
 def _fit_error(value: Any, where: str) -> dict[str, Any]:
@@ -441,6 +509,7 @@ def parse_plan_config(
     chunk_steps = _int(plan, "chunk_steps", f"{where}[plan]: ", default=DEFAULT_CHUNK_STEPS)
     check_chunk_size(train, chunk_steps, f"{where}[plan]: ")
     engine, address = parse_engine(plan, f"{where}[plan]: ")
+    vision = parse_vision(data, where, train)
     return PlanConfig(
         train=train,
         cost=cost,
@@ -451,6 +520,7 @@ def parse_plan_config(
         path=path,
         engine=engine,
         address=address,
+        vision=vision,
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from mds.core.planfile import Fetch
 from mds.planner.index.tables import IndexManifest
-from mds.planner.plan.pool import JSONL_FORMATS, SourcePool
+from mds.planner.plan.pool import JSONL_FORMATS, RANGE_FORMATS, SourcePool
 
 __all__ = ["FILE_KEYS", "JSONL_FORMATS", "FetchTable", "source_facts"]
 
@@ -63,7 +63,7 @@ class FetchTable:
             entry = manifest.source(pool.name)
             files = entry["files"]
             first = np.array([int(f["first_row"]) for f in files], dtype=np.int64)
-            jsonl = entry["format"] in JSONL_FORMATS
+            jsonl = entry["format"] in RANGE_FORMATS
             found.append(_Files(position[pool.name], pool, first, files, jsonl))
         found.sort(key=lambda f: f.pool.base)
         self._sources = found

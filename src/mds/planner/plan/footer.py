@@ -13,7 +13,7 @@ import numpy as np
 
 from mds.core import storage
 from mds.core.index_manifest import index_sources
-from mds.planner.plan.chunk import STAT_COLUMNS, Planner
+from mds.planner.plan.chunk import Planner, stat_columns
 from mds.planner.plan.fetch import source_facts
 from mds.planner.plan.mixing import MixState
 from mds.planner.plan.pool import COST_SCALE
@@ -59,7 +59,7 @@ def plan_footer(
         "sources": sources,
         "fetch": fetch_facts(planner, output),
         "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
-        "stats_columns": list(STAT_COLUMNS),
+        "stats_columns": list(stat_columns(config)),
         "steps": config.train.steps,
         **(
             {"first_step": planner.first_step, "lineage": planner.lineage}

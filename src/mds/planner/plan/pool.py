@@ -25,6 +25,7 @@ from mds.planner.index.tables import IndexManifest, source_table
 from mds.planner.plan.columns import AllRows, LengthCosts, QuantizedCosts
 from mds.planner.plan.config import CostSpec, PlanConfig
 from mds.planner.plan.sqlexpr import first_overflow, overflow_error, signed_ints, sql_expr
+from mds.planner.plan.vision import IMAGE_COLUMNS, image_parts, is_image_text
 
 __all__ = [
     "COST_SCALE",
@@ -36,7 +37,9 @@ __all__ = [
 ]
 
 JSONL_FORMATS = ("jsonl", "jsonl.zst")
-# What a JSONL sample's fetch record needs besides n_tokens: the line and its byte range.
+# Formats whose samples are byte ranges of their files: JSONL lines, WebDataset samples.
+RANGE_FORMATS = (*JSONL_FORMATS, "webdataset")
+# What such a sample's fetch record needs besides n_tokens: its row and its byte range.
 JSONL_COLUMNS = ("file_row", "offset", "length")
 # A Parquet token list's: where the row's values start in its row group (payload "offsets").
 ROW_GROUP_COLUMNS = ("offset",)
@@ -44,7 +47,7 @@ ROW_GROUP_COLUMNS = ("offset",)
 
 def location_columns(entry: dict) -> tuple[str, ...]:
     """The index columns a manifest source's fetch records copy besides n_tokens."""
-    if entry["format"] in JSONL_FORMATS:
+    if entry["format"] in RANGE_FORMATS:
         return JSONL_COLUMNS
     if (entry.get("payload") or {}).get("offsets") == "row_group":
         return ROW_GROUP_COLUMNS
@@ -76,6 +79,11 @@ class SourcePool:
     # indexed, and `location_columns` (JSONL: `file_row`, `offset`, `length`; a Parquet token
     # list: `offset`). Views of the decoded columns.
     by_row: dict[str, np.ndarray] = field(default_factory=dict)
+    # Plans with [vision]: per position, the encoder's part of raw_costs (float64), its
+    # quantized part of `costs` (int64, set by quantize()) and the sample's patches.
+    enc_raw: np.ndarray | None = None
+    enc_costs: np.ndarray | None = None
+    patches: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -195,12 +203,19 @@ def _check_fits_step(pool: SourcePool, tokens_per_step: int | None) -> None:
 
 
 def eligible_rows(
-    table: pl.DataFrame, name: str, filt: str | None, capacity: int, overlong: str
+    table: pl.DataFrame,
+    name: str,
+    filt: str | None,
+    capacity: int,
+    overlong: str,
+    planned: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray, pl.Series, int, int]:
     """A source's eligible samples: the index rows of `table` (ascending; None: all of them)
     that pass `filt`, are not empty and, with overlong = "drop", fit `capacity`; with their
     lengths (truncated with "truncate"), the `n_tokens` column, and how many samples were
-    dropped and truncated. The planner's pools and `mds export` both use this rule."""
+    dropped and truncated. `planned`: per index row, the length to plan with instead of
+    `n_tokens` (an image-text sample's backbone length). The planner's pools and `mds
+    export` both use this rule."""
     rows = None  # the eligible rows of `table`, ascending; None while that is all of them
     if filt is not None:
         where = f"source '{name}': `filter`"
@@ -223,7 +238,7 @@ def eligible_rows(
     # One contiguous copy in Polars' memory (none when the column is one chunk already),
     # which numpy then views: no corpus-sized numpy allocation.
     tokens = (tokens.fill_null(0) if tokens.null_count() else tokens).rechunk()
-    lengths = tokens.to_numpy()
+    lengths = tokens.to_numpy() if planned is None else planned
     if rows is not None:
         lengths = lengths[rows]
     # Empty samples train nothing and would never advance a token-budget step.
@@ -270,11 +285,25 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         entry = manifest.source(mix.name)
         exprs = [e for e in (mix.filter, config.cost.expr) if e is not None]
         located = location_columns(entry)
-        needed = partial(needed_columns, exprs=exprs, extra=located)
+        images = config.vision is not None and is_image_text(entry)
+        extra = located + IMAGE_COLUMNS if images else located
+        needed = partial(needed_columns, exprs=exprs, extra=extra)
         table = source_table(manifest, mix.name, needed)
+        parts = image_parts(table, config.vision.geometry, mix.name) if images else None
+        planned = None
+        if parts is not None:
+            planned = table["n_tokens"].fill_null(0).to_numpy().astype(np.int64) + parts.image_tokens
+            _check_image_truncation(planned, parts.patches, capacity, train.overlong, mix.name)
         rows, lengths, tokens, dropped, truncated = eligible_rows(
-            table, mix.name, mix.filter, capacity, train.overlong
+            table, mix.name, mix.filter, capacity, train.overlong, planned
         )
+        patches = None
+        if config.vision is not None:
+            patches = parts.patches if parts is not None else np.zeros(table.height, np.int64)
+            rows, lengths, patches, more = _patch_room(
+                rows, lengths, patches, train.max_patches_per_micro_batch, train.overlong, mix.name
+            )
+            dropped += more
         lengths = _narrow_lengths(lengths, capacity)
         base = bases[mix.name]
         # uint32 rows as long as base + row (a global id, made in plan_chunk) stays below 2^32.
@@ -282,9 +311,18 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
         eligible = (
             AllRows(len(lengths), row_type) if rows is None else rows.astype(row_type, copy=False)
         )
-        by_row = {"n_tokens": tokens.to_numpy()}
+        # An image-text sample's fetch record carries its whole backbone length, which the
+        # executor checks once it has read the images' sizes (docs/vision.md).
+        by_row = {"n_tokens": tokens.to_numpy() if planned is None else planned}
         for c in located:
             by_row[c] = table[c].rechunk().to_numpy()
+        bb_raw = _costs(table, rows, lengths, config.cost, mix.name)
+        enc_raw = None
+        if config.vision is not None:
+            enc_raw = np.zeros(len(lengths), np.float64)
+            if parts is not None:
+                pos = slice(None) if rows is None else rows
+                enc_raw = parts.encoder_cost(config.vision.a, config.vision.b, pos)
         pools.append(
             SourcePool(
                 name=mix.name,
@@ -293,14 +331,16 @@ def load_pools(config: PlanConfig, manifest: IndexManifest) -> list[SourcePool]:
                 index_rows=entry["rows"],
                 rows=eligible,
                 lengths=lengths,
-                raw_costs=_costs(table, rows, lengths, config.cost, mix.name),
+                raw_costs=bb_raw if enc_raw is None else np.asarray(bb_raw) + enc_raw,
                 max_epochs=mix.max_epochs,
                 dropped=dropped,
                 truncated=truncated,
                 by_row=by_row,
+                enc_raw=enc_raw,
+                patches=patches,
             )
         )
-        del table, tokens, rows, eligible, by_row  # the next source's table need not share memory
+        del table, tokens, rows, eligible, by_row, parts  # the next source's table need not share memory
         _check_fits_step(pools[-1], train.tokens_per_step)
     quantize(pools)
     return pools
@@ -311,4 +351,54 @@ def quantize(pools: list[SourcePool]) -> None:
     peak = max((float(p.raw_costs.max()) for p in pools if p.n), default=0.0)
     scale = COST_SCALE / peak if peak > 0 else 0.0
     for p in pools:
-        p.costs = QuantizedCosts(p.raw_costs, p.lengths, scale)
+        if p.enc_raw is None:
+            p.costs = QuantizedCosts(p.raw_costs, p.lengths, scale)
+            continue
+        # Each part rounded on its own, so a sample's cost is exactly its two parts' sum.
+        backbone = np.asarray(QuantizedCosts(p.raw_costs - p.enc_raw, p.lengths, scale))
+        p.enc_costs = np.rint(p.enc_raw * scale).astype(np.int64)
+        p.enc_costs[(p.enc_costs == 0) & (p.patches > 0)] = 1
+        p.costs = backbone + p.enc_costs
+
+
+def _check_image_truncation(
+    planned: np.ndarray, patches: np.ndarray, capacity: int, overlong: str, name: str
+) -> None:
+    """Images cannot be cut: under overlong = "truncate", an image-text sample longer than
+    the micro-batch is refused (text-only samples are still truncated)."""
+    if overlong != "truncate":
+        return
+    over = np.flatnonzero((planned > capacity) & (patches > 0))
+    if over.size:
+        row = int(over[0])
+        raise PlanError(
+            f"source '{name}' row {row}: {int(planned[row])} backbone tokens (text and images) "
+            f"exceed max_tokens_per_micro_batch = {capacity}, and a sample with images cannot "
+            'be truncated; use overlong = "drop", filter such samples out, or raise the capacity'
+        )
+
+
+def _patch_room(
+    rows: np.ndarray | None,
+    lengths: np.ndarray,
+    patches: np.ndarray,
+    capacity: int | None,
+    overlong: str,
+    name: str,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, int]:
+    """The eligible samples' patches; samples with more patches than a micro-batch holds
+    are an error, or dropped (and counted) under overlong = "drop"."""
+    patches = patches if rows is None else patches[rows]
+    if capacity is None or not patches.size or patches.max() <= capacity:
+        return rows, lengths, patches, 0
+    over = patches > capacity
+    if overlong != "drop":
+        j = int(np.flatnonzero(over)[0])
+        raise PlanError(
+            f"source '{name}' row {_index_row(rows, j)}: {int(patches[j])} image patches exceed "
+            f"max_patches_per_micro_batch = {capacity} ({int(over.sum())} such samples); "
+            'set [train] overlong = "drop", filter them out, or lower [vision] max_pixels'
+        )
+    kept = np.flatnonzero(~over)
+    rows = kept if rows is None else rows[kept]
+    return rows, lengths[kept], patches[kept], int(over.sum())

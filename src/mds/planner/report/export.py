@@ -14,10 +14,12 @@ import polars as pl
 from mds.core.index_manifest import plan_manifest
 from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
+from mds.core.vision import VisionGeometry
 from mds.errors import ConfigError
 from mds.planner.index.tables import IndexManifest, source_frame
-from mds.planner.plan.pool import JSONL_FORMATS
+from mds.planner.plan.pool import RANGE_FORMATS
 from mds.planner.plan.sqlexpr import signed_ints, sql_expr
+from mds.planner.plan.vision import image_parts, is_image_text
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
 __all__ = [
@@ -79,9 +81,12 @@ def _slots(reader: PlanReader) -> pl.DataFrame:
     return pl.concat(parts) if parts else pl.DataFrame(schema=_SLOT_SCHEMA)
 
 
-def sample_cost(frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool) -> pl.Series:
-    """Each row's cost in configured units, from the canonical `cost` of a plan's config."""
-    n = pl.col("n_tokens").cast(pl.Int64)
+def sample_cost(
+    frame: pl.DataFrame, cost: dict, capacity: int, truncate: bool, length: str = "n_tokens"
+) -> pl.Series:
+    """Each row's cost in configured units, from the canonical `cost` of a plan's config;
+    `length` names the column the cost is of (a vision plan's `backbone_tokens`)."""
+    n = pl.col(length).cast(pl.Int64)
     if truncate:
         n = pl.min_horizontal(n, pl.lit(capacity))
     if "expr" in cost:
@@ -121,11 +126,14 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
             .filter(pl.col("row").is_in(part["row"].unique().implode()))
             .collect()
         )
-        if manifest.source(name)["format"] not in JSONL_FORMATS:
+        if manifest.source(name)["format"] not in RANGE_FORMATS:
             # a Parquet token list's `offset` counts values in its row group, not bytes:
             # how the executor reads it, not a place for a reader of the export
             table = table.drop("offset", strict=False)
         joined = part.join(table, on="row", how="left").join(paths, on="file_id", how="left")
+        vision = footer["config"].get("vision")
+        if vision is not None:
+            joined = _image_columns(joined, footer, manifest.source(name))
         joined = joined.with_columns(
             pl.lit(name).alias("source"),
             sample_cost(
@@ -133,13 +141,42 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
                 footer["config"]["cost"],
                 train["max_tokens_per_micro_batch"],
                 train["overlong"] == "truncate",
+                "n_tokens" if vision is None else "backbone_tokens",
             ),
         )
         out.append(joined)
     frame = pl.concat(out, how="diagonal_relaxed").sort("order")
     scale = float(footer["cost_scale"])
-    units = (pl.col("cost") * scale).round(0, mode="half_to_even").cast(pl.Int64)
-    return frame.with_columns(pl.max_horizontal(units, pl.lit(1)).alias("cost_units"))
+
+    def units(column: str) -> pl.Expr:
+        return (pl.col(column) * scale).round(0, mode="half_to_even").cast(pl.Int64)
+
+    if "encoder_cost" not in frame.columns:
+        return frame.with_columns(pl.max_horizontal(units("cost"), pl.lit(1)).alias("cost_units"))
+    # As the planner quantizes a vision plan's costs: each part on its own, then summed.
+    encoder = pl.when((units("encoder_cost") == 0) & (pl.col("patches") > 0))
+    encoder = encoder.then(1).otherwise(units("encoder_cost"))
+    frame = frame.with_columns((pl.max_horizontal(units("cost"), pl.lit(1)) + encoder).alias("cost_units"))
+    return frame.with_columns((pl.col("cost") + pl.col("encoder_cost")).alias("cost"))
+
+
+def _image_columns(frame: pl.DataFrame, footer: dict, entry: dict) -> pl.DataFrame:
+    """A vision plan's per-sample `backbone_tokens`, `patches` and `encoder_cost`, as the
+    planner computed them (src/mds/planner/plan/vision.py)."""
+    encoder = footer["config"]["cost"]["encoder"]
+    if is_image_text(entry):
+        geometry = VisionGeometry.from_json(footer["config"]["vision"], "plan footer: vision")
+        parts = image_parts(frame, geometry, entry["name"])
+        tokens, patches = parts.image_tokens, parts.patches
+        enc = parts.encoder_cost(float(encoder["a"]), float(encoder["b"]))
+    else:
+        tokens = patches = np.zeros(frame.height, np.int64)
+        enc = np.zeros(frame.height, np.float64)
+    return frame.with_columns(
+        (pl.col("n_tokens").cast(pl.Int64) + pl.Series(tokens)).alias("backbone_tokens"),
+        pl.Series("patches", patches),
+        pl.Series("encoder_cost", enc),
+    )
 
 
 def sample_epochs(

@@ -18,6 +18,7 @@ from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 from mds.planner.plan.schedule import parse_schedule
 from mds.planner.report.common import SCHEMA, buckets, ratio, summary
+from mds.planner.report.vision import vision_report
 
 __all__ = [
     "MAX_PHASES",
@@ -299,7 +300,7 @@ def plan_report(
     target = target_shares(footer, reader.steps, first)
     cuts = [c - first for c in breakpoints(footer, reader.steps) if c > first]
     capacity = footer["config"]["train"]["max_tokens_per_micro_batch"]
-    return {
+    out = {
         "schema": SCHEMA,
         "kind": "plan",
         "path": str(reader.path),
@@ -318,3 +319,7 @@ def plan_report(
         },
         "series": _series(names, target, amounts, col, steps, points, first),
     }
+    vision = vision_report(reader.path, col, footer, index)
+    if vision is not None:  # plans made with [vision] only
+        out["vision"] = vision
+    return out

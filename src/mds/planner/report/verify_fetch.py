@@ -10,10 +10,12 @@ import numpy as np
 
 from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
+from mds.core.vision import VisionGeometry
 from mds.errors import MdsError
 from mds.planner.index.tables import IndexManifest, read_table
 from mds.planner.plan.fetch import FILE_KEYS, source_facts
 from mds.planner.plan.pool import location_columns
+from mds.planner.plan.vision import image_parts, is_image_text
 
 __all__ = ["IndexTables", "fetch_problem"]
 
@@ -39,8 +41,11 @@ class IndexTables:
     """The index's location columns, read once per source (checksum-checked while read) for
     both the table check and the fetch records' check."""
 
-    def __init__(self, manifest: IndexManifest):
+    def __init__(self, manifest: IndexManifest, vision: dict[str, Any] | None = None):
+        """`vision`: the plan's image geometry (its footer's `config.vision`), with which an
+        image-text sample's recorded tokens are its backbone length."""
         self.manifest = manifest
+        self.geometry = None if vision is None else VisionGeometry.from_json(vision, "plan footer: vision")
         self.bases = np.cumsum([0] + [int(s["rows"]) for s in manifest.sources])
         self._columns: dict[int, dict[str, np.ndarray]] = {}
 
@@ -49,7 +54,10 @@ class IndexTables:
             entry = self.manifest.sources[sid]
             frame = read_table(self.manifest.path / entry["table"], entry["table_checksum"])
             names = _COLUMNS + tuple(c for c in location_columns(entry) if c not in _COLUMNS)
-            self._columns[sid] = {n: frame[n].to_numpy().astype(np.int64) for n in names}
+            columns = {n: frame[n].to_numpy().astype(np.int64) for n in names}
+            if self.geometry is not None and is_image_text(entry):
+                columns["n_tokens"] += image_parts(frame, self.geometry, entry["name"]).image_tokens
+            self._columns[sid] = columns
         return self._columns[sid]
 
     def problem(self, sid: int) -> str | None:

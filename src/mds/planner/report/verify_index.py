@@ -52,7 +52,8 @@ def verify_index(
     detail = f"{count(len(manifest.sources), 'source')}, {count(files, 'file')}, root {root}"
     result.add("index manifest", "index", problem, detail)
     _verify_fingerprint(result, manifest, footer)
-    tables = IndexTables(manifest)
+    vision = ((footer or {}).get("config") or {}).get("vision")
+    tables = IndexTables(manifest, vision)
     if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return tables
     # data elsewhere than where it was indexed: a copy keeps names, sizes and mtimes
