@@ -1,5 +1,6 @@
-"""Micro-batches of a vision plan: image-text samples (JSONL naming image files, Parquet with
-an image column) and text samples packed with their images' placeholder tokens, patch rows
+"""Micro-batches of a vision plan (made by the planner with `[vision]`): image-text samples
+(JSONL naming image files, Parquet with an image column, a WebDataset shard) and text
+samples packed with their images' placeholder tokens, patch rows
 as transformers' Qwen2-VL processor makes them, grids, per-image offsets and samples, and
 labels masked at image tokens; the same after a resume and through DataLoader workers."""
 
@@ -7,12 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 
 import numpy as np
 import pytest
 import torch
-from vision_builders import GEOMETRY, char_tokens, make_image_text, vision_world
+from vision_builders import GEOMETRY, TOKENIZER, char_tokens, make_image_text, vision_world
 
 from mds.errors import PlanError, SourceDataError
 from mds.executor import PlanExecutor
@@ -42,25 +42,23 @@ def processor():
     )
 
 
-def texts(world) -> dict[tuple[str, int], str]:
-    import pyarrow.parquet as pq
-
-    data = world["data"]
-    out = {}
-    for name, key in (("caps", "caption"), ("plain", "text")):
-        for r, line in enumerate((data / f"{name}.jsonl").read_text().splitlines()):
-            out[(name, r)] = json.loads(line)[key]
-    for r, t in enumerate(pq.read_table(data / "pics.parquet", columns=["text"])["text"]):
-        out[("pics", r)] = t.as_py()
-    return out
+IMG, START, END = GEOMETRY.image_token_id, GEOMETRY.vision_start_id, GEOMETRY.vision_end_id
 
 
-def oracle(world, processor, names, source, rows):
+@pytest.fixture(scope="module")
+def tokenizers():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    return {"shots": lambda t: tok.encode(t, add_special_tokens=False).ids}
+
+
+def oracle(world, processor, tokenizers, names, source, rows):
     """input_ids, labels, pixel_values, grids and image samples of a micro-batch, from the
     files and the HF processor."""
     from PIL import Image
 
-    all_text = texts(world)
+    all_text = world["texts"]
     ids, labels, pixels, grids, owner = [], [], [], [], []
     for k, (sid, row) in enumerate(zip(source.tolist(), row_list(rows), strict=True)):
         key = (names[sid], row)
@@ -75,8 +73,9 @@ def oracle(world, processor, names, source, rows):
             _, gh, gw = out["image_grid_thw"][0].tolist()
             grids.append([1, gh, gw])
             owner.append(k)
-            blocks.append([1001] + [1000] * (gh * gw // 4) + [1002])
-        text = [char_tokens(p) for p in pieces]
+            blocks.append([START] + [IMG] * (gh * gw // 4) + [END])
+        tokenize = tokenizers.get(names[sid], char_tokens)
+        text = [tokenize(p) for p in pieces]
         if len(pieces) > 1:
             for i, block in enumerate(blocks):
                 parts += [(text[i], False), (block, True)]
@@ -109,7 +108,7 @@ def digest(mb) -> str:
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_micro_batches(world, processor, monkeypatch, rank):
+def test_micro_batches(world, processor, tokenizers, monkeypatch, rank):
     monkeypatch.setenv("MDS_IMAGE_DECODER", "pillow")
     images_seen = 0
     with PlanExecutor(world["plan"], rank, tokenize=char_tokens) as ex:
@@ -130,7 +129,7 @@ def test_micro_batches(world, processor, monkeypatch, rank):
             assert mb["labels"].dtype == torch.int64
             assert mb["labels"].shape == mb["input_ids"].shape
             ids, labels, pixels, grids, owner = oracle(
-                world, processor, ex.source_names, mb["source"], mb["row"]
+                world, processor, tokenizers, ex.source_names, mb["source"], mb["row"]
             )
             assert mb["input_ids"].tolist() == ids
             assert mb["labels"].tolist() == labels
@@ -140,7 +139,7 @@ def test_micro_batches(world, processor, monkeypatch, rank):
             patches = np.cumsum([0] + [t * h * w for t, h, w in grids])
             assert mb["image_cu_seqlens"].tolist() == patches.tolist()
             # placeholders: one per merged patch, as the model counts them
-            assert int((mb["input_ids"] == 1000).sum()) == sum(h * w // 4 for _, h, w in grids)
+            assert int((mb["input_ids"] == IMG).sum()) == sum(h * w // 4 for _, h, w in grids)
             images_seen += n
     assert images_seen > 5
 
@@ -174,7 +173,11 @@ def test_refusals(world):
 
     tokenize = {"caps": wrong, "pics": wrong, "plain": char_tokens}
     with PlanExecutor(world["plan"], 0, tokenize=tokenize) as ex:
-        with pytest.raises(SourceDataError, match=r"source '(caps|pics)' row \d+ .* text tokens"):
+        with pytest.raises(
+            SourceDataError,
+            match=r"source '(caps|pics)' row \d+ \(.*\): \d+ tokens \(\d+ of text, \d+ of \d+ "
+            r"images\), the plan says \d+",
+        ):
             list(ex)
 
     def drop_vision(footer):
@@ -212,18 +215,15 @@ def test_compact_truncate_and_text_only():
     cols = dict(source=np.zeros(2), sample_id=np.arange(2), row=np.arange(2), step=0, micro_batch=0)
     raw = compact([np.array([7, 7, 7]), s], vision=g, **cols)
     mb = expand(raw)
-    assert mb["input_ids"].tolist() == [7, 7, 7, 1, 2] + [1001] + [1000] * 6 + [1002] + [
-        3,
-        4,
-        5,
-    ] + [1001] + [1000] * 6 + [1002] + [6]
+    image = [START] + [IMG] * 6 + [END]
+    assert mb["input_ids"].tolist() == [7, 7, 7, 1, 2, *image, 3, 4, 5, *image, 6]
     assert mb["image_sample"].tolist() == [1, 1]
     assert mb["labels"][:5].tolist() == [-100, 7, 7, -100, 2]
     assert mb["labels"][13:16].tolist() == [3, 4, 5]
     for cut, kept, n in ((30, 22, 2), (20, 13, 1), (12, 12, 1), (5, 2, 0), (13, 13, 1)):
         mb = expand(compact([np.array([7, 7, 7]), s], vision=g, truncate_to=cut, **cols))
         assert int(mb["cu_seqlens"][-1]) == 3 + kept
-        assert len(mb["image_grid_thw"]) == n == int((mb["input_ids"] == 1001).sum())
+        assert len(mb["image_grid_thw"]) == n == int((mb["input_ids"] == START).sum())
         assert mb["pixel_values"].shape[0] == 24 * n
     # no markers: images first
     mb = expand(
@@ -233,7 +233,7 @@ def test_compact_truncate_and_text_only():
             **{**cols, "source": np.zeros(1), "sample_id": np.arange(1), "row": np.arange(1)},
         )
     )
-    assert mb["input_ids"].tolist() == [1001] + [1000] * 6 + [1002, 9, 9]
+    assert mb["input_ids"].tolist() == [START] + [IMG] * 6 + [END, 9, 9]
     assert mb["labels"].tolist() == [-100] * 8 + [9, 9]
     text = expand(
         compact(

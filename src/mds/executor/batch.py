@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mds.core.vision import VisionGeometry
+from mds.errors import SourceDataError
 from mds.executor import images as _images
 from mds.executor.catalog.tokens import VisionSample
 
@@ -99,8 +100,11 @@ def _with_images(
     """Each sample's token ids with its images' tokens in place, and the images' arrays:
     patch rows, grids, the sample each is of and the span of its tokens in the row.
 
-    Under overlong="truncate" a sample is cut to `truncate_to` tokens, never inside an
-    image: an image its cut would split is left out with everything after it."""
+    A sample's length must be the plan's (its backbone length: text and image tokens);
+    under estimated="fit" a longer one is cut to it. Under overlong="truncate" a sample is
+    cut to `truncate_to` tokens (the planner refuses image-text samples that would need it).
+    A cut never falls inside an image: an image it would split is left out with everything
+    after it."""
     out: list[np.ndarray] = []
     patches: list[np.ndarray] = []
     grids: list[tuple[int, int, int]] = []
@@ -131,8 +135,19 @@ def _with_images(
             parts.append(piece)
             at += len(piece)
         ids = np.concatenate(parts, dtype=np.int64) if parts else np.zeros(0, dtype=np.int64)
-        if truncate_to is not None and len(ids) > truncate_to:
-            cut = truncate_to
+        limit = truncate_to
+        if sample.planned is not None and len(ids) != sample.planned:
+            if sample.exact:
+                image = sum(hi - lo for _r, _g, lo, hi in mine)
+                raise SourceDataError(
+                    f"{sample.where}: {len(ids)} tokens ({len(ids) - image} of text, {image} of "
+                    f"{len(mine)} images), the plan says {sample.planned}; the plan was made "
+                    "with other lengths (different tokenizer or image geometry, or changed data)"
+                )
+            if len(ids) > sample.planned:  # estimated="fit": never longer than planned
+                limit = sample.planned if limit is None else min(limit, sample.planned)
+        if limit is not None and len(ids) > limit:
+            cut = limit
             for _rows, _grid, lo, hi in mine:
                 if lo < cut < hi:
                     cut = lo

@@ -4,9 +4,10 @@ length the plan was made with (cut to it under estimated="fit", and to the micro
 budget under overlong="truncate").
 
 An image-text sample becomes a `VisionSample`: its text cut at the image markers
-(`split_segments`), each piece tokenized on its own, the pieces' total checked against the
-plan's count of text tokens, and its images' bytes; `batch.compact` decodes the images and
-puts their placeholder tokens between the pieces."""
+(`split_segments`), each piece tokenized on its own, and its images' bytes; `batch.compact`
+decodes the images, puts their placeholder tokens between the pieces and checks the
+sample's whole length (text and image tokens) against the plan's, which is its backbone
+length (docs/vision.md)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ class VisionSample:
     images: list[bytes]
     names: list[str]
     marked: bool
+    planned: int | None = None  # the plan's length of the sample, text and image tokens
+    exact: bool = True  # a length that differs is an error (else cut to it, as "fit")
+    where: str = ""  # the source, row, file and sample, for that error
 
 
 def bind(
@@ -169,12 +173,12 @@ class TokenIds:
             ids = ids[: self.truncate_to]
         return ids
 
-
     def of_image_text(
         self, s: Source, entry: dict[str, Any], row: int, where: str, planned: int, payload
     ) -> VisionSample:
-        """An image-text sample's text pieces as token ids, their total checked against the
-        plan's count of text tokens (cut to it under estimated="fit"), and its images."""
+        """An image-text sample's text pieces as token ids, and its images. Its length is
+        checked when the images are decoded (`batch.compact`): the plan's count is its
+        backbone length, text and image tokens."""
         at = f"source {s.name!r} row {row} ({entry['path']} {where})"
         pieces = split_segments(payload.text, self.marker)
         n = len(payload.images)
@@ -186,19 +190,9 @@ class TokenIds:
             )
         assert s.tokenize is not None
         ids = [_token_ids(s.tokenize(piece), at) for piece in pieces]
-        total = sum(len(x) for x in ids)
-        if total != planned:
-            if s.exact:
-                raise SourceDataError(
-                    f"{at}: tokenize returned {total} text tokens, the index says {planned}; "
-                    "the plan was made with other lengths (different tokenizer, or changed data)"
-                )
-            keep, cut = planned, []  # estimated="fit": never more text than planned
-            for x in ids:
-                cut.append(x[:keep])
-                keep -= len(cut[-1])
-            ids = cut
-        return VisionSample(ids, payload.images, payload.names, len(pieces) > 1)
+        return VisionSample(
+            ids, payload.images, payload.names, len(pieces) > 1, planned, s.exact, at
+        )
 
 
 def _token_ids(out: Any, where: str) -> np.ndarray:
