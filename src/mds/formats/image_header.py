@@ -102,7 +102,7 @@ def _webp(data: bytes) -> tuple[int, int]:
     if chunk == b"VP8X":
         _need(data, 30, "WebP")
         return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
-    raise ImageHeaderError(f"WebP: unknown first chunk {chunk!r}")
+    raise ImageHeaderError(f"WebP: unknown first chunk {bytes(chunk)!r}")
 
 
 def _bmp(data: bytes) -> tuple[int, int]:

@@ -129,6 +129,8 @@ def members(read, start: int, end: int | None, where: str) -> Iterator[Member]:
                 if "size" in pax:
                     size = int(pax["size"])
                     nxt = data + -(-size // BLOCK) * BLOCK
+                if size and len(read(data + size - 1, 1)) != 1:
+                    raise SourceDataError(f"{where}: tar archive cut off inside {name}")
                 yield Member(name, first if (long_name is not None or pax) else pos, data, size)
             long_name, pax = None, {}
         pos = nxt
@@ -143,9 +145,10 @@ def split_key(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1 :]
 
 
-def samples(items: Iterable[Member]) -> Iterator[Sample]:
+def samples(items: Iterable[Member], where: str = "tar") -> Iterator[Sample]:
     """Group consecutive members by key, in archive order (a key that comes back later is a
-    new sample, as WebDataset reads it)."""
+    new sample, as WebDataset reads it). Two members of one sample with the same extension
+    are refused: which one the sample means would be a guess."""
     key: str | None = None
     group: dict[str, Member] = {}
     for m in items:
@@ -154,6 +157,11 @@ def samples(items: Iterable[Member]) -> Iterator[Sample]:
             yield Sample(key, group)  # type: ignore[arg-type]
             group = {}
         key = k
+        if ext.lower() in group:
+            raise SourceDataError(
+                f"{where}: sample {k!r} has two members with extension {ext.lower()!r} "
+                f"({group[ext.lower()].name}, {m.name})"
+            )
         group[ext.lower()] = m
     if group:
         yield Sample(key, group)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from mds.core import storage
 from mds.errors import SourceDataError
-from mds.formats.tar import Member, Sample, image_members, members, samples
+from mds.formats.tar import Sample, image_members, members, samples
 from mds.planner.index.discover import DataFile
 from mds.planner.index.images import BadImage, ImageRows, ImageScan, bad_image, image_frame, size_of
 from mds.planner.index.scan import ScanContext
@@ -29,29 +29,49 @@ CHECK_EVERY = 256  # samples between looks at the stop flag
 
 class Window:
     """Reads of a file at increasing offsets served from one large buffer: a read outside
-    the buffer refills it from there (`raw(offset, n)` reads the file)."""
+    the buffer refills it from there. `raw(offset, n)` reads the file; `into(offset, view)`,
+    if given, reads into the view and returns how many bytes it read, so the buffer is
+    allocated once."""
 
-    def __init__(self, raw: Callable[[int, int], bytes], size: int, chunk: int):
-        self.raw, self.size, self.chunk = raw, size, chunk
-        self.start, self.buf = 0, b""
+    def __init__(
+        self,
+        raw: Callable[[int, int], bytes],
+        size: int,
+        chunk: int,
+        into: Callable[[int, memoryview], int] | None = None,
+    ):
+        self.raw, self.size, self.chunk, self.into = raw, size, chunk, into
+        self.start, self.length = 0, 0
+        self.mem = memoryview(bytearray(chunk) if into is not None else b"")
         self.fetched = 0  # bytes read from the file so far
 
     def read(self, offset: int, n: int) -> bytes:
+        return bytes(self.view(offset, n))
+
+    def view(self, offset: int, n: int) -> memoryview:
+        """The bytes [offset, offset + n) (fewer at the end of the file), valid until the
+        next call."""
         at = offset - self.start
-        if 0 <= at and at + n <= len(self.buf):
-            return self.buf[at : at + n]
+        if 0 <= at and at + n <= self.length:
+            return self.mem[at : at + n]
         n = max(0, min(n, self.size - offset))
         if n >= self.chunk:
             self.fetched += n
-            return self.raw(offset, n)
-        self.buf = self.raw(offset, min(self.chunk, self.size - offset))
+            return memoryview(self.raw(offset, n))
+        want = min(self.chunk, self.size - offset)
+        if self.into is not None:
+            self.length = self.into(offset, self.mem[:want])
+        else:
+            self.mem = memoryview(self.raw(offset, want))
+            self.length = len(self.mem)
         self.start = offset
-        self.fetched += len(self.buf)
-        return self.buf[:n]
+        self.fetched += self.length
+        return self.mem[: min(n, self.length)]
 
 
 def _opened(file: DataFile):
-    """(raw read function, size, closer) of a local file or an object."""
+    """(read function, read-into function or None, size, closer) of a local file or an
+    object."""
     if storage.is_url(file.path):
         url = str(file.path)
         handle = storage.open_input(url)
@@ -60,7 +80,8 @@ def _opened(file: DataFile):
         except OSError as exc:
             handle.close()
             raise storage.failure(url, "stat", exc) from None
-        return (lambda off, n: storage.read_exact(handle, url, size, off, n)), size, handle.close
+        read = lambda off, n: storage.read_exact(handle, url, size, off, n)  # noqa: E731
+        return read, None, size, handle.close
     try:
         fd = os.open(file.path, os.O_RDONLY)
     except OSError as exc:
@@ -76,7 +97,16 @@ def _opened(file: DataFile):
             out += more
         return out
 
-    return pread, size, lambda: os.close(fd)
+    def pread_into(offset: int, view: memoryview) -> int:
+        got = 0
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                raise SourceDataError(f"{file.rel}: file shrank while it was read")
+            got += n
+        return got
+
+    return pread, pread_into, size, lambda: os.close(fd)
 
 
 def _text(window: Window, sample: Sample, text: str, file: DataFile) -> str:
@@ -108,13 +138,13 @@ def scan_webdataset(file: DataFile, ctx: ScanContext) -> ImageScan:
     spec = ctx.spec
     assert spec.images is not None and spec.text is not None
     extensions = spec.images.extensions
-    raw, size, close = _opened(file)
+    raw, into, size, close = _opened(file)
     rows = ImageRows()
     keys: list[str] = []
     reported = 0
     try:
-        window = Window(raw, size, ctx.chunk_bytes)
-        for i, sample in enumerate(samples(members(window.read, 0, None, file.rel))):
+        window = Window(raw, size, ctx.chunk_bytes, into)
+        for i, sample in enumerate(samples(members(window.read, 0, None, file.rel), file.rel)):
             if i % CHECK_EVERY == 0:
                 ctx.check_stop()
                 ctx.advance(window.fetched - reported)
@@ -122,7 +152,7 @@ def scan_webdataset(file: DataFile, ctx: ScanContext) -> ImageScan:
             sizes = []
             try:
                 for _ext, m in image_members(sample, extensions):
-                    sizes.append(size_of(_Member(window, m), m.name))
+                    sizes.append(size_of(window.view(m.offset, m.size), m.name))
             except BadImage as exc:
                 bad_image(file, f"sample {sample.key!r}", exc, ctx, rows)
                 continue
@@ -134,15 +164,3 @@ def scan_webdataset(file: DataFile, ctx: ScanContext) -> ImageScan:
         close()
     ctx.advance(window.fetched - reported)
     return image_frame(rows, ctx, lambda i: f"{file.rel} sample {keys[i]!r}", located=True)
-
-
-class _Member:
-    """A member's data as a sliceable object, read from the window on demand."""
-
-    def __init__(self, window: Window, member: Member):
-        self.window, self.member = window, member
-
-    def __getitem__(self, cut: slice) -> bytes:
-        assert cut.start is None and cut.step is None
-        n = self.member.size if cut.stop is None else min(cut.stop, self.member.size)
-        return self.window.read(self.member.offset, n)
