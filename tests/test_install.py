@@ -26,8 +26,15 @@ SIDES = {
     "src/mds": (),
     "src/mds/core": ("tokenizers",),
     "src/mds/formats": (),
-    "src/mds/executor": ("train", "tokenizers"),
-    "src/mds/executor/integrations": ("train", "tokenizers", "lightning", "hf", "megatron"),
+    "src/mds/executor": ("train", "tokenizers", "vision"),
+    "src/mds/executor/integrations": (
+        "train",
+        "tokenizers",
+        "vision",
+        "lightning",
+        "hf",
+        "megatron",
+    ),
     "src/mds/planner": ("plan", "tokenizers", "ray", "s3", "gcs"),
     "src/mds/cli": ("plan",),
 }

@@ -67,8 +67,16 @@ def test_an_empty_micro_batch_has_empty_tensors_and_one_boundary():
 
 def test_the_docs_table_lists_exactly_the_keys_of_a_micro_batch():
     section = DOC.split("## A micro-batch", 1)[1].split("\n## ", 1)[0]
-    documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
+    text, vision = section.split("A plan made with `[vision]`", 1)
+    documented = re.findall(r"^\| `(\w+)` \|", text, flags=re.M)
     assert sorted(documented) == sorted(_pack([3]))
+    # a vision plan's micro-batches: the text keys and the second table's
+    from mds.core.vision import VisionGeometry
+
+    columns = dict(source=np.zeros(1), sample_id=np.arange(1), row=np.arange(1), step=0)
+    raw = compact([np.arange(3)], micro_batch=0, vision=VisionGeometry(), **columns)
+    documented += re.findall(r"^\| `(\w+)` \|", vision, flags=re.M)
+    assert sorted(documented) == sorted(expand(raw))
 
 
 @given(

@@ -7,6 +7,13 @@ A micro-batch built in a DataLoader worker crosses to the training process as `c
 numpy arrays (token ids at 4 bytes where they fit, no position ids) and becomes tensors
 there (`expand`): torch sends tensors between processes through one shared-memory file
 each, which cost about 3 ms a micro-batch, against 0.5 ms for the compact arrays.
+
+A plan made with a `[vision]` geometry packs image-text samples too (`catalog.tokens.
+VisionSample`): their images are decoded and cut into patches here (`images.process`), so in
+whichever thread or worker process builds the micro-batch, and each image puts its
+placeholder tokens (vision start, `image_token_id` per merged patch, vision end) where the
+sample's text says. Such a micro-batch also carries the images' patch rows, grids, patch
+offsets and samples, and labels with -100 at every image token (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -16,7 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["compact", "expand", "pack"]
+from mds.core.vision import VisionGeometry
+from mds.errors import SourceDataError
+from mds.executor import images as _images
+from mds.executor.catalog.tokens import VisionSample
+
+__all__ = ["IGNORE_INDEX", "compact", "expand", "pack"]
+
+IGNORE_INDEX = -100  # the label of a token no loss is taken at (torch's cross_entropy default)
 
 _INT32 = np.iinfo(np.int32)
 _COUNT = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ... (`_count_to`)
@@ -44,9 +58,15 @@ def compact(
     step: int,
     micro_batch: int,
     narrow: bool = False,
+    vision: VisionGeometry | None = None,
+    truncate_to: int | None = None,
 ) -> dict[str, Any]:
     """The micro-batch as numpy arrays: token ids concatenated (int32 when `narrow` and
-    they fit), each sample's length, and the per-sample columns."""
+    they fit), each sample's length, and the per-sample columns. With `vision` (the plan's
+    geometry), image-text samples are assembled with their images (`_with_images`)."""
+    extra: dict[str, Any] = {}
+    if vision is not None:
+        tokens, extra = _with_images(tokens, vision, truncate_to)
     lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
     # int64 whatever each sample's integer type (a Parquet int32 list, a Megatron uint16 .bin)
     ids = np.concatenate(tokens, dtype=np.int64) if tokens else np.zeros(0, dtype=np.int64)
@@ -60,7 +80,95 @@ def compact(
         "row": row.astype(np.int64),
         "step": step,
         "micro_batch": micro_batch,
+        **extra,
     }
+
+
+def _image_ids(vision: VisionGeometry, n: int) -> np.ndarray:
+    """An image's backbone tokens: vision start, `n` placeholders, vision end."""
+    ids = [vision.image_token_id] * n
+    if vision.vision_start_id is not None:
+        ids.insert(0, vision.vision_start_id)
+    if vision.vision_end_id is not None:
+        ids.append(vision.vision_end_id)
+    return np.array(ids, dtype=np.int64)
+
+
+def _with_images(
+    tokens: list, vision: VisionGeometry, truncate_to: int | None
+) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Each sample's token ids with its images' tokens in place, and the images' arrays:
+    patch rows, grids, the sample each is of and the span of its tokens in the row.
+
+    A sample's length must be the plan's (its backbone length: text and image tokens);
+    under estimated="fit" a longer one is cut to it. Under overlong="truncate" a sample is
+    cut to `truncate_to` tokens (the planner refuses image-text samples that would need it).
+    A cut never falls inside an image: an image it would split is left out with everything
+    after it."""
+    out: list[np.ndarray] = []
+    patches: list[np.ndarray] = []
+    grids: list[tuple[int, int, int]] = []
+    owner: list[int] = []
+    spans: list[tuple[int, int]] = []
+    start = 0  # the sample's first token in the row
+    merge = vision.merge_size * vision.merge_size
+    for k, sample in enumerate(tokens):
+        if not isinstance(sample, VisionSample):
+            out.append(sample)
+            start += len(sample)
+            continue
+        n = len(sample.images)
+        if sample.marked:  # piece 0, image 0, piece 1, ..., image n-1, piece n
+            order = [x for i in range(n) for x in (sample.pieces[i], i)] + [sample.pieces[n]]
+        else:  # the images, then the text
+            order = [*range(n), *sample.pieces]
+        parts: list[np.ndarray] = []
+        mine: list[tuple[np.ndarray, tuple[int, int, int], int, int]] = []
+        at = 0
+        for item in order:
+            if isinstance(item, int):
+                rows, gh, gw = _images.process(sample.images[item], vision, sample.names[item])
+                piece = _image_ids(vision, gh * gw // merge)
+                mine.append((rows, (1, gh, gw), at, at + len(piece)))
+            else:
+                piece = item
+            parts.append(piece)
+            at += len(piece)
+        ids = np.concatenate(parts, dtype=np.int64) if parts else np.zeros(0, dtype=np.int64)
+        limit = truncate_to
+        if sample.planned is not None and len(ids) != sample.planned:
+            if sample.exact:
+                image = sum(hi - lo for _r, _g, lo, hi in mine)
+                raise SourceDataError(
+                    f"{sample.where}: {len(ids)} tokens ({len(ids) - image} of text, {image} of "
+                    f"{len(mine)} images), the plan says {sample.planned}; the plan was made "
+                    "with other lengths (different tokenizer or image geometry, or changed data)"
+                )
+            if len(ids) > sample.planned:  # estimated="fit": never longer than planned
+                limit = sample.planned if limit is None else min(limit, sample.planned)
+        if limit is not None and len(ids) > limit:
+            cut = limit
+            for _rows, _grid, lo, hi in mine:
+                if lo < cut < hi:
+                    cut = lo
+            mine = [m for m in mine if m[3] <= cut]
+            ids = ids[:cut]
+        for rows, grid, lo, hi in mine:
+            patches.append(rows)
+            grids.append(grid)
+            owner.append(k)
+            spans.append((start + lo, start + hi))
+        out.append(ids)
+        start += len(ids)
+    extra = {
+        "pixel_values": np.concatenate(patches)
+        if patches
+        else np.zeros((0, vision.patch_dim), dtype=np.float32),
+        "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3),
+        "image_sample": np.array(owner, dtype=np.int32),
+        "image_spans": np.array(spans, dtype=np.int64).reshape(-1, 2),
+    }
+    return out, extra
 
 
 def expand(raw: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +179,9 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
     total = int(cu[-1])
     positions = np.repeat(cu[:-1].astype(np.int64), lengths)  # each token's sample start
     np.subtract(_count_to(total), positions, out=positions)  # its place minus that start
-    return {
-        "input_ids": torch.from_numpy(raw["tokens"].astype(np.int64, copy=False)),
+    ids = raw["tokens"].astype(np.int64, copy=False)
+    out = {
+        "input_ids": torch.from_numpy(ids),
         "position_ids": torch.from_numpy(positions),
         "cu_seqlens": torch.from_numpy(cu),
         "max_seqlen": int(lengths.max(initial=0)),
@@ -82,6 +191,29 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
         "step": raw["step"],
         "micro_batch": raw["micro_batch"],
     }
+    if "pixel_values" in raw:
+        grids = raw["image_grid_thw"]
+        patches = np.zeros(len(grids) + 1, dtype=np.int32)
+        np.cumsum(grids.prod(axis=1), out=patches[1:])
+        out["pixel_values"] = torch.from_numpy(raw["pixel_values"])
+        out["image_grid_thw"] = torch.from_numpy(grids)
+        out["image_cu_seqlens"] = torch.from_numpy(patches)
+        out["image_sample"] = torch.from_numpy(raw["image_sample"])
+        out["labels"] = torch.from_numpy(_labels(ids, cu, raw["image_spans"]))
+    return out
+
+
+def _labels(ids: np.ndarray, cu: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """The token ids with IGNORE_INDEX at each sample's first token (nothing predicts it
+    from the sample before) and at every image token (its start, placeholders and end)."""
+    labels = ids.copy()
+    labels[cu[:-1][np.diff(cu) > 0]] = IGNORE_INDEX
+    if len(spans):
+        mark = np.zeros(len(ids) + 1, dtype=np.int32)
+        np.add.at(mark, spans[:, 0], 1)
+        np.add.at(mark, spans[:, 1], -1)
+        labels[np.cumsum(mark[:-1]) > 0] = IGNORE_INDEX
+    return labels
 
 
 def pack(tokens: list[np.ndarray], **columns: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from mds.executor.replay import Replay
 
 __all__ = ["broadcast_batches"]
 
-_DTYPES = {str(t): t for t in (torch.int64, torch.int32)}
+_DTYPES = {str(t): t for t in (torch.int64, torch.int32, torch.float32)}
 
 
 def _send_header(header: dict[str, Any] | None, src: int, group: Any) -> dict[str, Any] | None:

@@ -149,6 +149,8 @@ class PlanExecutor:
             next_block=self._next_block,
         )
         self.source_names = self._catalog.names
+        # the plan's image geometry ([vision]), or None: micro-batches then carry images
+        self.vision = self._catalog.plan.vision
         self.mesh: MeshPosition | None = None
         self._pos = self.first_step * self.micro_batches
         self._pid = os.getpid()
@@ -332,7 +334,15 @@ class PlanExecutor:
         ids = block.ids[lo:hi]
         sid, rows = self._catalog.locate(ids)
         return compact(
-            tokens, source=sid, sample_id=ids, row=rows, step=step, micro_batch=micro, narrow=narrow
+            tokens,
+            source=sid,
+            sample_id=ids,
+            row=rows,
+            step=step,
+            micro_batch=micro,
+            narrow=narrow,
+            vision=self.vision,
+            truncate_to=self._catalog.plan.truncate_to,
         )
 
     def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:

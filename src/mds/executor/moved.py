@@ -86,8 +86,7 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: Any) -> types.ModuleType:
         targets = MOVED[spec.name]
         warnings.warn(
-            f"{spec.name} moved to {' and '.join(targets)}; the old path goes in the next "
-            "release",
+            f"{spec.name} moved to {' and '.join(targets)}; the old path goes in the next release",
             DeprecationWarning,
             stacklevel=2,
         )

@@ -87,11 +87,13 @@ class OpenFiles:
                 s.fmt,
                 path,
                 payload_kind=s.payload["kind"],
-                column=str(s.payload.get("column") or ""),
+                column=str(s.payload.get("column") or s.payload.get("text") or ""),
                 companion=companion,
                 blocks=self.blocks,
                 # an object's errors name its URL (the store, not the file, may be at fault)
                 display=str(path) if storage.is_url(path) else str(entry["path"]),
+                images=s.payload.get("images") if s.image_text else None,
+                root=self.plan.root,
             )
         except SourceDataError:
             paths = [(0, path)] + ([(1, companion)] if companion is not None else [])

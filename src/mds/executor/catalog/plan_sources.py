@@ -20,11 +20,13 @@ from mds.core import storage
 from mds.core.datacheck import entry_paths
 from mds.core.index_manifest import facts_problem
 from mds.core.storage import given_root
-from mds.errors import PlanError
+from mds.core.vision import VisionGeometry
+from mds.errors import MdsError, PlanError
 
-__all__ = ["JSONL", "PlanSources", "Source"]
+__all__ = ["BYTE_RANGES", "JSONL", "PlanSources", "Source"]
 
 JSONL = ("jsonl", "jsonl.zst")
+BYTE_RANGES = (*JSONL, "webdataset")  # formats whose samples the plan locates by byte range
 
 
 @dataclass
@@ -51,15 +53,20 @@ class Source:
         return self.facts.get("length") or {}
 
     @property
+    def image_text(self) -> bool:
+        """Whether samples are text with images (docs/vision.md)."""
+        return self.payload.get("kind") == "image_text"
+
+    @property
     def exact(self) -> bool:
         return bool(self.length.get("exact", False))
 
     @property
     def located(self) -> str | None:
         """How the plan's offset and length locate a sample besides its row: "bytes" (a JSONL
-        line's byte range), "values" (a Parquet token list row: where its values start in
-        the row group, and the plan's token count), or None."""
-        if self.fmt in JSONL:
+        line's or a WebDataset sample's byte range), "values" (a Parquet token list row:
+        where its values start in the row group, and the plan's token count), or None."""
+        if self.fmt in BYTE_RANGES:
             return "bytes"
         if self.fmt == "parquet" and self.payload.get("offsets") == "row_group":
             return "values"
@@ -93,6 +100,7 @@ class PlanSources:
         # a root elsewhere than the plan's: a copy there keeps names, sizes and mtimes
         # whatever its bytes are, so each file's content is checked on first use
         self.relocated = given is not None and storage.relocated(self.root, recorded)
+        self.vision = _vision(footer, plan_path)
         self.truncate_to = (
             int(train["max_tokens_per_micro_batch"])
             if train.get("overlong") == "truncate"
@@ -146,3 +154,14 @@ class PlanSources:
             raise PlanError(
                 f"{self.plan_path}: corrupt plan (blocks disagree on {s.name} files[{fid}])"
             )
+
+
+def _vision(footer: dict[str, Any], plan_path: Path) -> VisionGeometry | None:
+    """The image geometry a plan was made with (its `[vision]` table), or None."""
+    data = (footer.get("config") or {}).get("vision")
+    if data is None:
+        return None
+    try:
+        return VisionGeometry.from_json(data, where="plan config.vision")
+    except (MdsError, TypeError, ValueError) as exc:
+        raise PlanError(f"{plan_path}: corrupt plan footer ({exc})") from None

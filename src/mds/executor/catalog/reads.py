@@ -91,7 +91,8 @@ class SampleReads:
                 reads.append((group, None, exc))
                 continue
             later = None
-            if ahead is not None and s.fmt in BLOCK_CODED:
+            # not the rows of image-text sources: the budget counts tokens, not image bytes
+            if ahead is not None and s.fmt in BLOCK_CODED and not s.image_text:
                 later = ahead.later((sid, fid), entry, base, lo, hi, s.located)
             reads.append((group, later, partial(self._read, block, s, fid, entry, group, later)))
             stage.append((len(reads) - 1, s, fid, entry, group, later))

@@ -1,11 +1,18 @@
 """Payloads into token ids: each used text source gets a tokenize function (the caller's, or
 the tokenizer.json the index counted with), and each sample's ids are checked against the
 length the plan was made with (cut to it under estimated="fit", and to the micro-batch's
-budget under overlong="truncate")."""
+budget under overlong="truncate").
+
+An image-text sample becomes a `VisionSample`: its text cut at the image markers
+(`split_segments`), each piece tokenized on its own, and its images' bytes; `batch.compact`
+decodes the images, puts their placeholder tokens between the pieces and checks the
+sample's whole length (text and image tokens) against the plan's, which is its backbone
+length (docs/vision.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,13 +20,31 @@ import numpy as np
 from mds.core.index_manifest import payload_problem
 from mds.core.planfile import RankChunk
 from mds.core.tokenizer import index_tokenizer_path, load_tokenizer
-from mds.errors import ConfigError, SourceDataError
+from mds.core.vision import split_segments
+from mds.errors import ConfigError, PlanError, SourceDataError
 from mds.executor.catalog.plan_sources import JSONL, PlanSources, Source
+from mds.executor.readers import IMAGE_TEXT_LAYOUTS, ImageText
 
-__all__ = ["ESTIMATED", "TokenIds", "Tokenize", "bind"]
+__all__ = ["ESTIMATED", "TokenIds", "Tokenize", "VisionSample", "bind"]
 
 Tokenize = Callable[[str], Sequence[int]]
 ESTIMATED = ("error", "fit")
+TEXT_KINDS = ("text", "image_text")  # payloads tokenized in the executor
+
+
+@dataclass(slots=True)
+class VisionSample:
+    """An image-text sample before its images are decoded: the token ids of its text pieces
+    and its images' bytes (`names`: where each came from). `marked`: image i goes after
+    piece i (the text had a marker per image); else all images go first, then the text."""
+
+    pieces: list[np.ndarray]
+    images: list[bytes]
+    names: list[str]
+    marked: bool
+    planned: int | None = None  # the plan's length of the sample, text and image tokens
+    exact: bool = True  # a length that differs is an error (else cut to it, as "fit")
+    where: str = ""  # the source, row, file and sample, for that error
 
 
 def bind(
@@ -27,7 +52,7 @@ def bind(
 ) -> None:
     """Give every used text source a tokenize function, or say which one lacks it; refuse a
     source whose payloads cannot be replayed (estimated lengths under estimated="error")."""
-    text = [s for s in plan.used if s.payload.get("kind") == "text"]
+    text = [s for s in plan.used if s.payload.get("kind") in TEXT_KINDS]
     if isinstance(tokenize, Mapping):
         unknown = sorted(set(tokenize) - {s.name for s in text})
         if unknown:
@@ -37,7 +62,10 @@ def bind(
             )
     for s in plan.used:
         kind = s.payload.get("kind")
-        problem = payload_problem(s.name, s.facts)
+        problem = _image_text_problem(s, plan) if s.image_text else None
+        if problem is not None:
+            raise PlanError(f"{plan.plan_path}: {problem}")
+        problem = None if s.image_text else payload_problem(s.name, s.facts)
         if problem is not None:
             raise ConfigError(problem)
         if not s.exact and estimated == "error":
@@ -47,13 +75,27 @@ def bind(
                 "cannot be replayed exactly; re-index it with a tokenizer or a count column, "
                 'or pass estimated="fit" to cut each sample to its planned length'
             )
-        if kind == "text":
+        if kind in TEXT_KINDS:
             recorded = s.length.get("kind") == "tokenizer"
             if isinstance(tokenize, Mapping):
                 fn = tokenize.get(s.name)
             else:  # one function: for the sources the index did not count with a tokenizer
                 fn = None if recorded else tokenize
             s.tokenize = fn or _index_tokenizer(s, plan.root)
+
+
+def _image_text_problem(s: Source, plan: PlanSources) -> str | None:
+    """Why an image-text source's facts cannot be replayed, or None."""
+    payload = s.payload
+    if plan.vision is None:
+        return f"source {s.name!r} holds images, but the plan has no [vision] geometry"
+    layout = payload.get("layout")
+    if s.fmt not in IMAGE_TEXT_LAYOUTS.get(layout, ()):
+        return f"source {s.name!r}: image-text layout {layout!r} does not fit format {s.fmt!r}"
+    for key in ("text", "images"):
+        if not isinstance(payload.get(key), str) or not payload[key]:
+            return f"source {s.name!r}: image-text payload has no {key!r}"
+    return None
 
 
 def _index_tokenizer(s: Source, root: Any) -> Tokenize:
@@ -73,6 +115,8 @@ class TokenIds:
 
     def __init__(self, plan: PlanSources):
         self.sources, self.truncate_to = plan.sources, plan.truncate_to
+        vision = getattr(plan, "vision", None)
+        self.marker = vision.marker if vision is not None else ""
 
     def of_samples(self, block: RankChunk, lo: int, hi: int, payloads: list) -> list[np.ndarray]:
         """Each of samples [lo, hi)'s token ids (`of_sample`). An integer array of the
@@ -99,10 +143,14 @@ class TokenIds:
 
     def of_sample(
         self, s: Source, entry: dict[str, Any], row: int, file_row: int, planned: int, payload
-    ) -> np.ndarray:
+    ) -> np.ndarray | VisionSample:
         """Token ids of one sample; its length must be the one the plan was made with."""
         # JSONL lines are 1-based in messages, as the indexer reports them
         where = f"line {file_row + 1}" if s.fmt in JSONL else f"row {file_row}"
+        if s.fmt == "webdataset":
+            where = f"sample {file_row}"
+        if isinstance(payload, ImageText):
+            return self.of_image_text(s, entry, row, where, planned, payload)
         if isinstance(payload, str):
             assert s.tokenize is not None
             ids = _token_ids(
@@ -124,6 +172,27 @@ class TokenIds:
         if self.truncate_to is not None and len(ids) > self.truncate_to:
             ids = ids[: self.truncate_to]
         return ids
+
+    def of_image_text(
+        self, s: Source, entry: dict[str, Any], row: int, where: str, planned: int, payload
+    ) -> VisionSample:
+        """An image-text sample's text pieces as token ids, and its images. Its length is
+        checked when the images are decoded (`batch.compact`): the plan's count is its
+        backbone length, text and image tokens."""
+        at = f"source {s.name!r} row {row} ({entry['path']} {where})"
+        pieces = split_segments(payload.text, self.marker)
+        n = len(payload.images)
+        if len(pieces) > 1 and len(pieces) != n + 1:
+            raise SourceDataError(
+                f"{at}: the text has {len(pieces) - 1} image markers {self.marker!r} and the "
+                f"sample {n} images; the index refuses such a sample (file changed since "
+                "indexing?)"
+            )
+        assert s.tokenize is not None
+        ids = [_token_ids(s.tokenize(piece), at) for piece in pieces]
+        return VisionSample(
+            ids, payload.images, payload.names, len(pieces) > 1, planned, s.exact, at
+        )
 
 
 def _token_ids(out: Any, where: str) -> np.ndarray:

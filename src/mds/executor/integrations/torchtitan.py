@@ -32,7 +32,8 @@ def titan_batch(mb: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], torch.T
     ids = mb["input_ids"]
     labels = torch.full_like(ids, IGNORE_INDEX)
     if ids.numel():
-        labels[:-1] = ids[1:]
+        # a vision plan's labels are -100 at image tokens, which nothing learns to predict
+        labels[:-1] = mb["labels"][1:] if "labels" in mb else ids[1:]
         labels[(mb["cu_seqlens"][1:] - 1).long()] = IGNORE_INDEX
     inputs = {"input": ids.unsqueeze(0), "positions": mb["position_ids"].unsqueeze(0)}
     return inputs, labels.unsqueeze(0)

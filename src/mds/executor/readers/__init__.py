@@ -11,8 +11,10 @@ Of an object (s3://, gs://) every format is read by byte ranges (ranges.RangeFil
 reader says which spans a fetch will need (`spans`), the catalog fetches every object's
 spans together, and the reader decodes from those bytes as it would from a file.
 
-One module per format (`parquet`, `arrow`, `jsonl` for JSONL and JSONL.zst, `megatron`),
-over what they share (`base`); this one opens the reader a source's format calls for.
+One module per format (`parquet`, `arrow`, `jsonl` for JSONL and JSONL.zst, `megatron`,
+`webdataset` for tar shards), over what they share (`base`); this one opens the reader a
+source's format calls for. Image-text sources (WebDataset, Parquet, JSONL) give `ImageText`
+payloads: the text and the images' encoded bytes.
 """
 
 from __future__ import annotations
@@ -27,23 +29,34 @@ from mds.core import storage
 from mds.core.index_manifest import FORMATS, PAYLOAD_KINDS
 from mds.core.lru import LRU
 from mds.executor.readers.arrow import ArrowObjectReader, ArrowReader
-from mds.executor.readers.base import Handle, Payload
+from mds.executor.readers.base import Handle, ImageText, Payload
 from mds.executor.readers.jsonl import JsonlReader, JsonlZstReader
 from mds.executor.readers.megatron import MegatronReader
-from mds.executor.readers.parquet import ParquetReader
+from mds.executor.readers.parquet import ParquetImageTextReader, ParquetReader
+from mds.executor.readers.webdataset import WebDatasetReader
 
 __all__ = [
     "FORMATS",
     "PAYLOAD_KINDS",
     "ArrowObjectReader",
     "ArrowReader",
+    "IMAGE_TEXT",
     "FileReader",
+    "ImageText",
     "JsonlReader",
     "JsonlZstReader",
     "MegatronReader",
+    "ParquetImageTextReader",
     "ParquetReader",
+    "WebDatasetReader",
     "open_reader",
 ]
+
+
+IMAGE_TEXT = "image_text"  # the payload kind of image-text sources (docs/vision.md)
+# image-text layouts and the formats that carry them
+IMAGE_TEXT_LAYOUTS = {"webdataset": ("webdataset",), "parquet": ("parquet",)}
+IMAGE_TEXT_LAYOUTS["jsonl"] = ("jsonl", "jsonl.zst")
 
 
 class FileReader(Protocol):
@@ -78,8 +91,14 @@ def open_reader(
     companion: Path | None,
     blocks: LRU,
     display: str,
+    images: str | None = None,
+    root: Path | str | None = None,
 ) -> FileReader:
-    """Open the reader for a manifest source `fmt`; SourceDataError if the file is unusable."""
+    """Open the reader for a manifest source `fmt`; SourceDataError if the file is unusable.
+    An image-text source (`payload_kind` "image_text") reads `column` as its text and
+    `images` as its images (member extensions, column, or key of paths under `root`)."""
+    if payload_kind == IMAGE_TEXT:
+        return _open_image_text(fmt, path, column, images, blocks, display, root)
     if payload_kind not in PAYLOAD_KINDS:
         raise ValueError(f"unknown payload kind {payload_kind!r} (expected one of {PAYLOAD_KINDS})")
     if fmt == "megatron":
@@ -99,3 +118,17 @@ def open_reader(
     if fmt == "jsonl.zst":
         return JsonlZstReader(path, payload_kind, column, blocks, display)
     raise ValueError(f"unknown source format {fmt!r} (expected one of {FORMATS})")
+
+
+def _open_image_text(fmt, path, text, images, blocks, display, root) -> FileReader:
+    if not text or not images or not isinstance(images, str):
+        raise ValueError("an image-text reader needs the text and images of the payload")
+    if fmt == "webdataset":
+        return WebDatasetReader(path, text, images, display, blocks)
+    if fmt == "parquet":
+        return ParquetImageTextReader(path, text, images, blocks, display, root)
+    if fmt == "jsonl":
+        return JsonlReader(path, IMAGE_TEXT, text, display, blocks, images, root)
+    if fmt == "jsonl.zst":
+        return JsonlZstReader(path, IMAGE_TEXT, text, blocks, display, images, root)
+    raise ValueError(f"format {fmt!r} holds no image-text samples (webdataset, parquet, jsonl)")

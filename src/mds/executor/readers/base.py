@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow as pa
 
 from mds.core import object_ranges as ranges
 from mds.core import storage
+from mds.core.datacheck import safe_path
 from mds.core.lru import version_key
 from mds.errors import SourceDataError
 
@@ -24,6 +26,7 @@ __all__ = [
     "BaseReader",
     "ColumnReader",
     "Handle",
+    "ImageText",
     "Payload",
     "TextBlock",
     "TokenBlock",
@@ -34,12 +37,27 @@ __all__ = [
     "file_version",
     "first_line",
     "gather",
+    "image_files",
     "missing_column",
     "row_starts",
 ]
 
-Payload = np.ndarray | str
 Handle = int | ranges.RangeFile | Path
+
+
+@dataclass(slots=True)
+class ImageText:
+    """The payload of an image-text sample: its text and its images' encoded bytes, in the
+    sample's order, each named (`names`: where it came from, for errors) and the sample
+    itself (`where`: file and sample)."""
+
+    text: str
+    images: list[bytes]
+    names: list[str]
+    where: str
+
+
+Payload = np.ndarray | str | ImageText
 
 
 class BaseReader:
@@ -114,6 +132,41 @@ def check_column_type(type_: pa.DataType, kind: str, column: str, display: str) 
 def missing_column(display: str, column: str, names: list[str]) -> SourceDataError:
     shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
     return SourceDataError(f"{display} has no column '{column}' (columns: {shown})")
+
+
+def image_files(root: Path | str | None, paths: list[str], where: str) -> list[bytes]:
+    """The bytes of image files named by a sample: paths relative to the data root (which
+    must stay inside it, as the plan's own files must), or s3:// / gs:// URLs. Objects are
+    fetched side by side. SourceDataError naming `where` and the path for one that cannot
+    be read."""
+    targets: list[Path | str] = []
+    for rel in paths:
+        if storage.is_url(rel):
+            targets.append(rel)
+            continue
+        if root is None:
+            raise SourceDataError(f"{where}: image {rel!r}: no data root to find it under")
+        try:
+            targets.append(safe_path(root, rel, f"{where}: image"))
+        except ValueError as exc:
+            raise SourceDataError(str(exc)) from None
+
+    def read(target: Path | str) -> bytes:
+        try:
+            if storage.is_url(target):
+                return storage.get_bytes(str(target))
+            with open(target, "rb") as f:
+                return f.read()
+        except SourceDataError as exc:
+            raise SourceDataError(f"{where}: image {exc}") from None
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else first_line(exc)
+            rel = paths[targets.index(target)]
+            raise SourceDataError(f"{where}: image {rel!r} cannot be read ({reason})") from None
+
+    if sum(storage.is_url(t) for t in targets) > 1:
+        return ranges.parallel(read, targets)
+    return [read(t) for t in targets]
 
 
 # --- decoded blocks of Arrow data -------------------------------------------------------

@@ -1,5 +1,8 @@
 """JSONL and zstd-compressed JSONL: lines located by byte offset and length (in the
-decompressed stream for .zst), each checked to be a whole line and parsed for its payload."""
+decompressed stream for .zst), each checked to be a whole line and parsed for its payload.
+
+An image-text line names its images by path (relative to the data root) or URL, under the
+source's images key (a string or a list); they are read after the line (`image_files`)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ from mds.core import object_ranges as ranges
 from mds.core import storage
 from mds.core.lru import LRU
 from mds.errors import SourceDataError
-from mds.executor.readers.base import BaseReader, Handle, Payload
+from mds.executor.readers.base import BaseReader, Handle, ImageText, Payload
 from mds.executor.readers.base import cannot_open as _cannot_open
+from mds.executor.readers.base import image_files as _image_files
 from mds.formats.zstd_frames import ZstdSeekFile
 
 __all__ = ["JsonlReader", "JsonlZstReader"]
@@ -42,8 +46,11 @@ def _json_tokens(value: object, where: str) -> np.ndarray:
     return array
 
 
-def _parse_line(raw: bytes, kind: str, column: str, where: str) -> Payload:
-    """The payload of one JSONL line: field `column` of the object, checked for `kind`."""
+def _parse_line(
+    raw: bytes, kind: str, column: str, where: str, images: str | None = None
+) -> Payload | tuple[str, list[str]]:
+    """The payload of one JSONL line: field `column` of the object, checked for `kind`; an
+    image-text line's (text, image paths), `images` naming the key of its paths."""
     try:
         obj = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -63,6 +70,15 @@ def _parse_line(raw: bytes, kind: str, column: str, where: str) -> Payload:
         return _json_tokens(value, f"{where}: field '{column}'")
     if not isinstance(value, str):
         raise SourceDataError(f"{where}: field '{column}' is {_describe(value)}, not text")
+    if kind == "image_text":
+        paths = obj.get(images or "")
+        paths = [] if paths is None else [paths] if isinstance(paths, str) else paths
+        if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+            raise SourceDataError(
+                f"{where}: field '{images}' is {_describe(paths)}, not an image path or a "
+                "list of them"
+            )
+        return value, paths
     return value
 
 
@@ -89,6 +105,8 @@ class _LineReader(BaseReader):
     column: str
     size: int
     what = "file"
+    images: str | None = None  # image_text: the key of the image paths
+    root: Path | str | None = None  # image_text: what relative image paths are under
 
     def _read(self, starts: np.ndarray, sizes: np.ndarray, where) -> list[bytes]:
         raise NotImplementedError
@@ -136,7 +154,14 @@ class _LineReader(BaseReader):
                     f"{self.display} {where(i)}: no line starts and ends there "
                     "(file changed since indexing?)"
                 )
-            out.append(_parse_line(line, self.kind, self.column, f"{self.display} {where(i)}"))
+            at = f"{self.display} {where(i)}"
+            payload = _parse_line(line, self.kind, self.column, at, self.images)
+            if isinstance(payload, tuple):
+                text, paths = payload
+                data = _image_files(self.root, paths, at)
+                names = [f"{at} image {p!r}" for p in paths]
+                payload = ImageText(text, data, names, at)
+            out.append(payload)
         return out
 
 
@@ -144,8 +169,11 @@ class JsonlReader(_LineReader):
     """Lines of a plain JSONL file, one positioned read each; of an object, the blocks that
     hold them, read together and kept in the block cache (ranges.RangeFile)."""
 
-    def __init__(self, path: Path, kind: str, column: str, display: str, blocks: LRU):
+    def __init__(
+        self, path: Path, kind: str, column: str, display: str, blocks: LRU, images=None, root=None
+    ):
         self.kind, self.column, self.display = kind, column, display
+        self.images, self.root = images, root
         self._fd = -1
         if storage.is_url(path):
             self.object = ranges.RangeFile(str(path), blocks)
@@ -183,8 +211,11 @@ class JsonlZstReader(_LineReader):
 
     what = "decompressed stream"
 
-    def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
+    def __init__(
+        self, path: Path, kind: str, column: str, blocks: LRU, display: str, images=None, root=None
+    ):
         self.kind, self.column, self.display = kind, column, display
+        self.images, self.root = images, root
         self._file = ZstdSeekFile(path, display, blocks)
         self.size = self._file.size
         self.object = self._file.object

@@ -1,5 +1,8 @@
 """Parquet: rows of one column, read a row group at a time (or, for a few rows of a token
-list, from the row group's pages), with the parsed footer kept apart from the handle."""
+list, from the row group's pages), with the parsed footer kept apart from the handle.
+
+Image-text rows (`ParquetImageTextReader`) read two columns: the text and the images, a
+struct of `bytes` and `path` (what `datasets.Image` writes) or a list of them."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from mds.core import metacache, storage
 from mds.core import object_ranges as ranges
 from mds.core.lru import LRU
 from mds.errors import SourceDataError
-from mds.executor.readers.base import ColumnReader, Handle, Payload
+from mds.executor.readers.base import ColumnReader, Handle, ImageText, Payload
 from mds.executor.readers.base import TextBlock as _TextBlock
 from mds.executor.readers.base import TokenBlock as _TokenBlock
 from mds.executor.readers.base import cannot_open as _cannot_open
@@ -23,11 +26,12 @@ from mds.executor.readers.base import check_rows as _check_rows
 from mds.executor.readers.base import decoded_block as _block
 from mds.executor.readers.base import file_version as _version
 from mds.executor.readers.base import first_line as _first_line
+from mds.executor.readers.base import image_files as _image_files
 from mds.executor.readers.base import missing_column as _missing_column
 from mds.executor.readers.base import row_starts as _row_starts
 from mds.formats.parquet import pages as parquet_pages
 
-__all__ = ["ParquetReader"]
+__all__ = ["ParquetImageTextReader", "ParquetReader"]
 
 
 # Rows holding under 1/_SPARSE of a row group's values are read from its pages, at most
@@ -381,3 +385,117 @@ class ParquetReader(ColumnReader):
         self._source.close()
         if self.object is not None:
             self.object.close()
+
+
+def _image_struct(type_: pa.DataType) -> bool:
+    """A `datasets.Image` struct: a binary `bytes` field (and usually a string `path`)."""
+    if not pa.types.is_struct(type_):
+        return False
+    names = [type_.field(i).name for i in range(type_.num_fields)]
+    if "bytes" not in names:
+        return False
+    kind = type_.field(names.index("bytes")).type
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+
+
+class _ImageTextBlock:
+    """The text and image columns of one row group, kept as Arrow; only the rows asked
+    become Python values."""
+
+    def __init__(self, text: pa.Array, images: pa.Array, reader: ParquetImageTextReader):
+        if pa.types.is_dictionary(text.type):
+            text = text.dictionary_decode()
+        self.text, self.images, self.reader = text, images, reader
+        self.rows = len(text)
+        self.nbytes = text.nbytes + images.nbytes
+
+    def take(self, local: np.ndarray, rows: np.ndarray, where) -> list[ImageText]:
+        index = pa.array(local, type=pa.int64())
+        texts = self.text.take(index).to_pylist()
+        images = self.images.take(index).to_pylist()
+        column = self.reader.images_column
+        out = []
+        for text, value, r in zip(texts, images, rows.tolist(), strict=True):
+            at = f"{self.reader.display} row {r}"
+            if text is None:
+                raise SourceDataError(f"{where(r)} is null")
+            items = [] if value is None else value if isinstance(value, list) else [value]
+            data, names = [], []
+            for k, item in enumerate(items):
+                name = f"{at}: column '{column}'[{k}]"
+                if item is None:
+                    continue  # a null image: none there
+                if item.get("bytes") is not None:
+                    data.append(item["bytes"])
+                elif item.get("path"):
+                    data.extend(_image_files(self.reader.root, [item["path"]], name))
+                else:
+                    raise SourceDataError(f"{name}: an image with neither bytes nor path")
+                names.append(name)
+            out.append(ImageText(text, data, names, at))
+        return out
+
+
+class ParquetImageTextReader(ParquetReader):
+    """Image-text rows: the text column and the image column of each row group (images
+    given by path, not bytes, are read under the data root)."""
+
+    def __init__(self, path: Path, text: str, images: str, blocks: LRU, display: str, root=None):
+        self.images_column, self.root = images, root
+        super().__init__(path, "image_text", text, blocks, display)
+
+    def _check_schema(self, schema: pa.Schema) -> None:
+        for column in (self.column, self.images_column):
+            if column not in schema.names:
+                raise _missing_column(self.display, column, schema.names)
+        _check_column_type(schema.field(self.column).type, "text", self.column, self.display)
+        type_ = schema.field(self.images_column).type
+        if pa.types.is_list(type_) or pa.types.is_large_list(type_):
+            type_ = type_.value_type
+        if not _image_struct(type_):
+            raise SourceDataError(
+                f"{self.display}: column '{self.images_column}' is "
+                f"{schema.field(self.images_column).type}, not images (a struct of bytes and "
+                "path, or a list of them)"
+            )
+
+    def spans(self, file_rows, offsets=None, lengths=None) -> list[tuple[int, int]]:
+        if self.object is None:
+            return []
+        rows = np.asarray(file_rows, dtype=np.int64)
+        rows = rows[(rows >= 0) & (rows < self.starts[-1])]
+        groups = np.searchsorted(self.starts, rows, side="right") - 1
+        out: list[tuple[int, int]] = []
+        for i in np.unique(groups).tolist():
+            need = int(rows[groups == i].max() - self.starts[i]) + 1
+            block = self._blocks.get((self.path, "rg", i, self.column, self.kind))
+            if block is None or block.rows < need:
+                for column in (self.column, self.images_column):
+                    out.extend(self._meta.chunk_spans(column)[i])
+        return out
+
+    def _room(self, i: int) -> bool:
+        cache = self._blocks
+        if cache.max_bytes is None:
+            return True
+        size = sum(int(self._meta.column_sizes(c)[i]) for c in (self.column, self.images_column))
+        return cache.nbytes + size <= cache.max_bytes
+
+    def _read(self, i: int, need: int, whole: int, row: int, own: bool = True):
+        """Row group `i`'s text and images (whole: a row group of images is read as such)."""
+        file = self._held if self._held is not None else self._parquet(self._meta.metadata)
+        if self._local:
+            self._held = file
+        try:
+            table = file.read_row_group(
+                i, columns=[self.column, self.images_column], use_threads=False
+            )
+            text, images = (table.column(k).combine_chunks() for k in (0, 1))
+            return _ImageTextBlock(text, images, self)
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceDataError(
+                f"{self.display} row {row} (row group {i}): cannot read ({_first_line(exc)})"
+            ) from None
+        finally:
+            if file is not self._held:
+                file.close()
