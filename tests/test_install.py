@@ -92,8 +92,8 @@ def imported_modules(folder: Path, skip: set[str] = frozenset()) -> dict[str, st
 
 def test_every_extra_is_declared():
     extras = PROJECT["optional-dependencies"]
-    assert {"plan", "train", "tokenizers", "all", "dev"} <= set(extras)
-    assert declared(("all",)) == declared(("plan", "train", "tokenizers"))
+    assert {"plan", "train", "tokenizers", "vision", "all", "dev"} <= set(extras)
+    assert declared(("all",)) == declared(("plan", "train", "tokenizers", "vision"))
     assert "torch" not in declared(("plan",)) and "polars" not in declared(("train",))
 
 
