@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_builders import plan_config, synthetic, train_table
 
-from mds.core.cp_layout import SPLIT, cp_layout, rank_work, split_work, whole_work
+from mds.core.cp_layout import SLACK_BITS, SPLIT, cp_layout, rank_work, split_work, whole_work
 from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError
 from mds.planner.plan.build import build_plan
 from mds.planner.plan.config import DEFAULT_CP_SPLIT_FROM, plan_config_from_dict
-from mds.planner.plan.cp import CP_STAT_COLUMNS, contiguous_rank_work, layout_list
+from mds.planner.plan.cp import CP_STAT_COLUMNS, contiguous_rank_work
 from mds.planner.report.plan import plan_report
 
 
@@ -105,7 +105,7 @@ lengths_st = st.lists(
 def test_layout_places_every_sample_evenly_and_deterministically(lengths, cp, split_from, linear):
     split_from = max(split_from, 2 * cp)
     L = np.array(lengths, dtype=np.int64)
-    layout = cp_layout(L, cp, split_from, linear)
+    layout = np.array(cp_layout(L, cp, split_from, linear), dtype=np.int64)
     assert layout.shape == L.shape
     assert ((layout == SPLIT) | ((layout >= 0) & (layout < cp))).all()  # every sample placed
     assert (layout[L >= split_from] == SPLIT).all()
@@ -118,11 +118,18 @@ def test_layout_places_every_sample_evenly_and_deterministically(lengths, cp, sp
         ]
         assert len(set(pairs)) == 1
         assert int(split_work(np.array([n]), cp, linear)[0]) == linear * 2 * c + 2 * pairs[0]
-    work = rank_work(L, layout, cp, linear)
-    assert int(work.sum()) >= int(whole_work(L, linear).sum())  # splitting never saves work
-    assert np.array_equal(cp_layout(L.copy(), cp, split_from, linear), layout)  # deterministic
-    # the stats' list version is the same function
-    assert layout_list(lengths, cp, split_from, linear) == layout.tolist()
+    work = rank_work(lengths, layout.tolist(), cp, linear)
+    assert sum(work) >= int(whole_work(L, linear).sum())  # splitting never saves work
+    assert cp_layout(list(lengths), cp, split_from, linear) == layout.tolist()  # deterministic
+    # never more than 2^-SLACK_BITS busier than head-tail everywhere
+    everywhere = sum(split_work(n, cp, linear) for n in lengths)
+    assert max(work, default=0) <= everywhere + (everywhere >> SLACK_BITS)
+
+
+def test_short_samples_stay_whole_and_a_lone_large_one_is_split():
+    many = [1000] * 64
+    assert SPLIT not in cp_layout(many, 8, 8192, 4096)
+    assert cp_layout([6000, 100, 100], 2, 8192, 4096)[0] == SPLIT
 
 
 @settings(max_examples=100, deadline=None)
@@ -186,9 +193,9 @@ def _recompute(reader: PlanReader, cp: int, split_from: int, linear: int) -> np.
                 every.extend(L.tolist())
                 if n == 0:
                     continue
-                layout = cp_layout(L, cp, split_from, linear)
+                layout = np.array(cp_layout(L, cp, split_from, linear), dtype=np.int64)
                 work = {
-                    "mds": rank_work(L, layout, cp, linear),
+                    "mds": np.array(rank_work(L, layout, cp, linear)),
                     "ht": np.full(cp, split_work(L, cp, linear).sum()),
                     "contig": contiguous_rank_work(L, cp, linear).sum(axis=0),
                 }

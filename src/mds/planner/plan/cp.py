@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mds.core.cp_layout import SPLIT, split_work, whole_work
+from mds.core.cp_layout import SPLIT, cp_layout, rank_work, split_work, whole_work
 from mds.planner.plan.bounds import group_sums
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "contiguous_rank_work",
     "cp_lower_bound",
     "cp_stats",
-    "layout_list",
     "plan_cells",
 ]
 
@@ -120,7 +119,7 @@ def cell_work(
         for i in range(cp):
             per_rank[:, i] += group_sums(ids, part[:, i], cells)
     busiest["contiguous"], total["contiguous"] = per_rank.max(axis=1), per_rank.sum(axis=1)
-    # mds: cp_layout per micro-batch (layout_list: the same layout, in Python ints).
+    # mds: cp_layout per micro-batch.
     top = np.zeros(cells, dtype=np.int64)
     tot = np.zeros(cells, dtype=np.int64)
     split = np.zeros(cells, dtype=np.int64)
@@ -129,77 +128,14 @@ def cell_work(
     as_list = lengths.tolist()
     for c in np.flatnonzero(np.diff(bounds)).tolist():
         ls = as_list[bounds[c] : bounds[c + 1]]
-        layout = layout_list(ls, cp, split_from, linear)
-        work = _rank_work_list(ls, layout, cp, linear)
+        layout = cp_layout(ls, cp, split_from, linear)
+        work = rank_work(ls, layout, cp, linear)
         top[c], tot[c] = max(work), sum(work)
         cut = [n for n, r in zip(ls, layout, strict=True) if r == SPLIT]
         split[c] = len(cut)
         padding[c] = sum(-(-n // (2 * cp)) * 2 * cp - n for n in cut)
     busiest["mds"], total["mds"] = top, tot
     return CellWork(busiest, total, split, padding)
-
-
-def _whole(n: int, linear: int) -> int:
-    return linear * n + n * (n + 1)
-
-
-def _split(n: int, cp: int, linear: int) -> int:
-    c = -(-n // (2 * cp))
-    return linear * 2 * c + 2 * (2 * cp * c * c + c)
-
-
-def _place_list(
-    lengths: list[int], split: list[bool], cp: int, linear: int
-) -> tuple[list[int], list[int]]:
-    """cp_layout's _place_whole in Python ints: (layout, whole work per CP rank)."""
-    out = [SPLIT] * len(lengths)
-    whole = sorted(
-        ((-_whole(n, linear), k) for k, n in enumerate(lengths) if not split[k])
-    )  # largest first, ties by position
-    load = [0] * cp
-    for neg, k in whole:
-        r = load.index(min(load))
-        out[k] = r
-        load[r] -= neg
-    return out, load
-
-
-def layout_list(lengths: list[int], cp: int, split_from: int, linear: int) -> list[int]:
-    """src/mds/core/cp_layout.py's cp_layout, step for step, on a list of Python ints:
-    numpy's per-call overhead dominates on micro-batches of a few samples, and the stats
-    lay out every micro-batch of the plan (tests/planner/plan/test_cp.py checks both
-    agree)."""
-    if cp <= 1:
-        return [0] * len(lengths)
-    split = [n >= split_from for n in lengths]
-    cut = sum(_split(n, cp, linear) for n, s in zip(lengths, split, strict=True) if s)
-    layout, load = _place_list(lengths, split, cp, linear)
-    top = cut + max(load)
-    while True:
-        best, k = None, -1
-        for i, n in enumerate(lengths):
-            if not split[i] and n >= 2 * cp and (best is None or n > best):
-                best, k = n, i
-        if k < 0:
-            return layout
-        trial = split.copy()
-        trial[k] = True
-        placed, load = _place_list(lengths, trial, cp, linear)
-        busiest = cut + _split(lengths[k], cp, linear) + max(load)
-        if busiest >= top:
-            return layout
-        split, layout, top = trial, placed, busiest
-        cut += _split(lengths[k], cp, linear)
-
-
-def _rank_work_list(lengths: list[int], layout: list[int], cp: int, linear: int) -> list[int]:
-    """cp_layout's rank_work in Python ints."""
-    cut = sum(_split(n, cp, linear) for n, r in zip(lengths, layout, strict=True) if r == SPLIT)
-    out = [cut] * cp
-    for n, r in zip(lengths, layout, strict=True):
-        if r != SPLIT:
-            out[r] += _whole(n, linear)
-    return out
 
 
 def _imbalance_ppm(busiest: np.ndarray, total: np.ndarray, cp: int, T: int) -> np.ndarray:
