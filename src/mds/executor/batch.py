@@ -106,7 +106,7 @@ def _with_images(
     A cut never falls inside an image: an image it would split is left out with everything
     after it."""
     out: list[np.ndarray] = []
-    patches: list[np.ndarray] = []
+    patches: list[np.ndarray] = []  # each image resized, RGB uint8
     grids: list[tuple[int, int, int]] = []
     owner: list[int] = []
     spans: list[tuple[int, int]] = []
@@ -127,9 +127,12 @@ def _with_images(
         at = 0
         for item in order:
             if isinstance(item, int):
-                rows, gh, gw = _images.process(sample.images[item], vision, sample.names[item])
+                # decoded and resized now; cut into patch rows once the micro-batch's
+                # pixel_values array is made, straight into its slice
+                rgb = _images.resized_rgb(sample.images[item], vision, sample.names[item])
+                gh, gw = rgb.shape[0] // vision.patch_size, rgb.shape[1] // vision.patch_size
                 piece = _image_ids(vision, gh * gw // merge)
-                mine.append((rows, (1, gh, gw), at, at + len(piece)))
+                mine.append((rgb, (1, gh, gw), at, at + len(piece)))
             else:
                 piece = item
             parts.append(piece)
@@ -160,10 +163,14 @@ def _with_images(
             spans.append((start + lo, start + hi))
         out.append(ids)
         start += len(ids)
+    total = sum(g[1] * g[2] for g in grids)
+    pixels = np.empty((total, vision.patch_dim), dtype=np.float32)
+    at = 0
+    for rgb, (_t, gh, gw) in zip(patches, grids, strict=True):
+        _images.patchify(rgb, vision, out=pixels[at : at + gh * gw])
+        at += gh * gw
     extra = {
-        "pixel_values": np.concatenate(patches)
-        if patches
-        else np.zeros((0, vision.patch_dim), dtype=np.float32),
+        "pixel_values": pixels,
         "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3),
         "image_sample": np.array(owner, dtype=np.int32),
         "image_spans": np.array(spans, dtype=np.int64).reshape(-1, 2),
@@ -195,7 +202,8 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
         grids = raw["image_grid_thw"]
         patches = np.zeros(len(grids) + 1, dtype=np.int32)
         np.cumsum(grids.prod(axis=1), out=patches[1:])
-        out["pixel_values"] = torch.from_numpy(raw["pixel_values"])
+        pixels = raw["pixel_values"]  # a tensor when it came from a worker in shared memory
+        out["pixel_values"] = pixels if torch.is_tensor(pixels) else torch.from_numpy(pixels)
         out["image_grid_thw"] = torch.from_numpy(grids)
         out["image_cu_seqlens"] = torch.from_numpy(patches)
         out["image_sample"] = torch.from_numpy(raw["image_sample"])

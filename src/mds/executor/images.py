@@ -132,24 +132,31 @@ def _table(geometry: VisionGeometry) -> np.ndarray:
     return table
 
 
-def patchify(rgb: np.ndarray, geometry: VisionGeometry) -> np.ndarray:
+def patchify(rgb: np.ndarray, geometry: VisionGeometry, out: np.ndarray | None = None) -> np.ndarray:
     """Patch rows float32 `[grid_h * grid_w, 3 * T * p * p]` of an RGB uint8 image already at
-    its resized size (multiples of patch_size x merge_size)."""
+    its resized size (multiples of patch_size x merge_size), written into `out` if given
+    (a slice of the micro-batch's pixel_values: no copy of the rows afterwards)."""
     p, m, t = geometry.patch_size, geometry.merge_size, geometry.temporal_patch_size
     h, w, _c = rgb.shape
     gh, gw = h // p, w // p
-    # (gh/m, m, p, gw/m, m, p, C) -> (gh/m, gw/m, m, m, C, p, p): the processor's order
+    n = gh * gw
+    if out is None:
+        out = np.empty((n, 3 * t * p * p), dtype=np.float32)
+    # (gh/m, m, p, gw/m, m, p, C) -> (gh/m, gw/m, m, m, C, p, p): the processor's order,
+    # reordered as bytes (a quarter of the float rows' size) before the table lookup
     x = rgb.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
-    index = x.astype(np.intp) + (np.arange(3, dtype=np.intp) * 256)[:, None, None]
-    values = _table(geometry).take(index)  # [.., C, p, p] float32
-    values = values.reshape(gh * gw, 3, 1, p * p)
-    out = np.empty((gh * gw, 3, t, p * p), dtype=np.float32)
-    out[:] = values  # the frame repeated to temporal_patch_size
-    return out.reshape(gh * gw, 3 * t * p * p)
+    pixels = np.ascontiguousarray(x).reshape(n, 3, p * p)
+    rows = out.reshape(n, 3, t, p * p)
+    table = _table(geometry).reshape(3, 256)
+    for c in range(3):
+        np.take(table[c], pixels[:, c], out=rows[:, c, 0])
+    if t > 1:  # the frame repeated to temporal_patch_size
+        rows[:, :, 1:] = rows[:, :, :1]
+    return out
 
 
-def process(data: bytes, geometry: VisionGeometry, where: str) -> tuple[np.ndarray, int, int]:
-    """(patch rows, grid_h, grid_w) of one encoded image (`decode`, resize, `patchify`)."""
+def resized_rgb(data: bytes, geometry: VisionGeometry, where: str) -> np.ndarray:
+    """An encoded image decoded and resized to its planned size, RGB uint8 `[h, w, 3]`."""
     rgb = decode(data, where)
     h, w = rgb.shape[:2]
     try:
@@ -159,4 +166,11 @@ def process(data: bytes, geometry: VisionGeometry, where: str) -> tuple[np.ndarr
     if (rh, rw) != (h, w):  # Pillow returns a copy at the same size: no resize needed
         Image = _pillow()
         rgb = np.asarray(Image.fromarray(rgb).resize((rw, rh), resample=Image.Resampling.BICUBIC))
-    return patchify(rgb, geometry), rh // geometry.patch_size, rw // geometry.patch_size
+    return rgb
+
+
+def process(data: bytes, geometry: VisionGeometry, where: str) -> tuple[np.ndarray, int, int]:
+    """(patch rows, grid_h, grid_w) of one encoded image (`resized_rgb`, `patchify`)."""
+    rgb = resized_rgb(data, geometry, where)
+    p = geometry.patch_size
+    return patchify(rgb, geometry), rgb.shape[0] // p, rgb.shape[1] // p

@@ -4,7 +4,10 @@ worker processes while batches still arrive in plan order.
 Worker w of W builds the micro-batches at positions start + w, start + w + W, ...; the
 DataLoader asks workers in turn and returns results in request order, which is plan order.
 Workers hand over numpy arrays (`batch.compact`), made into tensors in the training
-process: torch would send each tensor through a shared-memory file of its own.
+process: torch would send each tensor through a shared-memory file of its own, which
+costs more than pickling a micro-batch's few small arrays. Image patch rows are the
+exception: tens of MB a micro-batch, which a shared-memory file moves without the three
+copies pickling through the worker's pipe makes (SHARED_BYTES).
 The state is the executor's and moves only when the training loop receives a batch, so
 batches that workers prefetched but the loop never saw are built again after a resume.
 """
@@ -23,6 +26,9 @@ from mds.executor.replay import Replay
 
 __all__ = ["PlanLoader"]
 
+# Arrays at least this large cross from a worker as a tensor in a shared-memory file.
+SHARED_BYTES = 1 << 20
+
 
 class _Positions(IterableDataset):
     """The micro-batches at positions [start, stop), dealt round-robin to workers."""
@@ -35,7 +41,11 @@ class _Positions(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self.executor.build_every(workers)
         for pos in range(self.start + worker, self.stop, workers):
-            yield self.executor.compact_at(pos, narrow=True)
+            raw = self.executor.compact_at(pos, narrow=True)
+            pixels = raw.get("pixel_values")
+            if pixels is not None and pixels.nbytes >= SHARED_BYTES:
+                raw["pixel_values"] = torch.from_numpy(pixels)
+            yield raw
 
 
 def _as_is(raw: dict[str, Any]) -> dict[str, Any]:
