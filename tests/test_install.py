@@ -43,6 +43,8 @@ SIDES = {
 TRAINING_FILES = {
     "src/mds/planner/calibrate/fit.py",
     "src/mds/planner/calibrate/packed_gpt.py",
+    "src/mds/planner/calibrate/packed_vit.py",
+    "src/mds/planner/calibrate/blocks.py",
     "src/mds/cli/calibrate.py",
 }
 # What the training side must never load, and what the planning side must never load.
