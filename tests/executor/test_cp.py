@@ -339,3 +339,93 @@ def test_ring_attention_over_cp_slices_equals_unsplit_attention(tmp_path_factory
         assert got["micro_batches"] == 8
         assert got["max_error"] < 1e-5, got
         assert got["tokens"] > 0
+
+
+# --- selective fan-out ------------------------------------------------------------------
+
+
+def test_each_peer_part_holds_what_its_stage_uses(tmp_path_factory):
+    from mds.executor.broadcast import fanout_bytes, peer_part
+
+    plan = cp_plan(tmp_path_factory, "cp2")
+    for whole in _whole(plan, 0)[:4]:
+        for c in range(2):
+            piece = cp_slice(whole, c)
+            assert batch_digest(peer_part(whole, cp_rank=c)) == batch_digest(piece)
+            first, middle, last = (peer_part(whole, cp_rank=c, stage=s, pp=3) for s in range(3))
+            assert torch.equal(first["input_ids"], piece["input_ids"])
+            assert torch.equal(first["position_ids"], piece["position_ids"])
+            assert "shift_labels" not in first and "num_tokens" not in first
+            assert not {"input_ids", "position_ids", "shift_labels"} & set(middle)
+            assert middle["num_tokens"] == len(piece["input_ids"])
+            assert torch.equal(last["shift_labels"], piece["shift_labels"])
+            assert "input_ids" not in last
+            for part in (first, middle, last):
+                assert torch.equal(part["cu_seqlens"], piece["cu_seqlens"])
+                assert torch.equal(part["cu_seqlens_split"], piece["cu_seqlens_split"])
+        sent = fanout_bytes(whole, tp=2, cp=2, pp=4)
+        assert sent["selective"] < sent["broadcast"] / 4
+    # a plan without CP: the last stage's labels are the next tokens
+    _, plain = sample_plan(tmp_path_factory)
+    with open_executor(plain, 0, read_ahead=0) as ex:
+        whole = ex.micro_batch_at(0)
+    last = peer_part(whole, cp_rank=None, stage=1, pp=2)
+    ids, cu = whole["input_ids"], whole["cu_seqlens"].long()
+    assert torch.equal(last["shift_labels"][:-1][cu[1:-1] - 1], torch.full((len(cu) - 2,), -100))
+    keep = torch.ones(len(ids), dtype=torch.bool)
+    keep[cu[1:] - 1] = False
+    assert torch.equal(last["shift_labels"][keep], ids[1:][keep[:-1]])
+
+
+def _fanout_run(plan: Path, out: Path, tp: int, cp: int, pp: int, selective: bool) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    n = tp * cp * pp
+    subprocess.run(
+        [
+            TORCHRUN,
+            "--standalone",
+            f"--nproc_per_node={n}",
+            str(Path(__file__).with_name("fanout_worker.py")),
+            str(plan),
+            str(out),
+            str(tp),
+            str(cp),
+            str(pp),
+            "1" if selective else "0",
+        ],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed beside this Python")
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        (1, 2, 1, True),
+        (1, 2, 1, False),
+        (1, 2, 2, True),
+    ],
+)
+def test_shared_sends_each_peer_its_part(tmp_path_factory, tmp_path, mesh):
+    """The reading peer sends each CP rank its slice (and, with PP, each stage its part);
+    with selective=False every peer gets the whole micro-batch and cuts its slice itself."""
+    from mds.executor.broadcast import fanout_bytes, peer_part
+
+    tp, cp, pp, selective = mesh
+    plan = cp_plan(tmp_path_factory, "cp2-dp1")
+    ranks = _fanout_run(plan, tmp_path, tp, cp, pp, selective)
+    wholes = _whole(plan, 0)[3:]  # the workers seek to step 1, micro-batch 1
+    for got in ranks:
+        c, stage = got["coords"]["cp"], got["coords"]["pp"]
+        want = [
+            batch_digest(peer_part(w, cp_rank=c, stage=stage, pp=pp if selective else 1))
+            for w in wholes
+        ]
+        assert got["digests"] == want, got["coords"]
+        assert (got["state"]["step"], got["state"]["micro_batch"]) == (4, 0)
+    if selective:  # the bytes the peers received are what fanout_bytes counts
+        want = sum(fanout_bytes(w, tp=tp, cp=cp, pp=pp)["selective"] for w in wholes)
+        assert sum(got["bytes"] for got in ranks) == want

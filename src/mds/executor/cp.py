@@ -65,8 +65,9 @@ class CPSettings:
 
 def plan_cp(footer: Mapping[str, Any], where: Any = "the plan") -> CPSettings | None:
     """The plan's CP settings, or None for a plan made without `cp_size` > 1."""
-    train = (footer.get("config") or {}).get("train") or {}
-    size = train.get("cp_size", 1)
+    config = footer.get("config")
+    train = config.get("train") if isinstance(config, Mapping) else None
+    size = train.get("cp_size", 1) if isinstance(train, Mapping) else 1
     if size == 1:
         return None
     try:

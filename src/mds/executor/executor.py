@@ -443,16 +443,34 @@ class PlanExecutor:
         if self._ahead is not None and os.getpid() == self._pid:
             self._ahead.stop()
 
-    def shared(self, group: Any = None, src: int | None = None) -> Iterator[dict[str, Any]]:
+    def shared(
+        self, group: Any = None, src: int | None = None, selective: bool = True
+    ) -> Iterator[dict[str, Any]]:
         """Iterate with one read per DP rank: global rank `src` (default: the first of this
-        process's mesh peers) reads and broadcasts each micro-batch to `group`, its TP, CP
-        and PP peers; every peer's position advances, so any of them can checkpoint."""
-        from mds.executor.broadcast import broadcast_batches
+        process's mesh peers) reads each micro-batch and hands it to `group`, its TP, CP
+        and PP peers; every peer's position advances, so any of them can checkpoint.
 
+        With a mesh (`from_env`) and CP or PP peers, `selective` sends each peer only the
+        part it uses (`broadcast.peer_part`: its CP slice; the first pipeline stage no
+        labels, a middle one no token ids, the last one labels instead of token ids);
+        otherwise the whole micro-batch is broadcast and each peer keeps its CP slice."""
+        from mds.executor.broadcast import broadcast_batches, fanout_batches
+
+        mesh = self.mesh
         if src is None:
-            if self.mesh is None:
+            if mesh is None:
                 raise ConfigError("shared() needs src= unless the executor came from from_env()")
-            src = self.mesh.peers[0]
+            src = mesh.peers[0]
+        parts = mesh is not None and (mesh.sizes.get("pp", 1) > 1 or self.cp_rank is not None)
+        if selective and parts:
+            return fanout_batches(
+                self,
+                src=src,
+                peers=list(mesh.peers),
+                coords=mesh.peer_coords(),
+                pp=mesh.sizes["pp"],
+                group=group,
+            )
         return broadcast_batches(self, src=src, group=group)
 
     def dataloader(self, num_workers: int = 2, **kwargs: Any):
