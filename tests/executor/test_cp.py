@@ -429,3 +429,30 @@ def test_shared_sends_each_peer_its_part(tmp_path_factory, tmp_path, mesh):
     if selective:  # the bytes the peers received are what fanout_bytes counts
         want = sum(fanout_bytes(w, tp=tp, cp=cp, pp=pp)["selective"] for w in wholes)
         assert sum(got["bytes"] for got in ranks) == want
+
+
+def test_megatron_batch_of_a_cp_slice():
+    pytest.importorskip("megatron.core")
+    from mds.executor.integrations.megatron_lm import megatron_batch
+
+    lengths = [5, 9]
+    ids = torch.arange(1, 15)
+    cu = torch.tensor([0, 5, 14], dtype=torch.int32)
+    batch = {
+        "input_ids": ids,
+        "position_ids": torch.cat([torch.arange(n) for n in lengths]),
+        "cu_seqlens": cu,
+        "max_seqlen": 9,
+        "cp_layout": torch.tensor([-1, -1], dtype=torch.int32),
+        "cp_size": 2,
+    }
+    piece = cp_slice(batch, 1)
+    got = megatron_batch(piece)
+    params = got["packed_seq_params"]
+    assert params.cu_seqlens_q.tolist() == [0, 5, 14]
+    assert params.cu_seqlens_q_padded.tolist() == [0, 8, 20]
+    assert torch.equal(got["tokens"][0], piece["input_ids"])
+    assert torch.equal(got["loss_mask"][0], (piece["shift_labels"] != -100).float())
+    batch["cp_layout"] = torch.tensor([0, -1], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="whole on one CP rank"):
+        megatron_batch(cp_slice(batch, 1))
