@@ -198,6 +198,9 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
         "step": raw["step"],
         "micro_batch": raw["micro_batch"],
     }
+    if "cp_layout" in raw:  # a CP plan's micro-batch: how its samples lie over the CP ranks
+        out["cp_layout"] = torch.from_numpy(raw["cp_layout"])
+        out["cp_size"] = raw["cp_size"]
     if "pixel_values" in raw:
         grids = raw["image_grid_thw"]
         patches = np.zeros(len(grids) + 1, dtype=np.int32)

@@ -22,6 +22,7 @@ from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
 from mds.executor.batch import compact, expand
 from mds.executor.catalog import SourceCatalog, Tokenize
+from mds.executor.cp import check_mesh, cp_slice, layout, plan_cp, planned_lengths
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.readahead import ReadAhead
 
@@ -81,6 +82,8 @@ class PlanExecutor:
         max_open_files: int = 64,
         read_ahead: int = 1,
         read_threads: int = 2,
+        cp_rank: int | None = None,
+        cp_size: int | None = None,
     ):
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
@@ -95,6 +98,8 @@ class PlanExecutor:
             max_open_files=max_open_files,
             read_ahead=read_ahead,
             read_threads=read_threads,
+            cp_rank=cp_rank,
+            cp_size=cp_size,
         )
         if _integer(read_ahead, "read_ahead") < 0:
             raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
@@ -131,6 +136,15 @@ class PlanExecutor:
                 f"(valid: 0..{reader.dp - 1})"
             )
         self.dp_rank, self.dp_size = dp_rank, reader.dp
+        # context parallelism: the plan's settings, and this process's CP rank (None: the
+        # whole micro-batch, with its layout)
+        self.cp = plan_cp(reader.footer, self.plan_path)
+        cp_rank, cp_size = (
+            None if args[k] is None else _integer(args[k], k) for k in ("cp_rank", "cp_size")
+        )
+        if cp_rank is None and cp_size is not None and cp_size > 1:
+            raise ConfigError(f"cp_size={cp_size} needs cp_rank= (this process's CP rank)")
+        self.cp_rank = check_mesh(self.cp, cp_size, cp_rank, self.plan_path)
         self.micro_batches, self.steps = reader.micro, reader.steps
         self.first_step = reader.first_step  # > 0 for a plan re-planned from another at K
         self.plan_id = reader.plan_id
@@ -172,11 +186,21 @@ class PlanExecutor:
         **kwargs: Any,
     ) -> PlanExecutor:
         """An executor for this process's DP rank, from torchrun's RANK and WORLD_SIZE and the
-        sizes of the other parallel dimensions (their peers get the same micro-batches)."""
+        sizes of the other parallel dimensions (their peers get the same micro-batches).
+        On a plan made with `cp_size` > 1, `cp` must be the plan's, and each CP rank gets
+        its slice of every micro-batch (`cp.cp_slice`); `cp` > 1 on a plan without CP is
+        refused."""
         rank, world = torchrun_rank(environ)
         tp, cp, pp = (_integer(v, k) for k, v in (("tp", tp), ("cp", cp), ("pp", pp)))
         where = mesh_position(rank, world, tp=tp, cp=cp, pp=pp, order=order)
-        executor = cls(plan, where.dp_rank, dp_size=where.dp_size, **kwargs)
+        executor = cls(
+            plan,
+            where.dp_rank,
+            dp_size=where.dp_size,
+            cp_rank=where.coords["cp"],
+            cp_size=cp,
+            **kwargs,
+        )
         executor.mesh = where
         return executor
 
@@ -277,20 +301,36 @@ class PlanExecutor:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Micro-batches from the current position to the end of the plan. The position
         moves past each one as it is handed out, so `state_dict()` after receiving a batch
-        resumes with the next."""
+        resumes with the next. On a CP plan with a `cp_rank`, this CP rank's slices."""
+        for batch in self.whole_batches():
+            yield self.view(batch)
+
+    def whole_batches(self) -> Iterator[dict[str, Any]]:
+        """Iteration's micro-batches whole, whatever this process's CP rank (what the
+        reading peer of `shared()` cuts every peer's part from)."""
         while self._pos < self.total:
             pos = self._pos
             self._ensure_process()
             if self._ahead is None:
-                batch = self.micro_batch_at(pos)
+                batch = expand(self.compact_at(pos))
             else:
                 batch = self._ahead.get(*divmod(pos, self.micro_batches))
             self._pos = pos + 1
             yield batch
 
     def micro_batch_at(self, pos: int) -> dict[str, Any]:
-        """The micro-batch at linear position step * micro_batches + micro_batch."""
-        return expand(self.compact_at(pos))
+        """The micro-batch at linear position step * micro_batches + micro_batch (this CP
+        rank's slice of it, on a CP plan with a `cp_rank`)."""
+        return self.expand(self.compact_at(pos))
+
+    def expand(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """`batch.expand` of a `compact_at` result, cut to this CP rank's slice when there
+        is one: what iteration yields."""
+        return self.view(expand(raw))
+
+    def view(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """This process's part of a whole micro-batch: its CP slice, or the batch itself."""
+        return batch if self.cp_rank is None else cp_slice(batch, self.cp_rank)
 
     def compact_at(self, pos: int, narrow: bool = False) -> dict[str, Any]:
         """The micro-batch at linear position `pos` as numpy arrays (`batch.compact`;
@@ -333,7 +373,7 @@ class PlanExecutor:
         """Samples [lo, hi) of `block` as one micro-batch's numpy arrays (`batch.compact`)."""
         ids = block.ids[lo:hi]
         sid, rows = self._catalog.locate(ids)
-        return compact(
+        raw = compact(
             tokens,
             source=sid,
             sample_id=ids,
@@ -344,6 +384,12 @@ class PlanExecutor:
             vision=self.vision,
             truncate_to=self._catalog.plan.truncate_to,
         )
+        if self.cp is not None:
+            # the layout of the planned lengths, as the planner laid the micro-batch out
+            planned = planned_lengths(block.fetch.tokens[lo:hi], self._catalog.plan.truncate_to)
+            raw["cp_layout"] = layout(planned, self.cp)
+            raw["cp_size"] = self.cp.size
+        return raw
 
     def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
         """Global sample ids of one of this rank's micro-batches, from the plan alone."""
@@ -397,16 +443,34 @@ class PlanExecutor:
         if self._ahead is not None and os.getpid() == self._pid:
             self._ahead.stop()
 
-    def shared(self, group: Any = None, src: int | None = None) -> Iterator[dict[str, Any]]:
+    def shared(
+        self, group: Any = None, src: int | None = None, selective: bool = True
+    ) -> Iterator[dict[str, Any]]:
         """Iterate with one read per DP rank: global rank `src` (default: the first of this
-        process's mesh peers) reads and broadcasts each micro-batch to `group`, its TP, CP
-        and PP peers; every peer's position advances, so any of them can checkpoint."""
-        from mds.executor.broadcast import broadcast_batches
+        process's mesh peers) reads each micro-batch and hands it to `group`, its TP, CP
+        and PP peers; every peer's position advances, so any of them can checkpoint.
 
+        With a mesh (`from_env`) and CP or PP peers, `selective` sends each peer only the
+        part it uses (`broadcast.peer_part`: its CP slice; the first pipeline stage no
+        labels, a middle one no token ids, the last one labels instead of token ids);
+        otherwise the whole micro-batch is broadcast and each peer keeps its CP slice."""
+        from mds.executor.broadcast import broadcast_batches, fanout_batches
+
+        mesh = self.mesh
         if src is None:
-            if self.mesh is None:
+            if mesh is None:
                 raise ConfigError("shared() needs src= unless the executor came from from_env()")
-            src = self.mesh.peers[0]
+            src = mesh.peers[0]
+        parts = mesh is not None and (mesh.sizes.get("pp", 1) > 1 or self.cp_rank is not None)
+        if selective and parts:
+            return fanout_batches(
+                self,
+                src=src,
+                peers=list(mesh.peers),
+                coords=mesh.peer_coords(),
+                pp=mesh.sizes["pp"],
+                group=group,
+            )
         return broadcast_batches(self, src=src, group=group)
 
     def dataloader(self, num_workers: int = 2, **kwargs: Any):

@@ -102,7 +102,7 @@ class PlanLoader:
                 if pos != ex.cursor:  # the loop seeked (load_state_dict) while workers ran ahead
                     break  # start new workers at the new position
                 ex.mark_delivered(pos)
-                batch = expand(raw)
+                batch = ex.expand(raw) if hasattr(ex, "expand") else expand(raw)
                 if pin:
                     batch = {
                         k: v.pin_memory() if hasattr(v, "pin_memory") else v

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mds.errors import ConfigError
 
@@ -28,11 +28,18 @@ class MeshPosition:
     dp_size: int
     coords: dict[str, int]
     peers: tuple[int, ...]  # global ranks with this DP rank, ascending; peers[0] reads
+    sizes: dict[str, int] = field(default_factory=dict)  # every dimension's size
+    order: str = DEFAULT_ORDER
 
     @property
     def reads(self) -> bool:
         """True for the one process per DP rank whose TP, CP and PP coordinates are all 0."""
         return all(v == 0 for k, v in self.coords.items() if k != "dp")
+
+    def peer_coords(self) -> list[dict[str, int]]:
+        """Each peer's coordinates, in the order of `peers`."""
+        dims = self.order.split("-")
+        return [_coords(r, dims, self.sizes) for r in self.peers]
 
 
 def mesh_position(
@@ -44,7 +51,7 @@ def mesh_position(
         raise ConfigError(f"rank {rank} is outside the world size {world_size}")
     coords = _coords(rank, dims, sizes)
     peers = _groups(world_size, dims, sizes)[coords["dp"]]
-    return MeshPosition(coords["dp"], sizes["dp"], coords, peers)
+    return MeshPosition(coords["dp"], sizes["dp"], coords, peers, dict(sizes), order)
 
 
 def peer_groups(

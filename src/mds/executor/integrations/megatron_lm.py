@@ -19,6 +19,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from mds.errors import ConfigError
 from mds.executor.executor import PlanExecutor
 
 __all__ = ["PlanIterator", "dp_coordinates", "megatron_batch"]
@@ -36,7 +37,15 @@ def megatron_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
     """A micro-batch as Megatron's GPT forward takes packed sequences: `tokens`, `labels`
     (the next token within the same sample), `loss_mask` (0 on each sample's last token,
     which has no next token in its sample), `position_ids`, all `[1, T]`, no attention mask,
-    and `packed_seq_params` (THD, the samples' cu_seqlens and max_seqlen)."""
+    and `packed_seq_params` (THD, the samples' cu_seqlens and max_seqlen).
+
+    A CP rank's slice (docs/executor.md, "Context parallelism") whose samples are all split
+    becomes Megatron's THD CP batch: its tokens, `shift_labels` as labels, and
+    `PackedSeqParams` with the split samples' `cu_seqlens` and `cu_seqlens_*_padded`.
+    Megatron-core splits every sequence of a CP batch, so a slice holding whole samples is
+    refused (their attention needs routing Megatron does not do)."""
+    if "cp_rank" in mb:
+        return _megatron_cp_batch(mb)
     ids = mb["input_ids"]
     cu = mb["cu_seqlens"].to(torch.int32)
     labels = torch.empty_like(ids)
@@ -56,6 +65,36 @@ def megatron_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
             qkv_format="thd",
             cu_seqlens_q=cu,
             cu_seqlens_kv=cu,
+            max_seqlen_q=max_len,
+            max_seqlen_kv=max_len,
+        ),
+    }
+
+
+def _megatron_cp_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
+    if bool((mb["cp_layout"] != -1).any()):
+        raise ConfigError(
+            "this micro-batch keeps samples whole on one CP rank, which Megatron-core's THD "
+            "context parallelism cannot route; route whole samples to local attention "
+            "yourself (mds.executor.cp.split_token_mask), or lower cp_split_from so that "
+            "more samples are split"
+        )
+    labels = mb["shift_labels"]
+    cu = mb["cu_seqlens_split"].to(torch.int32)
+    padded = mb["cu_seqlens_split_padded"].to(torch.int32)
+    max_len = int(mb["max_seqlen_split"])
+    return {
+        "tokens": mb["input_ids"].unsqueeze(0),
+        "labels": labels.clamp(min=0).unsqueeze(0),
+        "loss_mask": (labels != -100).to(torch.float32).unsqueeze(0),
+        "position_ids": mb["position_ids"].unsqueeze(0),
+        "attention_mask": None,
+        "packed_seq_params": PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            cu_seqlens_q_padded=padded,
+            cu_seqlens_kv_padded=padded,
             max_seqlen_q=max_len,
             max_seqlen_kv=max_len,
         ),
