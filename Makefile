@@ -59,6 +59,7 @@ bench: setup
 	$(BIN)/python bench/bench_recheck.py --out build/bench
 	$(BIN)/python bench/bench_storage.py --out build/bench
 	$(BIN)/python bench/bench_calibrate.py --out build/bench
+	$(BIN)/python bench/bench_real_model.py --out build/bench
 	$(BIN)/python bench/bench_engine.py --out build/bench
 	$(BIN)/python bench/bench_vision_balance.py --out build/bench
 	$(BIN)/python bench/bench_vision_index.py --out build/bench

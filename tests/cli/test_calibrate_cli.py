@@ -186,3 +186,43 @@ def test_calibrate_encoder_json_and_user_model(tmp_path, monkeypatch):
 )
 def test_calibrate_encoder_bad_flags(args, needle):
     one_error_line(mds("calibrate", "--repeats", "1", *args), needle)
+
+
+HF_TINY = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64,
+           "vocab_size": 64, "max_position_embeddings": 512}  # fmt: skip
+
+
+def test_calibrate_hf_config(tmp_path):
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(HF_TINY))
+    args = ("--hf-config", config, "--threads", "1", *GRID, "--warmup", "0")
+    result = mds("calibrate", *args, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["model"].startswith(f"hf_config {config} (llama: layers 1, hidden 32")
+    assert data["cost"]["source"] == "calibrated" and len(data["points"]) == 7
+    # The warning comes exactly when the largest error exceeds 10%.
+    assert ("warning" in data) == (data["cost"]["fit_error"]["max"] > 0.10)
+
+
+def test_calibrate_fit_warning_threshold():
+    from mds.cli.calibrate import fit_warning
+    from mds.planner.calibrate.fit import CostFit
+
+    assert fit_warning(CostFit(1.0, 0.0, 0.0, (0.02, 0.1))) is None
+    assert "12.0%" in fit_warning(CostFit(1.0, 0.0, 0.0, (0.02, 0.12)))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--hf-config", "nowhere/config.json"), "--hf-config nowhere/config.json: no such file"),
+        (("--hf-config", "x.json", "--encoder"), "use it without --model and --encoder"),
+    ],
+)
+def test_calibrate_hf_config_errors(args, needle):
+    pytest.importorskip("transformers")
+    result = mds("calibrate", *args)
+    assert result.exit_code != 0 and needle in one_error_line(result)

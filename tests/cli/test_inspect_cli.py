@@ -117,6 +117,7 @@ PLAN_SCHEMA = {
         "seed": int,
         "cost": dict,
         "cost_model": str,
+        "cost_label": str,
         "cost_scale": NUM,
         "index_fingerprint": str,
         "index_path": str,
@@ -507,3 +508,42 @@ def test_plan_names_its_cost_model(built, tmp_path):
     ok("inspect", calibrated, "--html", html)
     assert "fit error max 18.1%" in html.read_text()
     assert "counting c per micro-batch" in html.read_text()
+
+
+def test_default_cost_is_named_with_its_band_and_others_without(built, tmp_path):
+    import dataclasses
+
+    from mds.planner.plan.config import CostSpec
+
+    index, plan = built
+    config = with_overrides(load_plan_config(SAMPLE_CONFIG), index=index)
+    default = tmp_path / "default.mds"
+    summary = build_plan(dataclasses.replace(config, cost=CostSpec()), default).to_json()
+    assert summary["cost"]["kind"] == "default"
+    assert "hidden 4096" in summary["cost"]["label"]
+    band = summary["cost"]["band"]
+    assert band["b_factors"] == [0.25, 4.0]
+    assert band["low"] <= summary["speedup_vs_naive"] <= band["high"]
+    report = json.loads(ok("inspect", default, "--json").stdout)
+    assert report["header"]["cost_model"] == "default"
+    assert "built-in default" in report["header"]["cost_label"]
+    assert report["imbalance"]["speedup_vs_naive_band"]["low"] == band["low"]
+    assert "ranges" in ok("inspect", default).stdout
+    html = tmp_path / "default.html"
+    ok("inspect", default, "--html", html)
+    assert "built-in default" in html.read_text() and "ranges" in html.read_text()
+    text = SAMPLE_CONFIG.read_text()
+    start = text.index("[cost]")
+    no_cost = tmp_path / "no-cost.toml"  # planning reads the index only: any directory does
+    end = text.find("\n[", start + 1)
+    no_cost.write_text(text[:start] + (text[end:] if end >= 0 else ""))
+    out = ok("plan", no_cost, "--index", index, "-o", tmp_path / "again.mds").stdout
+    assert "range over b" in out and "built-in default" in out
+
+    # Any other cost: named, with no band (and the plan summary keeps its keys).
+    summary = build_plan(config, tmp_path / "model.mds").to_json()
+    assert "cost" not in summary
+    report = json.loads(ok("inspect", plan, "--json").stdout)
+    assert report["header"]["cost_label"].startswith("FLOP model of [cost] model")
+    assert "speedup_vs_naive_band" not in report["imbalance"]
+    assert "ranges" not in ok("inspect", plan).stdout

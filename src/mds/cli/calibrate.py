@@ -17,6 +17,8 @@ DEFAULT_VOCAB = 512
 DEFAULT_PATCHES = "16,64,256,1024"
 DEFAULT_MAX_PATCHES = 2048
 DEFAULT_PATCH_SIZE, DEFAULT_TEMPORAL_PATCH_SIZE = 14, 2
+# A fit whose largest relative error over the grid exceeds this is flagged (stderr, --json).
+FIT_WARN_MAX_ERROR = 0.10
 
 
 def _progress(label: str, enabled: bool):
@@ -61,6 +63,13 @@ def calibrate_command(
         help="module:function returning a torch module with forward(input_ids [1, T], "
         "cu_seqlens [n + 1] int32), with --encoder forward(pixel_values [P_total, D_in], "
         "cu_seqlens); default: the built-in GPT (ViT) of --layers/--hidden/--heads.",
+    ),
+    hf_config: Path | None = typer.Option(
+        None,
+        "--hf-config",
+        help="A Hugging Face config.json (or its directory), read locally: time "
+        "AutoModelForCausalLM.from_config of it (random weights, SDPA, each sample its own "
+        "causal sequence; needs the hf extra).",
     ),
     encoder: bool = typer.Option(
         False,
@@ -155,14 +164,19 @@ def calibrate_command(
         mds calibrate --model mymodels.gpt:build --lengths 128,512,2048 \\
             --max-tokens 8192
         mds calibrate --lengths 32,64,128 --max-tokens 256 --repeats 5 --json
+        mds calibrate --hf-config models/llama-tiny/config.json --threads 1 \\
+            --statistic min --repeats 5 -o cost.toml
         mds calibrate --encoder --patches 64,256,1024 --max-patches 4096 \\
             -o encoder.toml
     """
+    from mds.errors import ConfigError
     from mds.planner.calibrate import fit as cal
     from mds.planner.calibrate.packed_gpt import GptShape, build_packed_gpt
     from mds.planner.calibrate.packed_vit import VitShape, build_packed_vit
     from mds.planner.runtime.atomic import atomic_write_bytes, cannot_write
 
+    if hf_config is not None and (model is not None or encoder):
+        raise ConfigError("--hf-config times a causal LM: use it without --model and --encoder")
     if encoder:
         _only_with({"--lengths": lengths, "--max-tokens": max_tokens, "--vocab": vocab}, True)
         vit = VitShape(
@@ -193,6 +207,13 @@ def calibrate_command(
         cap = max_tokens or DEFAULT_MAX_TOKENS
         inputs = cal.token_inputs(shape.vocab)
         what = shape.describe() if model is None else f"--model {model}"
+    hf_net = None
+    if hf_config is not None:
+        from mds.planner.calibrate.packed_hf import build_hf_model, hf_describe
+
+        hf_net, hf_vocab = build_hf_model(hf_config, seed=seed)
+        inputs = cal.token_inputs(min(vocab or hf_vocab, hf_vocab))
+        what = hf_describe(hf_config)
     grid = cal.calibration_grid(sizes, cap, mixed=mixed, seed=seed, axis=axis)
     if output is not None:
         from mds.planner.runtime.outputs import check_output
@@ -206,7 +227,9 @@ def calibrate_command(
     clk = cal.pick_clock(clock, dev)
     reduce = cal.pick_statistic(statistic)
     torch.manual_seed(seed)
-    if model is None:
+    if hf_net is not None:
+        net = hf_net
+    elif model is None:
         net = build_packed_vit(vit, seed=seed) if encoder else build_packed_gpt(shape, seed=seed)
     else:
         net = cal.load_model(model, form)
@@ -243,15 +266,32 @@ def calibrate_command(
         per_image=cal.fit_cost(grid, seconds, axis=axis) if encoder else None,
     )
     table = result.cost_table()
+    warning = fit_warning(result.fit)
     if output is not None:
         try:
             atomic_write_bytes(output, table.encode())
         except OSError as exc:
             raise cannot_write(output, "the [cost] table", exc) from None
     if json_out:
-        print_json({**result.to_json(), "output": str(output) if output else None})
+        extra = {"warning": warning} if warning else {}
+        print_json({**result.to_json(), **extra, "output": str(output) if output else None})
         return
     _print(result, table, output)
+    if warning:
+        err_console.print(f"warning: {warning}", soft_wrap=True, markup=False)
+
+
+def fit_warning(fit) -> str | None:
+    """A sentence when the fit's largest error over the grid exceeds FIT_WARN_MAX_ERROR."""
+    if fit.max_error <= FIT_WARN_MAX_ERROR:
+        return None
+    return (
+        f"the fit's largest error over the grid is {fit.max_error:.1%} (above "
+        f"{FIT_WARN_MAX_ERROR:.0%}; per point in the table above, or with --json): the cost "
+        "model a*L + b*L^2 + d + c does not describe these timings well; time more rounds "
+        "(--repeats, --statistic min, --threads 1 on a busy machine) or narrow --lengths to "
+        "the lengths the data has"
+    )
 
 
 def _print(result, table: str, output: Path | None) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from mds.cli.inspect_text import (
     SPARK_WIDTH,
+    band_text,
     bar,
     cost_text,
     number,
@@ -156,6 +157,7 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
         ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
         ("cost model", _esc(cost_text(h["cost"], h["cost_model"]))),
+        *([("predictions use", _esc(h["cost_label"]))] if "cost_label" in h else []),
         ("index fingerprint", h["index_fingerprint"]),
         ("index", _esc(h["index_path"])),
         ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
@@ -289,6 +291,9 @@ def _print_balance(report: dict[str, Any]) -> None:
             table.add_row(label, *(number(q[k]) for k in ("mean", "median", "p99", "max")))
     console.print(table)
     console.print(_speedups(imb))
+    band = band_text(report)
+    if band is not None:
+        console.print(_esc(band), soft_wrap=True)
     if imb["speedup_vs_naive_with_c"] is not None:
         console.print(
             f"vs naive sharding counting c per micro-batch: {imb['speedup_vs_naive_with_c']:.3f}x"

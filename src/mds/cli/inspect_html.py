@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from mds.cli.inspect_text import cost_text, number, percent
+from mds.cli.inspect_text import band_text, cost_text, number, percent
 from mds.cli.svg import PALETTE, bar_chart, line_chart
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
@@ -134,6 +134,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
                 ("capacity (tokens per micro-batch)", f"{h['capacity']:,}"),
                 ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
                 ("cost model", cost_text(h["cost"], h["cost_model"])),
+                *([("predictions use", h["cost_label"])] if "cost_label" in h else []),
                 ("index fingerprint", f"{h['index_fingerprint']} ({h['index_path']})"),
                 ("chunk_steps / chunks", f"{h['chunk_steps']} / {h['chunks']}"),
                 *(
@@ -272,6 +273,7 @@ def _balance(r: dict[str, Any]) -> list[str]:
             else ""
         )
         + "</p>",
+        *([f'<p class="note">{escape(band)}</p>'] if (band := band_text(r)) else []),
         _table(
             ["capacity fill", "mean", "min", "max"],
             [

@@ -11,6 +11,7 @@ __all__ = [
     "COST_LABELS",
     "SPARK",
     "SPARK_WIDTH",
+    "band_text",
     "bar",
     "cost_text",
     "cost_unit",
@@ -74,7 +75,7 @@ def cost_unit(cost: dict[str, Any]) -> str:
     coefficients, or the user's expression."""
     if "expr" in cost:
         return str(cost["expr"])
-    if cost.get("origin") == "model":
+    if cost.get("origin") in ("model", "hf_config"):
         return "FLOPs"
     return "a*L + b*L^2 + d" if cost.get("d") else "a*L + b*L^2"
 
@@ -82,6 +83,7 @@ def cost_unit(cost: dict[str, Any]) -> str:
 COST_LABELS = {
     "default": "default (FLOP formula, causal, hidden 4096)",
     "flop_formula": "FLOP formula of [cost] model",
+    "hf_config": "FLOP model of [cost] hf_config",
     "typed": "typed a, b",
     "calibrated": "calibrated (mds calibrate)",
 }
@@ -105,3 +107,23 @@ def cost_text(cost: dict[str, Any], kind: str) -> str:
             f"over {fit['points']} micro-batches"
         )
     return text
+
+
+def band_text(report: dict[str, Any]) -> str | None:
+    """With the built-in default cost: the predicted speedup's range over the quadratic
+    weight b x 0.25 to b x 4 (or why there is none); None with any other cost."""
+    imb = report["imbalance"]
+    if report["header"].get("cost_model") != "default":
+        return None
+    band = imb.get("speedup_vs_naive_band")
+    if band is None:
+        return (
+            "the built-in default cost is not this model's; no range over its quadratic "
+            "weight is recorded in this plan (made before it was, or with [vision] or CP)"
+        )
+    return (
+        f"with the built-in default cost (not this model's), the speedup vs naive ranges "
+        f"{band['low']:.3f}x - {band['high']:.3f}x over b x {band['b_factors'][0]:g} to "
+        f"x {band['b_factors'][1]:g}; calibrate (mds calibrate) or give [cost] model or "
+        "hf_config for one number"
+    )

@@ -158,6 +158,14 @@ def _cp_rows(cp) -> list[tuple[str, str]]:
     ]
 
 
+def _band_rows(cost: dict) -> list[tuple[str, str]]:
+    """With the built-in default cost: the speedup's range over the quadratic weight."""
+    band = cost.get("band")
+    if band is None:
+        return [("  range over b x 0.25 to x 4", cost["band_note"])] if "band_note" in cost else []
+    return [("  range over b x 0.25 to x 4", f"{band['low']:.3f}x - {band['high']:.3f}x")]
+
+
 def _print_summary(s) -> None:
     from rich.table import Table
 
@@ -178,6 +186,7 @@ def _print_summary(s) -> None:
             f"mean {s.interleave_ratio_mean:.4f}, max {s.interleave_ratio_max:.4f}",
         ),
         ("predicted speedup vs naive", f"{s.speedup_vs_naive:.3f}x"),
+        *_band_rows(s.cost),
         ("predicted speedup vs interleaving", f"{s.speedup_vs_interleave:.3f}x"),
         ("stronger baseline", s.stronger_baseline),
         *(
@@ -193,6 +202,8 @@ def _print_summary(s) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if s.cost:
+        console.print(f"cost: {s.cost['label']}", soft_wrap=True, markup=False)
     src = Table(title="sources", title_justify="left")
     for col in ("source", "samples", "eligible", "epochs"):
         src.add_column(col, justify="left" if col == "source" else "right")

@@ -278,7 +278,7 @@ def test_cost_given_and_expr(tmp_path):
     [
         (
             {"model": {"layers": 2, "hidden": 8}, "a": 1},
-            "use one of `a`/`b`, `model` or `expr`; got model, a/b",
+            "use one of `a`/`b`, `model`, `hf_config` or `expr`; got model, a/b",
         ),
         ({"model": {"layers": 2, "hidden": 8}, "b": 1}, "got model, a/b"),
         ({"expr": "n_tokens", "model": {"layers": 1, "hidden": 1}}, "got expr, model"),
@@ -289,7 +289,18 @@ def test_cost_given_and_expr(tmp_path):
         ({"expr": "  "}, "`expr` must be a non-empty SQL expression string"),
         ({"expr": 3}, "`expr` must be a non-empty SQL expression string"),
         ({"model": {"layers": 2}}, "model: `layers` and `hidden` are required"),
-        ({"model": {"layers": 2, "hidden": 8, "heads": 4}}, "model: unknown key `heads`"),
+        ({"model": {"layers": 2, "hidden": 8, "head": 4}}, "model: unknown key `head`"),
+        ({"model": {"layers": 2, "hidden": 8, "heads": 3}}, "must be a multiple of `heads`"),
+        ({"model": {"layers": 2, "hidden": 8, "kv_heads": 2}}, "`kv_heads` needs `heads`"),
+        (
+            {"model": {"layers": 2, "hidden": 8, "heads": 4, "kv_heads": 3}},
+            "`heads` (4) must be a multiple of `kv_heads` (3)",
+        ),
+        ({"model": {"layers": 2, "hidden": 8, "ffn": 32}}, "`ffn` (the MLP's intermediate"),
+        ({"model": {"layers": 2, "hidden": 8, "ffn": 32, "mlp": "swiglu"}}, "`mlp` must be"),
+        ({"hf_config": "https://huggingface.co/x/config.json"}, "must be a local file"),
+        ({"hf_config": "missing.json"}, "`hf_config`: cannot read"),
+        ({"hf_config": "x.json", "a": 1}, "got hf_config, a/b"),
         ({"model": {"layers": 2, "hidden": 8, "causal": "yes"}}, "`causal` must be true or false"),
         ({"model": {"layers": 0, "hidden": 8}}, "`layers` must be an integer >= 1"),
         ({"model": 5}, "model: must be a table with `layers` and `hidden`"),

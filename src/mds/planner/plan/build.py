@@ -26,6 +26,7 @@ from mds.planner.index.objects import head, relative_key
 from mds.planner.index.tables import IndexManifest, download_index
 from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
 from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes, with_cp_linear
+from mds.planner.plan.cost_band import cost_band
 from mds.planner.plan.footer import plan_footer
 from mds.planner.plan.mixing import MixState
 from mds.planner.runtime import upload
@@ -67,6 +68,9 @@ class PlanSummary:
     # mds's CP layout, head-tail everywhere and contiguous, and the CP layout's figures
     # (plan/cp.py, docs/context-parallel.md).
     cp: dict[str, Any] | None = None
+    # Which cost the predictions use ({kind, label}), and with the built-in default cost the
+    # speedup's range over b x 0.25 to b x 4 (`band`; report/plan.py cost_note).
+    cost: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -74,6 +78,10 @@ class PlanSummary:
             del out["parts"]
         if self.cp is None:
             del out["cp"]
+        # Only with the built-in default cost (its label and band), so the summaries of
+        # plans with a [cost] keep their keys; `mds inspect` names every plan's cost.
+        if self.cost.get("kind") != "default":
+            del out["cost"]
         out["bytes_per_sample"] = round(self.bytes / self.samples, 3) if self.samples else None
         out["seconds"] = round(self.seconds, 3)
         return out
@@ -359,13 +367,15 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
         raise _cannot_write(output, exc) from exc
     if progress is not None:
         progress.start(train.steps - planner.first_step)
-    stats, mixed = [], []
+    stats, mixed, bands = [], [], []
     states: list[MixState] = []
     try:
         for result in _chunks(planner, pool, run, states):
             writer.add_chunk(result.start, result.end, result.blocks)
             stats.append(result.stats)
             mixed.append(result.source_samples)
+            if result.band is not None:
+                bands.append(result.band)
             if progress is not None:
                 progress.advance(result.end - result.start)
         stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(stat_columns(planner.config))), np.int64)
@@ -376,6 +386,8 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
         writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
         writer.add_section("cursor_target", np.stack([s.target for s in states]))
         footer = plan_footer(planner, place or output, states[-1], stats_arr)
+        if bands:  # the built-in default cost only (plan/cost_band.py)
+            footer["cost_band"] = cost_band(np.concatenate(bands))
         data = writer.commit(footer)
     except BaseException as exc:
         writer.abort()
@@ -400,6 +412,8 @@ def _summary(
     workers: int = 1,
     notice: str | None = None,
 ) -> PlanSummary:
+    from mds.planner.report.plan import cost_note  # the labels `mds inspect` shows too
+
     col = {name: stats[:, i] for i, name in enumerate(stat_columns(planner.config))}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
     naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
@@ -432,6 +446,7 @@ def _summary(
         notice=notice,
         parts=_part_ratios(col) if "encoder_cost" in col else None,
         cp=_cp_ratios(col, train.cp_size) if "cp_max_rank_work" in col else None,
+        cost=cost_note(footer, round(naive_total / planned, 6) if planned else 1.0),
     )
 
 

@@ -19,6 +19,7 @@ from mds.planner.plan.balance import balance
 from mds.planner.plan.balance_parts import balance_parts, part_bounds
 from mds.planner.plan.bounds import group_sums, interleave_ranks, lower_bound, naive_ranks
 from mds.planner.plan.config import PlanConfig
+from mds.planner.plan.cost_band import band_applies, band_loads
 from mds.planner.plan.cp import CP_STAT_COLUMNS, cp_stats
 from mds.planner.plan.fetch import FetchTable
 from mds.planner.plan.mixing import Mixer, MixState
@@ -70,6 +71,9 @@ class ChunkResult:
     blocks: ChunkBlocks | EncodedChunk  # per rank (counts, ids, fetch); encoded in workers
     stats: np.ndarray  # [steps, len(STAT_COLUMNS)] int64
     source_samples: np.ndarray  # [steps, sources] int64
+    # Plans with the built-in default cost only: per step, the most-loaded planned and naive
+    # rank under each of BAND_FACTORS' quadratic weights (plan/cost_band.py).
+    band: np.ndarray | None = None
 
 
 class Planner:
@@ -182,7 +186,10 @@ class Planner:
                 train.cp_size, train.cp_split_from, train.cp_linear,
             )  # fmt: skip
             stats = np.concatenate([stats, cp], axis=1)
-        return ChunkResult(a, end, blocks, stats, counts)
+        band = None
+        if band_applies(self.config):
+            band = band_loads(assign.rank, length, valid, steps, D, self.config.cost)
+        return ChunkResult(a, end, blocks, stats, counts, band)
 
 
 def _blocks(

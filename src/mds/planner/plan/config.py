@@ -43,13 +43,35 @@ TRAIN_KEYS = (
     "cp_size",
     "cp_split_from",
 )
-COST_KEYS = ("a", "b", "c", "d", "model", "expr", "source", "fit_error", "file", "encoder")
+COST_KEYS = (
+    "a",
+    "b",
+    "c",
+    "d",
+    "model",
+    "hf_config",
+    "expr",
+    "source",
+    "fit_error",
+    "file",
+    "encoder",
+)
 ENCODER_KEYS = ("a", "b", "d", "layers", "hidden")
 # Without `[cost] encoder`: the shape of Qwen2-VL's ViT (32 layers, hidden size 1280).
 DEFAULT_ENCODER = {"layers": 32, "hidden": 1280}
 FIT_ERROR_KEYS = ("max", "median", "points")
 COST_SOURCES = ("calibrated",)
-MODEL_KEYS = ("layers", "hidden", "vocab", "causal")
+MODEL_KEYS = (
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "mlp",
+    "vocab",
+    "causal",
+)
 PLAN_KEYS = ("index", "chunk_steps", "workers", "engine", "address")
 OVERLONG = ("error", "drop", "truncate")
 WEIGHT_BY = ("samples", "tokens")
@@ -108,10 +130,13 @@ class CostSpec:
     a: float = DEFAULT_A
     b: float = DEFAULT_B
     expr: str | None = None
-    origin: str = "default"  # "default" | "given" | "model" | "expr" | "calibrated"
+    origin: str = "default"  # "default" | "given" | "model" | "hf_config" | "expr" | "calibrated"
     c: float = 0.0
     fit_error: dict[str, Any] | None = None
     d: float = 0.0
+    # The model shape a and b were derived from (src/mds/planner/plan/flops.py): stored in
+    # the plan for `hf_config` and for shapes beyond layers/hidden/vocab/causal only.
+    shape: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
         if self.expr is not None:
@@ -124,6 +149,8 @@ class CostSpec:
             out["d"] = self.d
         if self.fit_error is not None:
             out["fit_error"] = dict(self.fit_error)
+        if self.shape is not None:
+            out["model"] = dict(self.shape)
         return out
 
 
@@ -381,11 +408,13 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
     table = {k: v for k, v in table.items() if k != "encoder"}  # parse_vision reads it
     if "file" in table:
         return _cost_file(table, where, base or Path.cwd())
-    given = [k for k in ("expr", "model") if k in table] + (
+    given = [k for k in ("expr", "model", "hf_config") if k in table] + (
         ["a/b"] if {"a", "b"} & set(table) else []
     )
     if len(given) > 1:
-        raise ConfigError(f"{where}use one of `a`/`b`, `model` or `expr`; got {', '.join(given)}")
+        raise ConfigError(
+            f"{where}use one of `a`/`b`, `model`, `hf_config` or `expr`; got {', '.join(given)}"
+        )
     if given and given[0] != "a/b":
         extra = [k for k in ("c", "d", "source", "fit_error") if k in table]
         if extra:
@@ -396,24 +425,9 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
             raise ConfigError(f"{where}`expr` must be a non-empty SQL expression string")
         return CostSpec(expr=expr, origin="expr")
     if "model" in table:
-        model = table["model"]
-        mwhere = f"{where}model: "
-        if not isinstance(model, dict):
-            raise ConfigError(f"{mwhere}must be a table with `layers` and `hidden`")
-        check_keys(model, MODEL_KEYS, mwhere)
-        layers = _int(model, "layers", mwhere)
-        hidden = _int(model, "hidden", mwhere)
-        if layers is None or hidden is None:
-            raise ConfigError(f"{mwhere}`layers` and `hidden` are required")
-        vocab = _int(model, "vocab", mwhere, minimum=0, default=0)
-        causal = model.get("causal", True)
-        if not isinstance(causal, bool):
-            raise ConfigError(f"{mwhere}`causal` must be true or false, got {causal!r}")
-        # Training FLOPs of one sequence of L tokens (Narayanan et al. 2021, Megatron-LM):
-        # 72*l*h^2*L + 6*h*V*L for the dense parts, 12*l*h*L^2 for attention (half if causal).
-        a = 72.0 * layers * hidden * hidden + 6.0 * hidden * vocab
-        b = (6.0 if causal else 12.0) * layers * hidden
-        return CostSpec(a=a, b=b, origin="model")
+        return _model_cost(table["model"], f"{where}model: ")
+    if "hf_config" in table:
+        return _hf_config_cost(table["hf_config"], where, base or Path.cwd())
     a, b = _float(table, "a", where), _float(table, "b", where)
     c, d = _float(table, "c", where), _float(table, "d", where)
     if a is None and b is None:
@@ -435,6 +449,69 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
         )
     fit = _fit_error(table.get("fit_error"), where)
     return CostSpec(a=a, b=b, origin="calibrated", c=c or 0.0, d=d or 0.0, fit_error=fit)
+
+
+def _model_cost(model: Any, where: str) -> CostSpec:
+    """`[cost] model = { layers, hidden, ... }`: training FLOPs of that shape
+    (src/mds/planner/plan/flops.py). With only layers/hidden/vocab/causal it is Narayanan et
+    al.'s formula (a = 72*l*h^2 + 6*h*V, b = 12*l*h, 6*l*h causal) and the plan stores
+    a and b only, as before the other keys existed."""
+    from mds.planner.plan.flops import ModelShape, check_shape
+
+    if not isinstance(model, dict):
+        raise ConfigError(f"{where}must be a table with `layers` and `hidden`")
+    check_keys(model, MODEL_KEYS, where)
+    layers = _int(model, "layers", where)
+    hidden = _int(model, "hidden", where)
+    if layers is None or hidden is None:
+        raise ConfigError(f"{where}`layers` and `hidden` are required")
+    vocab = _int(model, "vocab", where, minimum=0, default=0)
+    causal = model.get("causal", True)
+    if not isinstance(causal, bool):
+        raise ConfigError(f"{where}`causal` must be true or false, got {causal!r}")
+    ffn = _int(model, "ffn", where)
+    mlp = model.get("mlp")
+    if mlp is not None and mlp not in ("gated", "plain"):
+        raise ConfigError(f"{where}`mlp` must be one of gated, plain, got {mlp!r}")
+    if (ffn is None) != (mlp is None):
+        raise ConfigError(
+            f"{where}`ffn` (the MLP's intermediate size) and `mlp` go together: "
+            '`mlp = "gated"` for 3 matrices (Llama, Mistral, Qwen2), "plain" for 2 (GPT-2, '
+            "GPT-NeoX)"
+        )
+    shape = check_shape(
+        ModelShape(
+            layers=layers,
+            hidden=hidden,
+            heads=_int(model, "heads", where),
+            kv_heads=_int(model, "kv_heads", where),
+            head_dim=_int(model, "head_dim", where),
+            ffn=ffn,
+            mlp=mlp or "plain",
+            vocab=vocab,
+            causal=causal,
+        ),
+        where,
+    )
+    a, b = shape.coefficients()
+    legacy = set(model) <= {"layers", "hidden", "vocab", "causal"}
+    return CostSpec(a=a, b=b, origin="model", shape=None if legacy else shape.describe())
+
+
+def _hf_config_cost(name: Any, where: str, base: Path) -> CostSpec:
+    """`[cost] hf_config = "config.json"`: the FLOPs of the shape a Hugging Face config
+    describes, read from a local file (relative to `base`), never downloaded."""
+    from mds.planner.plan.flops import hf_config_shape
+
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}`hf_config` must be the path of a config.json")
+    if is_url(name) or name.startswith(("http://", "https://", "hf://")):
+        raise ConfigError(
+            f"{where}`hf_config` must be a local file (it is never downloaded), got {name!r}"
+        )
+    shape = hf_config_shape(base / name, where)
+    a, b = shape.coefficients()
+    return CostSpec(a=a, b=b, origin="hf_config", shape=shape.describe())
 
 
 def parse_vision(
