@@ -6,7 +6,7 @@ import pytest
 
 from mds.cli.inspect_text import bar, cost_text, cost_unit, number, percent, resample, sparkline
 from mds.cli.svg import nice_range
-from mds.planner.report.plan import cost_model
+from mds.planner.plan.cost_label import cost_model
 
 
 def test_drawing_helpers():

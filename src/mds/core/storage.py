@@ -64,6 +64,14 @@ def given_root(argument: str | os.PathLike | None) -> tuple[str | None, str]:
     return None, ""
 
 
+def _is_dir(path: Path) -> bool:
+    """Whether `path` is a directory; a name the OS refuses (too long, say) is not one."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def plan_data_root(
     plan_path: Path | str, recorded: str, given: str | os.PathLike | None
 ) -> tuple[Path | str, Path | str | None]:
@@ -84,10 +92,10 @@ def plan_data_root(
         return given.rstrip("/"), own
     if given is not None:
         root = Path(given)
-        if not root.is_dir():
+        if not _is_dir(root):
             raise ConfigError(f"{origin}={str(given)!r} is not a directory")
         return root.absolute(), own
-    if isinstance(own, Path) and not own.is_dir():
+    if isinstance(own, Path) and not _is_dir(own):
         raise ConfigError(
             f"{plan_path}: its data root was expected at {own} (recorded relative to the "
             f"plan's directory as {recorded!r}); the plan or the data moved: {MOVED_HINT}"

@@ -27,6 +27,7 @@ from mds.planner.index.tables import IndexManifest, download_index
 from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
 from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes, with_cp_linear
 from mds.planner.plan.cost_band import cost_band
+from mds.planner.plan.cost_label import cost_note
 from mds.planner.plan.footer import plan_footer
 from mds.planner.plan.mixing import MixState
 from mds.planner.runtime import upload
@@ -69,7 +70,7 @@ class PlanSummary:
     # (plan/cp.py, docs/context-parallel.md).
     cp: dict[str, Any] | None = None
     # Which cost the predictions use ({kind, label}), and with the built-in default cost the
-    # speedup's range over b x 0.25 to b x 4 (`band`; report/plan.py cost_note).
+    # speedup's range over b x 0.25 to b x 4 (`band`; plan/cost_label.py cost_note).
     cost: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -378,7 +379,11 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
                 bands.append(result.band)
             if progress is not None:
                 progress.advance(result.end - result.start)
-        stats_arr = np.concatenate(stats) if stats else np.zeros((0, len(stat_columns(planner.config))), np.int64)
+        stats_arr = (
+            np.concatenate(stats)
+            if stats
+            else np.zeros((0, len(stat_columns(planner.config))), np.int64)
+        )
         mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
         writer.add_section("stats", stats_arr)
         writer.add_section("source_samples", mixed_arr)
@@ -412,8 +417,6 @@ def _summary(
     workers: int = 1,
     notice: str | None = None,
 ) -> PlanSummary:
-    from mds.planner.report.plan import cost_note  # the labels `mds inspect` shows too
-
     col = {name: stats[:, i] for i, name in enumerate(stat_columns(planner.config))}
     ratio = _ratio(col["max_rank_cost"], col["lower_bound"])
     naive = _ratio(col["naive_max_rank_cost"], col["lower_bound"])
