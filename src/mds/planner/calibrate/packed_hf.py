@@ -45,7 +45,7 @@ def _load_config(path: Path) -> Any:
 
 def hf_describe(path: Path) -> str:
     """For the [cost] table's comment: `hf_config <path> (llama: layers 2, hidden 256, ...)`."""
-    from mds.planner.plan.flops import hf_config_shape
+    from mds.core.flops import hf_config_shape
 
     try:
         shape = hf_config_shape(path, "").text()

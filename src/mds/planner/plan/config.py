@@ -134,7 +134,7 @@ class CostSpec:
     c: float = 0.0
     fit_error: dict[str, Any] | None = None
     d: float = 0.0
-    # The model shape a and b were derived from (src/mds/planner/plan/flops.py): stored in
+    # The model shape a and b were derived from (src/mds/core/flops.py): stored in
     # the plan for `hf_config` and for shapes beyond layers/hidden/vocab/causal only.
     shape: dict[str, Any] | None = None
 
@@ -453,10 +453,10 @@ def parse_cost(table: Any, where: str, base: Path | None = None) -> CostSpec:
 
 def _model_cost(model: Any, where: str) -> CostSpec:
     """`[cost] model = { layers, hidden, ... }`: training FLOPs of that shape
-    (src/mds/planner/plan/flops.py). With only layers/hidden/vocab/causal it is Narayanan et
+    (src/mds/core/flops.py). With only layers/hidden/vocab/causal it is Narayanan et
     al.'s formula (a = 72*l*h^2 + 6*h*V, b = 12*l*h, 6*l*h causal) and the plan stores
     a and b only, as before the other keys existed."""
-    from mds.planner.plan.flops import ModelShape, check_shape
+    from mds.core.flops import ModelShape, check_shape
 
     if not isinstance(model, dict):
         raise ConfigError(f"{where}must be a table with `layers` and `hidden`")
@@ -501,7 +501,7 @@ def _model_cost(model: Any, where: str) -> CostSpec:
 def _hf_config_cost(name: Any, where: str, base: Path) -> CostSpec:
     """`[cost] hf_config = "config.json"`: the FLOPs of the shape a Hugging Face config
     describes, read from a local file (relative to `base`), never downloaded."""
-    from mds.planner.plan.flops import hf_config_shape
+    from mds.core.flops import hf_config_shape
 
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}`hf_config` must be the path of a config.json")

@@ -28,7 +28,7 @@ def cost_model(cost: dict[str, Any]) -> str:
 
 def _shape_text(shape: dict[str, Any]) -> str:
     """`llama: layers 2, hidden 256, heads 4 (kv 2), ffn 688 gated, vocab 32000`."""
-    from mds.planner.plan.flops import ModelShape
+    from mds.core.flops import ModelShape
 
     return ModelShape(**shape).text()
 

@@ -1,4 +1,4 @@
-"""The FLOP model of `[cost] model` / `[cost] hf_config` (src/mds/planner/plan/flops.py)."""
+"""The FLOP model of `[cost] model` / `[cost] hf_config` (src/mds/core/flops.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from mds.core.flops import ModelShape, hf_config_shape
 from mds.errors import ConfigError
 from mds.planner.plan.config import parse_cost
-from mds.planner.plan.flops import ModelShape, hf_config_shape
 
 LLAMA_TINY = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "mlp": "gated",
               "vocab": 32000}  # fmt: skip
