@@ -161,3 +161,8 @@ def test_cp_split_mask_and_conflicting_cp_keys(small_cp_plan):
         PlanDataLoader(
             small_cp_plan, dp_rank=0, dp_world_size=1, cp_rank=1, executor_kwargs={"cp_rank": 0}
         )
+
+
+def test_cp_slices_from_dataloader_workers_are_the_same(small_cp_plan):
+    want = items(build_cp(small_cp_plan, 1, CP))
+    assert items(build_cp(small_cp_plan, 1, CP, num_workers=1)) == want

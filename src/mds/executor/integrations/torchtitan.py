@@ -18,7 +18,7 @@ sample (so RoPE and document masks see where a chunk lies in its sample), and `l
 slice's `shift_labels` (shifted before the cut; -100 on each sample's last token and on
 padding). mds has already cut the micro-batch per sample (head-tail split or kept whole),
 so torchtitan's `context_parallel(...)` buffer sharding must NOT be applied to these
-tensors (it would cut them again, contiguously over the whole row). The model must attend:
+tensors (it would cut the slice again, along the whole row instead of per sample). The model must attend:
 tokens of split samples (`split_token_mask` of the slice; `with_split_mask=True` passes it
 as `input_dict["split_mask"]`) with ring attention or all-gathered K/V over the CP group,
 masked by sample and causal on the global positions; tokens of whole samples only locally
