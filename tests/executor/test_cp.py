@@ -454,5 +454,15 @@ def test_megatron_batch_of_a_cp_slice():
     assert torch.equal(got["tokens"][0], piece["input_ids"])
     assert torch.equal(got["loss_mask"][0], (piece["shift_labels"] != -100).float())
     batch["cp_layout"] = torch.tensor([0, -1], dtype=torch.int32)
-    with pytest.raises(ConfigError, match="whole on one CP rank"):
-        megatron_batch(cp_slice(batch, 1))
+    # every CP rank refuses, and names the fix
+    for r in range(2):
+        with pytest.raises(ConfigError, match=r"whole on one CP rank.*cp_split_from = 1"):
+            megatron_batch(cp_slice(batch, r))
+    # an empty sample (on no CP rank) kept "whole" is no whole sample
+    batch["cu_seqlens"] = torch.tensor([0, 5, 5, 14], dtype=torch.int32)
+    batch["cp_layout"] = torch.tensor([-1, 0, -1], dtype=torch.int32)
+    assert megatron_batch(cp_slice(batch, 0))["packed_seq_params"].cu_seqlens_q.tolist() == [
+        0,
+        5,
+        14,
+    ]

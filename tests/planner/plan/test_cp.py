@@ -69,14 +69,9 @@ def test_cp_keys_defaults_and_canonical(tmp_path: Path) -> None:
         ({"cp_size": 2.0}, None, r"`cp_size` must be an integer >= 1, got 2.0"),
         ({"cp_split_from": 100}, None, r"`cp_split_from` needs `cp_size` > 1"),
         (
-            {"cp_size": 4, "cp_split_from": 7},
+            {"cp_size": 4, "cp_split_from": 0},
             None,
-            r"`cp_split_from` must be an integer >= 2 x cp_size = 8, got 7",
-        ),
-        (
-            {"cp_size": 8192},
-            None,
-            r"`cp_split_from` must be an integer >= 2 x cp_size = 16384, got 8192",
+            r"`cp_split_from` must be an integer >= 1, got 0",
         ),
         (
             {"cp_size": 2},
@@ -237,6 +232,46 @@ def test_stats_equal_a_recomputation_from_the_blocks(tmp_path: Path, cp: int) ->
     assert summary.cp is not None and summary.cp["ratio_mean"] >= 1.0
     report = plan_report(reader)["cp"]
     assert report["cp_size"] == cp and report["samples_split"] == int(stats[:, 7].sum())
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_split_from_1_splits_every_sample(tmp_path: Path, cp: int) -> None:
+    """`cp_split_from = 1` (what Megatron-core's CP needs): every sample of every
+    micro-batch is split head-tail, samples shorter than 2 x cp and short ones that would
+    otherwise stay whole included."""
+    lengths = [1, 2, 3, 5, 7, 16, 40, 100, 300, 2000] * 4
+    data = synthetic(
+        tmp_path,
+        {"mixed": {"lengths": lengths, "weight": 1.0}},
+        train_table(
+            steps=4, dp_size=2, micro_batches=2, samples_per_step=10, max_tokens_per_micro_batch=4000
+        ),
+        cost={"a": 2.0, "b": 0.001},
+    )
+    out = tmp_path / "plan.mds"
+    build_plan(plan_config(tmp_path, data, cp_size=cp, cp_split_from=1), out)
+    reader = PlanReader(out)
+    train = reader.footer["config"]["train"]
+    assert train["cp_split_from"] == 1
+    seen = set()
+    for r in range(reader.dp):
+        for c in range(len(reader.chunks)):
+            block = reader.rank_chunk(c, r)
+            start = 0
+            for n in block.counts.reshape(-1).tolist():
+                L = block.fetch.tokens[start : start + n].astype(np.int64).tolist()
+                start += n
+                seen.update(L)
+                assert cp_layout(L, cp, 1, train["cp_linear"]) == [SPLIT] * n
+    assert {1, 2, 3} <= seen  # samples shorter than 2 x cp were planned, and split
+    stats = reader.section("stats")
+    split = stats[:, reader.footer["stats_columns"].index("cp_split_samples")]
+    assert (split == 10).all()  # every sample of every step
+    # with the default, the short samples stay whole
+    default = tmp_path / "default.mds"
+    build_plan(plan_config(tmp_path, data, cp_size=cp), default)
+    dstats = PlanReader(default).section("stats")
+    assert (dstats[:, reader.footer["stats_columns"].index("cp_split_samples")] < 10).all()
 
 
 def test_a_plan_without_cp_keeps_its_bytes(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ def megatron_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
     becomes Megatron's THD CP batch: its tokens, `shift_labels` as labels, and
     `PackedSeqParams` with the split samples' `cu_seqlens` and `cu_seqlens_*_padded`.
     Megatron-core splits every sequence of a CP batch, so a slice holding whole samples is
-    refused (their attention needs routing Megatron does not do)."""
+    refused (their attention needs routing Megatron does not do): plan with `[train]`
+    `cp_split_from = 1`, which splits every sample."""
     if "cp_rank" in mb:
         return _megatron_cp_batch(mb)
     ids = mb["input_ids"]
@@ -72,12 +73,12 @@ def megatron_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _megatron_cp_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
-    if bool((mb["cp_layout"] != -1).any()):
+    # an empty sample has no tokens on any CP rank, whatever its layout
+    if bool(((mb["cp_layout"] != -1) & (mb["seqlens"] > 0)).any()):
         raise ConfigError(
             "this micro-batch keeps samples whole on one CP rank, which Megatron-core's THD "
-            "context parallelism cannot route; route whole samples to local attention "
-            "yourself (mds.executor.cp.split_token_mask), or lower cp_split_from so that "
-            "more samples are split"
+            "context parallelism cannot route; re-plan with cp_split_from = 1 in [train] so "
+            "that every sample is split"
         )
     labels = mb["shift_labels"]
     cu = mb["cu_seqlens_split"].to(torch.int32)

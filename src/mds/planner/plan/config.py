@@ -327,11 +327,9 @@ def _parse_cp(table: dict[str, Any], where: str) -> dict[str, Any]:
         if "cp_split_from" in table:
             raise ConfigError(f"{where}`cp_split_from` needs `cp_size` > 1")
         return {}
+    # 1 splits every sample (what Megatron-core's CP needs); a sample shorter than 2 x cp
+    # is padded to 2 x cp and some CP ranks hold only its padding
     split_from = _int(table, "cp_split_from", where, default=DEFAULT_CP_SPLIT_FROM)
-    if split_from < 2 * cp:  # a split sample has at least one token per chunk
-        raise ConfigError(
-            f"{where}`cp_split_from` must be an integer >= 2 x cp_size = {2 * cp}, got {split_from}"
-        )
     return {"cp_size": cp, "cp_split_from": split_from}
 
 
