@@ -377,7 +377,8 @@ def test_html_reports_are_well_formed(html_reports):
     index = check_html(html_reports["index"])
     assert "samples per length bucket" in index and "sampled:" in index
     plan = check_html(html_reports["plan"])
-    assert plan.count("<svg") == 7  # six share charts and the imbalance chart
+    # the realized and target mix, six share charts and the imbalance chart
+    assert plan.count("<svg") == 9
     assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
     step = check_html(html_reports["step"])
     assert "cost per rank (as configured)" in step
