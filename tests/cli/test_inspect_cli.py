@@ -4,17 +4,14 @@ the HTML report (well-formed, SVG parses, optional headless render) and one-line
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import subprocess
 import xml.etree.ElementTree as ET
-from html import unescape
 from html.parser import HTMLParser
-from itertools import pairwise
 from pathlib import Path
 
 import polars as pl
 import pytest
+from chart_layout import NO_BROWSER, chart_layout, find_chromium
 from cli_helpers import mds
 from cli_helpers import one_error_line as _one_error_line
 from plan_builders import SAMPLE_CONFIG
@@ -25,8 +22,6 @@ from mds.planner.plan.build import build_plan, with_overrides
 from mds.planner.plan.chunk import STAT_COLUMNS
 from mds.planner.plan.config import load_plan_config
 from mds.planner.report.export import plan_frame
-
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def ok(*args):
@@ -398,112 +393,16 @@ def test_html_with_json(built, tmp_path):
 
 # --- the charts as a browser lays them out --------------------------------------------------------
 
-# Run in the page by headless chromium (--dump-dom): per chart its title, axis titles, legend
-# entries and series count, and every text's box in the SVG's own units (through getCTM, so
-# the rotated axis title counts too), written into the DOM as JSON.
-MEASURE = """<script>
-(() => {
-  const charts = [...document.querySelectorAll("svg")].map((svg) => {
-    const vb = svg.viewBox.baseVal;
-    const texts = [...svg.querySelectorAll("text")].map((t) => {
-      const b = t.getBBox(), m = t.getCTM();
-      const ps = [[b.x, b.y], [b.x + b.width, b.y], [b.x, b.y + b.height],
-                  [b.x + b.width, b.y + b.height]].map(([x, y]) => new DOMPoint(x, y).matrixTransform(m));
-      const xs = ps.map((p) => p.x), ys = ps.map((p) => p.y);
-      return {text: t.textContent, cls: t.getAttribute("class") || "",
-              box: [Math.min(...xs), Math.min(...ys), Math.max(...xs), Math.max(...ys)]};
-    });
-    return {width: vb.width, height: vb.height, series: +svg.dataset.series,
-            legend: svg.querySelectorAll("g.legend").length, texts};
-  });
-  const pre = document.createElement("pre");
-  pre.id = "layout";
-  pre.textContent = JSON.stringify(charts);
-  document.body.appendChild(pre);
-})();
-</script>"""
 
-
-def find_chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if found := shutil.which(name):
-            return found
-    return str(CHROMIUM) if CHROMIUM.exists() else None
-
-
-def chromium(browser: str, profile: Path, *args: str) -> subprocess.Popen:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run",
-             "--hide-scrollbars", f"--user-data-dir={profile}"]  # fmt: skip
-    return subprocess.Popen(
-        [browser, *flags, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-
-
-def overlaps(boxes: list[list[float]], axis: int) -> list[tuple[list[float], list[float]]]:
-    """Pairs of neighbouring boxes that overlap along `axis` (0: x, 1: y)."""
-    boxes = sorted(boxes, key=lambda b: b[axis])
-    return [(a, b) for a, b in pairwise(boxes) if b[axis] < a[axis + 2] - 0.5]
-
-
-@pytest.mark.skipif(find_chromium() is None, reason="no chromium or chrome on PATH or at /usr/bin/chromium")
+@pytest.mark.skipif(find_chromium() is None, reason=NO_BROWSER)
 def test_charts_fit_in_chromium(html_reports, tmp_path):
-    """The three reports' charts laid out by a real browser: every text (tick labels, titles,
-    legend) inside its SVG, no two tick labels on one axis overlapping, each chart with a
-    title, two axis titles and a legend when it draws more than one series. A screenshot of
-    all charts goes to build/inspect-html/ for review."""
-    browser = find_chromium()
-    pages = {name: html_reports[name].read_text(encoding="utf-8") for name in ("index", "plan", "step")}
-    head = pages["plan"][: pages["plan"].index("<body>") + len("<body>")]
-    bodies = [p[p.index("<body>") + 6 : p.index("</body>")] for p in pages.values()]
-    measured = tmp_path / "measure.html"
-    measured.write_text(head + "".join(bodies) + MEASURE + "</body></html>", encoding="utf-8")
-    svgs = []
-    for body in bodies:
-        start = 0
-        while (i := body.find("<svg", start)) >= 0:
-            start = body.index("</svg>", i) + len("</svg>")
-            svgs.append(body[i:start])
-    gallery = tmp_path / "charts.html"
-    gallery.write_text(head + '<div class="charts">' + "".join(svgs) + "</div></body></html>")
-    out = Path(__file__).resolve().parents[2] / "build" / "inspect-html"
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "charts.png"
-    png.unlink(missing_ok=True)
-    rows = (len(svgs) + 1) // 2
-    shot = chromium(browser, tmp_path / "p1", f"--screenshot={png}",
-                    f"--window-size=1200,{rows * 245 + 40}", gallery.as_uri())  # fmt: skip
-    dump = chromium(browser, tmp_path / "p2", "--dump-dom", measured.as_uri())
-    dom, _ = dump.communicate(timeout=60)
-    shot.communicate(timeout=60)
-    found = re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)
-    assert found, dom[-2000:]
-    charts = json.loads(unescape(found.group(1)))
-    assert len(charts) == len(svgs) >= 10
-    problems = []
-    for chart in charts:
-        w, h = chart["width"], chart["height"]
-        by = lambda cls, c=chart: [t for t in c["texts"] if cls in t["cls"].split()]  # noqa: E731
-        title = by("chart-title")
-        name = title[0]["text"] if title else "?"
-        if not title or not title[0]["text"].strip():
-            problems.append(f"{name}: no title")
-        if len([t for t in by("axis-title") if t["text"].strip()]) != 2:
-            problems.append(f"{name}: axis titles {[t['text'] for t in by('axis-title')]}")
-        if chart["legend"] != (chart["series"] if chart["series"] > 1 else 0):
-            problems.append(f"{name}: {chart['legend']} legend entries, {chart['series']} series")
-        for t in chart["texts"]:
-            x0, y0, x1, y1 = t["box"]
-            if x0 < -0.5 or y0 < -0.5 or x1 > w + 0.5 or y1 > h + 0.5:
-                problems.append(f"{name}: {t['text']!r} {t['box']} leaves the {w}x{h} chart")
-        for cls, axis in (("y-tick", 1), ("x-tick", 0)):
-            for a, b in overlaps([t["box"] for t in by(cls)], axis):
-                problems.append(f"{name}: {cls} labels overlap {a} {b}")
-        y_title = by("y-title")
-        if y_title and any(t["box"][0] < y_title[0]["box"][2] for t in by("y-tick")):
-            problems.append(f"{name}: tick labels run into the y-axis title")
-        if any(len(t["text"]) > 6 for t in by("tick")):
-            problems.append(f"{name}: long tick labels {[t['text'] for t in by('tick')]}")
+    """The three reports' charts laid out by a real browser (tests/chart_layout.py): every
+    text inside its SVG, tick labels apart and short, each chart with a title, two axis
+    titles and a legend when it draws more than one series. A screenshot of all charts goes
+    to build/inspect-html/charts.png for review."""
+    pages = [html_reports[name].read_text(encoding="utf-8") for name in ("index", "plan", "step")]
+    charts, problems, png = chart_layout(pages, tmp_path, "charts.png")
+    assert len(charts) >= 10
     assert problems == []
     assert png.exists() and png.stat().st_size > 10_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
