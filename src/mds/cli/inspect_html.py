@@ -245,6 +245,16 @@ def _vision(v: dict[str, Any]) -> list[str]:
             for b in s["patch_histogram"]
         ]
         out.append(_table(["patches per image", "images"], hist))
+        if s["images"]:
+            out.append(
+                bar_chart(
+                    f"{s['name']}: images per bucket of patches per image",
+                    [_short(b["from"]) + ("+" if b["to"] is None else "") for b in s["patch_histogram"]],
+                    [b["images"] for b in s["patch_histogram"]],
+                    x_title="patches per image (bucket start)",
+                    y_title="images",
+                )
+            )
     return out
 
 
@@ -338,8 +348,10 @@ def _charts(r: dict[str, Any]) -> list[str]:
 
 def _mix_charts(r: dict[str, Any], xs: list[float]) -> list[str]:
     """The realized mix stacked per step (the target's boundaries dashed on it) and the
-    target stacked alongside, same colours."""
+    target stacked alongside, same colours; nothing to stack for a single source."""
     sources, unit = r["series"]["sources"], r["share_unit"]
+    if len(sources) < 2:
+        return []
     colors = [PALETTE[i % len(PALETTE)] for i in range(len(sources))]
     realized = [
         {"label": s["name"], "values": s["realized"], "color": c}
