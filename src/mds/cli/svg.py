@@ -3,7 +3,7 @@ valid XML, no scripts or external assets.
 
 Every chart has a title, a title on each axis (with its unit), a legend when it draws more
 than one series, and round ticks (steps of 1, 2 or 5 x 10^k) labelled short enough to fit
-(`axis_ticks`: 117T, 52.9k, 1.05, 12.5%); the left margin is sized from the longest label.
+(`axis_ticks`: 150T, 20k, 1.5M, 1.05, 12.5%); the left margin is sized from the longest label.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def axis_ticks(
     """Round ticks for data in [lo, hi]: about `target` of them, `step` a 1, 2 or 5 x 10^k.
 
     The axis is widened to the ticks around the data (or, with `inside`, kept as it is and
-    only the ticks within it kept: the step axis). Labels use engineering prefixes (117T,
-    52.9k, 1.2M, 5m) or, with `percent`, a share in % (values are fractions); each has the
+    only the ticks within it kept: the step axis). Labels use engineering prefixes (150T,
+    1.5M, 5m) or, with `percent`, a share in % (values are fractions); each has the
     decimals its step needs and at most `max_chars` characters: where they would be longer,
     the step grows (fewer ticks) until they fit. `integer` keeps the step >= 1.
     """
