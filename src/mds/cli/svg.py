@@ -80,7 +80,10 @@ def _labels(ticks: list[float], step: float, percent: bool) -> list[str]:
         biggest = max((abs(t) for t in ticks), default=0.0)
         power = 0
         if biggest and not 1e-3 <= biggest < 1e3:
-            power = min(max(3 * math.floor(math.log10(biggest) / 3 + 1e-9), -12), 18)
+            power = 3 * math.floor(math.log10(biggest) / 3 + 1e-9)
+        if power not in _PREFIX:  # beyond the prefixes: mantissa and exponent (2e21)
+            digits = max(0, math.floor(math.log10(biggest)) - math.floor(math.log10(step) + 1e-9))
+            return [_exponent(t, digits) for t in ticks]
         scale, suffix = 10.0**power, _PREFIX[power]
     decimals = max(0, -math.floor(math.log10(step / scale) + 1e-9))
     out = []
@@ -91,6 +94,13 @@ def _labels(ticks: list[float], step: float, percent: bool) -> list[str]:
         else:
             out.append(text + suffix)
     return out
+
+
+def _exponent(value: float, digits: int) -> str:
+    if value == 0:
+        return "0"
+    mantissa, exponent = f"{value:.{digits}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def axis_ticks(
@@ -126,8 +136,8 @@ def axis_ticks(
         if max(map(len, labels), default=0) <= max_chars:
             break
         step = _round_step(step * 1.5)
-    else:  # out of the prefixes' reach (beyond 1e21): mantissa and exponent
-        labels = [f"{t:.0e}".replace("e+", "e") for t in ticks]
+    else:  # not reached: the step's growth ends at labels of one digit
+        labels = [_exponent(t, 0) for t in ticks]
     if inside:
         return Axis(lo, hi, ticks, labels, step)
     return Axis(min(ticks[0], lo), max(ticks[-1], hi), ticks, labels, step)
