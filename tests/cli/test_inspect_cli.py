@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
 import polars as pl
 import pytest
+from chart_layout import NO_BROWSER, chart_layout, find_chromium
 from cli_helpers import mds
 from cli_helpers import one_error_line as _one_error_line
 from plan_builders import SAMPLE_CONFIG
@@ -22,8 +22,6 @@ from mds.planner.plan.build import build_plan, with_overrides
 from mds.planner.plan.chunk import STAT_COLUMNS
 from mds.planner.plan.config import load_plan_config
 from mds.planner.report.export import plan_frame
-
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def ok(*args):
@@ -377,7 +375,8 @@ def test_html_reports_are_well_formed(html_reports):
     index = check_html(html_reports["index"])
     assert "samples per length bucket" in index and "sampled:" in index
     plan = check_html(html_reports["plan"])
-    assert plan.count("<svg") == 7  # six share charts and the imbalance chart
+    # the realized and target mix, six share charts and the imbalance chart
+    assert plan.count("<svg") == 9
     assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
     step = check_html(html_reports["step"])
     assert "cost per rank (as configured)" in step
@@ -392,28 +391,19 @@ def test_html_with_json(built, tmp_path):
     check_html(tmp_path / "r.html")
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
-def test_html_renders_in_chromium(html_reports, tmp_path):
-    png = tmp_path / "plan.png"
-    subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={png}",
-            "--window-size=1200,2000",
-            html_reports["plan"].resolve().as_uri(),
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
+# --- the charts as a browser lays them out --------------------------------------------------------
+
+
+@pytest.mark.skipif(find_chromium() is None, reason=NO_BROWSER)
+def test_charts_fit_in_chromium(html_reports, tmp_path):
+    """The three reports' charts laid out by a real browser (tests/chart_layout.py): every
+    text inside its SVG, tick labels apart and short, each chart with a title, two axis
+    titles and a legend when it draws more than one series. A screenshot of all charts goes
+    to build/inspect-html/charts.png for review."""
+    pages = [html_reports[name].read_text(encoding="utf-8") for name in ("index", "plan", "step")]
+    charts, problems, png = chart_layout(pages, tmp_path, "charts.png")
+    assert len(charts) >= 10
+    assert problems == []
     assert png.exists() and png.stat().st_size > 10_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chart_layout import NO_BROWSER, chart_layout, find_chromium
 from plan_builders import index_data, write_source
 from typer.testing import CliRunner
 
@@ -88,3 +89,13 @@ def test_inspect_json_and_html(plan: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     page = html.read_text()
     assert "<h2>Context parallelism</h2>" in page and "head-tail everywhere" in page
+
+
+@pytest.mark.skipif(find_chromium() is None, reason=NO_BROWSER)
+def test_html_charts_fit_in_chromium(plan: Path, tmp_path: Path) -> None:
+    """The cp report's charts as headless chromium lays them out (tests/chart_layout.py)."""
+    html = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["inspect", str(plan), "--html", str(html)])
+    assert result.exit_code == 0, result.output
+    charts, problems, _ = chart_layout([html.read_text()], tmp_path, "cp-charts.png")
+    assert charts and problems == []

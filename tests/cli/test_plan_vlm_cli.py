@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from chart_layout import NO_BROWSER, chart_layout, find_chromium
 from typer.testing import CliRunner
 
 from mds.cli.main import app
@@ -61,3 +62,14 @@ def test_verify_checks_backbone_lengths_against_the_index(plan: Path) -> None:
     result = CliRunner().invoke(app, ["verify", str(plan)])
     assert result.exit_code == 0, result.output
     assert "fetch records" in result.output
+
+
+@pytest.mark.skipif(find_chromium() is None, reason=NO_BROWSER)
+def test_html_charts_fit_in_chromium(plan: Path, tmp_path: Path) -> None:
+    """The vlm report's charts as headless chromium lays them out (tests/chart_layout.py)."""
+    html = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["inspect", str(plan), "--html", str(html)])
+    assert result.exit_code == 0, result.output
+    charts, problems, _ = chart_layout([html.read_text()], tmp_path, "vlm-charts.png")
+    assert any("images per bucket of patches per image" in t["text"] for c in charts for t in c["texts"])
+    assert charts and problems == []

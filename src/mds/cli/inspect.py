@@ -74,7 +74,8 @@ def inspect_command(
     if html is not None:
         from mds.cli.inspect_html import write_html
 
-        write_html(report, html)
+        unit = cost_unit(_plan_cost(path)) if report["kind"] == "step" else None
+        write_html(report, html, unit)
         if not json_out:
             console.print(f"wrote {html}")
     if json_out:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mds.cli.inspect_text import band_text, cost_text, number, percent
-from mds.cli.svg import PALETTE, bar_chart, line_chart
+from mds.cli.svg import PALETTE, bar_chart, line_chart, stacked_area_chart
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
 __all__ = ["render_html", "write_html"]
@@ -25,6 +25,7 @@ code { font-size: 12px; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 svg { background: #fff; border: 1px solid #e3e3e3; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
+svg text.chart-title { font-weight: bold; font-size: 12px; fill: #222; }
 .note { color: #666; }
 """
 
@@ -96,6 +97,8 @@ def _index_body(r: dict[str, Any]) -> list[str]:
                     f"{s['name']}: samples per length bucket [2^k, 2^(k+1)) tokens",
                     labels,
                     [b["count"] for b in s["histogram"]],
+                    x_title="sample length (tokens, bucket start)",
+                    y_title="samples",
                 )
             )
         meta = []
@@ -242,6 +245,16 @@ def _vision(v: dict[str, Any]) -> list[str]:
             for b in s["patch_histogram"]
         ]
         out.append(_table(["patches per image", "images"], hist))
+        if s["images"]:
+            out.append(
+                bar_chart(
+                    f"{s['name']}: images per bucket of patches per image",
+                    [_short(b["from"]) + ("+" if b["to"] is None else "") for b in s["patch_histogram"]],
+                    [b["images"] for b in s["patch_histogram"]],
+                    x_title="patches per image (bucket start)",
+                    y_title="images",
+                )
+            )
     return out
 
 
@@ -290,33 +303,78 @@ def _charts(r: dict[str, Any]) -> list[str]:
     series = r["series"]
     if not series["start"]:
         return []
-    xs = [s + (series["bucket"] - 1) / 2 for s in series["start"]]
+    bucket, unit = series["bucket"], r["share_unit"]
+    xs = [s + (bucket - 1) / 2 for s in series["start"]]
+    per = f"{bucket} steps" if bucket > 1 else "step"
     out = [
         "<h2>Over steps</h2>",
-        f'<p class="note">one point per {series["bucket"]} step(s); dashed: target</p>',
+        f'<p class="note">one point per {per}; shares of {_e(unit)}; dashed: target</p>',
         '<div class="charts">',
     ]
+    out.extend(_mix_charts(r, xs))
     for i, s in enumerate(series["sources"]):
         hi = max(max(s["target"]), max(s["realized"]))
         lines = [
-            {"label": "realized", "values": s["realized"], "color": PALETTE[i % len(PALETTE)]},
             {"label": "target", "values": s["target"], "color": "#333", "dashed": True},
-        ]
-        out.append(line_chart(f"{s['name']}: share", xs, lines, 0.0, min(1.0, hi * 1.15), ".1%"))
+            {"label": "realized (plan)", "values": s["realized"],
+             "color": PALETTE[i % len(PALETTE)], "width": 2.0, "front": True},
+        ]  # fmt: skip
+        out.append(
+            line_chart(f"{s['name']}: share of {unit}", xs, lines, 0.0, min(1.0, hi * 1.15),
+                       y_title="share (%)", percent=True)
+        )  # fmt: skip
     inter = series.get("interleave_ratio") or []
     hi = max(max(series["ratio"]), max(series["naive_ratio"]), *inter)
+    # The plan's own line goes first in the legend and is drawn last, thick and dark, on
+    # top of the baselines it is compared with.
     lines = [
-        {"label": "max / lower bound", "values": series["ratio"], "color": PALETTE[0]},
-        {"label": "naive / lower bound", "values": series["naive_ratio"], "color": PALETTE[1]},
-    ]
+        {"label": "mds plan: max / lower bound", "values": series["ratio"], "color": "#08306b",
+         "width": 2.6, "front": True},
+        {"label": "naive sharding / lower bound", "values": series["naive_ratio"],
+         "color": PALETTE[1], "dashed": True},
+    ]  # fmt: skip
     if inter:
-        lines.append({"label": "interleave / lower bound", "values": inter, "color": PALETTE[2]})
-    out.append(line_chart("rank imbalance per step", xs, lines, 1.0, hi * 1.05 or 1.0, ".2f"))
+        lines.append(
+            {"label": "in-order interleave / lower bound", "values": inter,
+             "color": PALETTE[2], "dashed": "2 3"}
+        )  # fmt: skip
+    out.append(
+        line_chart("rank imbalance per step (busiest rank / lower bound)", xs, lines, 1.0,
+                   hi * 1.05 or 1.0, y_title="cost ratio (x lower bound)")
+    )  # fmt: skip
     out.append("</div>")
     return out
 
 
-def _step_body(r: dict[str, Any]) -> list[str]:
+def _mix_charts(r: dict[str, Any], xs: list[float]) -> list[str]:
+    """The realized mix stacked per step (the target's boundaries dashed on it) and the
+    target stacked alongside, same colours; nothing to stack for a single source."""
+    sources, unit = r["series"]["sources"], r["share_unit"]
+    if len(sources) < 2:
+        return []
+    colors = [PALETTE[i % len(PALETTE)] for i in range(len(sources))]
+    realized = [
+        {"label": s["name"], "values": s["realized"], "color": c}
+        for s, c in zip(sources, colors, strict=True)
+    ]
+    target = [
+        {"label": s["name"], "values": s["target"], "color": c}
+        for s, c in zip(sources, colors, strict=True)
+    ]
+    bounds, below = [], [0.0] * len(xs)
+    for s in sources[:-1]:
+        below = [b + v for b, v in zip(below, s["target"], strict=True)]
+        bounds.append({"label": "target boundary", "values": below, "color": "#111",
+                       "dashed": "4 3", "width": 1.2})  # fmt: skip
+    y_title = f"share of {unit} (%)"
+    return [
+        stacked_area_chart(f"realized mix (share of {unit})", xs, realized, bounds=bounds,
+                           y_title=y_title),
+        stacked_area_chart(f"target mix (share of {unit})", xs, target, y_title=y_title),
+    ]  # fmt: skip
+
+
+def _step_body(r: dict[str, Any], unit: str | None = None) -> list[str]:
     st = r["stats"]
     out = [
         f"<h1>mds plan <code>{_e(r['path'])}</code>, step {r['step']}</h1>",
@@ -344,6 +402,8 @@ def _step_body(r: dict[str, Any]) -> list[str]:
             "cost per rank (as configured)",
             [f"r{t['rank']}" for t in totals],
             [t["cost"] for t in totals],
+            x_title="DP rank",
+            y_title=f"cost ({unit})" if unit else "cost",
         )
     )
     rows = [
@@ -364,9 +424,13 @@ def _step_body(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """The report as a complete HTML document."""
-    body = {"index": _index_body, "plan": _plan_body, "step": _step_body}[report["kind"]](report)
+def render_html(report: dict[str, Any], unit: str | None = None) -> str:
+    """The report as a complete HTML document; `unit` names what a step report's costs are
+    measured in (its cost-per-rank axis)."""
+    if report["kind"] == "step":
+        body = _step_body(report, unit)
+    else:
+        body = {"index": _index_body, "plan": _plan_body}[report["kind"]](report)
     title = f"mds inspect: {report['kind']} {report['path']}"
     return "".join(
         [
@@ -379,11 +443,11 @@ def render_html(report: dict[str, Any]) -> str:
     )
 
 
-def write_html(report: dict[str, Any], path: str | Path) -> None:
+def write_html(report: dict[str, Any], path: str | Path, unit: str | None = None) -> None:
     """Render and write atomically (the old file, if any, stays until the new one is whole)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    page = render_html(report)
+    page = render_html(report, unit)
     try:
         with atomic_path(path) as tmp:
             tmp.write_text(page, encoding="utf-8")
