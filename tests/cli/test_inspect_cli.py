@@ -537,3 +537,40 @@ def test_default_cost_is_named_with_its_band_and_others_without(built, tmp_path)
     assert report["header"]["cost_label"].startswith("FLOP model of [cost] model")
     assert "speedup_vs_naive_band" not in report["imbalance"]
     assert "ranges" not in ok("inspect", plan).stdout
+
+
+def test_urls_keep_both_slashes_in_every_message(built, monkeypatch, tmp_path):
+    """An s3:// plan or index given to any command is named as given (`s3://bucket/...`),
+    never folded to `s3:/bucket/...` by a path; one that is there is read."""
+    from s3_store import s3_server
+
+    index, plan = built
+    with s3_server(monkeypatch) as store:
+        missing = store.url("plans/missing.mds")
+        for args in (
+            ("inspect", missing),
+            ("inspect", missing, "--json"),
+            ("export", missing, "-o", tmp_path / "out.parquet"),
+            ("diff", missing, missing),
+            ("plan", SAMPLE_CONFIG, "--index", index, "--from", missing, "--at-step", "2",
+             "-o", tmp_path / "x.mds"),
+        ):
+            result = mds(*args)
+            assert result.exit_code == 1, result.output
+            assert missing in result.output and "s3:/mds-test" not in result.output, args
+        result = mds("verify", missing)
+        assert missing in result.stderr and "s3:/mds-test" not in result.output
+        one_error_line(mds("inspect", store.url("nothing")), f"{store.url('nothing')}: no such")
+        store.upload(index, "index")
+        store.put("plan.mds", plan.read_bytes())  # its index beside it, as recorded
+        assert as_json("inspect", store.url("plan.mds"))["kind"] == "plan"
+        report = as_json("inspect", store.url("index"))
+        assert report["kind"] == "index" and report["path"] == store.url("index")
+        one_error_line(
+            mds("inspect", store.url("plan.mds"), "--step", "0"),
+            f"its index is in object storage ({store.url('index')})",
+        )
+        assert "identical" in ok("diff", store.url("plan.mds"), plan).stdout
+        out = tmp_path / "plan.parquet"
+        ok("export", store.url("plan.mds"), "--index", index, "-o", out)
+        assert pl.read_parquet(out).height == plan_frame(plan).height

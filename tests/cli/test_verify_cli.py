@@ -116,6 +116,54 @@ def test_truncated_and_missing_plans(work):
     one_error_line(mds("verify", work / "nope.mds"), "cannot open plan")
 
 
+def _copied(work: Path, to: Path) -> Path:
+    """The tree (data, index, plan) copied whole to `to`, mtimes kept (`cp -rp`)."""
+    for name in ("data", "index"):
+        shutil.copytree(work / name, to / name)
+    shutil.copy2(work / "plan.mds", to / "plan.mds")
+    return to
+
+
+@pytest.mark.parametrize("original", ["kept", "removed"])
+def test_a_copied_tree_is_checked_where_the_executor_reads_it(work, tmp_path_factory, original):
+    """The data root is the one the executor finds (the plan's, relative to its directory),
+    named in the output, never the index's recorded root, with or without the original."""
+    copy = _copied(work, tmp_path_factory.mktemp("copy"))
+    if original == "removed":
+        shutil.rmtree(work / "data")
+    result = mds("verify", copy / "plan.mds")
+    assert result.exit_code == 0, result.output
+    assert f"data root checked: {copy / 'data'}" in " ".join(result.stdout.split())
+    data = json.loads(mds("verify", copy / "plan.mds", "--json").stdout)
+    assert data["ok"] is True and data["data_root"] == str(copy / "data")
+    # a change in the copy is what fails: the copy is what the job reads
+    path = copy / "data" / "books" / "books.parquet"
+    path.write_bytes(path.read_bytes()[:-1])
+    one_error_line(mds("verify", copy / "plan.mds"), "books/books.parquet: size changed")
+    if original == "kept":
+        assert mds("verify", work / "plan.mds").exit_code == 0  # the original is intact
+
+
+def test_every_file_missing_ends_with_the_executors_hint(work, tmp_path_factory):
+    from mds.core.storage import MOVED_HINT
+
+    copy = _copied(work, tmp_path_factory.mktemp("copy"))
+    shutil.rmtree(copy / "data")
+    (copy / "data").mkdir()
+    line = one_error_line(mds("verify", copy / "plan.mds"), "holds none of the indexed files")
+    assert line.endswith(MOVED_HINT) and str(copy / "data") in line
+    data = json.loads(mds("verify", copy / "plan.mds", "--json").stdout)
+    assert data["data_root"] == str(copy / "data")
+    assert data["error"]["message"].endswith(MOVED_HINT)
+    # the data root the plan records is not there at all: the executor's refusal, same hint
+    (copy / "data").rmdir()
+    line = one_error_line(mds("verify", copy / "plan.mds"), "data root", "the plan or the data moved")
+    assert line.endswith(MOVED_HINT)
+    other = tmp_path_factory.mktemp("elsewhere")
+    shutil.copytree(work / "data", other / "data")
+    assert mds("verify", copy / "plan.mds", "--data-root", other / "data").exit_code == 0
+
+
 def test_help_has_examples():
     result = mds("verify", "--help")
     assert result.exit_code == 0

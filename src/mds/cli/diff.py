@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from mds.cli.output import ERROR_EXIT, console, json_option, print_json
@@ -13,8 +11,8 @@ __all__ = ["diff_command"]
 
 def diff_command(
     ctx: typer.Context,
-    plan_a: Path = typer.Argument(..., metavar="PLAN_A", help="First plan file (A)."),
-    plan_b: Path = typer.Argument(..., metavar="PLAN_B", help="Second plan file (B)."),
+    plan_a: str = typer.Argument(..., metavar="PLAN_A", help="First plan file (A), or a URL."),
+    plan_b: str = typer.Argument(..., metavar="PLAN_B", help="Second plan file (B), or a URL."),
     exit_code: bool = typer.Option(
         False,
         "--exit-code",

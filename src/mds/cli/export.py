@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from mds.cli.output import console, json_option, print_json
@@ -13,11 +11,13 @@ __all__ = ["export_command"]
 
 
 def export_command(
-    plan: Path = typer.Argument(..., metavar="PLAN", help="Plan file written by `mds plan`."),
-    output: Path = typer.Option(
+    plan: str = typer.Argument(
+        ..., metavar="PLAN", help="Plan file written by `mds plan` (or its s3:// or gs:// URL)."
+    ),
+    output: str = typer.Option(
         ..., "--output", "-o", metavar="FILE", help="Parquet file to write."
     ),
-    index: Path | None = typer.Option(
+    index: str | None = typer.Option(
         None, "--index", metavar="DIR", help="Index directory (default: the one the plan names)."
     ),
     steps: str | None = typer.Option(
@@ -41,6 +41,7 @@ def export_command(
     """
     from mds.planner.report.export import export_plan
 
+    # URLs stay strings (a Path would fold s3:// into s3:/); export_plan tells them apart
     rows = export_plan(plan, output, index, _step_range(steps), rank or None)
     if json_out:
         print_json({"output": str(output), "rows": rows})

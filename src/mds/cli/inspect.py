@@ -14,14 +14,17 @@ import typer
 from mds.cli.inspect_console import print_index, print_plan, print_step
 from mds.cli.inspect_text import cost_unit
 from mds.cli.output import console, json_option, print_json
+from mds.core.storage import as_place
 from mds.errors import ConfigError
 
 __all__ = ["inspect_command"]
 
 
 def inspect_command(
-    path: Path = typer.Argument(
-        ..., metavar="INDEX|PLAN", help="An index directory or a plan file."
+    path_text: str = typer.Argument(
+        ...,
+        metavar="INDEX|PLAN",
+        help="An index directory or a plan file (or an s3:// or gs:// URL of either).",
     ),
     step: int | None = typer.Option(
         None, "--step", metavar="STEP", help="Plan: show this step sample by sample (0-based)."
@@ -32,7 +35,7 @@ def inspect_command(
         metavar="RANK",
         help="With --step: only this DP rank (repeatable; default: all).",
     ),
-    index: Path | None = typer.Option(
+    index_text: str | None = typer.Option(
         None,
         "--index",
         metavar="DIR",
@@ -65,11 +68,15 @@ def inspect_command(
         mds inspect build/plan.mds --step 10 --rank 3
         mds inspect build/plan.mds --html build/plan-report.html
     """
+    # a URL stays a string: through Path its "//" would become "/" in every message
+    path = as_place(path_text)
+    index = None if index_text is None else as_place(index_text)
     if html is not None:
         from mds.planner.runtime.outputs import check_output, index_inputs
 
-        inputs = index_inputs(path if path.is_dir() else index, html)
-        check_output("--html", html, [("inspected file", path), *inputs])
+        local = [p for p in (path, index) if isinstance(p, Path)]
+        inputs = index_inputs(path if path in local and path.is_dir() else _local(index), html)
+        check_output("--html", html, [("inspected file", _local(path)), *inputs])
     report = _report(path, step, rank, index, files)
     if html is not None:
         from mds.cli.inspect_html import write_html
@@ -88,7 +95,11 @@ def inspect_command(
         print_step(report, cost_unit(_plan_cost(path)))
 
 
-def _plan_cost(path: Path) -> dict[str, Any]:
+def _local(path: Path | str | None) -> Path | None:
+    return path if isinstance(path, Path) else None
+
+
+def _plan_cost(path: Path | str) -> dict[str, Any]:
     from mds.core.planfile_reader import PlanReader
 
     with PlanReader(path) as reader:
@@ -96,7 +107,11 @@ def _plan_cost(path: Path) -> dict[str, Any]:
 
 
 def _report(
-    path: Path, step: int | None, ranks: list[int], index: Path | None, files: bool
+    path: Path | str,
+    step: int | None,
+    ranks: list[int],
+    index: Path | str | None,
+    files: bool,
 ) -> dict[str, Any]:
     from mds.planner.report.common import detect
 
@@ -105,10 +120,7 @@ def _report(
         for given, option in ((step is not None, "--step"), (ranks, "--rank"), (index, "--index")):
             if given:
                 raise ConfigError(f"{option} needs a plan file; {path} is an index directory")
-        from mds.planner.index.tables import read_manifest
-        from mds.planner.report.index import index_report
-
-        return index_report(read_manifest(path))
+        return _index_report(path)
     if files:
         raise ConfigError(f"--files needs an index directory; {path} is a plan file")
     if ranks and step is None:
@@ -123,3 +135,19 @@ def _report(
         from mds.planner.report.plan import plan_report
 
         return plan_report(reader, index)
+
+
+def _index_report(path: Path | str) -> dict[str, Any]:
+    """The report of an index directory, or of one under a prefix (copied to a temporary
+    directory first, and named by its URL)."""
+    from mds.planner.index.tables import download_index, read_manifest
+    from mds.planner.report.index import index_report
+
+    if isinstance(path, Path):
+        return index_report(read_manifest(path))
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mds-inspect-") as tmp:
+        report = index_report(read_manifest(download_index(path, Path(tmp) / "index")))
+    report["path"] = path
+    return report

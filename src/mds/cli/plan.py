@@ -39,7 +39,7 @@ def plan_command(
     ),
     engine: str | None = engine_option(),
     address: str | None = address_option(),
-    parent: Path | None = typer.Option(
+    parent_text: str | None = typer.Option(
         None,
         "--from",
         metavar="PLAN",
@@ -76,10 +76,12 @@ def plan_command(
     apply from K. The executor resumes it from a state the old plan saved at step K.
     """
     from mds.cli.progress import StepProgress
+    from mds.core.storage import as_place
     from mds.errors import ConfigError
     from mds.planner.plan.build import build_plan, with_overrides
     from mds.planner.plan.config import load_plan_config
 
+    parent = None if parent_text is None else as_place(parent_text)  # a URL stays one
     if (parent is None) != (at_step is None):
         raise ConfigError("--from and --at-step go together: the old plan and the step K")
     cfg = with_overrides(load_plan_config(config), steps=steps, dp_size=dp_size, index=index)
@@ -97,7 +99,7 @@ def plan_command(
             target,
             [
                 ("config file", config),
-                ("plan given to --from", parent),
+                ("plan given to --from", parent if isinstance(parent, Path) else None),
                 *(
                     index_inputs(cfg.index, target, manifest and manifest.data)
                     if local_index
@@ -116,7 +118,7 @@ def plan_command(
             target,
             workers=workers,
             progress=bar,
-            parent=parent,
+            parent=parent,  # type: ignore[arg-type]
             at_step=at_step,
             engine=spec,
             manifest=manifest,

@@ -34,7 +34,8 @@ def verify_command(
         None,
         "--data-root",
         metavar="DIR|URL",
-        help="Where the indexed data lies now (default: $MDS_DATA_ROOT, else the index's root).",
+        help="Where the indexed data lies now (default: $MDS_DATA_ROOT, else the root the plan "
+        "records relative to its own directory, as the executor finds it).",
     ),
     json_out: bool = json_option("Print the checks as JSON."),
 ) -> None:
@@ -85,6 +86,8 @@ def _print_checks(result) -> None:
         status = "[green]ok[/]" if check.ok else "[bold red]FAILED[/]"
         table.add_row(escape(check.name), status, escape(check.detail))
     console.print(table)
+    if result.data_root is not None:
+        console.print(f"data root checked: {escape(str(result.data_root))}")
     failed = sum(not c.ok for c in result.checks)
     if failed:
         console.print(f"{failed} of {len(result.checks)} checks FAILED")

@@ -250,6 +250,18 @@ def read_manifest(directory: str | Path) -> IndexManifest:
     return IndexManifest(directory, data)
 
 
+def _recorded_index(plan: str | Path, recorded: str) -> Path | str:
+    """Where the index a plan records lies: relative to the plan's directory (its prefix,
+    for a plan in object storage), or the URL it records."""
+    from mds.core import storage
+
+    if storage.is_url(recorded):
+        return recorded.rstrip("/")
+    if storage.is_url(plan):
+        return storage.resolve_under(storage.parent_url(str(plan)), recorded)
+    return Path(plan).parent / recorded
+
+
 def plan_manifest(
     plan: str | Path,
     footer: dict[str, Any],
@@ -258,11 +270,19 @@ def plan_manifest(
 ) -> IndexManifest:
     """The index a plan was made from (`index`, else the path its footer names), checked
     against the fingerprint the plan recorded; `option` is how the caller names `index`."""
+    from mds.core import storage
+
     try:
         recorded = footer["index"]
-        index_dir = Path(index) if index else Path(plan).parent / recorded["path"]
+        index_dir = storage.as_place(index) if index else _recorded_index(plan, recorded["path"])
     except (KeyError, TypeError):
         raise PlanError(f"{plan}: the footer does not name its index") from None
+    if storage.is_url(index_dir):
+        raise IndexFormatError(
+            f"{plan}: its index is in object storage ({index_dir}); this command reads a local "
+            f"index: copy the prefix to a directory (aws s3 sync, gcloud storage rsync) and pass "
+            f"{option} with it"
+        )
     if not index and not (index_dir / MANIFEST).is_file():
         raise IndexFormatError(
             f"{plan}: its index was expected at {index_dir} (recorded relative to the plan's "

@@ -22,6 +22,7 @@ __all__ = [
     "DATA_ROOT_ENV",
     "MOVED_HINT",
     "ObjectStat",
+    "as_place",
     "delete",
     "env_number",
     "exists",
@@ -139,6 +140,12 @@ _DEFAULT_TIMEOUT, _DEFAULT_ATTEMPTS = 20.0, 4
 def is_url(path: Any) -> bool:
     """Whether `path` names an object in a store (s3:// or gs://bucket/key), not a file."""
     return isinstance(path, str) and path.startswith(SCHEMES)
+
+
+def as_place(path: str | os.PathLike) -> Path | str:
+    """A path a user gave: a URL kept as the string it is (a `Path` would fold its `//`
+    into `/`, and every message would name `s3:/bucket/...`), anything else a `Path`."""
+    return str(path).rstrip("/") if is_url(path) else Path(path)
 
 
 def join(root: str | os.PathLike, rel: str) -> str | Path:

@@ -404,3 +404,29 @@ def test_vision_table_errors(tmp_path: Path) -> None:
     assert "[vision]: `marker` must be a non-empty string" in message
     message = _load_error(tmp_path, "vision = 3\n" + SOURCE)
     assert "`vision` must be a table" in message
+
+
+@pytest.mark.parametrize(
+    ("root", "recorded"),
+    [
+        (".", "tok/tokenizer.json"),  # under the data root: recorded relative to it
+        ("data", None),  # beside the data: recorded absolute
+        ("s3://bucket/corpus", None),  # the data in a store, the tokenizer local
+        ("gs://bucket/corpus", None),
+    ],
+)
+def test_a_relative_tokenizer_is_relative_to_the_config(tmp_path: Path, root, recorded) -> None:
+    """As every relative path of a config, whatever the data root is."""
+    table = {"name": "t", "path": "a.jsonl", "text": "t", "tokenizer": "tok/tokenizer.json"}
+    config = parse_config({"index": {"root": root}, "source": [table]}, path=tmp_path / "c.toml")
+    (spec,) = config.sources
+    want = recorded or str(tmp_path.resolve() / "tok" / "tokenizer.json")
+    assert spec.length.tokenizer == want
+    if recorded is not None:
+        assert Path(config.root) / spec.length.tokenizer == tmp_path.resolve() / want
+    from mds.planner.index.reuse import resolve_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    found = resolve_tokenizer(spec, config.root)
+    assert found == (tmp_path / "tok" / "tokenizer.json").resolve()

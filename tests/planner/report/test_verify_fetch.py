@@ -46,7 +46,7 @@ def check(result, name: str):
 
 
 def fetch_failure(pristine: Path, plan: Path) -> str:
-    result = verify_plan(plan, index=pristine / "index")
+    result = verify_plan(plan, index=pristine / "index", data_root=pristine / "data")
     found = check(result, "fetch records")
     assert not found.ok and not result.ok
     assert [c.name for c in result.checks if not c.ok] == ["fetch records"]

@@ -35,7 +35,7 @@ def test_flipped_byte_in_a_rank_block(pristine, tmp_path):
     plan = copy_plan(pristine, tmp_path)
     offset, size = block_span(plan, 2, 1)
     flip(plan, offset + size // 2)
-    result = verify_plan(plan, index=pristine / "index")
+    result = verify_plan(plan, index=pristine / "index", data_root=pristine / "data")
     name, detail = failure(result)
     assert name == "rank blocks"
     assert detail == "chunk 2 rank 1: checksum mismatch (corrupt file)"
@@ -47,14 +47,15 @@ def test_every_bad_block_is_counted_and_the_first_named(pristine, tmp_path):
     for chunk, rank in ((3, 0), (1, 3)):
         offset, _ = block_span(plan, chunk, rank)
         flip(plan, offset)
-    detail = check(verify_plan(plan, index=pristine / "index"), "rank blocks").detail
+    result = verify_plan(plan, index=pristine / "index", data_root=pristine / "data")
+    detail = check(result, "rank blocks").detail
     assert detail == "chunk 1 rank 3: checksum mismatch (corrupt file) (and 1 more blocks)"
 
 
 def test_flipped_byte_in_a_directory(pristine, tmp_path):
     plan = copy_plan(pristine, tmp_path)
     flip(plan, layout(plan)["chunks"][1][2] + 5)
-    result = verify_plan(plan, index=pristine / "index")
+    result = verify_plan(plan, index=pristine / "index", data_root=pristine / "data")
     assert failure(result) == ("chunk directories", "chunk 1: directory checksum mismatch")
     # the other chunks' blocks are still read and checked
     assert check(result, "rank blocks").ok
@@ -66,7 +67,7 @@ def test_flipped_byte_in_a_section(pristine, tmp_path, section):
     plan = copy_plan(pristine, tmp_path)
     meta = layout(plan)["sections"][section]
     flip(plan, meta["offset"] + meta["size"] - 1)
-    result = verify_plan(plan, index=pristine / "index")
+    result = verify_plan(plan, index=pristine / "index", data_root=pristine / "data")
     assert failure(result) == ("sections", f"section {section!r}: checksum mismatch")
 
 
@@ -92,7 +93,7 @@ def test_truncated_plan(pristine, tmp_path, cut):
 def test_truncated_plan_with_an_explicit_index_still_checks_the_index(pristine, tmp_path):
     plan = copy_plan(pristine, tmp_path)
     plan.write_bytes(plan.read_bytes()[:-8])
-    result = verify_plan(plan, index=pristine / "index")
+    result = verify_plan(plan, index=pristine / "index", data_root=pristine / "data")
     assert [c.name for c in result.checks if not c.ok] == ["plan file"]
     assert "not compared" in check(result, "index fingerprint").detail
 

@@ -6,6 +6,7 @@ per-source weights) are accepted here and validated by the stage that owns them.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -404,7 +405,8 @@ def parse_config(
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{where}no sources: add at least one [[source]] table")
     sources = [
-        parse_source(t, f"{where}[[source]] #{i + 1}: ", marker) for i, t in enumerate(tables)
+        _tokenizer_from(parse_source(t, f"{where}[[source]] #{i + 1}: ", marker), base, root)
+        for i, t in enumerate(tables)
     ]
     seen: set[str] = set()
     for i, spec in enumerate(sources):
@@ -422,6 +424,24 @@ def parse_config(
         address=address,
         raw=data,
     )
+
+
+def _tokenizer_from(spec: SourceSpec, base: Path, root: Path | str) -> SourceSpec:
+    """A relative `tokenizer` resolved against the config's directory (`base`), as every
+    relative path of the config is, whatever the data root (a local tokenizer.json beside a
+    config whose data is in object storage). It is recorded relative to a local data root
+    that holds it (so it moves with the data), else as an absolute path."""
+    given = spec.length.tokenizer
+    if given is None or is_url(given):
+        return spec
+    joined = base / given
+    path = joined.parent.resolve() / joined.name
+    text = str(path)
+    if not is_url(root):
+        rel = os.path.relpath(path, Path(root))
+        if rel != ".." and not rel.startswith(".." + os.sep):
+            text = Path(rel).as_posix()
+    return replace(spec, length=replace(spec.length, tokenizer=text))
 
 
 def _marker(vision: Any, where: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +23,13 @@ from mds.core.index_manifest import FORMAT as INDEX_FORMAT
 from mds.core.index_manifest import MANIFEST
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import SourceSpec
+from mds.planner.index.layout import (
+    Listing,
+    detect_format,
+    directory_files,
+    inside_index,
+    megatron_half,
+)
 
 __all__ = [
     "MANIFEST_HEAD",
@@ -33,24 +41,6 @@ __all__ = [
     "one_format",
 ]
 
-_EXTENSIONS = (
-    (".jsonl.zst", "jsonl.zst"),
-    (".json.zst", "jsonl.zst"),
-    (".ndjson.zst", "jsonl.zst"),
-    (".parquet", "parquet"),
-    (".pq", "parquet"),
-    (".jsonl", "jsonl"),
-    (".ndjson", "jsonl"),
-    (".json", "jsonl"),
-    (".arrow", "arrow"),
-    (".feather", "arrow"),
-    (".ipc", "arrow"),
-    (".idx", "megatron"),
-    (".bin", "megatron"),
-    (".tar", "webdataset"),
-)
-
-
 @dataclass(frozen=True, slots=True)
 class DataFile:
     """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx."""
@@ -59,14 +49,6 @@ class DataFile:
     rel: str
     format: str
     companion: Path | None = None
-
-
-def detect_format(path: Path) -> str | None:
-    name = path.name.lower()
-    for ext, fmt in _EXTENSIONS:
-        if name.endswith(ext):
-            return fmt
-    return None
 
 
 MANIFEST_HEAD = 1 << 20  # bytes of a manifest.json read to tell whether it is an mds index's
@@ -168,41 +150,33 @@ class _Excluded:
         return None
 
 
-def _hf_files(directory: Path) -> list[Path]:
-    state = directory / "state.json"
-    try:
-        files = json.loads(state.read_text(encoding="utf-8"))["_data_files"]
-        return [directory / entry["filename"] for entry in files]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SourceDataError(f"{state}: not a readable save_to_disk state file ({exc})") from None
-
-
 def _expand_dir(directory: Path, skip: _Excluded) -> list[Path]:
-    if (directory / "state.json").is_file():
-        return _hf_files(directory)
-    if (directory / "dataset_info.json").is_file() and any(directory.glob("data-*.arrow")):
-        raise SourceDataError(
-            f"{directory}: a save_to_disk directory without state.json; restore state.json "
-            "(save_to_disk writes it), or set `path` to its data-*.arrow files"
-        )
-    return [
-        p
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-        and not p.name.startswith(".")
-        and detect_format(p) is not None
-        and skip.index_of(p.parent) is None
-    ]
+    """A directory's data files: its listing, decided by `directory_files` (index/layout.py)
+    as an object prefix's is; files inside an mds index are not listed."""
+    entries = []
+    for p in sorted(directory.rglob("*")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and skip.index_of(p.parent) is None:
+            entries.append((p.relative_to(directory).as_posix(), st.st_size))
+    files = Listing(entries)
+
+    def read(rel: str) -> bytes:
+        try:
+            return (directory / rel).read_bytes()
+        except OSError as exc:
+            raise SourceDataError(f"{directory / rel}: cannot read ({exc.strerror or exc})") from None
+
+    return [directory.joinpath(*rel.split("/")) for rel in directory_files(str(directory), files, read)]
 
 
 def _check_explicit(full: Path, pattern: str, where: str, skip: _Excluded) -> None:
     """An explicit (glob-free) path must be data: not in an index, not a FIFO or device."""
     inside = skip.index_of(full)
     if inside is not None:
-        raise ConfigError(
-            f"{where}`path` {pattern!r} is inside the mds index {inside}; an index (and a "
-            "plan or export output) is never a source: point `path` at the data files"
-        )
+        raise inside_index(where, pattern, str(inside))
     kind = _kind(full)
     if kind not in (None, "a directory"):
         raise SourceDataError(f"{where}{full}: {kind}, not a regular file; mds reads only files")
@@ -216,13 +190,13 @@ def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = 
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
     # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
     # so a missing half is reported as such rather than as "matches no files").
-    halves = [full.with_name(full.name + ext) for ext in (".idx", ".bin")] if full.name else []
-    literal = full.exists() or any(h.is_file() for h in halves) or not glob.has_magic(pattern)
+    half = megatron_half(str(full), os.path.isfile) if full.name else None
+    literal = full.exists() or half is not None or not glob.has_magic(pattern)
     if full.exists():
         _check_explicit(full, pattern, where, skip)
         matches, dirs = [full], {full} if full.is_dir() else set()
     elif literal:
-        matches, dirs = [h for h in halves if h.is_file()][:1], set()
+        matches, dirs = ([Path(half)] if half else []), set()
     else:
         matches, dirs = [], set()
         # Relative to the root, so glob characters in the root's own name stay literal.

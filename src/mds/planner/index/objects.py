@@ -19,22 +19,26 @@ from mds.core import storage
 from mds.core.index_manifest import MANIFEST
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import SourceSpec
-from mds.planner.index.discover import (
-    MANIFEST_HEAD,
-    DataFile,
+from mds.planner.index.discover import MANIFEST_HEAD, DataFile, is_index_manifest, one_format
+from mds.planner.index.layout import (
+    Listing,
     detect_format,
-    is_index_manifest,
-    one_format,
+    directory_files,
+    hidden,
+    inside_index,
+    megatron_half,
 )
 
 __all__ = ["discover_objects", "head", "listing", "relative_key"]
 
 
-def listing(root: str, exclude: Iterable[str] = ()) -> tuple[str, ...]:
-    """Every candidate key under `root` (relative, sorted): list once per build. Keys under
+def listing(root: str, exclude: Iterable[str] = ()) -> Listing:
+    """Every candidate key under `root` (relative, sorted, with its size): list once per
+    build. Keys under
     a prefix of `exclude` (this run's index output) or under any mds index are left out,
     as `discover` leaves out such directories, so an index never ingests itself."""
-    keys = [key for key, _size in storage.list_objects(root)]
+    objects = storage.list_objects(root)
+    keys = [key for key, _size in objects]
     indexes = {
         str(PurePosixPath(k).parent)
         for k in keys
@@ -44,14 +48,17 @@ def listing(root: str, exclude: Iterable[str] = ()) -> tuple[str, ...]:
     for url in exclude:
         rel = relative_key(url, root)
         if rel == "":
-            return ()
+            return Listing()
         if rel is not None:
             indexes.add(rel)
-    return tuple(
-        k
-        for k in keys
-        if not any(part.startswith(".") for part in PurePosixPath(k).parts)
-        and not any(str(parent) in indexes for parent in PurePosixPath(k).parents)
+    return Listing(
+        (
+            (k, size)
+            for k, size in objects
+            if not hidden(k)
+            and not any(str(parent) in indexes for parent in PurePosixPath(k).parents)
+        ),
+        indexes,
     )
 
 
@@ -118,22 +125,31 @@ def _class_end(text: str, i: int) -> int:
     return -1 if end < 0 or "/" in text[i:end] else end
 
 
-def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list[DataFile]:
+def discover_objects(
+    spec: SourceSpec, root: str, keys: Listing | Iterable[str]
+) -> list[DataFile]:
     """The source's objects among `keys` (the root's `listing`), sorted; errors name the
-    pattern."""
+    pattern. A key is that object; a Megatron prefix its pair; a directory prefix its data
+    objects (a save_to_disk directory's from its state.json), decided as on a file system
+    by index/layout.py; only a pattern that names none of these is a glob."""
     where = f"source '{spec.name}': "
+    keys = Listing.of(keys)
     found: dict[str, DataFile] = {}
     for raw in spec.paths:
         pattern = raw.strip("/")
         if PurePosixPath(pattern).is_absolute() or ".." in PurePosixPath(pattern).parts:
             raise ConfigError(f"{where}`path` {raw!r} must be relative to the data root {root}")
-        # A key or directory prefix that exists is meant literally, glob characters or not.
+        # A key, directory prefix or Megatron prefix that exists is meant literally, glob
+        # characters or not.
+        inside = keys.index_of(pattern)
+        if inside is not None:
+            raise inside_index(where, raw, f"{root}/{inside}")
         if pattern in keys:
             matches = [pattern]
-        else:  # a directory prefix: its data objects
-            matches = [
-                k for k in keys if k.startswith(pattern + "/") and detect_format(PurePosixPath(k))
-            ]
+        elif (half := megatron_half(pattern, keys.__contains__)) is not None:
+            matches = [half]
+        else:
+            matches = _prefix_files(root, pattern, keys)
         if not matches and glob.has_magic(pattern):
             regex = _pattern(pattern)
             matches = [k for k in keys if regex.fullmatch(k)]
@@ -152,7 +168,17 @@ def discover_objects(spec: SourceSpec, root: str, keys: tuple[str, ...]) -> list
     return one_format(found.values(), where, "objects")
 
 
-def _megatron_pair(key: str, keys: tuple[str, ...], root: str, where: str) -> tuple[str, str]:
+def _prefix_files(root: str, prefix: str, keys: Listing) -> list[str]:
+    """The data objects under the directory prefix `prefix` (keys relative to `root`)."""
+    inside = keys.under(prefix)
+    if not len(inside):
+        return []
+    place = f"{root}/{prefix}"
+    read = lambda rel: head(f"{place}/{rel}", inside.size(rel))  # noqa: E731
+    return [f"{prefix}/{rel}" for rel in directory_files(place, inside, read)]
+
+
+def _megatron_pair(key: str, keys: Listing, root: str, where: str) -> tuple[str, str]:
     """The .bin key of a Megatron dataset and the URL of its .idx; both must exist."""
     path = PurePosixPath(key)
     ext = path.suffix if path.suffix.lower() in (".bin", ".idx") else ""

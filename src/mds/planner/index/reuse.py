@@ -144,15 +144,11 @@ def not_an_index(output: Path | str) -> ConfigError:
 
 
 def resolve_tokenizer(spec: SourceSpec, root: Path) -> Path | None:
-    """The source's tokenizer.json (relative to a local data root), or None without one."""
+    """The source's tokenizer.json, or None without one: the config records it absolute, or
+    relative to a local data root that holds it (index/config.py)."""
     if spec.length.tokenizer is None:
         return None
     path = Path(spec.length.tokenizer)
-    if storage.is_url(root) and not path.is_absolute():
-        raise ConfigError(
-            f"source '{spec.name}': `tokenizer` {spec.length.tokenizer!r} is relative to a data "
-            f"root in object storage ({root}); give a local path to the tokenizer.json"
-        )
     path = path if path.is_absolute() else root / path
     if not path.is_file():
         raise ConfigError(f"source '{spec.name}': `tokenizer` {path} not found")

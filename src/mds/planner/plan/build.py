@@ -168,7 +168,7 @@ def build_plan(
     *,
     workers: int | None = None,
     progress: Any = None,
-    parent: Path | None = None,
+    parent: Path | str | None = None,
     at_step: int | None = None,
     engine: EngineSpec | None = None,
     index_place: str | None = None,
@@ -304,7 +304,7 @@ def _build_locked(
             from mds.planner.plan.derive import derive_start
 
             assert at_step is not None
-            planner.start, planner.lineage = derive_start(planner, Path(parent), at_step)
+            planner.start, planner.lineage = derive_start(planner, storage.as_place(parent), at_step)
         if fork:
             _WORKER = (run, planner)  # what every forked worker starts with
             pool = open_engine(

@@ -71,7 +71,7 @@ def _index_problem(planner: Planner, footer: dict[str, Any]) -> str | None:
     return None
 
 
-def derive_start(planner: Planner, parent: Path, at_step: int) -> tuple[MixState, dict[str, Any]]:
+def derive_start(planner: Planner, parent: Path | str, at_step: int) -> tuple[MixState, dict[str, Any]]:
     """The start state at `at_step` for `planner`'s config, continuing plan `parent`, and the
     lineage the new plan's footer records."""
     with PlanReader(parent) as reader:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from mds.core.planfile import MAGIC
+from mds.core.storage import is_url
 from mds.errors import ConfigError
 from mds.planner.index.tables import MANIFEST
 
@@ -22,7 +23,10 @@ SCHEMA = 1
 
 
 def detect(path: str | Path) -> str:
-    """ "index" for an index directory, "plan" for a plan file; anything else is an error."""
+    """ "index" for an index directory, "plan" for a plan file; anything else is an error.
+    An s3:// or gs:// URL is an object (a plan) or a prefix holding an index."""
+    if is_url(path):
+        return _detect_url(str(path).rstrip("/"))
     path = Path(path)
     if path.is_dir():
         if (path / MANIFEST).is_file():
@@ -40,6 +44,19 @@ def detect(path: str | Path) -> str:
     if head != MAGIC:
         raise ConfigError(f"{path}: neither an mds plan file nor an mds index directory")
     return "plan"
+
+
+def _detect_url(url: str) -> str:
+    from mds.core.storage import exists, join
+    from mds.planner.index.objects import head
+
+    if exists(url):
+        if head(url, len(MAGIC)) != MAGIC:
+            raise ConfigError(f"{url}: neither an mds plan file nor an mds index prefix")
+        return "plan"
+    if exists(str(join(url, MANIFEST))):
+        return "index"
+    raise ConfigError(f"{url}: no such object, and no mds index ({MANIFEST}) under it")
 
 
 def finite(value: Any) -> float | None:

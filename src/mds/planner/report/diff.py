@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mds.core.planfile_reader import PlanReader
+from mds.core.storage import as_place
 from mds.errors import PlanError
 
 __all__ = ["HeaderDiff", "PlanDiff", "ShareDiff", "StepDiff", "diff_plans", "header_diff"]
@@ -72,8 +73,8 @@ class ShareDiff:
 
 @dataclass
 class PlanDiff:
-    a: Path
-    b: Path
+    a: Path | str  # a URL stays one (storage.as_place)
+    b: Path | str
     plan_id_a: str
     plan_id_b: str
     steps_a: int
@@ -114,7 +115,7 @@ class PlanDiff:
 def diff_plans(a: str | os.PathLike, b: str | os.PathLike) -> PlanDiff:
     """Compare plan files `a` and `b` (PlanError if either is unreadable or corrupt)."""
     with PlanReader(a) as ra, PlanReader(b) as rb:
-        out = PlanDiff(Path(a), Path(b), ra.plan_id, rb.plan_id, ra.steps, rb.steps, ra.dp, rb.dp)
+        out = PlanDiff(as_place(a), as_place(b), ra.plan_id, rb.plan_id, ra.steps, rb.steps, ra.dp, rb.dp)
         out.sources = _shares(ra, rb)
         if out.identical:  # the plan id hashes the footer, which checksums every byte
             return out

@@ -14,6 +14,7 @@ import polars as pl
 from mds.core.index_manifest import plan_manifest
 from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
+from mds.core.storage import as_place, is_url
 from mds.core.vision import VisionGeometry
 from mds.errors import ConfigError
 from mds.planner.index.tables import IndexManifest, source_frame
@@ -334,7 +335,7 @@ def plan_frame(
     """The plan as a DataFrame, one row per planned sample, in (step, rank, micro_batch)
     order; only steps [a, b) (None: the plan's end) and the given DP ranks if `steps` /
     `ranks` say so."""
-    plan = Path(plan)
+    plan = as_place(plan)
     with PlanReader(plan) as reader:
         reader.verify_sections()
         footer = reader.footer
@@ -392,9 +393,14 @@ def export_plan(
     """Write `plan_frame` to Parquet atomically; returns the number of rows."""
     from mds.planner.runtime.outputs import check_output, index_inputs
 
+    if is_url(output):
+        raise ConfigError(
+            f"-o {output}: export writes a local Parquet file; give a path, then copy it"
+        )
     output = Path(output)
-    inputs = index_inputs(index and Path(index), output)
-    check_output("-o", output, [("plan file", Path(plan)), *inputs])
+    inputs = index_inputs(None if index is None or is_url(index) else Path(index), output)
+    plan_file = None if is_url(plan) else Path(plan)
+    check_output("-o", output, [("plan file", plan_file), *inputs])
     frame = plan_frame(plan, index, steps, ranks)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -218,7 +218,13 @@ def _series(
     }
 
 
-def _format_version(path: Path) -> int:
+def _format_version(path: Path | str) -> int:
+    from mds.core import storage
+
+    if storage.is_url(path):
+        from mds.planner.index.objects import head
+
+        return struct.unpack("<8sI", head(str(path), 12))[1]
     with open(path, "rb") as f:
         return struct.unpack("<8sI", f.read(12))[1]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from mds.core.index_manifest import MANIFEST
 from mds.core.planfile_reader import PlanReader
-from mds.core.storage import given_root, is_url
+from mds.core.storage import is_url
 from mds.errors import MdsError, PlanError
 from mds.planner.report.verify_fetch import IndexTables, fetch_problem
-from mds.planner.report.verify_index import as_root, plan_index, verify_index
+from mds.planner.report.verify_index import plan_index, verify_index
 from mds.planner.report.verify_plan_file import verify_plan_file
 from mds.planner.report.verify_result import VerifyResult
 
@@ -30,6 +30,7 @@ def verify_plan(
     index: str | os.PathLike | None = None,
     full: bool = False,
     data_root: str | os.PathLike | None = None,
+    _place: str | None = None,
 ) -> VerifyResult:
     """Check the plan's checksums, its index and the index's source files (see module doc).
 
@@ -40,8 +41,7 @@ def verify_plan(
     if is_url(plan) or (index is not None and is_url(index)) or _index_url(plan, index):
         return _verify_copies(plan, index=index, full=full, data_root=data_root)
     result = VerifyResult(Path(plan), full)
-    given, _ = given_root(data_root)
-    result.data_root = as_root(given) if given is not None else None
+    result.given_root, result.place = data_root, _place or Path(plan)
     footer = verify_plan_file(result)
     if index is not None:
         result.index = Path(index)
@@ -107,7 +107,9 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
         copy = where
         if where is not None and is_url(where):
             copy = download_index(str(where), Path(tmp) / "index")
-        result = verify_plan(local, index=copy, full=full, data_root=data_root)
+        result = verify_plan(
+            local, index=copy, full=full, data_root=data_root, _place=plan if is_url(plan) else None
+        )
         result.plan = plan  # type: ignore[assignment]
         if where is not None:
             result.index = where  # type: ignore[assignment]

@@ -10,7 +10,7 @@ from typing import Any
 
 from mds.core.datacheck import entry_paths, file_problem, holds_none
 from mds.core.index_manifest import facts_problem, payload_problem
-from mds.core.storage import MOVED_HINT, is_url, plan_data_root, relocated
+from mds.core.storage import MOVED_HINT, given_root, is_url, plan_data_root, relocated
 from mds.core.tokenizer import index_tokenizer_path
 from mds.errors import ConfigError, MdsError
 from mds.planner.index.tables import IndexManifest, index_fingerprint, read_manifest
@@ -42,18 +42,20 @@ def verify_index(
     except MdsError as exc:
         result.add("index manifest", "index", str(exc), "")
         return None
-    indexed = root = manifest.data.get("root")
-    if result.data_root is not None:
-        root = str(result.data_root)
-    elif footer is not None:
-        root = _plan_root(result.plan, footer) or root
-    problem = _manifest_problem(manifest, root)
+    indexed = manifest.data.get("root")
+    root, unusable = _data_root(result, footer, indexed)
+    if root is not None:
+        result.data_root = as_root(root)
+    problem = _manifest_problem(manifest, indexed if root is None else root)
     files = sum(len(s["files"]) for s in manifest.sources)
-    detail = f"{count(len(manifest.sources), 'source')}, {count(files, 'file')}, root {root}"
+    detail = f"{count(len(manifest.sources), 'source')}, {count(files, 'file')}"
     result.add("index manifest", "index", problem, detail)
     _verify_fingerprint(result, manifest, footer)
     vision = ((footer or {}).get("config") or {}).get("vision")
     tables = IndexTables(manifest, vision)
+    if unusable is not None:  # the executor refuses this root: so does verify
+        result.add("data root", "data", unusable, "")
+        return tables
     if not (isinstance(root, str) and (Path(root).is_absolute() or is_url(root))):
         return tables
     # data elsewhere than where it was indexed: a copy keeps names, sizes and mtimes
@@ -67,7 +69,7 @@ def verify_index(
     )
     first = list(itertools.islice(named, 16))
     empty = None
-    if holds_none(as_root(root), first):
+    if holds_none(as_root(root), first):  # the job would stop with the same hint
         empty = (
             f"the data root {root} holds none of the indexed files (such as "
             f"{first[0]['path']}); {MOVED_HINT}"
@@ -173,17 +175,22 @@ def _changed_sources(manifest: IndexManifest, footer: dict[str, Any]) -> list[st
     return [n for n in dict.fromkeys([*planned, *now]) if planned.get(n) != now.get(n)]
 
 
-def _plan_root(plan: Path, footer: dict[str, Any]) -> str | None:
-    """The data root as the executor finds it from the plan (relative to the plan's
-    directory), or None when the plan records none that is there."""
-    fetch = footer.get("fetch")
+def _data_root(
+    result: VerifyResult, footer: dict[str, Any] | None, indexed: Any
+) -> tuple[Any, str | None]:
+    """The data root the executor would read, found by its own function
+    (`storage.plan_data_root`: --data-root, else $MDS_DATA_ROOT, else the root the plan
+    records relative to its own directory), and the executor's refusal of it (or None).
+    Without a readable plan, the given root or else the index's recorded one."""
+    fetch = (footer or {}).get("fetch")
     recorded = fetch.get("root") if isinstance(fetch, dict) else None
     if not isinstance(recorded, str) or not recorded:
-        return None
+        given, _ = given_root(result.given_root)
+        return (given if given is not None else indexed), None
     try:
-        return str(plan_data_root(plan, recorded, None)[0])
-    except ConfigError:
-        return None
+        return str(plan_data_root(result.place, recorded, result.given_root)[0]), None
+    except ConfigError as exc:
+        return None, str(exc)
 
 
 def _files_problem(

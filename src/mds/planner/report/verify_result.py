@@ -4,6 +4,7 @@ and of the index and its sources (report/verify_index.py)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ class VerifyResult:
     full: bool
     plan_id: str | None = None
     index: Path | None = None
-    data_root: Path | str | None = None
+    data_root: Path | str | None = None  # the root the source files were checked under
+    given_root: str | os.PathLike | None = None  # --data-root (None: $MDS_DATA_ROOT or the plan's)
+    place: Path | str | None = None  # where the plan lies (its URL when verified from a copy)
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -53,6 +56,7 @@ class VerifyResult:
             "plan": str(self.plan),
             "plan_id": self.plan_id,
             "index": str(self.index) if self.index is not None else None,
+            "data_root": str(self.data_root) if self.data_root is not None else None,
             "mode": "full" if self.full else "stat",
             "checks": [c.to_json() for c in self.checks],
             "first_failure": first.to_json() if first else None,
