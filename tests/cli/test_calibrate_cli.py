@@ -152,19 +152,22 @@ def test_calibrate_encoder_json_and_user_model(tmp_path, monkeypatch):
     (tmp_path / "calibration_user_vit.py").write_text(
         "from mds.planner.calibrate.packed_vit import VitShape, build_packed_vit\n"
         "def build():\n"
-        "    return build_packed_vit(VitShape(layers=1, hidden=8, heads=2, patch_size=4))\n"
+        # wide enough that 64 patches take measurably longer than 4 on a loaded machine
+        "    return build_packed_vit(VitShape(layers=2, hidden=64, heads=2, patch_size=4))\n"
         "def text_model():\n"
         "    import torch\n"
         "    return torch.nn.Embedding(8, 4)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = "calibration_user_vit:build"
-    result = mds("calibrate", *VIT, *PATCH_GRID, "--model", spec, "--json", "--warmup", "0")
+    # larger images and the minimum of 3 rounds: the fit must see the patches' cost under load
+    grid = ("--patches", "16,64,256", "--max-patches", "512", "--mixed", "1", "--repeats", "3")
+    result = mds("calibrate", *VIT, *grid, "--model", spec, "--json", "--warmup", "0")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["encoder"] is True and data["model"] == f"--model {spec}"
     assert set(data["cost"]) == {"encoder"} and data["fit"]["fit_error"]["points"] == 13
-    assert data["fit_per_image"]["d"] >= 0 and data["points"][0]["patches"] == [4]
+    assert data["fit_per_image"]["d"] >= 0 and data["points"][0]["patches"] == [16]
     from mds.planner.calibrate.fit import ENCODER_FORM
 
     result = mds("calibrate", *VIT, *PATCH_GRID, "--model", "calibration_user_vit:text_model")
