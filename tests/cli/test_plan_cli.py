@@ -65,7 +65,7 @@ def test_plan_json_summary(planned):
 def test_plan_table_output(index, tmp_path):
     result = mds("plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index, "--steps", "2")
     assert result.exit_code == 0, result.output
-    for text in ("steps (first-last) x dp ranks", "2 (steps 0-1) x 4 x 2", "plan id", "books"):
+    for text in ("steps x dp ranks", "2 (steps 0-1) x 4 x 2", "plan id", "books"):
         assert text in result.stdout
 
 
@@ -434,14 +434,15 @@ def test_a_source_drawn_many_epochs_is_warned_about(tmp_path):
     path = indexed(tmp_path)  # 16 samples from a source of 3: 5.33 epochs
     result = mds("plan", path, "-o", tmp_path / "p.mds")
     assert result.exit_code == 0, result.output
-    assert "warning: source 'a' is drawn 5.33 epochs" in result.stdout
-    assert "more than warn_epochs = 2" in result.stdout
+    text = " ".join(result.stdout.split())  # wrapped to the screen
+    assert "warning: source 'a' is drawn 5.33 epochs" in text
+    assert "more than warn_epochs = 2" in text
     summary = json.loads(mds("plan", path, "-o", tmp_path / "p.mds", "--json").stdout)
     assert len(summary["warnings"]) == 1 and "source 'a'" in summary["warnings"][0]
     report = json.loads(mds("inspect", tmp_path / "p.mds", "--json").stdout)
     assert report["warnings"] == summary["warnings"]
     assert report["sources"][0]["epochs"] == 5.333333
-    assert "warning: source 'a'" in mds("inspect", tmp_path / "p.mds").stdout
+    assert "warning: source 'a' is drawn" in mds("inspect", tmp_path / "p.mds").stdout
 
     raised = tmp_path / "raised"
     raised.mkdir()

@@ -68,12 +68,11 @@ def _print_diff(d) -> None:
         return
     what = sorted({h.key.split(".")[0].split("[")[0] for h in d.header})
     console.print(
-        f"the plans differ: {', '.join(h.key for h in d.header)}"
+        f"the plans differ: {escape(', '.join(h.key for h in d.header))}"
         if 0 < len(d.header) <= 3
         else f"the plans differ in {len(d.header)} fields (of {', '.join(what)})"
         if d.header
-        else "the plans differ in their steps only",
-        **line,
+        else "the plans differ in their steps only"
     )
     if d.header:
         header = Table(title="header differences", title_justify="left")
@@ -108,9 +107,9 @@ def _print_shares(d) -> None:
     from rich.table import Table
 
     if d.shared is None:
-        console.print(f"samples per source: not compared, {d.shared_text}", soft_wrap=True)
+        console.print(f"samples per source: not compared, {d.shared_text}")
         return
-    console.print(f"samples per source, {d.shared_text}:", soft_wrap=True)
+    console.print(f"samples per source, {d.shared_text}:")
     table = Table()
     for col in ("source", "A", "B", "share A", "share B", "change"):
         table.add_column(col, justify="left" if col == "source" else "right")

@@ -200,7 +200,7 @@ def print_plan(report: dict[str, Any]) -> None:
         )
     console.print(table)
     for warning in report.get("warnings", []):
-        console.print(f"warning: {_esc(warning)}", soft_wrap=True)
+        console.print(f"warning: {_esc(warning)}")
     if len(report["phases"]) > 1:
         heads = [f"steps {p['start']}-{p['end'] - 1}" for p in report["phases"]]
         table = _table("per schedule phase: target / realized", "source", *heads)

@@ -62,7 +62,7 @@ def step_geometry(h: dict[str, Any]) -> tuple[str, str]:
     first, end = h.get("first_step", 0), h["steps"]
     held = f"steps {first:,}-{end - 1:,}" if end - first > 1 else f"step {first:,}"
     value = f"{end - first:,} ({held}) x {h['dp_size']} x {h['micro_batches']}"
-    return "steps (first-last) x dp ranks x micro-batches", value
+    return "steps x dp ranks x micro-batches", value
 
 
 def percent(x: float | None) -> str:

@@ -188,7 +188,7 @@ def _print_summary(s) -> None:
     table.add_column("value", justify="right")
     rows = [
         (
-            "steps (first-last) x dp ranks x micro-batches",
+            "steps x dp ranks x micro-batches",
             f"{s.steps - s.first_step} (steps {s.first_step}-{s.steps - 1}) x {s.dp_size} x "
             f"{s.micro_batches}",
         ),
@@ -236,4 +236,4 @@ def _print_summary(s) -> None:
     who = f" by {s.workers} workers" if s.workers > 1 else ""
     console.print(f"planned in {s.seconds:.2f}s{who}")
     for warning in s.warnings:
-        console.print(f"warning: {warning}", soft_wrap=True, markup=False)
+        console.print(f"warning: {warning}", markup=False)  # wrapped to the screen
