@@ -395,6 +395,8 @@ def test_html_reports_are_well_formed(html_reports):
     plan = check_html(html_reports["plan"])
     assert plan.count("<svg") == 7  # six share charts and the imbalance chart
     assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
+    assert '<p class="warn">warning: source &#x27;books&#x27; is drawn 2.37 epochs' in plan
+    assert "64 (steps 0-63) x 4 x 2" in plan
     step = check_html(html_reports["step"])
     assert "cost per rank (as configured)" in step
     leftovers = [p for p in html_reports["index"].parent.iterdir() if p.name.startswith(".")]
