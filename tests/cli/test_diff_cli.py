@@ -18,7 +18,23 @@ def plans(tmp_path_factory):
         paths[name] = out / f"{name}.mds"
         result = mds("plan", SAMPLE_CONFIG, "--index", index, "-o", paths[name], "--json", *extra)
         assert result.exit_code == 0, result.output
+    paths["replan"] = out / "replan.mds"
+    args = ("--from", paths["a"], "--at-step", "32")
+    result = mds("plan", SAMPLE_CONFIG, "--index", index, "-o", paths["replan"], "--json", *args)
+    assert result.exit_code == 0, result.output
     return paths
+
+
+def test_a_re_plan_is_compared_over_the_shared_steps(plans):
+    result = mds("diff", plans["a"], plans["replan"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "(plan id" in out and "64 steps: steps 0-63" in out and "32 steps: steps 32-63" in out
+    assert "the plans differ: first_step, lineage" in out
+    assert "samples per source, over the 32 steps both plans hold: steps 32-63" in out
+    assert "+0.00 pp" in out
+    data = json.loads(mds("diff", plans["a"], plans["replan"], "--json").stdout)
+    assert data["shared_steps"] == {"first": 32, "last": 63, "count": 32}
 
 
 def test_identical(plans):
@@ -32,7 +48,7 @@ def test_identical(plans):
 def test_different_dp_size(plans):
     result = mds("diff", plans["a"], plans["dp8"])
     assert result.exit_code == 0, result.output
-    for text in ("the plans differ", "train.dp_size", "same samples, different assignment"):
+    for text in ("the plans differ: train.dp_size", "same samples, different assignment"):
         assert text in result.stdout
     assert "samples per source" in result.stdout and "+0.00 pp" in result.stdout
 

@@ -122,6 +122,7 @@ PLAN_SCHEMA = {
         "chunk_steps": int,
         "chunks": int,
         "first_step": int,
+        "last_step": int,
         "lineage": (dict, type(None)),
     },
     "totals": {"samples": int, "tokens": int},
@@ -161,6 +162,7 @@ PLAN_SCHEMA = {
         "interleave_ratio": [NUM],
         "sources": [{"name": str, "target": [NUM], "realized": [NUM]}],
     },
+    "warnings": [str],  # books is drawn 2.37 epochs, past the default warn_epochs = 2
 }
 TOTAL = {"samples": int, "tokens": int, "cost": NUM, "cost_units": int}
 STEP_SCHEMA = {
@@ -257,9 +259,23 @@ def test_plan_json_schema(built):
 def test_plan_terminal(built):
     _, plan = built
     out = ok("inspect", plan).stdout
-    for text in ("64 x 4 x 2", "target", "realized", "steps 32-62", "predicted speedup", "epochs"):
+    for text in ("64 (steps 0-63) x 4 x 2", "target", "realized", "steps 32-62", "epochs"):
         assert text in out
     assert any(c in out for c in "▁▂▃▄▅▆▇") and "naive / lower bound" in out
+
+
+def test_a_re_planned_plan_shows_the_steps_it_holds(built, tmp_path):
+    index, plan = built
+    replan = tmp_path / "replan.mds"
+    config = with_overrides(load_plan_config(SAMPLE_CONFIG), index=index)
+    build_plan(config, replan, parent=plan, at_step=32)
+    header = as_json("inspect", replan)["header"]
+    assert (header["first_step"], header["last_step"], header["steps"]) == (32, 63, 64)
+    out = ok("inspect", replan).stdout
+    assert "32 (steps 32-63) x 4 x 2" in out and "64 x 4 x 2" not in out
+    assert "over steps 32-63" in out
+    ok("inspect", replan, "--html", tmp_path / "r.html")
+    assert "32 (steps 32-63) x 4 x 2" in (tmp_path / "r.html").read_text(encoding="utf-8")
 
 
 # --- step ----------------------------------------------------------------------------------------
@@ -378,6 +394,8 @@ def test_html_reports_are_well_formed(html_reports):
     # the realized and target mix, six share charts and the imbalance chart
     assert plan.count("<svg") == 9
     assert 'stroke-dasharray="5 4"' in plan and "rank imbalance per step" in plan
+    assert '<p class="warn">warning: source &#x27;books&#x27; is drawn 2.37 epochs' in plan
+    assert "64 (steps 0-63) x 4 x 2" in plan
     step = check_html(html_reports["step"])
     assert "cost per rank (as configured)" in step
     leftovers = [p for p in html_reports["index"].parent.iterdir() if p.name.startswith(".")]

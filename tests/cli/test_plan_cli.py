@@ -65,7 +65,7 @@ def test_plan_json_summary(planned):
 def test_plan_table_output(index, tmp_path):
     result = mds("plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index, "--steps", "2")
     assert result.exit_code == 0, result.output
-    for text in ("steps x dp ranks x micro-batches", "2 x 4 x 2", "plan id", "sources", "books"):
+    for text in ("steps x dp ranks", "2 (steps 0-1) x 4 x 2", "plan id", "books"):
         assert text in result.stdout
 
 
@@ -260,6 +260,25 @@ def test_bad_override(tmp_path):
     one_error_line(
         mds("plan", path, "-o", tmp_path / "p.mds", "--steps", "0"), "--steps must be >= 1"
     )
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds", "--samples-per-step", "1"),
+        "`samples_per_step` (1) must be at least `dp_size` (2)",
+    )
+    one_error_line(
+        mds("plan", path, "-o", tmp_path / "p.mds", "--micro-batches", "0"),
+        "--micro-batches must be >= 1",
+    )
+
+
+def test_micro_batches_and_samples_per_step_override_the_config(tmp_path):
+    path = indexed(tmp_path)
+    args = ("--micro-batches", "3", "--samples-per-step", "6", "--json")
+    result = mds("plan", path, "-o", tmp_path / "p.mds", *args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["micro_batches"], summary["samples"]) == (3, 24)
+    report = json.loads(mds("inspect", tmp_path / "p.mds", "--json").stdout)
+    assert (report["header"]["micro_batches"], report["header"]["samples_per_step"]) == (3, 6)
 
 
 def test_export_errors(planned, tmp_path):
@@ -409,3 +428,24 @@ def test_plan_reads_a_process_substitution(tmp_path, index, planned):
     finally:
         os.close(read)
     assert summary["plan_id"] == planned[1]["plan_id"]
+
+
+def test_a_source_drawn_many_epochs_is_warned_about(tmp_path):
+    path = indexed(tmp_path)  # 16 samples from a source of 3: 5.33 epochs
+    result = mds("plan", path, "-o", tmp_path / "p.mds")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())  # wrapped to the screen
+    assert "warning: source 'a' is drawn 5.33 epochs" in text
+    assert "more than warn_epochs = 2" in text
+    summary = json.loads(mds("plan", path, "-o", tmp_path / "p.mds", "--json").stdout)
+    assert len(summary["warnings"]) == 1 and "source 'a'" in summary["warnings"][0]
+    report = json.loads(mds("inspect", tmp_path / "p.mds", "--json").stdout)
+    assert report["warnings"] == summary["warnings"]
+    assert report["sources"][0]["epochs"] == 5.333333
+    assert "warning: source 'a' is drawn" in mds("inspect", tmp_path / "p.mds").stdout
+
+    raised = tmp_path / "raised"
+    raised.mkdir()
+    path = indexed(raised, train=TRAIN + "\nwarn_epochs = 6")
+    summary = json.loads(mds("plan", path, "-o", raised / "p.mds", "--json").stdout)
+    assert summary["warnings"] == []

@@ -20,9 +20,11 @@ def diff_command(
     ),
     json_out: bool = json_option("Print the differences as JSON."),
 ) -> None:
-    """Compare two plans: whether they are identical, which config keys differ, the first
-    step and DP rank whose samples differ (and whether that step has the same samples,
-    only assigned differently), and each source's share of the samples in both.
+    """Compare two plans: whether they are identical, every config key and footer field that
+    differs (sources by name: `sources.web.weight`; `index.path`, `lineage.at_step`), the
+    first step and DP rank whose samples differ (and whether that step has the same samples,
+    only assigned differently), and each source's share of the samples in both over the
+    steps both plans hold (a plan re-planned from step K holds steps K.. only).
 
     Exits 0 whether or not the plans differ and 1 if a plan cannot be read; with
     --exit-code, like diff(1): 0 identical, 1 different, 2 a plan cannot be read.
@@ -53,12 +55,23 @@ def _print_diff(d) -> None:
     from rich.table import Table
 
     line = {"soft_wrap": True}  # one line each, for grep
-    console.print(f"A: {escape(str(d.a))} (plan id {d.plan_id_a}, {d.steps_a} steps)", **line)
-    console.print(f"B: {escape(str(d.b))} (plan id {d.plan_id_b}, {d.steps_b} steps)", **line)
+    for label, path, plan_id, first, end in (
+        ("A", d.a, d.plan_id_a, d.first_step_a, d.steps_a),
+        ("B", d.b, d.plan_id_b, d.first_step_b, d.steps_b),
+    ):
+        held = f"{end - first} steps: {_steps(first, end)}"
+        console.print(f"{label}: {escape(str(path))} (plan id {plan_id}, {held})", **line)
     if d.identical:
         console.print("identical")
         return
-    console.print("the plans differ")
+    what = sorted({h.key.split(".")[0].split("[")[0] for h in d.header})
+    console.print(
+        f"the plans differ: {escape(', '.join(h.key for h in d.header))}"
+        if 0 < len(d.header) <= 3
+        else f"the plans differ in {len(d.header)} fields (of {', '.join(what)})"
+        if d.header
+        else "the plans differ in their steps only"
+    )
     if d.header:
         header = Table(title="header differences", title_justify="left")
         for col in ("key", "A", "B"):
@@ -71,6 +84,10 @@ def _print_diff(d) -> None:
         console.print("header: same config and index")
     console.print(f"first difference: {escape(_first(d))}", **line)
     _print_shares(d)
+
+
+def _steps(first: int, end: int) -> str:
+    return f"step {first}" if end - first == 1 else f"steps {first}-{end - 1}"
 
 
 def _first(d) -> str:
@@ -87,7 +104,11 @@ def _first(d) -> str:
 def _print_shares(d) -> None:
     from rich.table import Table
 
-    table = Table(title="samples per source", title_justify="left")
+    if d.shared is None:
+        console.print(f"samples per source: not compared, {d.shared_text}")
+        return
+    console.print(f"samples per source, {d.shared_text}:")
+    table = Table()
     for col in ("source", "A", "B", "share A", "share B", "change"):
         table.add_column(col, justify="left" if col == "source" else "right")
 

@@ -13,6 +13,7 @@ from mds.cli.inspect_text import (
     number,
     percent,
     sparkline,
+    step_geometry,
     value_text,
 )
 from mds.cli.output import console
@@ -150,10 +151,7 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
     )
     return [
         ("format version / plan id", f"{h['format_version']} / {h['plan_id']}"),
-        (
-            "steps x dp ranks x micro-batches",
-            f"{h['steps']:,} x {h['dp_size']} x {h['micro_batches']}",
-        ),
+        step_geometry(h),
         ("step size / capacity", f"{size} / {h['capacity']:,} tokens per micro-batch"),
         ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
         ("cost model", _esc(cost_text(h["cost"], h["cost_model"]))),
@@ -172,7 +170,6 @@ def _lineage_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     return [
         ("re-planned from", f"plan {lineage['parent']} at step {lineage['at_step']:,}"),
-        ("steps in this plan", f"{h['first_step']:,} to {h['steps'] - 1:,}"),
     ]
 
 
@@ -202,6 +199,8 @@ def print_plan(report: dict[str, Any]) -> None:
             str(s["epochs_started"]),
         )
     console.print(table)
+    for warning in report.get("warnings", []):
+        console.print(f"warning: {_esc(warning)}")
     if len(report["phases"]) > 1:
         heads = [f"steps {p['start']}-{p['end'] - 1}" for p in report["phases"]]
         table = _table("per schedule phase: target / realized", "source", *heads)
@@ -320,7 +319,9 @@ def _speedups(imb: dict[str, Any]) -> str:
 
 
 def _print_charts(report: dict[str, Any]) -> None:
-    series, steps = report["series"], report["header"]["steps"]
+    series, end = report["series"], report["header"]["steps"]
+    first = report["header"].get("first_step", 0)
+    steps = end - first
     if not series["start"]:
         return
     rows: list[tuple[str, list[float], float, float, str]] = []
@@ -339,7 +340,9 @@ def _print_charts(report: dict[str, Any]) -> None:
     scale = max(len(r[4]) for r in rows)
     width = max(8, min(SPARK_WIDTH, console.width - label - scale - 4))
     per_col = steps / min(width, len(series["start"])) if series["start"] else 1
-    console.print(f"over steps 0-{steps - 1} (one column ~ {per_col:.3g} steps; range per pair)")
+    console.print(
+        f"over steps {first}-{end - 1} (one column ~ {per_col:.3g} steps; range per pair)"
+    )
     for name, values, lo, hi, text in rows:
         console.print(
             f"{name:<{label}}  {sparkline(values, lo, hi, width)}  {text}", soft_wrap=True

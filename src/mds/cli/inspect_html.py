@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from mds.cli.inspect_text import band_text, cost_text, number, percent
+from mds.cli.inspect_text import band_text, cost_text, number, percent, step_geometry
 from mds.cli.svg import PALETTE, bar_chart, line_chart, stacked_area_chart
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
@@ -27,6 +27,7 @@ svg { background: #fff; border: 1px solid #e3e3e3; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
 svg text.chart-title { font-weight: bold; font-size: 12px; fill: #222; }
 .note { color: #666; }
+.warn { color: #a40; }
 """
 
 
@@ -132,7 +133,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
             [
                 ("format version", h["format_version"]),
                 ("plan id", h["plan_id"]),
-                ("steps x dp ranks x micro-batches", f"{h['steps']:,} x {h['dp_size']} x {h['micro_batches']}"),
+                step_geometry(h),
                 ("step size", size),
                 ("capacity (tokens per micro-batch)", f"{h['capacity']:,}"),
                 ("seed / overlong", f"{h['seed']} / {h['overlong']}"),
@@ -161,6 +162,7 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     head = ["source", "target", "realized", "diff (pp)", "samples", "eligible", "epochs"]
     out.append(_table(head + ["epochs started", "dropped", "truncated"], rows))
+    out.extend(f'<p class="warn">warning: {_e(w)}</p>' for w in r.get("warnings", []))
     phases = r["phases"]
     out.append("<h3>Per schedule phase: target / realized</h3>")
     rows = [

@@ -19,6 +19,7 @@ __all__ = [
     "percent",
     "resample",
     "sparkline",
+    "step_geometry",
     "value_text",
 ]
 
@@ -53,6 +54,15 @@ def bar(value: float, peak: float, width: int = BAR_WIDTH) -> str:
         return ""
     eighths = max(1, round(value / peak * width * 8))
     return "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
+
+
+def step_geometry(h: dict[str, Any]) -> tuple[str, str]:
+    """The plan header's row of steps x dp ranks x micro-batches, with the steps the plan
+    holds (first-last): a plan re-planned from step K holds steps K.. only."""
+    first, end = h.get("first_step", 0), h["steps"]
+    held = f"steps {first:,}-{end - 1:,}" if end - first > 1 else f"step {first:,}"
+    value = f"{end - first:,} ({held}) x {h['dp_size']} x {h['micro_batches']}"
+    return "steps x dp ranks x micro-batches", value
 
 
 def percent(x: float | None) -> str:

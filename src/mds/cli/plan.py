@@ -34,6 +34,12 @@ def plan_command(
     dp_size: int | None = typer.Option(
         None, "--dp-size", metavar="N", help="Override [train] dp_size."
     ),
+    micro_batches: int | None = typer.Option(
+        None, "--micro-batches", metavar="N", help="Override [train] micro_batches."
+    ),
+    samples_per_step: int | None = typer.Option(
+        None, "--samples-per-step", metavar="N", help="Override [train] samples_per_step."
+    ),
     workers: int | None = typer.Option(
         None, "--workers", "-j", min=1, metavar="N", help="Chunks planned in parallel."
     ),
@@ -66,6 +72,7 @@ def plan_command(
         mds index sample_data/mds.toml -o build/index
         mds plan sample_data/mds.toml -o build/plan.mds
         mds plan sample_data/mds.toml -o build/plan8.mds --dp-size 8 --json
+        mds plan sample_data/mds.toml -o build/plan-mb4.mds --micro-batches 4
         mds plan sample_data/mds.toml -o build/plan.mds --index build/other-index
         mds plan sample_data/new-mix.toml --index build/index \\
             -o build/plan-2.mds --from build/plan.mds --at-step 32
@@ -84,7 +91,14 @@ def plan_command(
     parent = None if parent_text is None else as_place(parent_text)  # a URL stays one
     if (parent is None) != (at_step is None):
         raise ConfigError("--from and --at-step go together: the old plan and the step K")
-    cfg = with_overrides(load_plan_config(config), steps=steps, dp_size=dp_size, index=index)
+    cfg = with_overrides(
+        load_plan_config(config),
+        steps=steps,
+        dp_size=dp_size,
+        index=index,
+        micro_batches=micro_batches,
+        samples_per_step=samples_per_step,
+    )
     from mds.core.storage import is_url
     from mds.planner.runtime.outputs import check_output, index_inputs
 
@@ -175,7 +189,11 @@ def _print_summary(s) -> None:
     table.add_column("what")
     table.add_column("value", justify="right")
     rows = [
-        ("steps x dp ranks x micro-batches", f"{s.steps} x {s.dp_size} x {s.micro_batches}"),
+        (
+            "steps x dp ranks x micro-batches",
+            f"{s.steps - s.first_step} (steps {s.first_step}-{s.steps - 1}) x {s.dp_size} x "
+            f"{s.micro_batches}",
+        ),
         ("samples / tokens", f"{s.samples:,} / {s.tokens:,}"),
         ("plan size", f"{s.bytes:,} bytes ({s.bytes / max(s.samples, 1):.2f} per sample)"),
         ("max rank cost / lower bound", f"mean {s.ratio_mean:.4f}, max {s.ratio_max:.4f}"),
@@ -219,3 +237,5 @@ def _print_summary(s) -> None:
     console.print(src)
     who = f" by {s.workers} workers" if s.workers > 1 else ""
     console.print(f"planned in {s.seconds:.2f}s{who}")
+    for warning in s.warnings:
+        console.print(f"warning: {warning}", markup=False)  # wrapped to the screen

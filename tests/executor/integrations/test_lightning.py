@@ -45,13 +45,13 @@ def fit(plan, root, ckpt_path=None, **trainer_kwargs):
     dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
     model = TinyLM()
     trainer_kwargs.setdefault("max_steps", STEPS)
+    trainer_kwargs.setdefault("enable_progress_bar", False)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
         accumulate_grad_batches=dm.micro_batches,
         default_root_dir=root,
         logger=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         **trainer_kwargs,
     )
@@ -96,13 +96,64 @@ def test_a_checkpoint_resumes_on_a_plan_re_planned_at_its_step(plan, small_repla
 
 def test_len_is_the_ranks_micro_batches_and_the_rank_is_the_trainers(plan, tmp_path):
     dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=1)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, max_steps=STEPS + 5, accumulate_grad_batches=2
+    )
     dm.trainer = trainer
     dm.setup("fit")
-    assert len(dm.train_dataloader()) == STEPS * dm.micro_batches
+    assert len(dm.train_dataloader()) == STEPS * dm.micro_batches  # the plan ends first
     assert (dm.executor.dp_rank, dm.executor.dp_size) == (trainer.global_rank, 1)
-    assert trainer.estimated_stepping_batches == 1
+    assert trainer.max_epochs == 1  # one pass over the plan, not Lightning's unbounded -1
     dm.teardown("fit")
+    # a run that stops before the plan ends counts to where it stops
+    dm = PlanDataModule(plan, tokenize=text_tokenizers(), estimated="fit")
+    dm.trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=1)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 1
+    dm.teardown("fit")
+
+
+class TqdmShown(pl.callbacks.TQDMProgressBar):
+    """The default progress bar as the user sees it: epoch text, count and total per batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.shown: list[tuple[str, int, int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        bar = self.train_progress_bar
+        self.shown.append((bar.desc.rstrip(": "), bar.n, bar.total))
+
+
+class RichShown(pl.callbacks.RichProgressBar):
+    """The rich progress bar, which writes the epoch as `Epoch 0/<max_epochs - 1>`."""
+
+    def __init__(self):
+        super().__init__()
+        self.shown: list[tuple[str, int, int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        task = self.progress.tasks[self.train_progress_bar_id]
+        self.shown.append((task.description.strip(), int(task.completed), int(task.total)))
+
+
+@pytest.mark.parametrize(
+    ("bar", "max_steps", "epoch"),
+    [(TqdmShown, STEPS, "Epoch 0"), (TqdmShown, STEPS - 1, "Epoch 0"), (RichShown, STEPS, "Epoch 0/0")],
+)
+def test_the_progress_bar_counts_to_where_the_run_stops(plan, tmp_path, bar, max_steps, epoch):
+    bar = bar()
+    seen, trainer = fit(
+        plan, tmp_path, max_steps=max_steps, enable_progress_bar=True, callbacks=[bar]
+    )
+    batches = max_steps * 2  # micro-batches per step in small_plan
+    assert len(seen) == batches and trainer.global_step == max_steps
+    assert trainer.max_epochs == 1 and trainer.lightning_module.stepping == max_steps
+    assert [n for _desc, n, _total in bar.shown] == list(range(1, batches + 1))
+    assert {total for _desc, _n, total in bar.shown} == {batches}
+    assert {desc for desc, _n, _total in bar.shown} == {epoch}
 
 
 WORKER = Path(__file__).with_name("lightning_ddp_worker.py")

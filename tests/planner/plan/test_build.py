@@ -443,6 +443,44 @@ def test_overrides(sample, tmp_path):
         with_overrides(sample.config, dp_size=33)
 
 
+def test_micro_batch_and_step_size_overrides(sample, tmp_path):
+    cfg = with_overrides(sample.config, steps=2, micro_batches=4, samples_per_step=48)
+    assert (cfg.train.micro_batches, cfg.train.samples_per_step) == (4, 48)
+    s = build_plan(cfg, tmp_path / "p.mds")
+    assert (s.steps, s.micro_batches, s.samples) == (2, 4, 96)
+    with PlanReader(tmp_path / "p.mds") as reader:  # recorded as if written in [train]
+        train = reader.footer["config"]["train"]
+        assert (train["micro_batches"], train["samples_per_step"]) == (4, 48)
+        assert reader.micro == 4
+    # the same plan as a config that says so
+    written = replace(
+        sample.config,
+        train=replace(sample.config.train, steps=2, micro_batches=4, samples_per_step=48),
+    )
+    build_plan(written, tmp_path / "q.mds")
+    assert (tmp_path / "p.mds").read_bytes() == (tmp_path / "q.mds").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"micro_batches": 0}, "--micro-batches must be >= 1, got 0"),
+        ({"samples_per_step": 0}, "--samples-per-step must be >= 1, got 0"),
+        ({"samples_per_step": 3}, "`samples_per_step` (3) must be at least `dp_size` (4)"),
+        ({"micro_batches": 2**20}, "--micro-batches: dp_size = 4 x micro_batches"),
+    ],
+)
+def test_micro_batch_and_step_size_overrides_are_checked(sample, overrides, message):
+    with pytest.raises(ConfigError) as err:
+        with_overrides(sample.config, **overrides)
+    assert message in str(err.value)
+
+
+def test_samples_per_step_override_needs_a_step_in_samples(tokens):
+    with pytest.raises(ConfigError, match="sizes a step in tokens"):
+        with_overrides(tokens.config, samples_per_step=8)
+
+
 def test_dp_size_override_rechecks_the_token_capacity(tokens):
     # 3 ranks x 2 micro-batches x 1500 tokens hold 2500; 1 rank holds 3000, still fine
     assert with_overrides(tokens.config, dp_size=1).train.dp_size == 1

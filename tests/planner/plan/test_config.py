@@ -13,6 +13,7 @@ from mds.planner.plan.config import (
     DEFAULT_A,
     DEFAULT_B,
     DEFAULT_CHUNK_STEPS,
+    epoch_warnings,
     load_plan_config,
     plan_config_from_dict,
 )
@@ -512,3 +513,52 @@ def test_large_weights_whose_sum_fits_are_fine(tmp_path):
         {"name": n, "path": f"{n}/*", "count": "n", "weight": 3e306} for n in ("a", "b", "c")
     ]
     assert [s.weight.weights for s in parse(tmp_path, sources=sources).sources] == [(3e306,)] * 3
+
+
+# --- warn_epochs -------------------------------------------------------------------------------
+
+
+def test_warn_epochs_is_recorded_only_when_set(tmp_path):
+    plain = parse(tmp_path)
+    assert plain.train.warn_epochs is None and plain.sources[0].warn_epochs is None
+    canonical = plain.canonical()
+    assert "warn_epochs" not in canonical["train"]  # other plans keep their bytes
+    assert all("warn_epochs" not in s for s in canonical["sources"])
+    sources = doc()["source"]
+    sources[1]["warn_epochs"] = 10
+    cfg = parse(tmp_path, train={**train_table(), "warn_epochs": 3.5}, sources=sources)
+    assert (cfg.train.warn_epochs, cfg.sources[1].warn_epochs) == (3.5, 10.0)
+    canonical = cfg.canonical()
+    assert canonical["train"]["warn_epochs"] == 3.5
+    assert [s.get("warn_epochs") for s in canonical["sources"]] == [None, 10.0]
+
+
+@pytest.mark.parametrize("value", [0, -1, "2", True, float("inf")])
+def test_bad_warn_epochs(tmp_path, value):
+    message = error(tmp_path, train={**train_table(), "warn_epochs": value})
+    assert "[train]: `warn_epochs` must be" in message
+    sources = doc()["source"]
+    sources[0]["warn_epochs"] = value
+    assert "('a'): `warn_epochs` must be" in error(tmp_path, sources=sources)
+
+
+def test_epoch_warnings():
+    config = {
+        "train": {},
+        "sources": [
+            {"name": "a", "max_epochs": None},
+            {"name": "b", "max_epochs": 4},  # bounded already: no warning
+            {"name": "c", "max_epochs": None, "warn_epochs": 100.0},
+            {"name": "d", "max_epochs": None},
+        ],
+    }
+    planned = [
+        {"name": "a", "epochs": 3.2},
+        {"name": "b", "epochs": 3.9},
+        {"name": "c", "epochs": 95.8},
+        {"name": "d", "epochs": 2.0},  # at the threshold: fine
+    ]
+    (only,) = epoch_warnings(config, planned)
+    assert only.startswith("source 'a' is drawn 3.20 epochs") and "warn_epochs = 2" in only
+    config["train"]["warn_epochs"] = 1.5
+    assert [w.split("'")[1] for w in epoch_warnings(config, planned)] == ["a", "d"]

@@ -26,9 +26,9 @@ def plans(tmp_path_factory) -> dict[str, Path]:
     index = sample_index(tmp_path_factory)
     out = tmp_path_factory.mktemp("diff")
 
-    def plan(name: str, data: dict | None = None, **overrides) -> None:
+    def plan(name: str, data: dict | None = None, where: Path = out, **overrides) -> None:
         config = plan_config_from_dict(data or sample_toml(), base=SAMPLE_CONFIG.parent)
-        build_plan(with_overrides(config, index=index, **overrides), out / f"{name}.mds")
+        build_plan(with_overrides(config, index=index, **overrides), where / f"{name}.mds")
 
     plan("base")
     plan("again")
@@ -43,7 +43,13 @@ def plans(tmp_path_factory) -> dict[str, Path]:
     no_math = sample_toml()
     no_math["source"] = [s for s in no_math["source"] if s["name"] != "math"]
     plan("no_math", no_math)
-    return {p.stem: p for p in out.glob("*.mds")}
+    plan("first32", steps=32)
+    plan("elsewhere", where=out / "moved")  # records the index's path from another directory
+    config = plan_config_from_dict(sample_toml(), base=SAMPLE_CONFIG.parent)
+    build_plan(
+        with_overrides(config, index=index), out / "replan.mds", parent=out / "base.mds", at_step=32
+    )
+    return {p.stem: p for p in out.rglob("*.mds")}
 
 
 def steps_by_rank(plan: Path) -> dict[int, dict[int, list[int]]]:
@@ -88,7 +94,7 @@ def test_dp_size_changes_only_the_assignment(plans):
 def test_changed_weight(plans):
     d = diff_plans(plans["base"], plans["weight"])
     assert [str(h) for h in d.header] == [
-        "sources[1].weight.points: [[0,0.05],[63,0.25]] -> [[0,0.05],[63,0.6]]"
+        "sources.books.weight.points: [[0,0.05],[63,0.25]] -> [[0,0.05],[63,0.6]]"
     ]
     step, rank, same = first_differing_step(plans["base"], plans["weight"])
     assert step > 0  # the schedules agree at step 0
@@ -131,9 +137,11 @@ def test_source_only_in_one_plan(plans):
     assert d.only_in_a == ["math"] and d.only_in_b == []
     (math,) = [s for s in d.sources if s.name == "math"]
     assert math.samples_b is None and math.share_b is None and math.delta_pp is None
-    assert [str(h) for h in d.header] == [
-        'sources[5]: {"filter":null,"max_epochs":null,"name":"math","weight":0.1} -> (absent)'
-    ]
+    assert [str(h) for h in d.header][0] == (
+        'sources.math: {"filter":null,"max_epochs":null,"name":"math","weight":0.1} -> (absent)'
+    )
+    # what the executor would have read it with is gone from the footer too
+    assert [h.key for h in d.header][1:] == ["fetch.sources.math"]
     back = diff_plans(plans["no_math"], plans["base"])
     assert back.only_in_b == ["math"] and back.only_in_a == []
 
@@ -147,6 +155,8 @@ def test_json_fields(plans):
         "header",
         "first_difference",
         "first_sample_difference",
+        "shared_steps",
+        "shared_text",
         "sources",
         "only_in_a",
         "only_in_b",
@@ -174,6 +184,38 @@ def test_an_unreadable_plan_is_an_error(plans, tmp_path):
         diff_plans(tmp_path / "nope.mds", plans["base"])
 
 
+def test_a_re_plan_is_compared_over_the_steps_both_hold(plans):
+    d = diff_plans(plans["base"], plans["replan"])
+    assert (d.first_step_a, d.first_step_b, d.steps_a, d.steps_b) == (0, 32, 64, 64)
+    assert d.shared == (32, 64)
+    assert d.shared_text == "over the 32 steps both plans hold: steps 32-63"
+    # same config from the same cursors: the same samples on steps 32-63
+    assert all(s.samples_a == s.samples_b and s.delta_pp == 0 for s in d.sources)
+    assert sum(s.samples_a for s in d.sources) == 32 * 32
+    keys = [h.key for h in d.header]
+    assert keys == ["first_step", "lineage"]  # named, not just "the plans differ"
+    data = d.to_json()
+    assert data["shared_steps"] == {"first": 32, "last": 63, "count": 32}
+    assert (data["b"]["first_step"], data["b"]["last_step"]) == (32, 63)
+
+
+def test_plans_that_share_no_steps_say_so(plans):
+    d = diff_plans(plans["first32"], plans["replan"])
+    assert d.shared is None and d.sources == []
+    assert d.shared_text == "the plans share no steps (A holds steps 0-31, B steps 32-63)"
+    assert d.first_step.detail == "no step in common: plan A holds steps 0-31, plan B steps 32-63"
+    assert d.to_json()["shared_steps"] is None
+    assert d.only_in_a == d.only_in_b == []
+
+
+def test_footer_fields_are_named(plans):
+    d = diff_plans(plans["base"], plans["elsewhere"])
+    keys = [h.key for h in d.header]
+    assert "index.path" in keys and all(not k.startswith(("train", "sources")) for k in keys)
+    (path,) = [h for h in d.header if h.key == "index.path"]
+    assert path.a != path.b
+
+
 # --- header_diff on its own -------------------------------------------------------------------
 
 
@@ -189,6 +231,14 @@ def test_header_diff_walks_dicts_and_lists_of_objects():
         "sources[1].w: 2 -> 3",
         'sources[2]: (absent) -> {"w":4}',
     ]
+
+
+def test_header_diff_names_sources_by_name():
+    a = footer({"sources": [{"name": "web", "w": 1}, {"name": "code", "w": 2}]})
+    b = footer({"sources": [{"name": "code", "w": 3}, {"name": "web", "w": 1}]})
+    assert [str(h) for h in header_diff(a, b)] == ["sources.code.w: 2 -> 3"]
+    a["index"]["path"], b["index"]["path"] = "../index", "../../index"
+    assert [str(h) for h in header_diff(a, b)][-1] == 'index.path: "../index" -> "../../index"'
 
 
 def test_header_diff_type_changes_and_lists_of_values():

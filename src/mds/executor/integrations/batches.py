@@ -24,8 +24,10 @@ class PlanBatches:
     micro-batches), what LR schedulers size themselves by. It does not shrink after a
     resume, since frameworks count the resumed run's batches from the checkpoint's batch
     index, and for a plan re-planned from another at step K it counts from step 0 too: the
-    run's step counter goes on from K. `state_dict()` is the executor state after the last batch
-    passed to `used()` (the last one yielded, when nothing calls `used`).
+    run's step counter goes on from K. `length`, when set, caps it: a run told to stop
+    earlier (Lightning's `max_steps`) sizes its progress by what it will train.
+    `state_dict()` is the executor state after the last batch passed to `used()` (the last
+    one yielded, when nothing calls `used`).
     """
 
     def __init__(
@@ -42,9 +44,11 @@ class PlanBatches:
         self.dataloader_kwargs = dataloader_kwargs
         self._state = executor.state_dict()
         self.tracks_use = False  # set once `used` is called: then yielding moves nothing
+        self.length: int | None = None  # a cap on len(), for a run that stops early
 
     def __len__(self) -> int:
-        return self.executor.total
+        total = self.executor.total
+        return total if self.length is None else min(total, self.length)
 
     def __iter__(self) -> Iterator[Any]:
         ex = self.executor

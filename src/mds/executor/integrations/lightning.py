@@ -7,6 +7,12 @@ device mesh's data-parallel dimension when it has one). The train dataloader is 
 fetches one ahead), so a resumed run continues with exactly the next micro-batch.
 Set `Trainer(accumulate_grad_batches=dm.micro_batches)` so that an optimizer step is a
 plan step.
+
+One pass over the plan is the whole run, so it is one epoch: a Trainer given `max_steps`
+(whose `max_epochs` Lightning then leaves unbounded, -1) is set to `max_epochs=1`, and the
+dataloader's length is the micro-batches the run trains (this rank's over the plan, capped
+at `max_steps` x `accumulate_grad_batches`), so the progress bar counts to where the run
+stops, in epoch 0 of 0.
 """
 
 from __future__ import annotations
@@ -36,6 +42,15 @@ def dp_coordinates(trainer: Any, *, tp: int = 1, cp: int = 1, pp: int = 1) -> tu
         return dp.get_local_rank(), dp.size()
     where = mesh_position(trainer.global_rank, trainer.world_size, tp=tp, cp=cp, pp=pp)
     return where.dp_rank, where.dp_size
+
+
+def _size_the_run(trainer: Any, batches: PlanBatches) -> None:
+    """One epoch is the plan; `len(batches)` is what the trainer will train of it (counted
+    from step 0, as Lightning counts a resumed run's batches)."""
+    if trainer.max_epochs is None or trainer.max_epochs == -1:
+        trainer.fit_loop.max_epochs = 1  # Lightning's -1 with max_steps: the bar shows 0/-2
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        batches.length = trainer.max_steps * max(1, int(trainer.accumulate_grad_batches))
 
 
 class PlanDataModule(pl.LightningDataModule):
@@ -93,11 +108,23 @@ class PlanDataModule(pl.LightningDataModule):
         self.batches = PlanBatches(
             self.executor, num_workers=self.num_workers, collate=self.collate
         )
+        _size_the_run(self.trainer, self.batches)
 
     def train_dataloader(self) -> PlanBatches:
         if self.batches is None:
             raise ConfigError("PlanDataModule.setup('fit') has not run")
         return self.batches
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state, saved with the datamodule too: with `max_epochs=1` Lightning
+        may read the train dataloader (to estimate the stepping batches) before it restores
+        the loop, and then never hands the loader the checkpoint's state."""
+        return {} if self.batches is None else {"batches": self.batches.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored after `setup('fit')` and before the first batch is fetched."""
+        if self.batches is not None and "batches" in state_dict:
+            self.batches.load_state_dict(state_dict["batches"])
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self.trainer

@@ -42,7 +42,7 @@ INDEX_SOURCE_KEYS = (
     "name", "path", "format", "text", "keep", *LENGTH_KEYS, "images", "on_bad_image",
 )  # fmt: skip
 # Per-source keys owned by the planner; accepted here so one file configures every stage.
-PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "on_exhausted")
+PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "warn_epochs", "on_exhausted")
 # `[vision]` (the model's image geometry) is parsed by the planner; the index reads `marker`.
 TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan", "vision")
 INDEX_KEYS = ("root", "output", "workers", "fingerprint", "engine", "address")

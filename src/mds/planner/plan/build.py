@@ -25,7 +25,13 @@ from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.tables import IndexManifest, download_index
 from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
-from mds.planner.plan.config import PlanConfig, check_chunk_size, check_sizes, with_cp_linear
+from mds.planner.plan.config import (
+    PlanConfig,
+    check_chunk_size,
+    check_train,
+    epoch_warnings,
+    with_cp_linear,
+)
 from mds.planner.plan.cost_band import cost_band
 from mds.planner.plan.cost_label import cost_note
 from mds.planner.plan.footer import plan_footer
@@ -72,6 +78,11 @@ class PlanSummary:
     # Which cost the predictions use ({kind, label}), and with the built-in default cost the
     # speedup's range over b x 0.25 to b x 4 (`band`; plan/cost_label.py cost_note).
     cost: dict[str, Any] = field(default_factory=dict)
+    # Steps first_step..steps-1 are planned (> 0 for a plan re-planned from another at K).
+    first_step: int = 0
+    # What the user should know before a long run: sources drawn more epochs than their
+    # warn_epochs (config.epoch_warnings), one line each.
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -126,8 +137,12 @@ def with_overrides(
     steps: int | None = None,
     dp_size: int | None = None,
     index: Path | str | None = None,
+    micro_batches: int | None = None,
+    samples_per_step: int | None = None,
 ) -> PlanConfig:
-    """Apply --steps / --dp-size / --index and re-check what they affect."""
+    """Apply --steps / --dp-size / --micro-batches / --samples-per-step / --index, each as if
+    written in [train] (the plan's footer records the values used), and redo the checks
+    between [train]'s keys that they affect."""
     if index is not None:
         where = str(index).rstrip("/") if storage.is_url(index) else Path(index).resolve()
         config = replace(config, index=where)
@@ -136,6 +151,19 @@ def with_overrides(
         if steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {steps}")
         train = replace(train, steps=steps)
+    if micro_batches is not None:
+        if micro_batches < 1:
+            raise ConfigError(f"--micro-batches must be >= 1, got {micro_batches}")
+        train = replace(train, micro_batches=micro_batches)
+    if samples_per_step is not None:
+        if samples_per_step < 1:
+            raise ConfigError(f"--samples-per-step must be >= 1, got {samples_per_step}")
+        if train.samples_per_step is None:
+            raise ConfigError(
+                "--samples-per-step: the config sizes a step in tokens (`tokens_per_step`); "
+                "set samples_per_step in [train] instead to size it in samples"
+            )
+        train = replace(train, samples_per_step=samples_per_step)
     if dp_size is not None:
         if dp_size < 1:
             raise ConfigError(f"--dp-size must be >= 1, got {dp_size}")
@@ -151,9 +179,12 @@ def with_overrides(
                 f"--dp-size {dp_size}: tokens_per_step ({train.tokens_per_step}) exceeds the "
                 f"step's capacity dp_size x micro_batches x max_tokens_per_micro_batch = {room}"
             )
-    check_sizes(train, "--steps/--dp-size: ")
+    flags = "--steps/--dp-size"
+    flags += "/--micro-batches" if micro_batches is not None else ""
+    flags += "/--samples-per-step" if samples_per_step is not None else ""
+    check_train(train, f"{flags}: ")  # parse_train's checks, for the new geometry
     train = with_cp_linear(train, config.cost, config.vision, "--dp-size: ")
-    check_chunk_size(train, config.chunk_steps, "--steps/--dp-size: ")
+    check_chunk_size(train, config.chunk_steps, f"{flags}: ")
     return replace(config, train=train)
 
 
@@ -450,6 +481,8 @@ def _summary(
         parts=_part_ratios(col) if "encoder_cost" in col else None,
         cp=_cp_ratios(col, train.cp_size) if "cp_max_rank_work" in col else None,
         cost=cost_note(footer, round(naive_total / planned, 6) if planned else 1.0),
+        first_step=planner.first_step,
+        warnings=epoch_warnings(footer["config"], footer["sources"]),
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "PlanConfig",
     "TrainSpec",
     "VisionSpec",
+    "epoch_warnings",
     "load_plan_config",
     "parse_plan_config",
 ]
@@ -42,6 +43,7 @@ TRAIN_KEYS = (
     "max_patches_per_micro_batch",
     "cp_size",
     "cp_split_from",
+    "warn_epochs",
 )
 COST_KEYS = (
     "a",
@@ -86,6 +88,8 @@ DEFAULT_A, DEFAULT_B = 1.0, 1.0 / (6 * 4096)
 # Context parallelism (docs/context-parallel.md): samples of at least this many tokens are
 # split head-tail over the CP ranks by default.
 DEFAULT_CP_SPLIT_FROM = 8192
+# `mds plan` and `mds inspect` warn about a source drawn more epochs than this (docs/config.md).
+DEFAULT_WARN_EPOCHS = 2.0
 # A step's CP work (src/mds/core/cp_layout.py units) must stay well inside int64.
 MAX_CP_STEP_WORK = 2**62
 
@@ -111,6 +115,8 @@ class TrainSpec:
     cp_size: int = 1
     cp_split_from: int | None = None
     cp_linear: int | None = None
+    # Warn when a source is drawn more epochs than this; None: DEFAULT_WARN_EPOCHS.
+    warn_epochs: float | None = None
 
     @property
     def bins(self) -> int:
@@ -174,12 +180,14 @@ class VisionSpec:
 
 @dataclass(frozen=True)
 class MixSpec:
-    """One source's part in the mix: its weight schedule, filter and epoch limit."""
+    """One source's part in the mix: its weight schedule, filter and epoch limit, and the
+    epochs past which planning warns (None: [train] warn_epochs)."""
 
     name: str
     weight: WeightSchedule
     filter: str | None
     max_epochs: int | None
+    warn_epochs: float | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +231,11 @@ class PlanConfig:
                 for s in self.sources
             ],
         }
+        if t.warn_epochs is not None:  # only when set, so other plans keep their bytes
+            out["train"]["warn_epochs"] = t.warn_epochs
+        for spec, source in zip(self.sources, out["sources"], strict=True):
+            if spec.warn_epochs is not None:
+                source["warn_epochs"] = spec.warn_epochs
         if t.cp_size > 1:  # only in CP plans, so other plans keep their bytes
             out["train"]["cp_size"] = t.cp_size
             out["train"]["cp_split_from"] = t.cp_split_from
@@ -305,8 +318,17 @@ def parse_train(table: Any, where: str) -> TrainSpec:
         overlong=_choice(table, "overlong", OVERLONG, where, "error"),
         weight_by=weight_by,
         max_patches_per_micro_batch=_int(table, "max_patches_per_micro_batch", where),
+        warn_epochs=_warn_epochs(table, where),
         **_parse_cp(table, where),
     )
+    check_train(spec, where)
+    return spec
+
+
+def check_train(spec: TrainSpec, where: str) -> None:
+    """The checks between [train]'s keys, made on the config and again after --dp-size,
+    --micro-batches or --samples-per-step change one of them."""
+    sps, tps = spec.samples_per_step, spec.tokens_per_step
     if sps is not None and sps < spec.dp_size:
         raise ConfigError(
             f"{where}`samples_per_step` ({sps}) must be at least `dp_size` ({spec.dp_size})"
@@ -317,7 +339,37 @@ def parse_train(table: Any, where: str) -> TrainSpec:
             f"{where}`tokens_per_step` ({tps}) exceeds the step's capacity dp_size x micro_batches x "
             f"max_tokens_per_micro_batch = {spec.bins * spec.max_tokens_per_micro_batch}"
         )
-    return spec
+
+
+def _warn_epochs(table: dict[str, Any], where: str) -> float | None:
+    """`warn_epochs`: a number > 0 (epochs of a source's eligible samples), or unset."""
+    value = _float(table, "warn_epochs", where)
+    if value is not None and value <= 0:
+        raise ConfigError(f"{where}`warn_epochs` must be a number > 0, got {value!r}")
+    return value
+
+
+def epoch_warnings(config: dict[str, Any], sources: list[dict[str, Any]]) -> list[str]:
+    """One line per source drawn more epochs than its `warn_epochs` (the source's, else
+    [train]'s, else DEFAULT_WARN_EPOCHS), from a plan's canonical config and its per-source
+    results (the footer's `sources`). A source with `max_epochs` is bounded by it already
+    and never warned about."""
+    default = config.get("train", {}).get("warn_epochs", DEFAULT_WARN_EPOCHS)
+    specs = {s.get("name"): s for s in config.get("sources", [])}
+    out = []
+    for planned in sources:
+        spec = specs.get(planned.get("name"), {})
+        if spec.get("max_epochs") is not None:
+            continue
+        limit = spec.get("warn_epochs", default)
+        epochs = planned.get("epochs") or 0.0
+        if epochs > limit:
+            out.append(
+                f"source '{planned['name']}' is drawn {epochs:.2f} epochs (each sample about "
+                f"{epochs:.1f} times), more than warn_epochs = {limit:g}; add samples, lower "
+                "its weight, or set its max_epochs (or warn_epochs) to accept it"
+            )
+    return out
 
 
 def _parse_cp(table: dict[str, Any], where: str) -> dict[str, Any]:
@@ -618,7 +670,7 @@ def parse_mix(table: dict[str, Any], where: str) -> MixSpec:
     if filt is not None and (not isinstance(filt, str) or not filt.strip()):
         raise ConfigError(f"{where}`filter` must be a non-empty SQL expression string")
     max_epochs = _int(table, "max_epochs", where)
-    return MixSpec(table["name"], weight, filt, max_epochs)
+    return MixSpec(table["name"], weight, filt, max_epochs, _warn_epochs(table, where))
 
 
 # The most the sources' largest weights may add up to: a step's weights are summed in

@@ -1,5 +1,6 @@
-"""Compare two plans: config differences, the first step where their samples differ, and how
-each source's share of the samples moved, to see what a config change did to the data.
+"""Compare two plans: config and footer differences, the first step where their samples
+differ, and how each source's share of the samples moved over the steps both plans hold, to
+see what a config change did to the data.
 
 Both plans are read one chunk at a time; a difference is a result, never an error.
 """
@@ -26,7 +27,9 @@ _ABSENT = "(absent)"
 
 @dataclass(frozen=True)
 class HeaderDiff:
-    """One differing footer value, at a dotted path like `train.dp_size` or `sources[2].weight`."""
+    """One differing footer value, at a dotted path: config keys as written in the config
+    (`train.dp_size`, `sources.web.weight`: list items by their `name`), other footer fields
+    by their place in the footer (`index.path`, `fetch.root`, `lineage.at_step`)."""
 
     key: str
     a: Any
@@ -81,10 +84,17 @@ class PlanDiff:
     steps_b: int
     dp_a: int
     dp_b: int
+    first_step_a: int = 0  # a re-planned plan holds steps first_step..steps-1
+    first_step_b: int = 0
     header: list[HeaderDiff] = field(default_factory=list)
     first_step: StepDiff | None = None
     first_sample_step: int | None = None  # first step whose multiset of samples differs
+    # The samples per source are compared over the steps both plans hold, [start, end);
+    # None when they hold no step in common (then `sources` is empty).
+    shared: tuple[int, int] | None = None
     sources: list[ShareDiff] = field(default_factory=list)
+    names_a: list[str] = field(default_factory=list)
+    names_b: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -92,20 +102,45 @@ class PlanDiff:
 
     @property
     def only_in_a(self) -> list[str]:
-        return [s.name for s in self.sources if s.samples_b is None]
+        return [n for n in self.names_a if n not in self.names_b]
 
     @property
     def only_in_b(self) -> list[str]:
-        return [s.name for s in self.sources if s.samples_a is None]
+        return [n for n in self.names_b if n not in self.names_a]
+
+    @property
+    def shared_text(self) -> str:
+        """Which steps the samples per source are compared over, in words."""
+        if self.shared is None:
+            return (
+                f"the plans share no steps (A holds {_range(self.first_step_a, self.steps_a)}, "
+                f"B {_range(self.first_step_b, self.steps_b)})"
+            )
+        start, end = self.shared
+        return f"over the {end - start:,} steps both plans hold: {_range(start, end)}"
 
     def to_json(self) -> dict[str, Any]:
+        def side(path, plan_id, first, steps) -> dict[str, Any]:
+            return {
+                "path": str(path),
+                "plan_id": plan_id,
+                "steps": steps,
+                "first_step": first,
+                "last_step": steps - 1,
+            }
+
+        shared = self.shared
         return {
             "identical": self.identical,
-            "a": {"path": str(self.a), "plan_id": self.plan_id_a, "steps": self.steps_a},
-            "b": {"path": str(self.b), "plan_id": self.plan_id_b, "steps": self.steps_b},
+            "a": side(self.a, self.plan_id_a, self.first_step_a, self.steps_a),
+            "b": side(self.b, self.plan_id_b, self.first_step_b, self.steps_b),
             "header": [{"key": h.key, "a": h.a, "b": h.b, "text": str(h)} for h in self.header],
             "first_difference": asdict(self.first_step) if self.first_step else None,
             "first_sample_difference": self.first_sample_step,
+            "shared_steps": None
+            if shared is None
+            else {"first": shared[0], "last": shared[1] - 1, "count": shared[1] - shared[0]},
+            "shared_text": self.shared_text,
             "sources": [{**asdict(s), "delta_pp": s.delta_pp} for s in self.sources],
             "only_in_a": self.only_in_a,
             "only_in_b": self.only_in_b,
@@ -116,7 +151,11 @@ def diff_plans(a: str | os.PathLike, b: str | os.PathLike) -> PlanDiff:
     """Compare plan files `a` and `b` (PlanError if either is unreadable or corrupt)."""
     with PlanReader(a) as ra, PlanReader(b) as rb:
         out = PlanDiff(as_place(a), as_place(b), ra.plan_id, rb.plan_id, ra.steps, rb.steps, ra.dp, rb.dp)
-        out.sources = _shares(ra, rb)
+        out.first_step_a, out.first_step_b = ra.first_step, rb.first_step
+        out.names_a, out.names_b = _names(ra), _names(rb)
+        start, end = max(ra.first_step, rb.first_step), min(ra.steps, rb.steps)
+        out.shared = (start, end) if start < end else None
+        out.sources = _shares(ra, rb, out.shared) if out.shared is not None else []
         if out.identical:  # the plan id hashes the footer, which checksums every byte
             return out
         out.header = header_diff(ra.footer, rb.footer)
@@ -128,18 +167,24 @@ def diff_plans(a: str | os.PathLike, b: str | os.PathLike) -> PlanDiff:
 
 
 def header_diff(footer_a: dict[str, Any], footer_b: dict[str, Any]) -> list[HeaderDiff]:
-    """Differences of the footers' `config` and `index.fingerprint`, leaf by leaf."""
+    """Every differing value of the two footers, leaf by leaf: the `config` first, named as
+    in the config (`train.seed`, `sources.web.weight`), then the rest of the footer under
+    its own keys (`index.path`, `index.fingerprint`, `fetch.root`, `first_step`, ...). The
+    per-source results (`sources`: samples, epochs) are left to the shares table, and the
+    file's byte layout is not compared."""
     out: list[HeaderDiff] = []
-    _walk(footer_a.get("config", {}), footer_b.get("config", {}), "", out)
-    for key in ("first_step", "lineage"):  # a re-planned plan: what it continues, from where
-        la, lb = footer_a.get(key, _ABSENT), footer_b.get(key, _ABSENT)
-        if la != lb:
-            out.append(HeaderDiff(key, la, lb))
-    fa = footer_a.get("index", {}).get("fingerprint")
-    fb = footer_b.get("index", {}).get("fingerprint")
-    if fa != fb:
-        out.append(HeaderDiff("index.fingerprint", fa, fb))
+    _walk(footer_a.get("config", _ABSENT), footer_b.get("config", _ABSENT), "", out)
+    for key in dict.fromkeys([*footer_a, *footer_b]):
+        if key in _NOT_WALKED:
+            continue
+        _walk(footer_a.get(key, _ABSENT), footer_b.get(key, _ABSENT), str(key), out)
     return out
+
+
+# `config` is walked first, without a prefix; `sources` and `cost_band` hold results, not
+# inputs (the shares table and `mds inspect` show them); `steps` repeats `train.steps`;
+# `layout` is where the file's bytes lie (offsets, checksums), which follow from the rest.
+_NOT_WALKED = ("config", "sources", "cost_band", "steps", "layout")
 
 
 def _walk(a: Any, b: Any, path: str, out: list[HeaderDiff]) -> None:
@@ -149,6 +194,11 @@ def _walk(a: Any, b: Any, path: str, out: list[HeaderDiff]) -> None:
             sub = f"{path}.{key}" if path else str(key)
             _walk(a.get(key, _ABSENT), b.get(key, _ABSENT), sub, out)
     elif isinstance(a, list) and isinstance(b, list) and _named(a) and _named(b):
+        if _by_name(a) and _by_name(b):  # sources: matched by name, in A's order then B's
+            ka, kb = {x["name"]: x for x in a}, {x["name"]: x for x in b}
+            for name in dict.fromkeys([*ka, *kb]):
+                _walk(ka.get(name, _ABSENT), kb.get(name, _ABSENT), f"{path}.{name}", out)
+            return
         for i in range(max(len(a), len(b))):
             _walk(
                 a[i] if i < len(a) else _ABSENT,
@@ -163,6 +213,12 @@ def _walk(a: Any, b: Any, path: str, out: list[HeaderDiff]) -> None:
 def _named(items: list[Any]) -> bool:
     """Lists of objects (like `sources`) are compared item by item; other lists as values."""
     return all(isinstance(x, dict) for x in items)
+
+
+def _by_name(items: list[dict[str, Any]]) -> bool:
+    """Objects that each have a distinct string `name` are matched by it."""
+    names = [x.get("name") for x in items]
+    return all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
 
 
 def _show(value: Any) -> str:
@@ -195,6 +251,12 @@ def _first_difference(ra: PlanReader, rb: PlanReader) -> tuple[StepDiff | None, 
     same_dp = ra.dp == rb.dp and ra.micro == rb.micro
     first: StepDiff | None = None
     start = max(ra.first_step, rb.first_step)
+    if start >= min(ra.steps, rb.steps):
+        detail = (
+            f"no step in common: plan A holds {_range(ra.first_step, ra.steps)}, "
+            f"plan B {_range(rb.first_step, rb.steps)}"
+        )
+        return StepDiff(start, None, False, detail), None
     pairs = zip(_steps(ra, start), _steps(rb, start), strict=False)
     for step, ((ca, ia), (cb, ib)) in enumerate(pairs, start=start):
         same_set = np.array_equal(np.sort(np.concatenate(ia)), np.sort(np.concatenate(ib)))
@@ -230,21 +292,31 @@ def _step_diff(step, ra, rb, same_dp, same_set, a, b) -> StepDiff | None:
 # --- source shares --------------------------------------------------------------------------
 
 
-def _totals(reader: PlanReader) -> dict[str, int]:
-    """Samples per planned source, from the checksummed `source_samples` section."""
+def _names(reader: PlanReader) -> list[str]:
     try:
-        names = [str(s["name"]) for s in reader.footer["sources"]]
+        return [str(s["name"]) for s in reader.footer["sources"]]
     except (KeyError, TypeError):
         raise PlanError(f"{reader.path}: corrupt plan footer (no `sources`)") from None
+
+
+def _totals(reader: PlanReader, start: int, end: int) -> dict[str, int]:
+    """Samples per planned source over steps [start, end), from the checksummed
+    `source_samples` section (one row per step the plan holds)."""
+    names = _names(reader)
     per_step = reader.section("source_samples")
-    if per_step.ndim != 2 or per_step.shape[1] != len(names):
+    if (
+        per_step.ndim != 2
+        or per_step.shape[1] != len(names)
+        or per_step.shape[0] != reader.steps - reader.first_step
+    ):
         raise PlanError(f"{reader.path}: section 'source_samples' does not match the sources")
-    totals = per_step.sum(axis=0) if per_step.size else np.zeros(len(names), np.int64)
+    rows = per_step[start - reader.first_step : end - reader.first_step]
+    totals = rows.sum(axis=0) if rows.size else np.zeros(len(names), np.int64)
     return {n: int(t) for n, t in zip(names, totals, strict=True)}
 
 
-def _shares(ra: PlanReader, rb: PlanReader) -> list[ShareDiff]:
-    ta, tb = _totals(ra), _totals(rb)
+def _shares(ra: PlanReader, rb: PlanReader, shared: tuple[int, int]) -> list[ShareDiff]:
+    ta, tb = _totals(ra, *shared), _totals(rb, *shared)
     sa, sb = sum(ta.values()), sum(tb.values())
 
     def share(n: int | None, total: int) -> float | None:
@@ -256,3 +328,10 @@ def _shares(ra: PlanReader, rb: PlanReader) -> list[ShareDiff]:
         )
         for name in dict.fromkeys([*ta, *tb])
     ]
+
+
+def _range(start: int, end: int) -> str:
+    """Steps [start, end) as people write them: `steps 32-63`."""
+    if end <= start:
+        return "no steps"
+    return f"step {start}" if end - start == 1 else f"steps {start}-{end - 1}"

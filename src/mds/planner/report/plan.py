@@ -16,6 +16,7 @@ import polars as pl
 
 from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
+from mds.planner.plan.config import epoch_warnings
 from mds.planner.plan.cost_label import cost_label, cost_model, cost_note
 from mds.planner.plan.schedule import parse_schedule
 from mds.planner.report.common import SCHEMA, buckets, ratio, summary
@@ -238,6 +239,7 @@ def _header(reader: PlanReader) -> dict[str, Any]:
         "bytes": reader.size,
         "steps": reader.steps,
         "first_step": reader.first_step,
+        "last_step": reader.steps - 1,
         "lineage": footer.get("lineage"),
         "dp_size": reader.dp,
         "micro_batches": reader.micro,
@@ -313,6 +315,7 @@ def plan_report(
             "max_micro_batch": summary(ratio(col["max_micro_tokens"], capacity)),
         },
         "series": _series(names, target, amounts, col, steps, points, first),
+        "warnings": epoch_warnings(footer["config"], footer["sources"]),
     }
     note = cost_note(footer, out["imbalance"]["speedup_vs_naive"])
     if "band" in note:  # the built-in default cost only
