@@ -173,7 +173,7 @@ def main() -> None:
 
 
 def measure_one_process(args, model, vocab, by_dp, coeffs, calibration, inspect, fit,
-                        torch_version: str) -> list | None:
+                        torch_version: str) -> dict | None:
     """Step 3 and the real_model report: every distinct micro-batch timed in this process.
     Returns the D=2 plans' measured step times (for the torchrun report)."""
     # 3. Measure every distinct micro-batch.
