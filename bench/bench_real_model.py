@@ -11,7 +11,11 @@ of the model's shape (`[cost] hf_config`, the FLOP model), mds with the built-in
 random order per round); a rank's time is the sum of its micro-batches, a step's the
 slowest rank's (ranks timed one after another in one process). Reported: per cost, the
 speedup its plan was predicted to give (by that cost, and by `mds inspect`) against the
-measured one. Method and results: bench/README.md.
+measured one. Then the D=2 plans run in a real 2-rank `torchrun` (gloo; one thread per rank,
+each rank pinned to its own core; bench/real_model_rank.py): wall time per step between
+barriers, the median over steps of each plan's speedup against the random deal, over
+several rounds, with the load average before and after each round (--only-torchrun: only
+this part, after the calibration it needs). Method and results: bench/README.md.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,7 +88,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (minimum)")
     ap.add_argument("--cal-repeats", type=int, default=3, help="calibration rounds (minimum)")
     ap.add_argument("--dp", type=int, nargs="*", default=[2, 8])
+    ap.add_argument("--torchrun-rounds", type=int, default=3, help="rounds of the 2-rank run")
+    ap.add_argument("--only-torchrun", action="store_true",
+                    help="calibrate, plan D=2 and run only the 2-rank torchrun part")
+    ap.add_argument("--no-torchrun", action="store_true", help="skip the 2-rank torchrun part")
     args = ap.parse_args()
+    if args.only_torchrun:
+        args.dp = [2]
 
     import torch
 
@@ -148,6 +160,22 @@ def main() -> None:
         plans["round-robin"] = bc.naive_steps(samples, dp, "round-robin")
         by_dp[dp] = plans
 
+    step_s_d2 = None
+    if not args.only_torchrun:
+        step_s_d2 = measure_one_process(args, model, vocab, by_dp, coeffs, calibration, inspect,
+                                        fit, torch.__version__)  # fmt: skip
+    if not args.no_torchrun:
+        dist = torchrun_part(by_dp.get(2), coeffs, config, work, args.torchrun_rounds)
+        dist["calibration_load"] = [calibration["load_before"], calibration["load_after"]]
+        dist["steps"], dist["samples_per_step"] = args.steps, args.samples
+        table = render_torchrun(dist, step_s_d2)
+        write_report(args.out, "real_model_torchrun", table, dist)
+
+
+def measure_one_process(args, model, vocab, by_dp, coeffs, calibration, inspect, fit,
+                        torch_version: str) -> dict | None:
+    """Step 3 and the real_model report: every distinct micro-batch timed in this process.
+    Returns the D=2 plans' measured step times (for the torchrun report)."""
     # 3. Measure every distinct micro-batch.
     every = [mb for plans in by_dp.values() for plan in plans.values() for ranks in plan
              for rank in ranks for mb in rank if mb]  # fmt: skip
@@ -184,7 +212,7 @@ def main() -> None:
         "micro_batches": bc.MICRO,
         "capacity": bc.CAPACITY,
         "repeats": args.repeats,
-        "torch": torch.__version__,
+        "torch": torch_version,
         "calibration": calibration,
         "coefficients": coeffs,
         "measurement": measurement,
@@ -193,6 +221,134 @@ def main() -> None:
         "load_average_end": load(),
     }
     write_report(args.out, "real_model", render(data, results, inspect, fit, coeffs), data)
+    return results[2]["measured_step_seconds"] if 2 in results else None
+
+
+def torchrun_part(plans: dict | None, coeffs: dict, config: Path, work: Path, rounds: int) -> dict:
+    """The D=2 plans in a 2-rank torchrun (bench/real_model_rank.py), or why not: the
+    ranks' step times per round with the load average around each round, and every plan's
+    predicted time per step (by each cost)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return {"skipped": f"{len(cores)} core available to this process; the 2-rank run "
+                           "pins each rank to its own core and needs 2"}  # fmt: skip
+    if plans is None:
+        return {"skipped": "D = 2 is not among --dp"}
+    spec, result = work / "torchrun-spec.json", work / "torchrun-result.json"
+    spec.write_text(json.dumps({"config": str(config), "plans": plans, "rounds": rounds,
+                                "seed": 2, "cores": cores[:2]}))  # fmt: skip
+    result.unlink(missing_ok=True)
+    cmd = [
+        str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
+        str(Path(__file__).with_name("real_model_rank.py")), str(spec), str(result),
+    ]  # fmt: skip
+    print(f"torchrun: 2 ranks (gloo) on cores {cores[:2]}, {rounds} rounds", file=sys.stderr)
+    load_before, started = load(), time.perf_counter()
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True)  # fmt: skip
+    print(proc.stderr[-3000:], file=sys.stderr)
+    if proc.returncode != 0 or not result.exists():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"torchrun exited with {proc.returncode}: {last[:200]}"}
+    out = json.loads(result.read_text())
+    out.update(load_before=load_before, load_after=load(), seconds=time.perf_counter() - started,
+               cores_available=cores, torchrun_rounds=rounds)  # fmt: skip
+    out["predicted_step_seconds"] = {
+        kind: {name: [bc.predicted([ranks], *coeffs[kind]) for ranks in plan]
+               for name, plan in plans.items()}
+        for kind in COSTS
+    }  # fmt: skip
+    return out
+
+
+def median_speedup(base: list[float], plan: list[float]) -> float:
+    """The median over steps of base / plan, the two given as per-step times."""
+    if len(base) != len(plan) or not base:
+        raise ValueError(f"need per-step times of equal, non-zero length: {len(base)}, {len(plan)}")
+    return statistics.median(b / p for b, p in zip(base, plan, strict=True))
+
+
+def render_torchrun(dist: dict, one_process: dict | None) -> str:
+    """The 2-rank table: per plan the predicted and measured speedup over the random deal
+    (medians over steps; measured: the median over rounds, and the rounds' range)."""
+    head = "2-rank torchrun (gloo), D = 2"
+    if "skipped" in dist:
+        return f"{head}: skipped: {dist['skipped']}.\n"
+    rounds = dist["rounds"]
+    mds_plans = [PLAN_OF[k] for k in COSTS]
+    others = [p for p in PLANS if p != "random"]
+
+    def walls(r: dict, name: str) -> list[float]:
+        return [s["wall"] for s in r["steps"][name]]
+
+    def cpus(r: dict, name: str) -> list[float]:
+        return [max(s["cpu"]) for s in r["steps"][name]]
+
+    lines = [
+        f"{head}: {dist['steps']} steps of {dist['samples_per_step']} samples, the same "
+        "samples in every plan; one torch thread per rank (OMP_NUM_THREADS=1), ranks 0 and 1 "
+        f"pinned to cores {dist['cores']} (one each), tiny Llama forward + backward of the rank's "
+        "micro-batches, no gradient all-reduce; a barrier before and after each step, the "
+        "step's time is rank 0's wall time between them. Every (step, plan) pair once per "
+        f"round in a seeded order, after one untimed step per plan; {len(rounds)} rounds, "
+        f"{dist['seconds']:.0f} s in all. Load average (1, 5, 15 min; 2 cores) "
+        f"{dist['load_before']} before the run, {dist['load_after']} after; while "
+        f"calibrating {dist['calibration_load'][0]} to {dist['calibration_load'][1]}.",
+        "",
+        "Speedup over the random deal, the median over steps (measured: of each round, then "
+        "the median over rounds and the rounds' range; `slowest CPU`: the same with each "
+        "step's time the slower rank's CPU time instead of wall time; `one process`: "
+        "real_model.md's per-micro-batch CPU times summed per rank):",
+        "",
+        "| plan | predicted (own cost) | predicted (calibrated) | measured (wall) | rounds | "
+        "slowest CPU | one process | step s (median) | busy slower / faster rank |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    pred = dist["predicted_step_seconds"]
+    for name in PLANS:
+        own = next((k for k in COSTS if PLAN_OF[k] == name), None)
+        p_own = (f"{median_speedup(pred[own]['random'], pred[own][name]):.3f}x"
+                 if own else "-")  # fmt: skip
+        p_cal = median_speedup(pred["calibrated"]["random"], pred["calibrated"][name])
+        per_round = [median_speedup(walls(r, "random"), walls(r, name)) for r in rounds]
+        cpu = statistics.median(median_speedup(cpus(r, "random"), cpus(r, name)) for r in rounds)
+        one = (f"{median_speedup(one_process['random'], one_process[name]):.3f}x"
+               if one_process else "-")  # fmt: skip
+        step = statistics.median(w for r in rounds for w in walls(r, name))
+        skew = statistics.median(max(s["busy"]) / min(s["busy"])
+                                 for r in rounds for s in r["steps"][name])  # fmt: skip
+        lines.append(
+            f"| {name} | {p_own} | {p_cal:.3f}x | {statistics.median(per_round):.3f}x | "
+            f"{min(per_round):.3f} - {max(per_round):.3f} | {cpu:.3f}x | {one} | {step:.3f} | "
+            f"{skew:.3f} |"
+        )
+    lines += [
+        "",
+        "Per round: the load average before and after it, and each plan's measured speedup "
+        "over the random deal (wall, median over steps):",
+        "",
+        "| round | load before | load after | " + " | ".join(others) + " |",
+        "|---:|---|---|" + "---:|" * len(others),
+    ]
+    for i, r in enumerate(rounds):
+        cells = " | ".join(f"{median_speedup(walls(r, 'random'), walls(r, n)):.3f}x"
+                           for n in others)  # fmt: skip
+        lines.append(f"| {i + 1} | {r['load_before']} | {r['load_after']} | {cells} |")
+    lines += [
+        "",
+        "The number holds for ranks that each own a core and nothing else runs: shared cores "
+        "and outside load hide imbalance. Pinned, a rank that finishes early leaves its core "
+        "idle and the other borrows nothing from it; but with unpinned threads (or more "
+        "threads than cores), or with other processes on the cores, the slow rank's step is "
+        "stretched by whatever else runs, the fast rank's wait absorbs outside work, and the "
+        "measured speedup shrinks toward 1. With a load average above the 2 cores, wall "
+        "times measure the other work as much as the plans: the measured column is then "
+        "not the plans' speedup (it can fall below 1x, as noise); `slowest CPU` (each rank's "
+        "own CPU time) is less disturbed by load than wall time but still slowed by cache "
+        "and memory contention. "
+        f"({', '.join(mds_plans)}: mds plans with each cost.)",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def inspect_prediction(plan: Path, index: Path) -> dict:
