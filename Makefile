@@ -9,7 +9,7 @@ DEMO := build/demo
 TORCH_PIN ?= torch==2.13.0
 TORCHRUN := OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2
 
-.PHONY: setup demo test test-quick lint bench soak golden clean sample-data
+.PHONY: setup dist demo test test-quick lint bench soak golden clean sample-data
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip uninstall --quiet --yes mds 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[plan,train,tokenizers,vision,dev]"
 	touch $@
+
+# The wheel to install elsewhere (the distribution is on no package index):
+# pip install 'dist/mds_planner-<version>-py3-none-any.whl[plan]'
+dist: setup
+	rm -f dist/mds_planner-*.whl
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls dist/mds_planner-*.whl
 
 demo: setup
 	rm -rf $(DEMO)
@@ -82,4 +89,4 @@ sample-data: setup
 	$(BIN)/python sample_data/generate.py
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build dist .pytest_cache

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
-from mds.errors import ConfigError, MdsError
+from mds.errors import ConfigError, MdsError, install_hint
 
 __all__ = [
     "ENGINES",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 ENGINES = ("local", "ray")
-RAY_INSTALL = "pip install 'mds-planner[ray]'"
+RAY_INSTALL = install_hint("ray")
 # Seconds a TCP connect to the Ray head may take before the address counts as unreachable;
 # ray.init itself retries for minutes and ignores Ctrl-C meanwhile.
 RAY_CONNECT_TIMEOUT = 5.0
@@ -300,7 +300,7 @@ def _check_ray_client(address: str) -> None:
     except ImportError:
         raise MdsError(
             f"--address {address} uses the Ray client, which needs Ray's `client` extra "
-            f"(grpcio), not installed: {RAY_INSTALL} (or pip install 'ray[client]')"
+            f"(grpcio), not installed: pip install 'ray[client]', or {RAY_INSTALL}"
         ) from None
 
 
