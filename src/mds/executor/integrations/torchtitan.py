@@ -17,10 +17,13 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
+from mds.errors import needs_extra
 
-from mds.executor.executor import PlanExecutor
-from mds.executor.integrations.batches import PlanBatches
+with needs_extra(__name__, "train"):
+    import torch
+
+    from mds.executor.executor import PlanExecutor
+    from mds.executor.integrations.batches import PlanBatches
 
 __all__ = ["IGNORE_INDEX", "PlanDataLoader", "titan_batch"]
 
