@@ -41,6 +41,10 @@ def test_needs_extra_turns_a_missing_package_into_one_line(monkeypatch):
     assert str(info.value) == (
         f"my.module needs torch, which is not installed: {install_hint('lightning')}"
     )
+    # a package of another extra is named with its own
+    monkeypatch.setitem(__import__("sys").modules, "PIL", None)
+    with pytest.raises(MissingExtraError, match=r"\[vision\]"), needs_extra("x", "train"):
+        import PIL  # noqa: F401
     # a module of no extra is a bug: its error passes unchanged
     with pytest.raises(ModuleNotFoundError) as bug, needs_extra("my.module"):
         import mds.no_such_module  # noqa: F401

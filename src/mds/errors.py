@@ -101,15 +101,17 @@ def install_hint(extra: str) -> str:
 def missing_extra(
     exc: ModuleNotFoundError, needed_by: str = "this command", extra: str | None = None
 ) -> MissingExtraError | None:
-    """The one-line error for a missing optional dependency (`extra`: the extra to name
-    instead of the package's own, for code that needs several), or None when the missing
-    module belongs to no extra (a bug, not a missing install)."""
+    """The one-line error for a missing optional dependency, or None when the missing
+    module belongs to no extra (a bug, not a missing install). `extra`: the extra to name
+    for torch or that extra's own packages (`lightning` installs lightning and torch); any
+    other package is named with its own extra."""
     package = (exc.name or "").split(".")[0]
     if package not in EXTRAS:
         return None
+    own = EXTRAS[package]
+    named = extra if extra is not None and own in (extra, "train") else own
     return MissingExtraError(
-        f"{needed_by} needs {package}, which is not installed: "
-        f"{install_hint(extra or EXTRAS[package])}"
+        f"{needed_by} needs {package}, which is not installed: {install_hint(named)}"
     )
 
 
