@@ -57,9 +57,12 @@ test: setup
 test-quick: setup
 	$(BIN)/python -m pytest -m "not slow"
 
-# A loop while editing, about a minute on 2 cores: the index, plan and command-line tests
-# not marked slow (no fuzzing, object stores, executor or training runs).
-FAST_TESTS := tests/planner/index tests/planner/plan tests/cli tests/test_errors.py
+# A loop while editing, about a minute on 2 busy cores: the index and plan tests and the
+# index/export/diff command lines, less those marked slow (no fuzzing, object stores,
+# executor or training runs); `make test-quick` is every test not marked slow.
+FAST_TESTS := tests/planner/index tests/planner/plan tests/test_errors.py \
+	tests/cli/test_main_cli.py tests/cli/test_index_cli.py tests/cli/test_export_cli.py \
+	tests/cli/test_diff_cli.py
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(FAST_TESTS)
 
