@@ -6,6 +6,7 @@ planner and the CLI import; the CLI prints these as one line, anything else is a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -81,17 +82,23 @@ EXTRAS = {
 }
 
 
+@functools.cache
+def _version() -> str:
+    """The installed distribution's version (read from its metadata once: a scan of the
+    path), without importing the package."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("mds-planner")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "<version>"
+
+
 def install_hint(extra: str) -> str:
     """How to install an extra (or several, "plan,ray"), in the words every hint uses. The
     distribution is not on a package index: it installs from a source checkout, or from the
     wheel that `make dist` builds there."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version("mds-planner")
-    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        version = "<version>"
-    wheel = f"dist/mds_planner-{version}-py3-none-any.whl"
+    wheel = f"dist/mds_planner-{_version()}-py3-none-any.whl"
     return (
         f"pip install '.[{extra}]' in the mds checkout "
         f"(or pip install '{wheel}[{extra}]' after make dist)"
