@@ -5,22 +5,33 @@ BIN := $(VENV)/bin
 MDS := $(BIN)/mds
 DEMO := build/demo
 # The CPU wheel of this torch release is what the project is tested with; installing it
-# first keeps pip from resolving torch to a multi-GB CUDA build.
+# first, from TORCH_INDEX, keeps the `train` extra from resolving torch to another build.
 TORCH_PIN ?= torch==2.13.0
+# The package index torch comes from: empty for pip's configured one; PyTorch's own index
+# picks the build, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for CPU or
+# .../whl/cu126 for CUDA 12.6 (on Linux, PyPI's torch is a multi-GB CUDA build).
+TORCH_INDEX ?=
 TORCHRUN := OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2
 
-.PHONY: setup demo test test-quick lint bench soak golden clean sample-data
+.PHONY: setup dist demo test test-quick test-fast lint bench soak golden clean sample-data
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_PIN)"
 	# a venv made before the distribution was renamed to mds-planner still holds `mds`
 	$(BIN)/python -m pip uninstall --quiet --yes mds 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[plan,train,tokenizers,vision,dev]"
 	touch $@
+
+# The wheel to install elsewhere (the distribution is on no package index):
+# pip install 'dist/mds_planner-<version>-py3-none-any.whl[plan]'
+dist: setup
+	rm -f dist/mds_planner-*.whl
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls dist/mds_planner-*.whl
 
 demo: setup
 	rm -rf $(DEMO)
@@ -45,6 +56,15 @@ test: setup
 
 test-quick: setup
 	$(BIN)/python -m pytest -m "not slow"
+
+# A loop while editing, about a minute on 2 busy cores: the index and plan tests and the
+# index/export/diff command lines, less those marked slow (no fuzzing, object stores,
+# executor or training runs); `make test-quick` is every test not marked slow.
+FAST_TESTS := tests/planner/index tests/planner/plan tests/test_errors.py \
+	tests/cli/test_main_cli.py tests/cli/test_index_cli.py tests/cli/test_export_cli.py \
+	tests/cli/test_diff_cli.py
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(FAST_TESTS)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -83,4 +103,4 @@ sample-data: setup
 	$(BIN)/python sample_data/generate.py
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build dist .pytest_cache

@@ -15,10 +15,13 @@ import pytest
 from cli_helpers import mds, run_python
 from typer.testing import CliRunner
 
+from mds import __version__ as mds_version
 from mds.cli.main import app
+from mds.errors import install_hint
 from mds.planner.plan.config import load_plan_config
 
 ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "mds"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 COMMANDS = sorted(c.name for c in app.registered_commands)
 # Pages whose blocks are layouts or schemas, not commands. (docs/executor.md's Python
@@ -87,19 +90,33 @@ def test_index_path_is_spelled_one_way():
 
 
 def test_install_and_setup_blocks():
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    """The distribution is on no package index: README installs it from the checkout
+    (`.[extra]`) or from the wheel `make dist` builds, under the version's own name."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
-    pip_lines = make_lines = 0
+    wheel = f"dist/{project['name'].replace('-', '_')}-{mds_version}-py3-none-any.whl"
+    pip_lines, make_lines = [], 0
     for block in blocks(README, "sh"):
         for argv in commands(block):
             if argv[:2] == ["pip", "install"]:
-                name, extra = re.fullmatch(r"([\w-]+)\[(\w+)\]", argv[2]).groups()
-                assert name == extras["name"] and extra in extras["optional-dependencies"]
-                pip_lines += 1
+                where, extra = re.fullmatch(r"([\w./-]+)\[(\w+)\]", argv[2]).groups()
+                assert where in (".", wheel) and extra in project["optional-dependencies"]
+                pip_lines.append(where)
             elif argv[0] == "make":
                 assert argv[1] in targets
                 make_lines += 1
-    assert pip_lines == 3 and make_lines == 2
+    assert pip_lines == [".", ".", ".", wheel] and make_lines >= 3
+    assert "pip install 'mds-planner" not in README
+
+
+def test_every_install_hint_is_worded_one_way():
+    """Every "needs X" message and doc names the checkout or the wheel, never the package
+    index, through mds.errors.install_hint."""
+    assert install_hint("plan").startswith("pip install '.[plan]' in the mds checkout")
+    assert f"'dist/mds_planner-{mds_version}-py3-none-any.whl[plan]'" in install_hint("plan")
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *SRC.rglob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        assert "mds-planner[" not in text and "'mds[" not in text, path
 
 
 # --- the blocks run as written -----------------------------------------------------------
@@ -107,15 +124,21 @@ def test_install_and_setup_blocks():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """A copy of sample_data/ (where a user runs the README from the repository's root),
-    plus sample_data/new-mix.toml, the re-plan section's new config."""
+    """A copy of sample_data/ (where a user runs the README from the repository's root)."""
     work = tmp_path_factory.mktemp("docs")
     shutil.copytree(ROOT / "sample_data", work / "sample_data")
-    config = (work / "sample_data" / "mds.toml").read_text(encoding="utf-8")
-    new_mix = config.replace("weight = 0.15\nfilter", "weight = 0.4\nfilter", 1)
-    assert new_mix != config
-    (work / "sample_data" / "new-mix.toml").write_text(new_mix, encoding="utf-8")
     return work
+
+
+def test_the_new_mix_is_the_sample_config_with_other_weights():
+    """sample_data/new-mix.toml, the README's re-plan config: mds.toml but for weights."""
+    old, new = (
+        tomllib.loads((ROOT / "sample_data" / name).read_text(encoding="utf-8"))
+        for name in ("mds.toml", "new-mix.toml")
+    )
+    weights = lambda c: [s.pop("weight") for s in c["source"]]  # noqa: E731
+    assert weights(old) != weights(new)
+    assert old == new
 
 
 def run_shell_block(block: str, cwd: Path) -> int:
@@ -138,8 +161,9 @@ def test_readme_and_docs_blocks_run_as_written(workdir):
     """In README order: the tour, the training loop (rank 1 of the 4 torchrun would start,
     then again to resume from its checkpoint), the re-plan; then the docs' blocks."""
     sh = blocks(README, "sh")
-    tour, replan = sh[2], sh[3]
-    assert "mds index sample_data/mds.toml -o build/index" in tour and "--at-step" in replan
+    (tour,) = [b for b in sh if "mds index sample_data/mds.toml -o build/index" in b]
+    (replan,) = [b for b in sh if "--at-step" in b]
+    assert sh.index(tour) < sh.index(replan)
     assert run_shell_block(tour, workdir) == 12
     (train,) = blocks(README, "python")
     script = workdir / "train.py"

@@ -246,7 +246,7 @@ def test_wheel_in_a_clean_venv(tmp_path):
     assert run(py, "-c", typed).stdout == "True\n"
     missing = run(exe, "plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", check=False)
     assert missing.returncode == 1
-    assert "pip install 'mds-planner[plan]'" in missing.stderr
+    assert "pip install '.[plan]' in the mds checkout" in missing.stderr
     run(*pip, f"{wheel}[plan,tokenizers]")
     run(exe, "index", SAMPLE_CONFIG, "-o", tmp_path / "index")
     run(exe, "plan", SAMPLE_CONFIG, "--index", tmp_path / "index", "-o", tmp_path / "plan.mds")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 
 import pytest
@@ -31,6 +32,22 @@ def test_calibrate_writes_a_cost_table(tmp_path):
     assert "median of 1 repeats" in result.stdout
     assert "fit error over 7 micro-batches" in result.stderr
     assert 'file = "' in result.stderr
+
+
+def test_calibrate_hint_names_the_file_wherever_the_config_is(tmp_path, monkeypatch):
+    """`[cost] file` is read relative to the config's directory, not to where calibrate
+    ran: the printed line, pasted into a config elsewhere, names the written table."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "build").mkdir()
+    result = mds("calibrate", *TINY, *GRID, "--warmup", "0", "-o", "build/cost.toml")
+    assert result.exit_code == 0, result.output
+    where = re.search(r'\[cost\] file = (".*?") \(a relative file', result.stderr).group(1)
+    table = tomllib.loads(f"[cost]\nfile = {where}\n")["cost"]
+    assert table["file"] == (tmp_path / "build" / "cost.toml").resolve().as_posix()
+    elsewhere = tmp_path / "configs" / "deep"
+    elsewhere.mkdir(parents=True)
+    cost = parse_cost(table, "", elsewhere)
+    assert cost.origin == "calibrated"
 
 
 def test_calibrate_json(tmp_path):

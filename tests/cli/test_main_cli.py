@@ -14,7 +14,7 @@ from cli_helpers import json_error, mds, one_error_line
 from fault_builders import built_world
 
 import mds as package
-from mds.cli.main import missing_extra
+from mds.errors import install_hint, missing_extra
 
 
 def test_version_flags():
@@ -79,7 +79,7 @@ def test_every_json_command_reports_errors_as_json(tmp_path):
 def test_missing_extra_names_the_extra():
     error = missing_extra(ModuleNotFoundError("No module named 'polars'", name="polars"))
     assert str(error) == (
-        "this command needs polars, which is not installed: pip install 'mds-planner[plan]'"
+        f"this command needs polars, which is not installed: {install_hint('plan')}"
     )
     assert missing_extra(ModuleNotFoundError("x", name="no_such_module")) is None
 
@@ -93,8 +93,7 @@ def test_missing_extra_from_the_command_line(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert out.stderr == (
-        "error: this command needs polars, which is not installed: "
-        "pip install 'mds-planner[plan]'\n"
+        f"error: this command needs polars, which is not installed: {install_hint('plan')}\n"
     )
 
 

@@ -20,7 +20,7 @@ from s3_store import BUCKET, s3_server
 from store_corpus import corpus_config, write_corpus
 
 from mds.core.storage import DATA_ROOT_ENV
-from mds.errors import ConfigError, OutputError
+from mds.errors import ConfigError, OutputError, install_hint
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config
 from mds.planner.runtime import upload
@@ -233,10 +233,10 @@ def test_without_boto3_an_s3_write_is_refused_and_reads_work(s3, monkeypatch, tm
     url = f"s3://{BUCKET}/locks/noboto"
     assert mds("index", top / "local.toml", "-o", url).exit_code == 0
     monkeypatch.setitem(sys.modules, "boto3", None)
-    one_error_line(mds("index", top / "local.toml", "-o", url), "pip install 'mds-planner[s3]'")
+    one_error_line(mds("index", top / "local.toml", "-o", url), install_hint("s3"))
     one_error_line(
         mds("plan", top / "local.toml", "--index", url, "-o", f"s3://{BUCKET}/locks/p.mds"),
-        "mds-planner[s3]",
+        "pip install '.[s3]'",
     )
     out = mds("plan", top / "local.toml", "--index", url, "-o", tmp_path / "p.mds")
     assert out.exit_code == 0, out.output
@@ -290,7 +290,7 @@ def test_without_google_auth_a_gcs_write_is_refused(gcs, monkeypatch):
     monkeypatch.setitem(sys.modules, "google.auth", None)
     one_error_line(
         mds("index", top / "local.toml", "-o", f"gs://{BUCKET}/indexes/none"),
-        "pip install 'mds-planner[gcs]'",
+        install_hint("gcs"),
     )
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,6 +49,8 @@ from cli_helpers import mds, one_error_line
 from fault_builders import MDS_BIN, names, tree
 
 from mds.core.commit import host_tag
+
+SAMPLE_TOKENIZER = Path(__file__).resolve().parents[2] / "sample_data" / "tokenizer.json"
 
 
 def _set_path(root: Path, source: str, path: str) -> None:
@@ -284,3 +287,38 @@ def test_interrupt_during_a_large_jsonl_scan(tmp_path: Path, sig: signal.Signals
     assert "interrupted: nothing was written" in stderr
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
+
+
+@pytest.mark.slow
+def test_interrupt_while_a_tokenizer_counts_a_large_file(tmp_path: Path) -> None:
+    """~24 MB of JSONL text counted with the sample tokenizer (over ten seconds of
+    tokenizing, in two 16 MB chunks): Ctrl-C stops it within a couple of seconds, since the
+    tokenizer works in bounded batches that check for the stop, not a chunk at a time."""
+    rng = random.Random(7)
+    vocab = json.loads(SAMPLE_TOKENIZER.read_text(encoding="utf-8"))["model"]["vocab"]
+    words = [w for w in vocab if w.isalpha()][:3000]
+    lines = [json.dumps({"text": " ".join(rng.choices(words, k=500))}) for _ in range(500)]
+    block = ("\n".join(lines) + "\n").encode()
+    (tmp_path / "big.jsonl").write_bytes(block * ((24 << 20) // len(block)))
+    shutil.copy(SAMPLE_TOKENIZER, tmp_path / "tokenizer.json")
+    out = tmp_path / "idx"
+    args = ["index", "--path", "big.jsonl", "--text", "text", "--tokenizer", "tokenizer.json"]
+    proc = subprocess.Popen(
+        [str(MDS_BIN), *args, "-o", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not out.exists() and proc.poll() is None:  # the scan starts once the dir exists
+        time.sleep(0.05)
+    time.sleep(2.0)  # parsed the first chunk, tokenizing it
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, stderr
+    assert took < 4, f"took {took:.1f} s to stop"
+    assert stderr.splitlines() == ["interrupted: nothing was written"], stderr
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "tokenizer.json"]

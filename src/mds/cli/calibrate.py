@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from mds.cli.output import console, err_console, print_json
 
@@ -294,6 +296,17 @@ def fit_warning(fit) -> str | None:
     )
 
 
+def cost_file_hint(output: Path) -> str:
+    """How a config references the written table: `[cost] file` is read relative to the
+    config's directory, not to where calibrate ran, so the hint gives the absolute path (as
+    a TOML string), right wherever the config is."""
+    where = json.dumps(Path(output).resolve().as_posix(), ensure_ascii=False)
+    return escape(
+        f"reference it with [cost] file = {where} (a relative file is read from the "
+        "config's directory)"
+    )
+
+
 def _print(result, table: str, output: Path | None) -> None:
     from rich.table import Table
 
@@ -322,7 +335,5 @@ def _print(result, table: str, output: Path | None) -> None:
             soft_wrap=True,
         )
     if output is not None:
-        err_console.print(
-            f'wrote {output}; reference it with \\[cost] file = "{output}"', soft_wrap=True
-        )
+        err_console.print(f"wrote {escape(str(output))}; {cost_file_hint(output)}", soft_wrap=True)
     console.file.write(table)

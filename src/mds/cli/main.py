@@ -12,35 +12,14 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from mds import DISTRIBUTION, __version__
+from mds import __version__
 from mds.cli.output import ERROR_EXIT, err_console, json_requested, print_json
-from mds.errors import Interrupted, MdsError
+from mds.errors import Interrupted, MdsError, missing_extra
 
 __all__ = ["app", "run"]
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
-
-# Optional dependencies by the extra that installs them: a command that needs one that is
-# missing says which extra to install instead of showing a traceback.
-EXTRAS = {"polars": "plan", "torch": "train", "tokenizers": "tokenizers"}
-
-
-class MissingExtraError(MdsError):
-    """A command needs a package of an optional extra that is not installed."""
-
-
-def missing_extra(exc: ModuleNotFoundError) -> MdsError | None:
-    """The one-line error for an import of an optional dependency, or None for a bug."""
-    package = (exc.name or "").split(".")[0]
-    if package not in EXTRAS:
-        return None
-    extra = EXTRAS[package]
-    return MissingExtraError(
-        f"this command needs {package}, which is not installed: "
-        f"pip install '{DISTRIBUTION}[{extra}]'"
-    )
-
 
 class MdsGroup(TyperGroup):
     """The one place where MdsError becomes a one-line message (or, with --json, a JSON

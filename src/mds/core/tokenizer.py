@@ -10,7 +10,7 @@ from typing import Any
 
 from mds.core import storage
 from mds.core.fingerprint import fingerprint
-from mds.errors import ConfigError, DataChangedError
+from mds.errors import ConfigError, DataChangedError, install_hint
 
 __all__ = ["index_tokenizer_path", "load_tokenizer"]
 
@@ -48,7 +48,7 @@ def load_tokenizer(path: str):
         from tokenizers import Tokenizer
     except ImportError:
         raise ConfigError(
-            "`tokenizer` needs the `tokenizers` package: pip install 'mds-planner[tokenizers]'"
+            f"`tokenizer` needs the `tokenizers` package: {install_hint('tokenizers')}"
         ) from None
     if not Path(path).is_file():
         raise ConfigError(f"`tokenizer` file {path} not found")

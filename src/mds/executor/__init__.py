@@ -15,6 +15,7 @@ from mds.errors import (
     MdsError,
     PlanError,
     SourceDataError,
+    needs_extra,
 )
 from mds.executor.mesh import MeshPosition, mesh_position
 from mds.executor.moved import MOVED
@@ -46,7 +47,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        with needs_extra(f"mds.executor.{name}", "train"):
+            return getattr(importlib.import_module(_LAZY[name]), name)
     if f"{__name__}.{name}" in MOVED:
         import importlib
 

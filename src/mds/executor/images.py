@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mds.core.vision import VisionGeometry
-from mds.errors import ConfigError, SourceDataError
+from mds.errors import ConfigError, SourceDataError, install_hint
 
 __all__ = ["DECODERS", "decode", "decoder", "patchify", "process"]
 
@@ -63,7 +63,7 @@ def _pillow() -> Any:
         from PIL import Image
     except ImportError:
         raise ConfigError(
-            "decoding images needs Pillow: pip install 'mds[vision]' (Pillow, simplejpeg)"
+            f"decoding images needs Pillow (and simplejpeg): {install_hint('vision')}"
         ) from None
     return Image
 

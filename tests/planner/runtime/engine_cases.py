@@ -22,7 +22,7 @@ import pytest
 from cli_helpers import mds, one_error_line
 from plan_builders import SAMPLE_CONFIG, sample_index, sample_plan_config
 
-from mds.errors import ConfigError, MdsError, SourceDataError
+from mds.errors import ConfigError, MdsError, SourceDataError, install_hint
 from mds.planner.index import build as build_mod
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config, parse_config
@@ -364,7 +364,7 @@ def test_missing_ray_is_one_clear_error(monkeypatch):
     assert str(info.value) == (
         f"--engine ray needs Ray, which is not installed: {engine_mod.RAY_INSTALL}"
     )
-    assert engine_mod.RAY_INSTALL == "pip install 'mds-planner[ray]'"
+    assert engine_mod.RAY_INSTALL == install_hint("ray")
 
 
 def test_unordered_map_is_not_held_back_by_a_slow_first_task():

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from mds.executor.executor import PlanExecutor
+from mds.errors import needs_extra
+
+with needs_extra(__name__, "train"):
+    from mds.executor.executor import PlanExecutor
 
 __all__ = ["PlanBatches"]
 

@@ -31,15 +31,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
-
 from mds.core.planfile_reader import PlanReader
-from mds.errors import ConfigError, PlanError
-from mds.executor.executor import PlanExecutor
-from mds.executor.integrations.batches import PlanBatches
+from mds.errors import ConfigError, PlanError, needs_extra
 from mds.executor.mesh import mesh_position
+
+with needs_extra(__name__, "hf"):
+    import torch
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from mds.executor.executor import PlanExecutor
+    from mds.executor.integrations.batches import PlanBatches
 
 __all__ = [
     "STATE_FILE",

@@ -21,12 +21,14 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import lightning.pytorch as pl
-
-from mds.errors import ConfigError
-from mds.executor.executor import PlanExecutor
-from mds.executor.integrations.batches import PlanBatches
+from mds.errors import ConfigError, needs_extra
 from mds.executor.mesh import mesh_position
+
+with needs_extra(__name__, "lightning"):
+    import lightning.pytorch as pl
+
+    from mds.executor.executor import PlanExecutor
+    from mds.executor.integrations.batches import PlanBatches
 
 __all__ = ["PlanDataModule", "dp_coordinates"]
 

@@ -15,12 +15,14 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
-from megatron.core import parallel_state
-from megatron.core.packed_seq_params import PackedSeqParams
+from mds.errors import ConfigError, needs_extra
 
-from mds.errors import ConfigError
-from mds.executor.executor import PlanExecutor
+with needs_extra(__name__, "megatron"):
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from mds.executor.executor import PlanExecutor
 
 __all__ = ["PlanIterator", "dp_coordinates", "megatron_batch"]
 

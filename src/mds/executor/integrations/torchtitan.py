@@ -31,12 +31,14 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
+from mds.errors import ConfigError, needs_extra
 
-from mds.errors import ConfigError
-from mds.executor.cp import split_token_mask
-from mds.executor.executor import PlanExecutor
-from mds.executor.integrations.batches import PlanBatches
+with needs_extra(__name__, "train"):
+    import torch
+
+    from mds.executor.cp import split_token_mask
+    from mds.executor.executor import PlanExecutor
+    from mds.executor.integrations.batches import PlanBatches
 
 __all__ = ["IGNORE_INDEX", "PlanDataLoader", "titan_batch"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mds.errors import ConfigError
+from mds.errors import ConfigError, install_hint
 
 __all__ = ["build_hf_model", "hf_describe"]
 
@@ -30,7 +30,7 @@ def _load_config(path: Path) -> Any:
         from transformers import AutoConfig
     except ImportError:
         raise ConfigError(
-            "--hf-config needs transformers: pip install 'mds-planner[hf]'"
+            f"--hf-config needs transformers: {install_hint('hf')}"
         ) from None
     if path.is_dir():
         path = path / "config.json"

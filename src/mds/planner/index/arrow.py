@@ -76,7 +76,9 @@ def scan_arrow(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
     elif kind == "count":
         raw = frame[column].cast(pl.Int64)
     else:
-        raw = text_lengths(frame[column], spec.length, ctx.tokenizer, ctx.fraction_of(file))
+        raw = text_lengths(
+            frame[column], spec.length, ctx.tokenizer, ctx.fraction_of(file), ctx.check_stop
+        )
     n_tokens = checked_lengths(raw, lambda i: f"{file.rel} row {i}")
     head = pl.DataFrame(
         {"file_row": pl.int_range(len(n_tokens), dtype=pl.Int64, eager=True), "n_tokens": n_tokens}

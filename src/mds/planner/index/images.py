@@ -24,7 +24,7 @@ from mds.core.vision import split_segments
 from mds.errors import SourceDataError
 from mds.formats.image_header import ImageHeaderError, image_size, read_image_size
 from mds.planner.index.discover import DataFile
-from mds.planner.index.lengths import TOKENIZE_BATCH, checked_lengths, load_tokenizer
+from mds.planner.index.lengths import checked_lengths, load_tokenizer, token_counts
 from mds.planner.index.scan import ScanContext
 
 __all__ = [
@@ -172,12 +172,8 @@ def _count(pieces: list[list[str]], ctx: ScanContext) -> np.ndarray:
         )
     assert length.kind == "tokenizer" and ctx.tokenizer is not None
     tok = load_tokenizer(str(ctx.tokenizer))
-    flat = [p for ps in pieces for p in ps if p]
-    lens: list[int] = []
-    for start in range(0, len(flat), TOKENIZE_BATCH):
-        batch = flat[start : start + TOKENIZE_BATCH]
-        lens.extend(len(e.ids) for e in tok.encode_batch(batch, add_special_tokens=False))
-    it = iter(lens)
+    flat: list[str | None] = [p for ps in pieces for p in ps if p]
+    it = iter(token_counts(tok, flat, ctx.check_stop))
     return np.array([sum(next(it) for p in ps if p) for ps in pieces], dtype=np.int64)
 
 

@@ -205,7 +205,9 @@ def raw_lengths(
             check_column_type(dtype, role, column, f"{line(_first_offender(frame[column]))}: ")
             raise
     if kind in ("tokenizer", "estimate"):
-        return text_lengths(frame[column].cast(pl.String), spec.length, ctx.tokenizer)
+        return text_lengths(
+            frame[column].cast(pl.String), spec.length, ctx.tokenizer, stop=ctx.check_stop
+        )
     if kind == "tokens":
         if dtype == pl.Null:
             return pl.Series("n_tokens", [None] * frame.height, dtype=pl.Int64)

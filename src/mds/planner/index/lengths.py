@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -22,13 +23,18 @@ __all__ = [
     "estimate_expr",
     "load_tokenizer",
     "text_lengths",
+    "token_counts",
 ]
 
 MAX_TOKENS = 2**32 - 1
 # Token ids are replayed as int64: a wider integer (uint64 ids >= 2^63) would come back wrong.
 _ID_MIN, _ID_MAX = -(2**63), 2**63 - 1
 _WIDE = (pl.UInt64, pl.Int128, pl.UInt128)
+# One encode_batch call takes at most this many texts and about this many characters, so
+# that a scan sees an interrupt (its `stop` check) within a fraction of a second, however
+# long the texts are.
 TOKENIZE_BATCH = 4096
+TOKENIZE_CHARS = 1 << 18
 
 
 def check_column_type(dtype: pl.DataType, role: str, column: str, where: str) -> None:
@@ -71,17 +77,41 @@ def check_token_ids(ids: pl.Series, where: Callable[[int], str]) -> None:
     raise SourceDataError(f"{where(i)}: token id {what}; token ids are integers that fit int64")
 
 
-def _tokenize(texts: pl.Series, path: str, done: Callable[[float], None] | None) -> pl.Series:
-    tok = load_tokenizer(path)
-    values = texts.to_list()
+def token_counts(
+    tok: Any,
+    texts: list[str | None],
+    stop: Callable[[], None] | None = None,
+    done: Callable[[float], None] | None = None,
+) -> list[int | None]:
+    """The token count of each text (None for None), in bounded batches: `stop()` is called
+    before each (it raises to end the scan: an interrupt), `done` is told the fraction
+    counted after each."""
     counts: list[int | None] = []
-    for start in range(0, len(values), TOKENIZE_BATCH):
-        batch = values[start : start + TOKENIZE_BATCH]
+    start = 0
+    while start < len(texts):
+        end, chars = start, 0
+        while end < len(texts) and end - start < TOKENIZE_BATCH and chars < TOKENIZE_CHARS:
+            chars += len(texts[end] or "")
+            end += 1
+        if stop is not None:
+            stop()
+        batch = texts[start:end]
         present = [t for t in batch if t is not None]
         lens = iter(len(e.ids) for e in tok.encode_batch(present, add_special_tokens=False))
         counts.extend(None if t is None else next(lens) for t in batch)
         if done is not None:
-            done(len(counts) / len(values))
+            done(end / len(texts))
+        start = end
+    return counts
+
+
+def _tokenize(
+    texts: pl.Series,
+    path: str,
+    done: Callable[[float], None] | None,
+    stop: Callable[[], None] | None,
+) -> pl.Series:
+    counts = token_counts(load_tokenizer(path), texts.to_list(), stop, done)
     return pl.Series("n_tokens", counts, dtype=pl.Int64)
 
 
@@ -90,12 +120,14 @@ def text_lengths(
     length: LengthSpec,
     tokenizer_path: Path | None,
     done: Callable[[float], None] | None = None,
+    stop: Callable[[], None] | None = None,
 ) -> pl.Series:
     """n_tokens for a text column: tokenizer counts, or the labelled ceil(len / divisor) estimate.
-    `done` is told the fraction tokenized after each batch (for a progress bar)."""
+    `done` is told the fraction tokenized after each batch (for a progress bar); `stop` is
+    called before each batch (ScanContext.check_stop: it raises once the run is interrupted)."""
     if length.kind == "tokenizer":
         assert tokenizer_path is not None
-        return _tokenize(texts, str(tokenizer_path), done)
+        return _tokenize(texts, str(tokenizer_path), done, stop)
     assert length.kind == "estimate" and length.estimate is not None
     return texts.to_frame("text").select(estimate_expr(pl.col("text"), length.estimate))["n_tokens"]
 

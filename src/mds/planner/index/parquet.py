@@ -148,7 +148,9 @@ def scan_parquet(file: DataFile, ctx: ScanContext) -> pl.DataFrame:
         raw = pl.Series("__n", fast).cast(pl.Int64)
         raw = raw.set(raw < 0, None)
     elif kind in ("tokenizer", "estimate"):
-        raw = text_lengths(frame["__text"], spec.length, ctx.tokenizer, ctx.fraction_of(file))
+        raw = text_lengths(
+            frame["__text"], spec.length, ctx.tokenizer, ctx.fraction_of(file), ctx.check_stop
+        )
         frame = frame.drop("__text")
     else:
         raw = frame["__n"]

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
-from mds.errors import ConfigError, MdsError
+from mds.errors import ConfigError, MdsError, install_hint
 
 __all__ = [
     "ENGINES",
@@ -31,9 +31,11 @@ __all__ = [
 ]
 
 ENGINES = ("local", "ray")
-RAY_INSTALL = "pip install 'mds-planner[ray]'"
+RAY_INSTALL = install_hint("ray")
 # Seconds a TCP connect to the Ray head may take before the address counts as unreachable;
 # ray.init itself retries for minutes and ignores Ctrl-C meanwhile.
+# How often the local pool's wait wakes the main thread, so that a signal is acted on.
+WAKE_SECONDS = 0.2
 RAY_CONNECT_TIMEOUT = 5.0
 RAY_CONNECT_TIMEOUT_ENV = "MDS_RAY_CONNECT_TIMEOUT"
 RAY_CLIENT_PORT = 10001  # Ray's default for a ray:// address without a port
@@ -189,8 +191,13 @@ class LocalEngine(Engine):
         return self.executor.submit(fn, *item)
 
     def _wait(self, handles: list[Future]) -> list[tuple[Future, Any]]:
-        done, _ = wait(handles, return_when=FIRST_COMPLETED)
-        return [(f, f.result()) for f in done]
+        # In short waits: Ctrl-C reaches the process on whichever thread the kernel picks (a
+        # scanning one, often), and Python raises KeyboardInterrupt only once the main thread
+        # runs again; an unbounded wait would hold it until a task completes.
+        while True:
+            done, _ = wait(handles, timeout=WAKE_SECONDS, return_when=FIRST_COMPLETED)
+            if done:
+                return [(f, f.result()) for f in done]
 
     def _cancel(self, handles: list[Future]) -> None:
         for f in handles:
@@ -300,7 +307,7 @@ def _check_ray_client(address: str) -> None:
     except ImportError:
         raise MdsError(
             f"--address {address} uses the Ray client, which needs Ray's `client` extra "
-            f"(grpcio), not installed: {RAY_INSTALL} (or pip install 'ray[client]')"
+            f"(grpcio), not installed: pip install 'ray[client]', or {RAY_INSTALL}"
         ) from None
 
 

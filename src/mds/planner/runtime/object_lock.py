@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 from mds.core import storage
-from mds.errors import ConfigError, OutputError
+from mds.errors import ConfigError, OutputError, install_hint
 from mds.planner.runtime.atomic import pid_alive, same_machine
 from mds.planner.runtime.lock_record import held_by, lock_name, lock_record, parse_record
 from mds.planner.runtime.upload import s3_client
@@ -77,7 +77,7 @@ def _age(header_date: str | None, modified: Any) -> float:
 def _needs(url: str, package: str, extra: str) -> ConfigError:
     return ConfigError(
         f"writing to {url} needs {package} for its lock (a conditional request pyarrow "
-        f"cannot send): pip install 'mds-planner[{extra}]'"
+        f"cannot send): {install_hint(extra)}"
     )
 
 

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from mds.core import commit, storage
-from mds.errors import ConfigError
+from mds.errors import ConfigError, install_hint
 
 __all__ = ["COPY_LIMIT", "put_file", "s3_client"]
 
@@ -65,7 +65,7 @@ def _copy(fs: Any, url: str, src: str, size: int) -> None:
     except ImportError:
         raise ConfigError(
             f"writing {url} (over 5 GiB) needs boto3 for a multipart copy: "
-            "pip install 'mds-planner[s3]'"
+            f"{install_hint('s3')}"
         ) from None
     bucket, _, key = storage.object_key(url).partition("/")
     from_bucket, _, from_key = src.partition("/")
