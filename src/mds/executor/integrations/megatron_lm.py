@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from mds.core.cp_layout import SPLIT
 from mds.errors import ConfigError, needs_extra
 
 with needs_extra(__name__, "megatron"):
@@ -57,9 +58,37 @@ def megatron_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
     if ids.numel():
         labels[-1] = 0
         loss_mask[(cu[1:] - 1).long()] = 0.0
-    max_len = int(mb["max_seqlen"])
+    return _thd_batch(mb, ids, labels, loss_mask, cu, int(mb["max_seqlen"]))
+
+
+def _megatron_cp_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
+    # an empty sample has no tokens on any CP rank, whatever its layout
+    if bool(((mb["cp_layout"] != SPLIT) & (mb["seqlens"] > 0)).any()):
+        raise ConfigError(
+            "this micro-batch keeps samples whole on one CP rank, which Megatron-core's THD "
+            "context parallelism cannot route; re-plan with cp_split_from = 1 in [train] so "
+            "that every sample is split"
+        )
+    labels = mb["shift_labels"]
+    return _thd_batch(
+        mb,
+        mb["input_ids"],
+        labels.clamp(min=0),
+        (labels != -100).to(torch.float32),
+        mb["cu_seqlens_split"].to(torch.int32),
+        int(mb["max_seqlen_split"]),
+        padded=mb["cu_seqlens_split_padded"].to(torch.int32),
+    )
+
+
+def _thd_batch(mb, tokens, labels, loss_mask, cu, max_len, padded=None) -> dict[str, Any]:
+    """Megatron's packed (THD) batch: `[1, T]` tensors and PackedSeqParams over `cu`
+    (and, for a CP slice, the padded cu_seqlens its chunks were cut from)."""
+    pads = {}
+    if padded is not None:
+        pads = {"cu_seqlens_q_padded": padded, "cu_seqlens_kv_padded": padded}
     return {
-        "tokens": ids.unsqueeze(0),
+        "tokens": tokens.unsqueeze(0),
         "labels": labels.unsqueeze(0),
         "loss_mask": loss_mask.unsqueeze(0),
         "position_ids": mb["position_ids"].unsqueeze(0),
@@ -70,36 +99,7 @@ def megatron_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
             cu_seqlens_kv=cu,
             max_seqlen_q=max_len,
             max_seqlen_kv=max_len,
-        ),
-    }
-
-
-def _megatron_cp_batch(mb: Mapping[str, Any]) -> dict[str, Any]:
-    # an empty sample has no tokens on any CP rank, whatever its layout
-    if bool(((mb["cp_layout"] != -1) & (mb["seqlens"] > 0)).any()):
-        raise ConfigError(
-            "this micro-batch keeps samples whole on one CP rank, which Megatron-core's THD "
-            "context parallelism cannot route; re-plan with cp_split_from = 1 in [train] so "
-            "that every sample is split"
-        )
-    labels = mb["shift_labels"]
-    cu = mb["cu_seqlens_split"].to(torch.int32)
-    padded = mb["cu_seqlens_split_padded"].to(torch.int32)
-    max_len = int(mb["max_seqlen_split"])
-    return {
-        "tokens": mb["input_ids"].unsqueeze(0),
-        "labels": labels.clamp(min=0).unsqueeze(0),
-        "loss_mask": (labels != -100).to(torch.float32).unsqueeze(0),
-        "position_ids": mb["position_ids"].unsqueeze(0),
-        "attention_mask": None,
-        "packed_seq_params": PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=cu,
-            cu_seqlens_kv=cu,
-            cu_seqlens_q_padded=padded,
-            cu_seqlens_kv_padded=padded,
-            max_seqlen_q=max_len,
-            max_seqlen_kv=max_len,
+            **pads,
         ),
     }
 
