@@ -86,14 +86,20 @@ def broadcast_batches(executor: Replay, *, src: int, group: Any = None) -> Itera
                 dist.broadcast(tensor, src=src, group=group)
             out[key] = tensor
         if not reading:
-            pos = out["step"] * executor.micro_batches + out["micro_batch"]
-            if pos != executor.cursor:
-                raise ConfigError(
-                    f"rank {dist.get_rank()} is at micro-batch {executor.cursor} but its reading "
-                    f"peer (rank {src}) sent {pos}; load the same executor state on every peer"
-                )
-            executor.mark_delivered(pos)
+            _delivered(executor, out, dist.get_rank(), src)
         yield _view(executor, {k: out[k] for k in header})
+
+
+def _delivered(executor: Replay, batch: dict[str, Any], rank: int, src: int) -> None:
+    """Mark a micro-batch received from the reading peer as delivered, after checking it is
+    the one this rank's executor stands at (peers that loaded different states diverge)."""
+    pos = batch["step"] * executor.micro_batches + batch["micro_batch"]
+    if pos != executor.cursor:
+        raise ConfigError(
+            f"rank {rank} is at micro-batch {executor.cursor} but its reading peer (rank "
+            f"{src}) sent {pos}; load the same executor state on every peer"
+        )
+    executor.mark_delivered(pos)
 
 
 def peer_part(
@@ -215,11 +221,5 @@ def fanout_batches(
         got = _recv(src, group)
         if got is None:
             return
-        pos = got["step"] * executor.micro_batches + got["micro_batch"]
-        if pos != executor.cursor:
-            raise ConfigError(
-                f"rank {me} is at micro-batch {executor.cursor} but its reading peer (rank "
-                f"{src}) sent {pos}; load the same executor state on every peer"
-            )
-        executor.mark_delivered(pos)
+        _delivered(executor, got, me, src)
         yield got
