@@ -262,6 +262,27 @@ def test_stale_temporaries_are_removed(root: Path) -> None:
 # --- interrupts -------------------------------------------------------------------------------
 
 
+def _interrupt_index(
+    cwd: Path, args: list[str], out: Path, sig: signal.Signals, *, after: float, timeout: float
+) -> tuple[subprocess.Popen, str, float]:
+    """Run `mds index ARGS -o OUT` in `cwd`, send `sig` `after` seconds past the moment the
+    scan starts (the output directory appears), and wait: (process, stderr, seconds to stop)."""
+    proc = subprocess.Popen(
+        [str(MDS_BIN), "index", *args, "-o", str(out)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not out.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(after)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=timeout)
+    return proc, stderr, time.monotonic() - sent
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_during_a_large_jsonl_scan(tmp_path: Path, sig: signal.Signals) -> None:
     """A scan of ~80 MB of JSONL (several seconds) stops within a second or so of the signal,
@@ -269,21 +290,11 @@ def test_interrupt_during_a_large_jsonl_scan(tmp_path: Path, sig: signal.Signals
     line = ('{"ids": [' + ",".join(["123"] * 200) + '], "x": "' + "a" * 200 + '"}\n').encode()
     (tmp_path / "big.jsonl").write_bytes(line * ((80 << 20) // len(line)))
     out = tmp_path / "idx"
-    proc = subprocess.Popen(
-        [str(MDS_BIN), "index", "--path", "big.jsonl", "--tokens", "ids", "-o", str(out)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc, stderr, took = _interrupt_index(
+        tmp_path, ["--path", "big.jsonl", "--tokens", "ids"], out, sig, after=0.5, timeout=60
     )
-    while not out.exists() and proc.poll() is None:  # the scan starts once the dir exists
-        time.sleep(0.05)
-    time.sleep(0.5)
-    sent = time.monotonic()
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    assert time.monotonic() - sent < 5, "took too long to stop"
+    assert took < 5, "took too long to stop"
     assert "interrupted: nothing was written" in stderr
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
@@ -302,21 +313,9 @@ def test_interrupt_while_a_tokenizer_counts_a_large_file(tmp_path: Path) -> None
     (tmp_path / "big.jsonl").write_bytes(block * ((24 << 20) // len(block)))
     shutil.copy(SAMPLE_TOKENIZER, tmp_path / "tokenizer.json")
     out = tmp_path / "idx"
-    args = ["index", "--path", "big.jsonl", "--text", "text", "--tokenizer", "tokenizer.json"]
-    proc = subprocess.Popen(
-        [str(MDS_BIN), *args, "-o", str(out)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    while not out.exists() and proc.poll() is None:  # the scan starts once the dir exists
-        time.sleep(0.05)
-    time.sleep(2.0)  # parsed the first chunk, tokenizing it
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    took = time.monotonic() - sent
+    args = ["--path", "big.jsonl", "--text", "text", "--tokenizer", "tokenizer.json"]
+    # 2 s after the scan starts: the first chunk is parsed and being tokenized
+    proc, stderr, took = _interrupt_index(tmp_path, args, out, signal.SIGINT, after=2.0, timeout=120)
     assert proc.returncode == 130, stderr
     assert took < 4, f"took {took:.1f} s to stop"
     assert stderr.splitlines() == ["interrupted: nothing was written"], stderr
