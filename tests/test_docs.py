@@ -164,7 +164,7 @@ def test_readme_and_docs_blocks_run_as_written(workdir):
     (tour,) = [b for b in sh if "mds index sample_data/mds.toml -o build/index" in b]
     (replan,) = [b for b in sh if "--at-step" in b]
     assert sh.index(tour) < sh.index(replan)
-    assert run_shell_block(tour, workdir) == 12
+    assert run_shell_block(tour, workdir) == 13
     (train,) = blocks(README, "python")
     script = workdir / "train.py"
     script.write_text(train, encoding="utf-8")

@@ -140,9 +140,10 @@ def _register() -> None:
     from mds.cli import inspect
 
     app.command("inspect")(inspect.inspect_command)
-    from mds.cli import diff, verify
+    from mds.cli import diff, trace, verify
 
     app.command("verify")(verify.verify_command)
+    app.command("trace")(trace.trace_command)
     app.command("diff")(diff.diff_command)
     from mds.cli import calibrate
 

@@ -14,7 +14,7 @@ from rich.progress import (
 
 from mds.cli.output import err_console
 
-__all__ = ["ByteProgress", "MicroBatchProgress", "StepProgress"]
+__all__ = ["ByteProgress", "MicroBatchProgress", "RowProgress", "StepProgress"]
 
 
 class _Bar:
@@ -79,3 +79,13 @@ class MicroBatchProgress(_Bar):
 
     def start(self, total: int) -> None:
         self._start(f"{self._label} micro-batches", total)
+
+
+class RowProgress(_Bar):
+    """Progress over samples read (`content_hashes`)."""
+
+    def columns(self) -> tuple:
+        return (MofNCompleteColumn(),)
+
+    def start(self, total: int) -> None:
+        self._start(f"{self._label} rows", total)

@@ -6,6 +6,7 @@ n_tokens, planned_tokens, cost); docs/plan-format.md lists the columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,13 @@ __all__ = [
     "EXPORT_COLUMNS",
     "block_frame",
     "export_plan",
+    "check_selection",
     "locate",
     "plan_frame",
+    "planned_tokens",
     "sample_cost",
     "sample_epochs",
+    "with_cost_units",
 ]
 
 # The leading columns of the export, in order; kept metadata columns follow. No name is a
@@ -80,6 +84,32 @@ def _slots(reader: PlanReader) -> pl.DataFrame:
         for rank in range(reader.dp)
     ]
     return pl.concat(parts) if parts else pl.DataFrame(schema=_SLOT_SCHEMA)
+
+
+def planned_tokens(train: dict) -> pl.Expr:
+    """`n_tokens` as the plan packs it: capped at the micro-batch's capacity under
+    overlong = "truncate"."""
+    planned = pl.col("n_tokens").cast(pl.Int64)
+    if train["overlong"] == "truncate":
+        planned = pl.min_horizontal(planned, pl.lit(train["max_tokens_per_micro_batch"]))
+    return planned
+
+
+def with_cost_units(frame: pl.DataFrame, scale: float) -> pl.DataFrame:
+    """`cost_units`, the integers the balancer summed: max(1, round(cost * cost_scale)); of
+    a vision plan (columns `encoder_cost`, `patches`) each part on its own, then summed, and
+    `cost` the two parts' sum."""
+
+    def units(column: str) -> pl.Expr:
+        return (pl.col(column) * scale).round(0, mode="half_to_even").cast(pl.Int64)
+
+    if "encoder_cost" not in frame.columns:
+        return frame.with_columns(pl.max_horizontal(units("cost"), pl.lit(1)).alias("cost_units"))
+    # As the planner quantizes a vision plan's costs: each part on its own, then summed.
+    encoder = pl.when((units("encoder_cost") == 0) & (pl.col("patches") > 0))
+    encoder = encoder.then(1).otherwise(units("encoder_cost"))
+    frame = frame.with_columns((pl.max_horizontal(units("cost"), pl.lit(1)) + encoder).alias("cost_units"))
+    return frame.with_columns((pl.col("cost") + pl.col("encoder_cost")).alias("cost"))
 
 
 def sample_cost(
@@ -147,18 +177,7 @@ def locate(slots: pl.DataFrame, manifest: IndexManifest, footer: dict) -> pl.Dat
         )
         out.append(joined)
     frame = pl.concat(out, how="diagonal_relaxed").sort("order")
-    scale = float(footer["cost_scale"])
-
-    def units(column: str) -> pl.Expr:
-        return (pl.col(column) * scale).round(0, mode="half_to_even").cast(pl.Int64)
-
-    if "encoder_cost" not in frame.columns:
-        return frame.with_columns(pl.max_horizontal(units("cost"), pl.lit(1)).alias("cost_units"))
-    # As the planner quantizes a vision plan's costs: each part on its own, then summed.
-    encoder = pl.when((units("encoder_cost") == 0) & (pl.col("patches") > 0))
-    encoder = encoder.then(1).otherwise(units("encoder_cost"))
-    frame = frame.with_columns((pl.max_horizontal(units("cost"), pl.lit(1)) + encoder).alias("cost_units"))
-    return frame.with_columns((pl.col("cost") + pl.col("encoder_cost")).alias("cost"))
+    return with_cost_units(frame, float(footer["cost_scale"]))
 
 
 def _image_columns(frame: pl.DataFrame, footer: dict, entry: dict) -> pl.DataFrame:
@@ -339,7 +358,7 @@ def plan_frame(
     with PlanReader(plan) as reader:
         reader.verify_sections()
         footer = reader.footer
-        steps = _check_selection(reader, steps, ranks)
+        steps = check_selection(reader, steps, ranks)
         slots = _slots(reader).with_row_index("order")
         counts = np.asarray(reader.section("source_samples"), dtype=np.int64)
         start = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)[0]
@@ -350,12 +369,9 @@ def plan_frame(
     epochs = sample_epochs(slots, footer, counts, start, manifest)
     slots = _select(slots.with_columns(epochs), steps, ranks)
     frame = locate(slots, manifest, footer).sort("step", "rank", "micro_batch", "order")
-    train = footer["config"]["train"]
-    planned = pl.col("n_tokens").cast(pl.Int64)
-    if train["overlong"] == "truncate":
-        planned = pl.min_horizontal(planned, pl.lit(train["max_tokens_per_micro_batch"]))
     frame = frame.with_columns(
-        pl.col("gid").alias("sample_id"), planned.alias("planned_tokens")
+        pl.col("gid").alias("sample_id"),
+        planned_tokens(footer["config"]["train"]).alias("planned_tokens"),
     ).rename({"offset": "byte_offset", "length": "byte_length"}, strict=False)
     lead = [c for c in EXPORT_COLUMNS if c in frame.columns]
     internal = ("order", "gid", "source_id")
@@ -367,7 +383,7 @@ def plan_frame(
     return signed_ints(frame.select(*lead, *rest))
 
 
-def _check_selection(reader: PlanReader, steps, ranks) -> tuple[int, int] | None:
+def check_selection(reader: PlanReader, steps, ranks) -> tuple[int, int] | None:
     """--steps inside the plan's steps (an open end is the plan's), --rank inside
     [0, dp_size): the resolved steps, else a ConfigError."""
     first, end = reader.first_step, reader.steps
@@ -389,8 +405,10 @@ def export_plan(
     index: str | Path | None = None,
     steps: tuple[int | None, int | None] | None = None,
     ranks: list[int] | None = None,
+    extra: Callable[[pl.DataFrame], pl.DataFrame] | None = None,
 ) -> int:
-    """Write `plan_frame` to Parquet atomically; returns the number of rows."""
+    """Write `plan_frame` to Parquet atomically; returns the number of rows. `extra` adds
+    columns the planner cannot compute (the CLI's content hashes, read from the data)."""
     from mds.planner.runtime.outputs import check_output, index_inputs
 
     if is_url(output):
@@ -402,6 +420,8 @@ def export_plan(
     plan_file = None if is_url(plan) else Path(plan)
     check_output("-o", output, [("plan file", plan_file), *inputs])
     frame = plan_frame(plan, index, steps, ranks)
+    if extra is not None:
+        frame = extra(frame)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_path(output) as tmp:

@@ -1,0 +1,38 @@
+"""content_hashes: rows of a source hashed on demand, as trace hashes them in a plan."""
+
+from __future__ import annotations
+
+import pytest
+from plan_builders import sample_index, sample_plan_config
+
+from mds.cli.contents import content_hashes, trace_payloads
+from mds.core.content_hash import content_hash
+from mds.errors import ConfigError
+from mds.planner.plan.build import build_plan
+from mds.planner.report.trace import trace_plan
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    index = sample_index(tmp_path_factory)
+    path = tmp_path_factory.mktemp("contents") / "plan.mds"
+    build_plan(sample_plan_config(index), path)
+    return path
+
+
+def test_hashes_of_rows_are_the_traced_ones(plan):
+    trace = trace_plan(plan, (20, 24))
+    traced = [content_hash(p) for p in trace_payloads(trace)]
+    frame = trace.frame.with_columns(content_hash=__import__("polars").Series(traced))
+    for source in ("web", "books", "forum", "code", "wiki", "math"):
+        part = frame.filter(frame["source"] == source)
+        if part.height:
+            rows = part["row"].to_list()
+            assert content_hashes(plan, source, rows) == part["content_hash"].to_list(), source
+
+
+def test_unknown_source_and_row(plan):
+    with pytest.raises(ConfigError, match="'nope' is not drawn from"):
+        content_hashes(plan, "nope", [0])
+    with pytest.raises(ConfigError, match="row 10000000 is outside"):
+        content_hashes(plan, "web", [10_000_000])

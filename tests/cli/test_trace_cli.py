@@ -1,0 +1,122 @@
+"""`mds trace` from the command line: the same samples as `mds export` of those steps, the
+content hashes and --show of sample_data, JSONL byte ranges that hold the record shown,
+a re-planned plan, `mds export --hash`, and the errors."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from cli_helpers import json_error, mds, one_error_line
+from plan_builders import REPO, SAMPLE_CONFIG, sample_index
+
+from mds.cli.trace import TRACE_KEYS
+from mds.core.content_hash import hash_text, hash_tokens
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    index = sample_index(tmp_path_factory)
+    path = tmp_path_factory.mktemp("trace-cli") / "plan.mds"
+    result = mds("plan", SAMPLE_CONFIG, "--index", index, "-o", path)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _export(plan, tmp_path, *args) -> pl.DataFrame:
+    out = tmp_path / "export.parquet"
+    result = mds("export", plan, "-o", out, *args)
+    assert result.exit_code == 0, result.output
+    return pl.read_parquet(out)
+
+
+def _trace(plan, *args) -> list[dict]:
+    result = mds("trace", plan, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("selection", [("--step", "17"), ("--steps", "14:18"), ("--steps", "60:")])
+def test_same_samples_as_export(plan, tmp_path, selection):
+    """Every key but the hash equals the export's row of the same sample, in the same
+    order, whatever chunks the steps lie in (chunk_steps 16: 14:18 spans two)."""
+    steps = selection[1] if selection[0] == "--steps" else "17:18"
+    rows = _trace(plan, *selection)
+    exported = _export(plan, tmp_path, "--steps", steps)
+    assert all(sorted(r) == sorted(TRACE_KEYS) for r in rows)
+    keys = [k for k in TRACE_KEYS if k != "content_hash"]
+    assert [{k: r[k] for k in keys} for r in rows] == exported.select(keys).to_dicts()
+    assert len({r["source"] for r in rows}) > 2
+    assert all(len(r["content_hash"]) == 32 for r in rows)
+
+
+def test_rank_and_micro_batch(plan, tmp_path):
+    rows = _trace(plan, "--steps", "4:8", "--rank", "1", "--rank", "3", "--micro-batch", "1")
+    exported = _export(plan, tmp_path, "--steps", "4:8", "--rank", "1", "--rank", "3")
+    exported = exported.filter(pl.col("micro_batch") == 1)
+    assert [r["sample_id"] for r in rows] == exported["sample_id"].to_list()
+    assert {(r["rank"], r["micro_batch"]) for r in rows} == {(1, 1), (3, 1)}
+
+
+def test_hashes_and_show_of_sample_data(plan):
+    """A token source's hash is that of its ids; a text source's, of the text --show prints,
+    and a JSONL sample's byte range holds exactly that record."""
+    rows = _trace(plan, "--steps", "0:8", "--show")
+    by_source = {}
+    for row in rows:
+        by_source.setdefault(row["source"], row)
+        if "text" in row and row["source"] in ("books", "forum", "code"):
+            assert row["content_hash"] == hash_text(row["text"])
+        if "tokens" in row:
+            assert row["content_hash"] == hash_tokens(row["tokens"])
+            assert len(row["tokens"]) == row["n_tokens"]
+    assert {"web", "books", "forum", "code"} <= set(by_source)
+    assert "tokens" in by_source["web"]
+    forum = [r for r in rows if r["source"] == "forum"]
+    assert forum and all(r["byte_offset"] is not None for r in forum)
+    data = (REPO / "sample_data" / forum[0]["file"]).read_bytes()
+    for row in forum:
+        line = data[row["byte_offset"] : row["byte_offset"] + row["byte_length"]]
+        assert json.loads(line)["text"] == row["text"]
+    assert all(r["byte_offset"] is None for r in rows if r["source"] in ("web", "math"))
+
+
+def test_table_output(plan):
+    result = mds("trace", plan, "--step", "3", "--rank", "0", "--show")
+    assert result.exit_code == 0, result.output
+    assert "content hash" in result.stdout
+    assert result.stdout.rstrip().endswith("samples")
+
+
+def test_replanned_plan(plan, tmp_path):
+    """A plan re-planned from step 32 traces its own steps, as its export gives them."""
+    index = sample_index.__globals__["_SAMPLE_INDEX"]["index"]
+    new = tmp_path / "new.mds"
+    args = ("--from", plan, "--at-step", "32", "--index", index, "-o", new)
+    result = mds("plan", REPO / "sample_data" / "new-mix.toml", *args)
+    assert result.exit_code == 0, result.output
+    rows = _trace(new, "--steps", "40:42")
+    exported = _export(new, tmp_path, "--steps", "40:42")
+    keys = [k for k in TRACE_KEYS if k != "content_hash"]
+    assert [{k: r[k] for k in keys} for r in rows] == exported.select(keys).to_dicts()
+    one_error_line(mds("trace", new, "--step", "3"), "step", "32")
+
+
+def test_export_hash(plan, tmp_path):
+    """`mds export --hash` adds the hashes trace gives the same samples."""
+    frame = _export(plan, tmp_path, "--steps", "14:18", "--hash")
+    assert frame.columns[-1] == "content_hash"
+    rows = _trace(plan, "--steps", "14:18")
+    assert frame["content_hash"].to_list() == [r["content_hash"] for r in rows]
+    assert "content_hash" not in _export(plan, tmp_path, "--steps", "14:18").columns
+
+
+def test_errors(plan, tmp_path):
+    one_error_line(mds("trace", plan), "--step N or --steps A:B")
+    one_error_line(mds("trace", plan, "--step", "64"), "--steps 64:65 is not inside")
+    json_error(mds("trace", plan, "--step", "1", "--rank", "4", "--json"), "--rank 4")
+    one_error_line(mds("trace", plan, "--step", "1", "--micro-batch", "2"), "--micro-batch 2")
+    one_error_line(
+        mds("trace", plan, "--step", "1", "--data-root", tmp_path), "none of the indexed files"
+    )
