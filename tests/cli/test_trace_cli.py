@@ -100,7 +100,7 @@ def test_replanned_plan(plan, tmp_path):
     exported = _export(new, tmp_path, "--steps", "40:42")
     keys = [k for k in TRACE_KEYS if k != "content_hash"]
     assert [{k: r[k] for k in keys} for r in rows] == exported.select(keys).to_dicts()
-    one_error_line(mds("trace", new, "--step", "3"), "step", "32")
+    one_error_line(mds("trace", new, "--step", "3"), "--step 3 is not inside the plan's steps 32:64")
 
 
 def test_export_hash(plan, tmp_path):
@@ -114,9 +114,21 @@ def test_export_hash(plan, tmp_path):
 
 def test_errors(plan, tmp_path):
     one_error_line(mds("trace", plan), "--step N or --steps A:B")
-    one_error_line(mds("trace", plan, "--step", "64"), "--steps 64:65 is not inside")
+    one_error_line(mds("trace", plan, "--step", "64"), "--step 64 is not inside the plan's steps 0:64")
+    one_error_line(mds("trace", plan, "--steps", "60:70"), "--steps 60:70 is not inside")
     json_error(mds("trace", plan, "--step", "1", "--rank", "4", "--json"), "--rank 4")
     one_error_line(mds("trace", plan, "--step", "1", "--micro-batch", "2"), "--micro-batch 2")
     one_error_line(
         mds("trace", plan, "--step", "1", "--data-root", tmp_path), "none of the indexed files"
     )
+
+
+def test_plan_in_object_storage(plan, monkeypatch):
+    """A plan in S3 is traced by range reads, its data from --data-root, as a local one."""
+    from s3_store import s3_server
+
+    local = _trace(plan, "--step", "9", "--rank", "2")
+    with s3_server(monkeypatch) as store:
+        store.put("plans/plan.mds", plan.read_bytes())
+        url = store.url("plans/plan.mds")
+        assert _trace(url, "--step", "9", "--rank", "2", "--data-root", REPO / "sample_data") == local

@@ -89,7 +89,8 @@ def trace_command(
     selection = (step, step + 1) if step is not None else step_range(steps)
     if step is not None and step < 0:
         raise ConfigError(f"--step {step} is not a step (steps count from 0)")
-    trace = trace_plan(plan, selection, rank or None, micro_batch, index)
+    given = None if step is None else f"--step {step}"
+    trace = trace_plan(plan, selection, rank or None, micro_batch, index, given)
     payloads = trace_payloads(trace, data_root)
     rows = trace.frame.select(*(k for k in TRACE_KEYS if k != "content_hash")).to_dicts()
     for row, payload in zip(rows, payloads, strict=True):

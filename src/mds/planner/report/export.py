@@ -383,15 +383,18 @@ def plan_frame(
     return signed_ints(frame.select(*lead, *rest))
 
 
-def check_selection(reader: PlanReader, steps, ranks) -> tuple[int, int] | None:
+def check_selection(
+    reader: PlanReader, steps, ranks, given: str | None = None
+) -> tuple[int, int] | None:
     """--steps inside the plan's steps (an open end is the plan's), --rank inside
-    [0, dp_size): the resolved steps, else a ConfigError."""
+    [0, dp_size): the resolved steps, else a ConfigError; `given` names the steps as the
+    user gave them (default: `--steps A:B`)."""
     first, end = reader.first_step, reader.steps
     if steps is not None:
         a, b = (first if steps[0] is None else steps[0]), (end if steps[1] is None else steps[1])
         if not first <= a < b <= end:
-            shown = ":".join("" if x is None else str(x) for x in steps)
-            raise ConfigError(f"--steps {shown} is not inside the plan's steps {first}:{end}")
+            shown = given or "--steps " + ":".join("" if x is None else str(x) for x in steps)
+            raise ConfigError(f"{shown} is not inside the plan's steps {first}:{end}")
         steps = (a, b)
     for rank in ranks or ():
         if not 0 <= rank < reader.dp:

@@ -65,14 +65,15 @@ def trace_plan(
     ranks: list[int] | None = None,
     micro_batch: int | None = None,
     index: str | Path | None = None,
+    given: str | None = None,
 ) -> Trace:
     """The samples of steps [a, b) (None: the plan's first or last step), of the given DP
     ranks (None: all) and micro-batch (None: all); ConfigError for a selection outside the
-    plan."""
+    plan, naming the steps as `given` (default: `--steps A:B`)."""
     plan = as_place(plan)
     with PlanReader(plan) as reader:
         footer = reader.footer
-        a, b = check_selection(reader, steps, ranks)  # type: ignore[misc]
+        a, b = check_selection(reader, steps, ranks, given)  # type: ignore[misc]
         if micro_batch is not None and not 0 <= micro_batch < reader.micro:
             raise ConfigError(
                 f"--micro-batch {micro_batch} is not a micro-batch of the plan "
