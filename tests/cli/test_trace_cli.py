@@ -132,3 +132,33 @@ def test_plan_in_object_storage(plan, monkeypatch):
         store.put("plans/plan.mds", plan.read_bytes())
         url = store.url("plans/plan.mds")
         assert _trace(url, "--step", "9", "--rank", "2", "--data-root", REPO / "sample_data") == local
+
+
+def test_cost_expr_and_vision_plans(tmp_path):
+    """Plans whose cost needs the index (a cost expr, a [vision] plan's image parts) trace
+    export's rows too; an image-text sample's hash covers its text and image bytes."""
+    from mds.core.content_hash import hash_image_text
+
+    config = tmp_path / "data" / "mds.toml"
+    import shutil
+
+    shutil.copytree(REPO / "sample_data", tmp_path / "data")
+    text = config.read_text().replace(
+        "model = { layers = 12, hidden = 768, vocab = 2011 }", 'expr = "n_tokens * 2 + 1"'
+    )
+    config.write_text(text)
+    vlm = tmp_path / "data" / "vlm.toml"
+    for name, cfg in (("expr", config), ("vlm", vlm)):
+        index, plan = tmp_path / f"{name}-index", tmp_path / f"{name}.mds"
+        assert mds("index", cfg, "-o", index).exit_code == 0
+        result = mds("plan", cfg, "--index", index, "-o", plan)
+        assert result.exit_code == 0, result.output
+        rows = _trace(plan, "--steps", "2:4", "--show")
+        exported = _export(plan, tmp_path, "--steps", "2:4")
+        keys = [k for k in TRACE_KEYS if k != "content_hash"]
+        assert [{k: r[k] for k in keys} for r in rows] == exported.select(keys).to_dicts()
+    with_images = [
+        r for r in rows
+        if "text" in r and r["content_hash"] not in (hash_text(r["text"]), hash_image_text(r["text"], []))
+    ]  # fmt: skip
+    assert with_images  # image-text samples: their images' bytes are hashed too

@@ -8,7 +8,8 @@ stream positions of the steps before it in its chunk, so every rank's block of t
 chunks is read (and the `cursor_consumed` row of the chunk), not the earlier chunks. The
 index is read only where the plan alone cannot tell: a cost `expr` over index columns, a
 `[vision]` plan's image parts, or an epoch that began before the traced chunk and whose
-samples cross into the next one (export's rule, `sample_epochs`).
+samples cross into the next one (export's rule, `sample_epochs`; null if the plan's index
+is not where it records it and no `index` is given).
 
 `rows_block` makes the same kind of block for rows of a source named by the index, so the
 tools read any sample's content the way they read a traced one.
@@ -27,7 +28,7 @@ from mds.core.index_manifest import plan_manifest
 from mds.core.planfile import Fetch, RankChunk
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import as_place
-from mds.errors import ConfigError
+from mds.errors import ConfigError, MdsError
 from mds.planner.index.tables import IndexManifest, source_table
 from mds.planner.plan.fetch import FILE_KEYS
 from mds.planner.plan.pool import RANGE_FORMATS
@@ -109,9 +110,14 @@ def trace_plan(
     chosen = slots.with_columns(epochs).filter(keep)
     manifest = None
     if chosen["epoch"].null_count():
-        manifest = plan_manifest(plan, footer, index)
-        epochs = sample_epochs(slots, view, counts, start, manifest)
-        chosen = slots.with_columns(epochs).filter(keep)
+        try:
+            manifest = plan_manifest(plan, footer, index)
+        except MdsError:
+            if index is not None:  # the index asked for is refused: say why
+                raise
+        if manifest is not None:  # else those epochs stay null, as export's do
+            epochs = sample_epochs(slots, view, counts, start, manifest)
+            chosen = slots.with_columns(epochs).filter(keep)
     config = footer["config"]
     if "expr" in config["cost"] or config.get("vision") is not None:
         manifest = manifest or plan_manifest(plan, footer, index)
