@@ -31,6 +31,16 @@ def test_hashes_of_rows_are_the_traced_ones(plan):
             assert content_hashes(plan, source, rows) == part["content_hash"].to_list(), source
 
 
+def test_from_an_index_without_a_plan(plan, tmp_path_factory):
+    """An index directory alone gives the same hashes (rows of sources any plan may draw)."""
+    index = sample_index(tmp_path_factory)
+    for source in ("forum", "web", "code", "wiki"):
+        rows = [0, 5, 2, 5]
+        assert content_hashes(index, source, rows) == content_hashes(plan, source, rows)
+    with pytest.raises(ConfigError, match="'nope' is not in the index"):
+        content_hashes(index, "nope", [0])
+
+
 def test_unknown_source_and_row(plan):
     with pytest.raises(ConfigError, match="'nope' is not drawn from"):
         content_hashes(plan, "nope", [0])

@@ -47,7 +47,7 @@ def trace_payloads(trace: Any, data_root: str | os.PathLike | None = None) -> li
 
 
 def content_hashes(
-    plan: str | Path,
+    plan_or_index: str | Path,
     source: str,
     rows: Sequence[int] | np.ndarray,
     index: str | Path | None = None,
@@ -55,22 +55,34 @@ def content_hashes(
     progress: bool = True,
 ) -> list[str]:
     """The content hash (core/content_hash.py) of each of `rows` of `source` (rows of its
-    index table), in order, read from the data of the plan's index; `index` and `data_root`
-    as `mds export` / `mds verify` take them. Only the files holding those rows are read."""
+    index table), in order, read from the data; `plan_or_index` is a plan file (its index:
+    `index`, else the one it names) or an index directory. `index` and `data_root` as
+    `mds export` / `mds verify` take them. Only the files holding those rows are read."""
     from mds.cli.progress import RowProgress
+    from mds.core.index_manifest import MANIFEST, read_manifest
     from mds.executor.catalog.contents import SampleContents
-    from mds.planner.report.trace import rows_block
+    from mds.planner.report.trace import index_footer, rows_block
 
-    plan = as_place(plan)
-    with PlanReader(plan) as reader:
-        footer = reader.footer
-    if source not in footer["fetch"]["sources"] or not any(
-        s["name"] == source and int(s.get("samples", 0)) > 0 for s in footer.get("sources", [])
-    ):
-        raise ConfigError(
-            f"source {source!r} is not drawn from by the plan {plan}; give a source it plans"
-        )
-    manifest = plan_manifest(plan, footer, index)
+    place = as_place(plan_or_index)
+    if isinstance(place, Path) and (place / MANIFEST).is_file():
+        manifest = read_manifest(place)
+        footer, plan = index_footer(manifest), place / MANIFEST
+        names = [s["name"] for s in footer["index"]["sources"]]
+        if source not in names:
+            raise ConfigError(
+                f"source {source!r} is not in the index {place} (its sources: {', '.join(names)})"
+            )
+    else:
+        plan = place
+        with PlanReader(plan) as reader:
+            footer = reader.footer
+        if source not in footer["fetch"]["sources"] or not any(
+            s["name"] == source and int(s.get("samples", 0)) > 0 for s in footer.get("sources", [])
+        ):
+            raise ConfigError(
+                f"source {source!r} is not drawn from by the plan {plan}; give a source it plans"
+            )
+        manifest = plan_manifest(plan, footer, index)
     rows = np.asarray(rows, dtype=np.int64)
     out: list[str] = []
     with SampleContents(footer, plan, data_root) as contents, RowProgress(

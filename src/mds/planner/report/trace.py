@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mds.core.index_manifest import plan_manifest
+from mds.core.index_manifest import index_sources, plan_manifest
 from mds.core.planfile import Fetch, RankChunk
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import as_place
 from mds.errors import ConfigError, MdsError
 from mds.planner.index.tables import IndexManifest, source_table
-from mds.planner.plan.fetch import FILE_KEYS
+from mds.planner.plan.fetch import FILE_KEYS, source_facts
 from mds.planner.plan.pool import RANGE_FORMATS
 from mds.planner.plan.sqlexpr import signed_ints
 from mds.planner.report.export import (
@@ -44,7 +44,7 @@ from mds.planner.report.export import (
     with_cost_units,
 )
 
-__all__ = ["Trace", "rows_block", "trace_plan"]
+__all__ = ["Trace", "index_footer", "rows_block", "trace_plan"]
 
 
 @dataclass
@@ -248,3 +248,19 @@ def rows_block(
     )
     ids = (int(index_sources[sid]["base"]) + rows).astype(np.uint64)
     return RankChunk(0, np.array([[len(rows)]], dtype=np.int64), ids, fetch)
+
+
+def index_footer(manifest: IndexManifest) -> dict[str, Any]:
+    """What a plan's footer says of its index and data, as a plan of every source of
+    `manifest` would record it (the root as the index records it): enough to read rows of
+    the index with `rows_block` and the executor's catalog when there is no plan."""
+    sources = index_sources(manifest)
+    return {
+        "index": {"fingerprint": manifest.fingerprint, "sources": sources},
+        "sources": [{"name": s["name"], "samples": int(s["rows"])} for s in sources],
+        "fetch": {
+            "root": str(manifest.data["root"]),
+            "sources": {s["name"]: source_facts(manifest.source(s["name"])) for s in sources},
+        },
+        "config": {"train": {"overlong": "error", "max_tokens_per_micro_batch": 0}},
+    }
