@@ -162,3 +162,25 @@ def test_cost_expr_and_vision_plans(tmp_path):
         if "text" in r and r["content_hash"] not in (hash_text(r["text"]), hash_image_text(r["text"], []))
     ]  # fmt: skip
     assert with_images  # image-text samples: their images' bytes are hashed too
+
+
+def test_show_decodes_ids_with_the_index_tokenizer(tmp_path):
+    """Token ids of a source the index counted with a tokenizer.json are shown as text; of
+    one whose tokenizer is gone, as ids."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from mds.cli.trace import _shown
+
+    data = REPO / "sample_data"
+    tok = Tokenizer.from_file(str(data / "tokenizer.json"))
+    ids = np.array(tok.encode("kate guda kobu ri", add_special_tokens=False).ids, dtype=np.int32)
+    facts = {"format": "parquet", "length": {"kind": "tokenizer", "tokenizer": "tokenizer.json"}}
+    missing = {**facts, "length": {"kind": "tokenizer", "tokenizer": "gone.json"}}
+    footer = {"fetch": {"root": str(data), "sources": {"s": facts, "t": missing}}}
+    trace = SimpleNamespace(footer=footer, plan=tmp_path / "plan.mds")
+    shown = _shown(ids, "s", trace, None, {})
+    assert shown == {"text": "kate guda kobu ri"}
+    assert _shown(ids, "t", trace, None, {}) == {"tokens": ids.tolist()}

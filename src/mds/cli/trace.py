@@ -93,36 +93,37 @@ def trace_command(
     trace = trace_plan(plan, selection, rank or None, micro_batch, index, given)
     payloads = trace_payloads(trace, data_root)
     rows = trace.frame.select(*(k for k in TRACE_KEYS if k != "content_hash")).to_dicts()
+    decoders: dict[str, Any] = {}
     for row, payload in zip(rows, payloads, strict=True):
         row["content_hash"] = content_hash(payload)
         if show:
-            row.update(_shown(payload, row["source"], trace, data_root))
+            row.update(_shown(payload, row["source"], trace, data_root, decoders))
     if json_out:
         print_json(rows)
         return
     _print_rows(rows, show)
 
 
-def _shown(payload: Any, source: str, trace: Any, data_root: str | None) -> dict[str, Any]:
+def _shown(
+    payload: Any, source: str, trace: Any, data_root: str | None, decoders: dict[str, Any]
+) -> dict[str, Any]:
     """{"text": ...} for a text (an image-text sample: its text), or token ids decoded with
-    the tokenizer the index counted with; else {"tokens": [...]}."""
+    the tokenizer the index counted with; else {"tokens": [...]}. `decoders` keeps each
+    source's decode function (or None) once looked up."""
     if isinstance(payload, str):
         return {"text": payload}
     if hasattr(payload, "text"):
         return {"text": payload.text}
     ids = [int(x) for x in payload]
-    decode = _decoder(source, trace, data_root)
+    if source not in decoders:
+        decoders[source] = _decoder(source, trace, data_root)
+    decode = decoders[source]
     return {"tokens": ids} if decode is None else {"text": decode(ids)}
-
-
-_DECODERS: dict[str, Any] = {}
 
 
 def _decoder(source: str, trace: Any, data_root: str | None):
     """The tokenizer.json the index counted `source` with, as a decode function, or None
     when it recorded none or it cannot be loaded here."""
-    if source in _DECODERS:
-        return _DECODERS[source]
     decode = None
     facts = trace.footer["fetch"]["sources"].get(source) or {}
     if (facts.get("length") or {}).get("kind") == "tokenizer":
@@ -135,7 +136,6 @@ def _decoder(source: str, trace: Any, data_root: str | None):
             decode = tok.decode
         except Exception:  # a tokenizer that cannot be loaded: show the ids
             decode = None
-    _DECODERS[source] = decode
     return decode
 
 
