@@ -46,3 +46,18 @@ def test_unknown_source_and_row(plan):
         content_hashes(plan, "nope", [0])
     with pytest.raises(ConfigError, match="row 10000000 is outside"):
         content_hashes(plan, "web", [10_000_000])
+
+
+def test_reading_contents_imports_no_torch(plan):
+    """A planning box without torch traces and hashes: nothing on the way imports it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mds.cli.contents import trace_payloads\n"
+        "from mds.planner.report.trace import trace_plan\n"
+        f"trace_payloads(trace_plan({str(plan)!r}, (3, 4)))\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
