@@ -20,7 +20,11 @@ def plan(tmp_path_factory):
     return path
 
 
-def test_hashes_of_rows_are_the_traced_ones(plan):
+def test_hashes_of_rows_are_the_traced_ones(plan, monkeypatch):
+    """In batches of 3 rows (the index table read once), as trace hashes them."""
+    from mds.cli import contents
+
+    monkeypatch.setattr(contents, "_BATCH", 3)
     trace = trace_plan(plan, (20, 24))
     traced = [content_hash(p) for p in trace_payloads(trace)]
     frame = trace.frame.with_columns(content_hash=__import__("polars").Series(traced))

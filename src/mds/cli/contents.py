@@ -61,7 +61,7 @@ def content_hashes(
     from mds.cli.progress import RowProgress
     from mds.core.index_manifest import MANIFEST, read_manifest
     from mds.executor.catalog.contents import SampleContents
-    from mds.planner.report.trace import index_footer, rows_block
+    from mds.planner.report.trace import index_footer, location_table, rows_block
 
     place = as_place(plan_or_index)
     if isinstance(place, Path) and (place / MANIFEST).is_file():
@@ -84,13 +84,14 @@ def content_hashes(
             )
         manifest = plan_manifest(plan, footer, index)
     rows = np.asarray(rows, dtype=np.int64)
+    table = location_table(manifest, source) if len(rows) else None
     out: list[str] = []
     with SampleContents(footer, plan, data_root) as contents, RowProgress(
         f"hashing {source}", enabled=progress and len(rows) > _BATCH
     ) as bar:
         bar.start(len(rows))
         for lo in range(0, len(rows), _BATCH):
-            block = rows_block(manifest, footer, source, rows[lo : lo + _BATCH])
+            block = rows_block(manifest, footer, source, rows[lo : lo + _BATCH], table)
             out += [content_hash(p) for p in contents.payloads(block)]
             bar.advance(len(block.ids))
     return out

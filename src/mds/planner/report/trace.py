@@ -44,7 +44,7 @@ from mds.planner.report.export import (
     with_cost_units,
 )
 
-__all__ = ["Trace", "index_footer", "rows_block", "trace_plan"]
+__all__ = ["Trace", "index_footer", "location_table", "rows_block", "trace_plan"]
 
 
 @dataclass
@@ -208,12 +208,27 @@ def _bases(footer: dict, gids: pl.Series) -> np.ndarray:
     return bases[np.searchsorted(bases, gids.to_numpy(), side="right") - 1]
 
 
+def location_table(manifest: IndexManifest, source: str) -> pl.DataFrame:
+    """The columns of `source`'s index table that locate its rows (file_id, file_row,
+    n_tokens, and offset and length where it has them): what `rows_block` reads."""
+
+    def wanted(schema: pl.Schema) -> list[str]:
+        return [c for c in ("file_id", "file_row", "n_tokens", "offset", "length") if c in schema]
+
+    return source_table(manifest, source, wanted)
+
+
 def rows_block(
-    manifest: IndexManifest, footer: dict[str, Any], source: str, rows: np.ndarray
+    manifest: IndexManifest,
+    footer: dict[str, Any],
+    source: str,
+    rows: np.ndarray,
+    table: pl.DataFrame | None = None,
 ) -> RankChunk:
     """Rows of `source` (its index table's rows, in the given order) as a block with the
     fetch records a plan would give them, for reading their contents as a plan's samples
-    are read; ConfigError for an unknown source or a row outside it."""
+    are read; `table`: its `location_table`, if read already (a caller that asks for rows
+    in batches reads it once). ConfigError for an unknown source or a row outside it."""
     index_sources = footer["index"]["sources"]
     sid = next((i for i, s in enumerate(index_sources) if s["name"] == source), None)
     if sid is None:
@@ -225,11 +240,8 @@ def rows_block(
         bad = int(rows[(rows < 0) | (rows >= size)][0])
         raise ConfigError(f"source {source!r}: row {bad} is outside its {size} rows")
     entry = manifest.source(source)
-
-    def wanted(schema: pl.Schema) -> list[str]:
-        return [c for c in ("file_id", "file_row", "n_tokens", "offset", "length") if c in schema]
-
-    table = source_table(manifest, source, wanted)
+    if table is None:
+        table = location_table(manifest, source)
     picked = {c: table[c].to_numpy()[rows].astype(np.int64) for c in table.columns}
     zeros = np.zeros(len(rows), dtype=np.int64)
     fids, which = np.unique(picked["file_id"], return_inverse=True)
