@@ -184,3 +184,16 @@ def test_show_decodes_ids_with_the_index_tokenizer(tmp_path):
     shown = _shown(ids, "s", trace, None, {})
     assert shown == {"text": "kate guda kobu ri"}
     assert _shown(ids, "t", trace, None, {}) == {"tokens": ids.tolist()}
+
+
+def test_moved_plan_names_data_root(plan, tmp_path):
+    """A plan copied away from its data says to pass --data-root; with it, the plan alone
+    is traced (no index: where samples lie is in the plan)."""
+    import shutil
+
+    moved = tmp_path / "a" / "b" / "c" / "plan.mds"
+    moved.parent.mkdir(parents=True)
+    shutil.copy(plan, moved)
+    one_error_line(mds("trace", moved, "--step", "2"), "--data-root")
+    rows = _trace(moved, "--step", "2", "--data-root", REPO / "sample_data")
+    assert rows == _trace(plan, "--step", "2")
