@@ -27,8 +27,8 @@ from mds.planner.runtime.atomic import atomic_path, cannot_write
 __all__ = [
     "EXPORT_COLUMNS",
     "block_frame",
-    "export_plan",
     "check_selection",
+    "export_plan",
     "locate",
     "plan_frame",
     "planned_tokens",
