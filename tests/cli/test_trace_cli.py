@@ -197,3 +197,17 @@ def test_moved_plan_names_data_root(plan, tmp_path):
     one_error_line(mds("trace", moved, "--step", "2"), "--data-root")
     rows = _trace(moved, "--step", "2", "--data-root", REPO / "sample_data")
     assert rows == _trace(plan, "--step", "2")
+
+
+def test_plan_and_data_in_gcs(plan, monkeypatch):
+    """A plan and its data in GCS: blocks and samples read by range requests, the same rows
+    and hashes as from files."""
+    from gcs_store import gcs_server
+
+    local = _trace(plan, "--step", "6", "--rank", "0", "--show")
+    with gcs_server(monkeypatch) as store:
+        data = store.upload(REPO / "sample_data", "data")
+        store.put("plans/plan.mds", plan.read_bytes())
+        remote = _trace(store.url("plans/plan.mds"), "--step", "6", "--rank", "0", "--show",
+                        "--data-root", data)  # fmt: skip
+    assert remote == local
