@@ -225,7 +225,7 @@ def _excluded_report(stream, pool, new_ids: np.ndarray, raw: int) -> dict[str, i
 def exclusion_lineage(exclusion: Exclusion, report: dict, planner: Planner) -> dict[str, Any]:
     """What the footer's lineage records of an exclude list (docs/plan-format.md)."""
     sources = {}
-    for entry in planner.manifest.sources:
+    for entry in index_sources(planner.manifest):
         name = entry["name"]
         base, rows = int(entry["base"]), int(entry["rows"])
         matched = int(((exclusion.ids >= base) & (exclusion.ids < base + rows)).sum())

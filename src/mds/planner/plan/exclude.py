@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from mds.core.index_manifest import index_sources
 from mds.errors import ConfigError, PlanError
 from mds.planner.index.tables import IndexManifest, source_table
 from mds.planner.plan.pool import RANGE_FORMATS
@@ -120,7 +121,7 @@ def resolve_entries(
     An entry naming an unknown source, file or row is a one-line error naming the list's
     row, unless `missing` is "ignore" (then it is left out and not counted as matched)."""
     sources = {s["name"]: s for s in manifest.sources}
-    bases = {name: int(s["base"]) for name, s in sources.items()}
+    bases = {s["name"]: int(s["base"]) for s in index_sources(manifest)}
     given: dict[str, int] = {}
     ids: list[tuple[int, int]] = []
 
