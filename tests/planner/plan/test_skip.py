@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from plan_builders import (
     per_source,
     plan_slots,
@@ -98,3 +100,26 @@ def test_skipping_keeps_the_old_geometry(parent, tmp_path):
     other = with_overrides(config, dp_size=2)
     with pytest.raises(ConfigError, match="keep its dp_size"):
         build_plan(other, tmp_path / "x.mds", parent=old, at_step=10, skipped=[(12, 14)])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_skipping_never_loses_or_repeats_a_sample(parent, tmp_path_factory, data):
+    """Random K and ranges: the old steps before K, the skipped ones and the new plan's
+    draw each source's stream prefix (nothing repeated inside an epoch, nothing passed
+    over), and the new plan holds the old steps it keeps, each once."""
+    config, old = parent
+    at = data.draw(st.integers(0, STEPS - 2))
+    cuts = sorted(data.draw(st.sets(st.integers(at, STEPS), min_size=2, max_size=6)))
+    ranges = [(a, b) for a, b in zip(cuts[::2], cuts[1::2], strict=False)]
+    out = tmp_path_factory.mktemp("skip") / "skip.mds"
+    build_plan(config, out, parent=old, at_step=at, skipped=ranges)
+    skipped = sum(b - a for a, b in ranges)
+    drawn = [i for ids in step_ids(old, 0, at).values() for i in ids]
+    drawn += [i for a, b in ranges for ids in step_ids(old, a, b).values() for i in ids]
+    new = step_ids(out, at, STEPS)
+    drawn += [i for ids in new.values() for i in ids]
+    assert Counter(drawn) == stream_prefix(config, per_source(old, drawn))
+    kept = [s for s in range(at, STEPS) if not any(a <= s < b for a, b in ranges)]
+    old_ids = step_ids(old, at, STEPS)
+    assert [old_ids[s] for s in kept] == [new[t] for t in range(at, STEPS - skipped)]
