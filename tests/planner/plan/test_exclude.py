@@ -149,3 +149,15 @@ def test_an_unknown_document_is_one_error_naming_the_list_row(parent, tmp_path):
         exclusion_of(listed, config)
     with pytest.raises(ConfigError, match="unknown list format"):
         read_exclude_list(tmp_path / "bad.txt")
+
+
+def test_worker_processes_plan_the_same_bytes(parent, tmp_path):
+    """Workers make their planner from the config, which carries the exclusions."""
+    config, old = parent
+    listed = tmp_path / "bad.csv"
+    bad = sorted({i for ids in step_ids(old, 12, 14).values() for i in ids})
+    pl.DataFrame(named(config, bad), schema=["source", "row"], orient="row").write_csv(listed)
+    one, two = tmp_path / "one.mds", tmp_path / "two.mds"
+    build_plan(config, one, parent=old, at_step=4, exclusion=exclusion_of(listed, config))
+    build_plan(config, two, parent=old, at_step=4, exclusion=exclusion_of(listed, config), workers=2)
+    assert one.read_bytes() == two.read_bytes()
