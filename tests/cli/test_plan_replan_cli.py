@@ -43,6 +43,7 @@ def test_exclude_reports_per_source_and_the_result_works_everywhere(old, tmp_pat
     assert "excluded per source" in text.output and "trained before K" in text.output
     header = json.loads(mds("inspect", new, "--json").output)["header"]
     assert header["lineage"]["exclude"]["digest"] == report["digest"]
+    assert "excluded documents" in mds("inspect", new).output
     assert mds("diff", plan, new).exit_code == 0
     assert mds("verify", new, "--index", index).exit_code == 0
     exported = tmp_path / "new.parquet"
@@ -59,6 +60,7 @@ def test_skip_steps_is_repeatable_and_recorded(old, tmp_path):
     assert json.loads(shown.output)["skipped"] == [[12, 15], [20, 22]]
     header = json.loads(mds("inspect", new, "--json").output)["header"]
     assert header["lineage"]["skipped"] == [[12, 15], [20, 22]]
+    assert "12-14, 20-21" in mds("inspect", new).output
     assert "skipped the old plan's steps 12:15" in mds(*base(index, new, plan), "--at-step", "10", "--skip-steps", "12:15", "--skip-steps", "20:22").output
     assert mds("export", new, "-o", tmp_path / "skip.parquet", "--index", index).exit_code == 0
 
