@@ -144,7 +144,7 @@ def resolve_entries(
         ids.append((at, bases[name] + row))
     if found.file_rows or found.offsets:
         files = _files(manifest)
-        columns: dict[str, pl.DataFrame] = {}
+        columns: dict[tuple[str, str], np.ndarray] = {}
         for kind, entries in (("file_row", found.file_rows), ("offset", found.offsets)):
             for at, path, value in entries:
                 place = files.get(path)
@@ -179,24 +179,24 @@ def _files(manifest: IndexManifest) -> dict[str, _Located]:
 
 
 def _row_in_file(
-    place: _Located, kind: str, value: int, columns: dict[str, pl.DataFrame], manifest
+    place: _Located, kind: str, value: int, columns: dict[tuple[str, str], np.ndarray], manifest
 ) -> int | None:
-    """The source row of a file's row or byte offset, or None if the file has none there."""
+    """The source row of a file's row or byte offset, or None if the file has none there.
+    A JSONL or WebDataset file's rows come in line order, so both columns ascend in it."""
     if not place.ranges:
         if kind != "file_row":
             return None
         row = place.first_row + value
         return row if row < place.end_row else None
-    table = columns.get(place.source)
-    if table is None:
-        table = columns[place.source] = source_table(
-            manifest, place.source, lambda schema: [c for c in ("file_row", "offset") if c in schema]
-        )
-    if kind not in table.columns:
-        raise PlanError(f"index source {place.source!r} has no {kind} column; rebuild the index")
-    values = table[kind].to_numpy()[place.first_row : place.end_row]
-    hit = np.flatnonzero(values == value)
-    return place.first_row + int(hit[0]) if len(hit) else None
+    values = columns.get((place.source, kind))
+    if values is None:
+        table = source_table(manifest, place.source, lambda schema: [c for c in (kind,) if c in schema])
+        if kind not in table.columns:
+            raise PlanError(f"index source {place.source!r} has no {kind} column; rebuild the index")
+        values = columns[(place.source, kind)] = table[kind].to_numpy()
+    mine = values[place.first_row : place.end_row]
+    at = int(np.searchsorted(mine, value))
+    return place.first_row + at if at < len(mine) and mine[at] == value else None
 
 
 @dataclass
