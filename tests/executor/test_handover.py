@@ -16,7 +16,7 @@ from mds.errors import PlanError
 from mds.planner.plan.build import build_plan, with_overrides
 from mds.planner.plan.exclude import Exclusion
 
-STEPS, K = 24, 12
+STEPS, K = 16, 6
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_the_old_plan_must_be_found_and_be_the_parent(plans, tmp_path):
     with open_executor(old, 0) as a:
         a.seek(K - 1)
         state = a.state_dict()
-    with open_executor(moved, 0) as b, pytest.raises(PlanError, match=r"continues plan \w+ from step 12, whose steps"):
+    with open_executor(moved, 0) as b, pytest.raises(PlanError, match=rf"continues plan \w+ from step {K}, whose steps"):
         b.load_state_dict(state)
     with open_executor(moved, 0, parent_plan=old) as b:
         b.load_state_dict(state)
