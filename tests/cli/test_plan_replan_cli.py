@@ -63,6 +63,8 @@ def test_skip_steps_is_repeatable_and_recorded(old, tmp_path):
     assert "12-14, 20-21" in mds("inspect", new).output
     assert "skipped the old plan's steps 12:15" in mds(*base(index, new, plan), "--at-step", "10", "--skip-steps", "12:15", "--skip-steps", "20:22").output
     assert mds("export", new, "-o", tmp_path / "skip.parquet", "--index", index).exit_code == 0
+    assert "lineage" in mds("diff", plan, new).output
+    assert mds("verify", new, "--index", index).exit_code == 0
 
 
 @pytest.mark.parametrize(
