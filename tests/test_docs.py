@@ -30,6 +30,8 @@ NOT_PASTED = {"index-format.md", "plan-format.md"}
 # Pages whose blocks name the reader's own places (a mount point, a bucket): run by their
 # own test below, with those places made here.
 OWN_PLACES = {"storage.md"}
+# Pages with their own test below: docs/loss-spike.md, which also resumes a run in Python.
+OWN_TEST = {"loss-spike.md"}
 MOUNT = "/mnt/shared/corpus"
 
 
@@ -174,11 +176,35 @@ def test_readme_and_docs_blocks_run_as_written(workdir):
     assert run_shell_block(replan, workdir) == 3
     ran = 0
     for page in sorted((ROOT / "docs").glob("*.md")):
-        if page.name in NOT_PASTED | OWN_PLACES:
+        if page.name in NOT_PASTED | OWN_PLACES | OWN_TEST:
             continue
         for block in blocks(page.read_text(encoding="utf-8"), "sh"):
             ran += run_shell_block(block, workdir)
     assert ran >= 7  # docs/inspect.md
+
+
+@pytest.mark.slow
+def test_the_loss_spike_walkthrough_runs_as_written(tmp_path):
+    """docs/loss-spike.md in a copy of sample_data: every command, then its Python block.
+    `mds trace` is run once the command exists (it comes with the trace change)."""
+    shutil.copytree(ROOT / "sample_data", tmp_path / "sample_data")
+    page = (ROOT / "docs" / "loss-spike.md").read_text(encoding="utf-8")
+    ran = 0
+    with contextlib.chdir(tmp_path):
+        for block in blocks(page, "sh"):
+            for argv in commands(block):
+                assert argv[0] == "mds", argv
+                if argv[1] not in COMMANDS:
+                    assert argv[1] == "trace", argv
+                    continue
+                result = mds(*argv[1:])
+                assert result.exit_code == 0, (argv, result.output)
+                ran += 1
+    assert ran >= 7
+    (resume,) = blocks(page, "python")
+    script = tmp_path / "resume.py"
+    script.write_text(resume, encoding="utf-8")
+    run_python(script, tmp_path)
 
 
 def test_storage_blocks_run_with_the_data_moved(workdir, tmp_path):

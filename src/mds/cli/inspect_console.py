@@ -164,13 +164,24 @@ def _header_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _lineage_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
-    """A re-planned plan: which plan it continues, and from which step."""
+    """A re-planned plan: which plan it continues, and from which step; the steps it skipped
+    and the documents it excludes (docs/plan-format.md, "Re-planned plans")."""
     lineage = h.get("lineage")
     if not lineage:
         return []
-    return [
-        ("re-planned from", f"plan {lineage['parent']} at step {lineage['at_step']:,}"),
-    ]
+    rows = [("re-planned from", f"plan {lineage['parent']} at step {lineage['at_step']:,}")]
+    if lineage.get("skipped"):
+        rows.append(("skipped old steps", ", ".join(f"{a}-{b - 1}" for a, b in lineage["skipped"])))
+    excluded = lineage.get("exclude")
+    if excluded:
+        rows.append(
+            (
+                "excluded documents",
+                f"{excluded['matched']:,} from {_esc(excluded['list'])} "
+                f"({excluded['trained_before']:,} trained before step {lineage['at_step']:,})",
+            )
+        )
+    return rows
 
 
 def print_plan(report: dict[str, Any]) -> None:

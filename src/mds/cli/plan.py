@@ -58,6 +58,26 @@ def plan_command(
         metavar="K",
         help="With --from: the first step the new config plans.",
     ),
+    skip_steps: list[str] = typer.Option(
+        [],
+        "--skip-steps",
+        metavar="A:B",
+        help="With --from/--at-step K <= A: leave out the old plan's steps A..B-1 (repeatable).",
+    ),
+    exclude: Path | None = typer.Option(
+        None,
+        "--exclude",
+        metavar="FILE",
+        help="With --from/--at-step: documents never trained on from K on (.parquet, .csv, "
+        ".jsonl; columns source,row or file,file_row or file,byte_offset or content_hash).",
+    ),
+    exclude_missing: str = typer.Option(
+        "error",
+        "--exclude-missing",
+        metavar="error|ignore",
+        help="An --exclude entry the index does not hold: an error naming its row (default), "
+        "or ignore it.",
+    ),
     json_out: bool = json_option("Print a JSON summary instead of a table."),
 ) -> None:
     """Plan which samples every DP rank and micro-batch trains on at every step.
@@ -80,7 +100,21 @@ def plan_command(
     With --from and --at-step K the new plan holds steps K.. only: every source continues
     from its cursor in the old plan at K (nothing consumed is repeated within its epoch,
     nothing unconsumed is skipped), and the new weights, dp_size, micro-batches or sources
-    apply from K. The executor resumes it from a state the old plan saved at step K.
+    apply from K. The executor resumes it from a state the old plan saved at any step up to
+    K (it replays the old plan's steps before K first).
+
+    After a loss spike (docs/loss-spike.md):
+
+    \b
+        mds plan sample_data/mds.toml -o build/plan-2.mds \\
+            --from build/plan.mds --at-step 32 --skip-steps 40:48
+        mds plan sample_data/mds.toml -o build/plan-3.mds \\
+            --from build/plan.mds --at-step 32 --exclude bad.parquet
+
+    --skip-steps A:B keeps the old plan's steps exactly, without A..B-1 (renumbered to
+    follow), and plans the missing steps at the end fresh. --exclude leaves the listed
+    documents out of their sources' streams from K on; the next samples of the same sources
+    take their places, so the mix holds.
     """
     from mds.cli.progress import StepProgress
     from mds.core.storage import as_place
@@ -91,6 +125,11 @@ def plan_command(
     parent = None if parent_text is None else as_place(parent_text)  # a URL stays one
     if (parent is None) != (at_step is None):
         raise ConfigError("--from and --at-step go together: the old plan and the step K")
+    if (skip_steps or exclude is not None) and parent is None:
+        raise ConfigError("--skip-steps and --exclude re-plan a plan: give --from PLAN --at-step K")
+    if exclude_missing not in ("error", "ignore"):
+        raise ConfigError(f"--exclude-missing {exclude_missing!r}: use error or ignore")
+    skipped = parse_skips(skip_steps, at_step) if skip_steps else None
     cfg = with_overrides(
         load_plan_config(config),
         steps=steps,
@@ -124,6 +163,10 @@ def plan_command(
     from mds.planner.runtime.engine import EngineSpec
     from mds.planner.runtime.malloc import keep_freed_memory
 
+    exclusion = None
+    if exclude is not None:
+        exclusion = _exclusion(exclude, cfg.index, exclude_missing)
+
     keep_freed_memory()  # with one worker this process plans every chunk (src/mds/planner/runtime/malloc.py)
     spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
     with StepProgress("planning", enabled=not json_out) as bar:
@@ -136,6 +179,8 @@ def plan_command(
             at_step=at_step,
             engine=spec,
             manifest=manifest,
+            exclusion=exclusion,
+            skipped=skipped,
         )
     if json_out:
         print_json(summary.to_json())
@@ -143,6 +188,112 @@ def plan_command(
     if summary.notice:
         console.print(f"note: {summary.notice}", soft_wrap=True)
     _print_summary(summary)
+    _print_replan(summary)
+
+
+def parse_skips(texts: list[str], at_step: int | None) -> list[tuple[int, int]]:
+    """--skip-steps A:B values as sorted, disjoint (A, B) ranges with K <= A < B."""
+    from mds.errors import ConfigError
+
+    ranges = []
+    for text in texts:
+        a, sep, b = text.partition(":")
+        try:
+            lo, hi = int(a), int(b)
+        except ValueError:
+            lo = hi = -1
+        if not sep or lo < 0 or hi <= lo:
+            raise ConfigError(f"--skip-steps {text!r}: give A:B with 0 <= A < B (steps A..B-1)")
+        if at_step is not None and lo < at_step:
+            raise ConfigError(f"--skip-steps {text}: starts before --at-step {at_step}")
+        ranges.append((lo, hi))
+    ranges.sort()
+    for (a1, b1), (a2, b2) in zip(ranges, ranges[1:], strict=False):
+        if a2 < b1:
+            raise ConfigError(f"--skip-steps {a1}:{b1} and {a2}:{b2} overlap; give each step once")
+    return ranges
+
+
+def _exclusion(path: Path, index, missing: str):
+    """The exclude list resolved against the plan's index: (source, row) and (file, ...)
+    entries by the planner, content_hash entries through content_hash_rows."""
+    from mds.core.storage import is_url
+    from mds.errors import ConfigError
+    from mds.planner.index.tables import read_manifest
+    from mds.planner.plan.exclude import Exclusion, read_exclude_list, resolve_entries
+
+    if is_url(index):
+        raise ConfigError("--exclude: resolve the list against a local index (--index DIR)")
+    found = read_exclude_list(path)
+    if found.hashes:
+        found.rows.extend(content_hash_rows(Path(index), found.hashes, missing))
+    ids, given, _ = resolve_entries(found, read_manifest(index), missing)
+    return Exclusion(ids, given, path.name, found.digest, found.entries)
+
+
+def content_hash_rows(
+    index: Path, hashes: list[tuple[int, str]], missing: str = "error"
+) -> list[tuple[int, str, int]]:
+    """(list row, source, row) of every document whose content hash (core/content_hash.py)
+    an exclude list gives: each source of the index is read once and hashed as the executor
+    reads it, and every document with a listed hash matches (duplicates included). A hash
+    no document has is an error naming the list's row, unless `missing` is "ignore"."""
+    import numpy as np
+
+    from mds.cli.contents import content_hashes
+    from mds.errors import ConfigError
+    from mds.planner.index.tables import read_manifest
+
+    wanted: dict[str, list[int]] = {}
+    for at, digest in hashes:
+        wanted.setdefault(digest.strip().lower(), []).append(at)
+    out: list[tuple[int, str, int]] = []
+    found: set[str] = set()
+    for entry in read_manifest(index).sources:
+        name, n = entry["name"], int(entry["rows"])
+        digests = content_hashes(index, name, np.arange(n, dtype=np.int64))
+        for row, digest in enumerate(digests):
+            if digest in wanted:
+                found.add(digest)
+                out += [(at, name, row) for at in wanted[digest]]
+    lost = sorted(at for digest, ats in wanted.items() if digest not in found for at in ats)
+    if lost and missing != "ignore":
+        raise ConfigError(
+            f"--exclude row {lost[0]}: no document of the index has content_hash "
+            f"{hashes[[at for at, _ in hashes].index(lost[0])][1]!r} "
+            f"({len(lost)} such row(s); --exclude-missing ignore leaves them out)"
+        )
+    return sorted(out)
+
+
+def _print_replan(s) -> None:
+    """What --skip-steps and --exclude did, under the summary."""
+    if s.skipped:
+        spans = ", ".join(f"{a}:{b}" for a, b in s.skipped)
+        console.print(f"skipped the old plan's steps {spans}; the last steps planned anew")
+    if s.exclude is None:
+        return
+    from rich.table import Table
+
+    e = s.exclude
+    console.print(
+        f"excluded: {e['entries']:,} entries given in {e['list']}, {e['matched']:,} documents "
+        f"matched, {e['trained_before']:,} of them already trained on before the re-plan step",
+        soft_wrap=True,
+        markup=False,
+    )
+    table = Table(title="excluded per source", title_justify="left")
+    for col in ("source", "given", "matched", "trained before K", "not eligible"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for name, row in e["sources"].items():
+        table.add_row(
+            name + ("" if row["planned"] else " (not planned)"),
+            f"{row['given']:,}",
+            f"{row['matched']:,}",
+            f"{row['trained_before']:,}",
+            f"{row['ineligible']:,}",
+        )
+    console.print(table)
 
 
 def _manifest_or_none(index: Path):

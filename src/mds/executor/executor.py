@@ -23,6 +23,7 @@ from mds.errors import ConfigError, PlanError
 from mds.executor.batch import compact, expand
 from mds.executor.catalog import SourceCatalog, Tokenize
 from mds.executor.cp import check_mesh, cp_slice, layout, plan_cp, planned_lengths
+from mds.executor.handover import handover_step, parent_place
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.readahead import ReadAhead
 
@@ -84,6 +85,7 @@ class PlanExecutor:
         read_threads: int = 2,
         cp_rank: int | None = None,
         cp_size: int | None = None,
+        parent_plan: str | os.PathLike | None = None,
     ):
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
@@ -100,6 +102,7 @@ class PlanExecutor:
             read_threads=read_threads,
             cp_rank=cp_rank,
             cp_size=cp_size,
+            parent_plan=parent_plan,
         )
         if _integer(read_ahead, "read_ahead") < 0:
             raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
@@ -167,6 +170,9 @@ class PlanExecutor:
         self.vision = self._catalog.plan.vision
         self.mesh: MeshPosition | None = None
         self._pos = self.first_step * self.micro_batches
+        # a re-planned plan resumed from its parent's state before K: the parent's executor,
+        # which hands out the steps up to K (opened on first use; handover.py)
+        self._lead: PlanExecutor | None = None
         self._pid = os.getpid()
         self._block: tuple[int, RankChunk, np.ndarray] | None = None
         self._lock = threading.Lock()  # the catalog and the current block: one thread at a time
@@ -226,7 +232,7 @@ class PlanExecutor:
     def mark_delivered(self, pos: int) -> None:
         """The micro-batch at linear position `pos` reached the training loop by a way other
         than iterating the executor (`PlanLoader`, `shared()`): the next is `pos + 1`."""
-        if not self.first_step * self.micro_batches <= pos < self.total:
+        if not min(self._pos, self.first_step * self.micro_batches) <= pos < self.total:
             raise PlanError(f"position {pos} is outside the plan's {self._span()}")
         self._pos = pos + 1
 
@@ -235,7 +241,8 @@ class PlanExecutor:
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "plan_id": self.plan_id,
+            # before the hand-over step, the run is still on the parent plan's steps
+            "plan_id": self._lineage_of("parent") if self._in_lead(self._pos) else self.plan_id,
             "step": step,
             "micro_batch": micro,
         }
@@ -254,11 +261,13 @@ class PlanExecutor:
             )
         if state.get("plan_id") != self.plan_id:
             parent = self.lineage or {}
-            if state.get("plan_id") == parent.get("parent") and self._integers(state) == (
-                parent.get("at_step"),
-                0,
-            ):
-                return self.first_step * self.micro_batches  # the hand-over point of a re-plan
+            if state.get("plan_id") == parent.get("parent") and parent.get("parent"):
+                step, micro = self._integers(state)
+                handover_step(state, step, micro, parent, self.plan_path, self.plan_id)
+                if (step, micro) == (self.first_step, 0):
+                    return self.first_step * self.micro_batches  # the hand-over point
+                lead = self._lead_executor()
+                return lead._position_of(state)  # replayed from the parent up to K
             derived = (
                 f" (it continues plan {parent.get('parent')} from step {parent.get('at_step')}, "
                 "whose state must be at that step)"
@@ -278,6 +287,48 @@ class PlanExecutor:
                 f"{self._span()} x {self.micro_batches} micro-batches"
             )
         return pos
+
+    def _lineage_of(self, key: str) -> Any:
+        return (self.lineage or {}).get(key)
+
+    def _in_lead(self, pos: int) -> bool:
+        """Position `pos` is a step before the hand-over, read from the parent plan."""
+        return pos < self.first_step * self.micro_batches
+
+    def _lead_executor(self) -> PlanExecutor:
+        """The parent plan's executor for this rank (handover.py), opened once and checked to
+        be the plan the lineage names."""
+        if self._lead is None:
+            lineage = self.lineage or {}
+            place = parent_place(self.plan_path, lineage, self._args["parent_plan"])
+            args = {**self._args, "plan": place, "parent_plan": None, "read_ahead": 0}
+            try:
+                lead = PlanExecutor(**args, verify=self._verify)
+            except PlanError as exc:
+                raise PlanError(
+                    f"{self.plan_path} continues plan {lineage.get('parent')} from step "
+                    f"{lineage.get('at_step')}, whose steps before it are read from {place}: {exc}"
+                ) from None
+            if lead.plan_id == lineage.get("parent") and (lead.dp_size, lead.micro_batches) != (
+                self.dp_size,
+                self.micro_batches,
+            ):
+                lead.close()
+                raise PlanError(
+                    f"{place} has dp_size {lead.dp_size} x {lead.micro_batches} micro-batches, "
+                    f"{self.plan_path} {self.dp_size} x {self.micro_batches}: a run switches "
+                    f"to it only at step {lineage.get('at_step')} itself; resume from a "
+                    "checkpoint saved there"
+                )
+            if lead.plan_id != lineage.get("parent"):
+                lead.close()
+                raise PlanError(
+                    f"{place} is plan {lead.plan_id}, but {self.plan_path} continues plan "
+                    f"{lineage.get('parent')}; pass parent_plan= the plan the run started with"
+                )
+            self._args["parent_plan"] = place  # pickled executors (DataLoader workers) reuse it
+            self._lead = lead
+        return self._lead
 
     @staticmethod
     def _integers(state: Mapping[str, Any]) -> tuple[int, int]:
@@ -311,7 +362,7 @@ class PlanExecutor:
         while self._pos < self.total:
             pos = self._pos
             self._ensure_process()
-            if self._ahead is None:
+            if self._ahead is None or self._in_lead(pos):
                 batch = expand(self.compact_at(pos))
             else:
                 batch = self._ahead.get(*divmod(pos, self.micro_batches))
@@ -337,6 +388,8 @@ class PlanExecutor:
         `narrow`: token ids at 4 bytes where they fit), for a process that hands them to
         another: `batch.expand` makes the tensors iteration yields. The position stays."""
         assert 0 <= pos < self.total, pos
+        if self._in_lead(pos):
+            return self._lead_executor().compact_at(pos, narrow)
         self._ensure_process()
         step, micro = divmod(pos, self.micro_batches)
         with self._lock:
@@ -393,6 +446,8 @@ class PlanExecutor:
 
     def sample_ids(self, step: int, micro_batch: int) -> np.ndarray:
         """Global sample ids of one of this rank's micro-batches, from the plan alone."""
+        if step < self.first_step and self._lead is not None:
+            return self._lead_executor().sample_ids(step, micro_batch)
         with self._lock:
             block, lo, hi = self._slice(step, micro_batch)
         return block.ids[lo:hi]
@@ -483,6 +538,8 @@ class PlanExecutor:
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._lead is not None:
+            self._lead.close()
         self.stop_read_ahead()
         self._catalog.close()
         self._reader.close()

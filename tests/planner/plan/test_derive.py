@@ -107,7 +107,10 @@ def test_the_executor_hands_over_at_k_and_refuses_other_states(parent, tmp_path)
             got += [int(i) for mb in b0 for i in mb["sample_id"]]
         assert sorted(got) == sorted(i for ids in step_ids(child, 13, STEPS).values() for i in ids)
         a.seek(12, 1)
-        with pytest.raises(PlanError, match="continues plan .* from step 13, whose state must"):
+        with pytest.raises(PlanError, match="switches to it only at step 13 itself"):
+            b.load_state_dict(a.state_dict())  # the old dp_size: its steps cannot be replayed
+        a.seek(14)
+        with pytest.raises(PlanError, match="already trained old steps the new plan re-plans"):
             b.load_state_dict(a.state_dict())
         with pytest.raises(PlanError, match=r"outside the plan's steps 13 to 39"):
             b.seek(12)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mds.planner.plan.permutation import epoch_key, permute
+from mds.planner.plan.permutation import epoch_key, permute, unpermute
 
 
 def perm(n: int, seed: int = 0, source: str = "s", epoch: int = 0) -> np.ndarray:
@@ -83,3 +83,11 @@ def test_trivial_domains():
     assert permute(np.array([], dtype=np.int64), 5, epoch_key(0, "a", 0)).tolist() == []
     out = permute(np.arange(2), 2, epoch_key(0, "a", 0))
     assert sorted(out.tolist()) == [0, 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**63 - 1), epoch=st.integers(0, 10**6))
+def test_unpermute_inverts_permute(n, seed, epoch):
+    keys = epoch_key(seed, "src", epoch)
+    x = np.arange(n)
+    assert np.array_equal(unpermute(permute(x, n, keys), n, keys), x)

@@ -87,3 +87,33 @@ def test_take_until_far_targets_on_a_tiny_source():
     assert k == 2_000
     assert s.take_until(0, 100, np.array([50.0, 100.0])).tolist() == [0, 0]
     assert s.take_until(0, 0, np.array([], dtype=np.float64)).tolist() == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(2, 50),
+    data=st.data(),
+    epochs=st.integers(1, 4),
+)
+def test_an_excluded_stream_is_the_stream_without_those_samples(n, data, epochs):
+    """Every epoch keeps the other samples in their order, each once, and never the
+    excluded ones; cursors map between the two streams."""
+    left_out = data.draw(st.sets(st.integers(0, n - 1), max_size=n - 1))
+    full, kept = stream(np.ones(n)), stream(np.ones(n))
+    kept.exclude(np.array(sorted(left_out), dtype=np.int64))
+    m = n - len(left_out)
+    assert kept.epoch_size == m
+    drawn = kept.positions(0, epochs * m).reshape(epochs, m)
+    for e in range(epochs):
+        order = full.positions(e * n, n)
+        assert np.array_equal(drawn[e], order[~np.isin(order, list(left_out))])
+    for q in range(epochs * m):
+        raw = kept.raw_position(q)
+        assert full.positions(raw, 1)[0] == drawn.ravel()[q]
+        assert kept.position_of_raw(raw) == q
+    # a cursor of the full stream continues at the next kept draw
+    start = data.draw(st.integers(0, epochs * n - 1))
+    q = kept.position_of_raw(start)
+    rest = full.positions(start, epochs * n - start)
+    rest = rest[~np.isin(rest, list(left_out))]
+    assert np.array_equal(kept.positions(q, len(rest)), rest)

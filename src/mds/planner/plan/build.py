@@ -34,6 +34,7 @@ from mds.planner.plan.config import (
 )
 from mds.planner.plan.cost_band import cost_band
 from mds.planner.plan.cost_label import cost_note
+from mds.planner.plan.exclude import Exclusion
 from mds.planner.plan.footer import plan_footer
 from mds.planner.plan.mixing import MixState
 from mds.planner.runtime import upload
@@ -83,6 +84,10 @@ class PlanSummary:
     # What the user should know before a long run: sources drawn more epochs than their
     # warn_epochs (config.epoch_warnings), one line each.
     warnings: list[str] = field(default_factory=list)
+    # A re-plan with --exclude: what its lineage records of the list (plan/derive.py); with
+    # --skip-steps: the old plan's step ranges [A, B) left out.
+    exclude: dict[str, Any] | None = None
+    skipped: list[list[int]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -90,6 +95,9 @@ class PlanSummary:
             del out["parts"]
         if self.cp is None:
             del out["cp"]
+        for key in ("exclude", "skipped"):
+            if out[key] is None:
+                del out[key]
         # Only with the built-in default cost (its label and band), so the summaries of
         # plans with a [cost] keep their keys; `mds inspect` names every plan's cost.
         if self.cost.get("kind") != "default":
@@ -204,6 +212,8 @@ def build_plan(
     engine: EngineSpec | None = None,
     index_place: str | None = None,
     manifest: IndexManifest | None = None,
+    exclusion: Exclusion | None = None,
+    skipped: list[tuple[int, int]] | None = None,
 ) -> PlanSummary:
     """Plan every step of `config` into the file `output` (written atomically). With
     `parent` and `at_step` K, plan steps [K, steps) continuing the parent plan's cursors
@@ -211,7 +221,9 @@ def build_plan(
     [plan] engine, else local processes with more than one worker, else this process).
     An index in object storage (config.index an s3:// URL) is downloaded to a temporary
     directory first; `output` may be an s3:// URL too (see _build_to_object). `manifest`:
-    the local index's manifest, when the caller has read it already."""
+    the local index's manifest, when the caller has read it already. `exclusion`: with
+    `parent`, samples left out from K on (plan/exclude.py). `skipped`: with `parent`, the
+    parent's step ranges [A, B) left out, the rest kept as it is (plan/skip.py)."""
     started = time.perf_counter()
     engine = engine or EngineSpec(config.engine, config.address)
     if storage.is_url(output):
@@ -229,8 +241,17 @@ def build_plan(
                 at_step=at_step,
                 engine=engine,
                 index_place=url,
+                exclusion=exclusion,
+                skipped=skipped,
             )
-    args = (workers, parent, at_step, progress, engine, index_place, manifest)
+    if (exclusion is not None or skipped) and parent is None:
+        raise ConfigError("--exclude and --skip-steps re-plan a plan: give --from PLAN --at-step K")
+    if exclusion is not None and skipped:
+        raise ConfigError(
+            "--skip-steps and --exclude: give them to two re-plans (skip first, then exclude "
+            "from the skipping plan), so each keeps its promise"
+        )
+    args = (workers, parent, at_step, progress, engine, index_place, manifest, exclusion, skipped)
     if storage.is_url(output):
         with output_lock(str(output)) as held:
             return _build_to_object(config, str(output), held, *args)
@@ -299,6 +320,8 @@ def _build_locked(
     engine,
     index_place,
     manifest,
+    exclusion,
+    skipped,
 ) -> PlanSummary:
     """The part of build_plan that writes, under the output's lock."""
     train = config.train
@@ -332,10 +355,10 @@ def _build_locked(
         planner = Planner(config, manifest)
         planner.index_place = index_place
         if parent is not None:
-            from mds.planner.plan.derive import derive_start
-
             assert at_step is not None
-            planner.start, planner.lineage = derive_start(planner, storage.as_place(parent), at_step)
+            _derive(planner, storage.as_place(parent), at_step, exclusion, skipped, place or output)
+            if planner.config.excluded:  # workers started with the config make theirs anew
+                run = uuid.uuid4().hex
         if fork:
             _WORKER = (run, planner)  # what every forked worker starts with
             pool = open_engine(
@@ -362,9 +385,44 @@ def _build_locked(
     )
 
 
+def _derive(planner: Planner, parent, at_step: int, exclusion, skipped, output) -> None:
+    """Set `planner` to continue plan `parent` from `at_step` (plan/derive.py), leaving out
+    `exclusion`'s samples or the `skipped` steps (plan/skip.py)."""
+    from mds.core.planfile_reader import PlanReader
+    from mds.planner.plan.derive import derive_start
+    from mds.planner.plan.footer import recorded_path
+    from mds.planner.plan.skip import check_skips, kept_segments
+
+    if not skipped:
+        planner.start, planner.lineage = derive_start(planner, parent, at_step, exclusion)
+    else:
+        with PlanReader(parent) as reader:
+            if not reader.first_step <= at_step < reader.steps:
+                raise ConfigError(
+                    f"--at-step {at_step} is outside {parent}'s steps "
+                    f"{reader.first_step} to {reader.steps - 1}"
+                )
+            check_skips(reader, planner, at_step, skipped)
+            end = reader.steps
+        segments = kept_segments(at_step, end, skipped)
+        kept = sum(hi - lo for _new, lo, hi in segments)
+        planner.start, planner.lineage = derive_start(
+            planner, parent, end, start_step=at_step + kept
+        )
+        planner.lineage["at_step"] = at_step
+        planner.lineage["skipped"] = [[a, b] for a, b in skipped]
+        planner.parent, planner.copied = parent, segments
+    planner.lineage["parent_path"] = recorded_path(str(parent), output)
+
+
 def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixState]):
     """Planned chunks in order. The sequential mixing pass runs here, ahead of the workers,
-    which get each chunk's counts with its start state."""
+    which get each chunk's counts with its start state. A plan that skips steps copies the
+    parent's kept steps first (plan/skip.py)."""
+    if planner.copied:
+        from mds.planner.plan.skip import copied_chunks
+
+        yield from copied_chunks(planner, planner.parent, planner.copied, states)
     states.append(planner.start_state())
     if pool is None:
         for state, b, counts, after in planner.mix_chunks():
@@ -421,6 +479,8 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
         writer.add_section("cursor_consumed", np.stack([s.consumed for s in states]))
         writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
         writer.add_section("cursor_target", np.stack([s.target for s in states]))
+        if len(planner.excluded_ids):
+            writer.add_section("excluded", planner.excluded_ids.astype(np.int64))
         footer = plan_footer(planner, place or output, states[-1], stats_arr)
         if bands:  # the built-in default cost only (plan/cost_band.py)
             footer["cost_band"] = cost_band(np.concatenate(bands))
@@ -483,6 +543,8 @@ def _summary(
         cost=cost_note(footer, round(naive_total / planned, 6) if planned else 1.0),
         first_step=planner.first_step,
         warnings=epoch_warnings(footer["config"], footer["sources"]),
+        exclude=(planner.lineage or {}).get("exclude"),
+        skipped=(planner.lineage or {}).get("skipped"),
     )
 
 

@@ -95,8 +95,18 @@ class Planner:
         self.manifest = manifest or read_manifest(config.index)
         self.pools: list[SourcePool] = load_pools(config, self.manifest)
         self.streams = [SourceStream(p, config.train.seed) for p in self.pools]
+        left_out = dict(config.excluded)
+        for stream in self.streams:
+            if stream.pool.name in left_out:
+                stream.exclude(left_out[stream.pool.name])
         self.mixer = Mixer(config, self.pools, self.streams)
         self.fetch = FetchTable(self.manifest, self.pools)
+        # Global ids this plan leaves out (its own --exclude and its parent's), sorted.
+        self.excluded_ids = np.zeros(0, np.int64)
+        # --skip-steps: the parent plan and the runs of its steps copied before the planned
+        # ones, as (new start, old start, old end) (plan/skip.py)
+        self.parent: Any = None
+        self.copied: list[tuple[int, int, int]] = []
         self.total_rows = sum(int(s["rows"]) for s in self.manifest.sources)
 
     @property
@@ -106,6 +116,8 @@ class Planner:
 
     @property
     def first_step(self) -> int:
+        if self.copied:
+            return self.copied[0][0]
         return self.start.step if self.start is not None else 0
 
     def start_state(self) -> MixState:
@@ -113,7 +125,8 @@ class Planner:
 
     def boundaries(self) -> list[tuple[int, int]]:
         steps, size = self.config.train.steps, self.config.chunk_steps
-        return [(a, min(a + size, steps)) for a in range(self.first_step, steps, size)]
+        first = self.start.step if self.start is not None else 0
+        return [(a, min(a + size, steps)) for a in range(first, steps, size)]
 
     def mix_chunks(self) -> Iterator[tuple[MixState, int, np.ndarray, MixState]]:
         """The sequential mixing pass: per chunk (state at its start, end step, counts,

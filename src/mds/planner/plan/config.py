@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +202,10 @@ class PlanConfig:
     engine: str = "local"  # where chunks are planned: local or ray (src/mds/planner/runtime/engine.py)
     address: str | None = None  # the Ray cluster's address
     vision: VisionSpec | None = None
+    # `mds plan --exclude` (and what a parent plan excluded): per source name, the eligible
+    # positions its stream leaves out (plan/stream.py). Not part of the canonical config:
+    # the plan records them in its `excluded` section and footer lineage.
+    excluded: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def canonical(self) -> dict[str, Any]:
         """The plan-relevant config in normalized form (stored in the plan header). Keys of

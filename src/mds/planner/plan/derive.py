@@ -6,10 +6,17 @@ drawn again inside the same epoch and nothing unconsumed is skipped. The new sch
 cumulative target starts at what each source had consumed, so the mix from K follows the
 new weights exactly. A source that leaves the mix keeps its cursor in the lineage, so a
 later plan that brings it back continues it too.
+
+With an exclusion (`--exclude`, plan/exclude.py) the listed samples leave their sources'
+streams from K on: each cursor is carried over to the stream without them (the next kept
+draw at or after it), so the other samples keep their order. A plan's exclusions hold for
+every plan derived from it (its `excluded` section). Cursors a lineage carries for sources
+out of the mix are positions of the stream without exclusions.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +25,7 @@ import numpy as np
 from mds.core.index_manifest import index_sources
 from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError, PlanError
+from mds.planner.plan.exclude import Exclusion, positions_of
 from mds.planner.plan.mixing import MixState
 
 if TYPE_CHECKING:
@@ -71,9 +79,26 @@ def _index_problem(planner: Planner, footer: dict[str, Any]) -> str | None:
     return None
 
 
-def derive_start(planner: Planner, parent: Path | str, at_step: int) -> tuple[MixState, dict[str, Any]]:
+def parent_excluded(reader: PlanReader) -> np.ndarray:
+    """The global ids a plan leaves out (its own exclusions and its ancestors'), sorted."""
+    if "excluded" not in reader.sections:
+        return np.zeros(0, np.int64)
+    return np.asarray(reader.section("excluded"), dtype=np.int64)
+
+
+def derive_start(
+    planner: Planner,
+    parent: Path | str,
+    at_step: int,
+    exclusion: Exclusion | None = None,
+    start_step: int | None = None,
+) -> tuple[MixState, dict[str, Any]]:
     """The start state at `at_step` for `planner`'s config, continuing plan `parent`, and the
-    lineage the new plan's footer records."""
+    lineage the new plan's footer records. With `exclusion`, its samples leave the streams
+    (the planner's config and streams are updated; see the module docstring). `start_step`:
+    the new plan's step that continues the parent's `at_step` (default: the same step; a
+    plan that skips steps continues the parent's end earlier)."""
+    start = at_step if start_step is None else start_step
     with PlanReader(parent) as reader:
         footer = reader.footer
         old = footer["config"]
@@ -87,8 +112,9 @@ def derive_start(planner: Planner, parent: Path | str, at_step: int) -> tuple[Mi
             raise ConfigError(
                 "[train] samples_per_step / tokens_per_step: keep the parent plan's step unit"
             )
-        if new.train.steps <= at_step:
-            raise ConfigError(f"[train] steps {new.train.steps} must be > --at-step {at_step}")
+        if new.train.steps <= start:
+            what = "--at-step" if start_step is None else "the steps kept of the old plan"
+            raise ConfigError(f"[train] steps {new.train.steps} must be > {what} {start}")
         changed = _index_problem(planner, footer)
         if changed is not None:
             raise PlanError(
@@ -99,6 +125,21 @@ def derive_start(planner: Planner, parent: Path | str, at_step: int) -> tuple[Mi
         filters = {s["name"]: s.get("filter") for s in old["sources"]}
         eligible = {s["name"]: s["eligible"] for s in footer["sources"]}
         parent_id = reader.plan_id
+        before = parent_excluded(reader)
+    planned = set(eligible)  # the parent's own sources: cursors of its (kept) streams
+    new_ids = exclusion.ids if exclusion is not None else np.zeros(0, np.int64)
+    every = np.union1d(before, new_ids).astype(np.int64)
+    live = {pool.name for pool in planner.pools}
+    for name in planned - live:
+        pool_base = next(s for s in footer["index"]["sources"] if s["name"] == name)
+        lo, hi = int(pool_base["base"]), int(pool_base["base"]) + int(pool_base["rows"])
+        if ((before >= lo) & (before < hi)).any():
+            raise ConfigError(
+                f"source '{name}' leaves the mix but {parent} excludes some of its samples; "
+                "keep it in the config with weight 0 so its cursor stays exact"
+            )
+    report: dict[str, dict[str, int]] = {}
+    left_out: list[tuple[str, np.ndarray]] = []
     n = len(planner.pools)
     consumed = np.zeros(n, np.int64)
     tokens = np.zeros(n, np.int64)
@@ -119,15 +160,88 @@ def derive_start(planner: Planner, parent: Path | str, at_step: int) -> tuple[Mi
                 "qualify); keep them as they were"
             )
         consumed[i], tok = cursors[pool.name]
+        stream.exclude(positions_of(pool, before)[0])  # the parent's stream
         if tok is not None:
             between = taken.get(pool.name, 0)  # tokens of the steps from the boundary to K
             tokens[i] = tok + stream.tokens_between(int(consumed[i]) - between, between)
+        raw = stream.raw_position(int(consumed[i])) if pool.name in planned else int(consumed[i])
+        if len(every):
+            mine, ineligible = positions_of(pool, every)
+            stream.exclude(mine)
+            consumed[i] = stream.position_of_raw(raw)
+            left_out.append((pool.name, mine))
+            if exclusion is not None:
+                report[pool.name] = _excluded_report(stream, pool, new_ids, raw)
+    for pool, stream in zip(planner.pools, planner.streams, strict=True):
+        if pool.name not in cursors and len(every):  # new to the mix: excluded from the start
+            mine, _ = positions_of(pool, every)
+            stream.exclude(mine)
+            left_out.append((pool.name, mine))
+            if exclusion is not None:
+                report[pool.name] = _excluded_report(stream, pool, new_ids, 0)
+    planner.config = replace(planner.config, excluded=tuple(left_out))
+    planner.excluded_ids = every
     target = (tokens if new.train.tokens_per_step else consumed).astype(np.float64)
-    live = {pool.name for pool in planner.pools}  # their cursors are the new plan's own
+    # the cursors of the sources out of the mix (the new plan's own are in its sections)
     carried = {name: c for name, c in cursors.items() if name not in live}
     lineage = {
         "parent": parent_id,
         "at_step": at_step,
         "cursors": {name: list(c) for name, c in sorted(carried.items())},
     }
-    return MixState(at_step, consumed, tokens, target), lineage
+    if exclusion is not None:
+        lineage["exclude"] = exclusion_lineage(exclusion, report, planner)
+    return MixState(start, consumed, tokens, target), lineage
+
+
+def cursor_state(planner: Planner, reader: PlanReader, old_step: int, new_step: int) -> MixState:
+    """The mixing state of the parent plan (`reader`) at its step `old_step`, as the state of
+    the new plan at `new_step`: the cursors of the parent's streams (the planner's streams
+    must be the parent's: same sources, same exclusions)."""
+    cursors, taken = parent_cursors(reader, old_step)
+    n = len(planner.pools)
+    consumed, tokens = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for i, (pool, stream) in enumerate(zip(planner.pools, planner.streams, strict=True)):
+        consumed[i], tok = cursors[pool.name]
+        if tok is not None:
+            between = taken.get(pool.name, 0)
+            tokens[i] = tok + stream.tokens_between(int(consumed[i]) - between, between)
+    target = (tokens if planner.config.train.tokens_per_step else consumed).astype(np.float64)
+    return MixState(new_step, consumed, tokens, target)
+
+
+def _excluded_report(stream, pool, new_ids: np.ndarray, raw: int) -> dict[str, int]:
+    """For one planned source: the list's samples that matched it, how many of them the
+    stream had already drawn before K (raw cursor `raw`), how many are not eligible."""
+    mine, ineligible = positions_of(pool, new_ids)
+    epoch, offset = divmod(raw, pool.n) if pool.n else (0, 0)
+    if epoch >= 1:
+        trained = len(mine)
+    else:
+        trained = int((stream.offsets(mine, 0) < offset).sum())
+    return {"matched": len(mine) + ineligible, "trained_before": trained, "ineligible": ineligible}
+
+
+def exclusion_lineage(exclusion: Exclusion, report: dict, planner: Planner) -> dict[str, Any]:
+    """What the footer's lineage records of an exclude list (docs/plan-format.md)."""
+    sources = {}
+    for entry in index_sources(planner.manifest):
+        name = entry["name"]
+        base, rows = int(entry["base"]), int(entry["rows"])
+        matched = int(((exclusion.ids >= base) & (exclusion.ids < base + rows)).sum())
+        if not matched and name not in exclusion.given:
+            continue
+        mine = report.get(name, {"matched": matched, "trained_before": 0, "ineligible": 0})
+        sources[name] = {
+            "given": exclusion.given.get(name, 0),
+            **mine,
+            "planned": name in report,
+        }
+    return {
+        "list": exclusion.name,
+        "digest": exclusion.digest,
+        "entries": exclusion.entries,
+        "matched": int(len(exclusion.ids)),
+        "trained_before": sum(s["trained_before"] for s in sources.values()),
+        "sources": sources,
+    }

@@ -35,6 +35,7 @@ def plan_footer(
     sources = []
     for s, pool in enumerate(planner.pools):
         consumed = int(final.consumed[s])
+        size = planner.streams[s].epoch_size  # eligible less excluded (plan/stream.py)
         sources.append(
             {
                 "name": pool.name,
@@ -44,8 +45,8 @@ def plan_footer(
                 "truncated": pool.truncated,
                 "samples": consumed,
                 "tokens": int(final.tokens[s]) if config.train.tokens_per_step else None,
-                "epochs": round(consumed / pool.n, 6) if pool.n else 0.0,
-                "epochs_started": -(-consumed // pool.n) if pool.n else 0,
+                "epochs": round(consumed / size, 6) if size else 0.0,
+                "epochs_started": -(-consumed // size) if size else 0,
             }
         )
     return {

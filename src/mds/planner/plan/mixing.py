@@ -173,13 +173,15 @@ class Mixer:
                 state.tokens[s] += stream.tokens_between(int(state.consumed[s]), int(taken[-1]))
                 state.consumed[s] += taken[-1]
         for s, pool in enumerate(self.pools):
-            limit = None if pool.max_epochs is None else pool.max_epochs * pool.n
+            # an excluded stream's epochs are shorter (plan/stream.py): its cursor counts them
+            size = self.streams[s].epoch_size
+            limit = None if pool.max_epochs is None else pool.max_epochs * size
             if limit is not None and state.consumed[s] > limit:
                 before = state.consumed[s] - out[:, s].sum()
                 step = a + int(np.searchsorted(before + np.cumsum(out[:, s]), limit, side="right"))
                 raise PlanError(
                     f"source '{pool.name}' runs out at step {step}: it would need more than "
-                    f"max_epochs = {pool.max_epochs} passes over its {pool.n} samples; raise "
+                    f"max_epochs = {pool.max_epochs} passes over its {size} samples; raise "
                     "`max_epochs`, lower its weight or plan fewer steps"
                 )
         state.step = b

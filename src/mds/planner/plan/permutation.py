@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["epoch_key", "permute", "splitmix64"]
+__all__ = ["epoch_key", "permute", "splitmix64", "unpermute"]
 
 _ROUNDS = 4
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -43,6 +43,15 @@ def _feistel(x: np.ndarray, half_bits: int, keys: tuple[int, ...]) -> np.ndarray
     return (left << shift) | right
 
 
+def _feistel_inverse(x: np.ndarray, half_bits: int, keys: tuple[int, ...]) -> np.ndarray:
+    mask = np.uint64((1 << half_bits) - 1)
+    shift = np.uint64(half_bits)
+    left, right = x >> shift, x & mask
+    for key in reversed(keys):
+        left, right = right ^ (splitmix64(left ^ np.uint64(key)) & mask), left
+    return (left << shift) | right
+
+
 def permute(positions: np.ndarray, n: int, keys: tuple[int, ...]) -> np.ndarray:
     """Map positions in [0, n) through the permutation given by `keys`; returns int64."""
     positions = np.asarray(positions, dtype=np.uint64)
@@ -56,5 +65,21 @@ def permute(positions: np.ndarray, n: int, keys: tuple[int, ...]) -> np.ndarray:
     outside = np.flatnonzero(out >= np.uint64(n))
     while outside.size:
         out[outside] = _feistel(out[outside], bits // 2, keys)
+        outside = outside[out[outside] >= np.uint64(n)]
+    return out.astype(np.int64)
+
+
+def unpermute(items: np.ndarray, n: int, keys: tuple[int, ...]) -> np.ndarray:
+    """The inverse of `permute`: the positions in [0, n) that map to `items`; int64. Walks the
+    cycle backwards: the values between an item and its position all lie outside [0, n)."""
+    items = np.asarray(items, dtype=np.uint64)
+    if n <= 1:
+        return items.astype(np.int64)
+    bits = max(2, (n - 1).bit_length())
+    bits += bits & 1
+    out = _feistel_inverse(items, bits // 2, keys)
+    outside = np.flatnonzero(out >= np.uint64(n))
+    while outside.size:
+        out[outside] = _feistel_inverse(out[outside], bits // 2, keys)
         outside = outside[out[outside] >= np.uint64(n)]
     return out.astype(np.int64)
