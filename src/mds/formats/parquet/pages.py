@@ -41,11 +41,20 @@ from mds.formats.parquet.thrift import (
     page_fields,
 )
 
-__all__ = ["Layout", "Source", "chunk_span", "fetch_rows", "layout", "leaves", "read_rows"]
+__all__ = [
+    "WHOLE_CHUNK",
+    "Layout",
+    "Source",
+    "chunk_span",
+    "fetch_rows",
+    "layout",
+    "leaves",
+    "read_rows",
+]
 
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i8")}
-_WHOLE_CHUNK = 4 << 20  # a column chunk up to this size is read in one request
+WHOLE_CHUNK = 4 << 20  # a column chunk up to this size is read in one request (default)
 _HEADER_READ = 256  # a page header's first read; a longer header is read again, whole
 _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to pyarrow
 
@@ -113,6 +122,7 @@ def fetch_rows(
     starts: np.ndarray,
     counts: np.ndarray,
     file: str,
+    most: int = WHOLE_CHUNK,
 ) -> list[np.ndarray] | None:
     """`read_rows` as MDS_PAGE_READS says (`page_reads`): `on`, read_rows; `off`, None, so
     the caller decodes the row group with pyarrow; `check`, read_rows compared with pyarrow's
@@ -121,7 +131,7 @@ def fetch_rows(
     setting = page_reads.mode()
     if setting == "off":
         return None
-    got = read_rows(source, lay, group, starts, counts)
+    got = read_rows(source, lay, group, starts, counts, most)
     if setting == "check" and got is not None:
         _check(source, lay, group, np.asarray(rows, dtype=np.int64), got, file)
     return got
@@ -193,12 +203,19 @@ class _SourceFile(io.RawIOBase):
 
 
 def read_rows(
-    source: int | Source, lay: Layout, group: int, starts: np.ndarray, counts: np.ndarray
+    source: int | Source,
+    lay: Layout,
+    group: int,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    most: int = WHOLE_CHUNK,
 ) -> list[np.ndarray] | None:
     """The values [starts[k], starts[k] + counts[k]) of row group `group`'s leaf, one array
     per k (views of one array), or None where the pages cannot be read here. `source`: the
     file descriptor of a local file, or an object's reader (`read_at`, as ranges.RangeFile:
-    its errors are raised as they come)."""
+    its errors are raised as they come). A chunk of at most `most` bytes is read at once,
+    a larger one page by page: only the pages holding the values asked, their headers and
+    the dictionary page are read, never the whole chunk."""
     chunk = lay.chunk(group)
     starts = np.asarray(starts, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
@@ -209,7 +226,7 @@ def read_rows(
     if starts.min() < 0 or counts.min() < 1 or int(ends.max()) > chunk.num_values:
         return None
     try:
-        out = _decode(source, lay, chunk, starts, ends)
+        out = _decode(source, lay, chunk, starts, ends, most)
     except (Unsupported, Truncated):
         return None
     cuts = np.cumsum(counts).tolist()
@@ -224,26 +241,29 @@ def _read_at(source: int | Source, n: int, offset: int) -> memoryview:
     return memoryview(got).cast("B")
 
 
-def _whole(source: int | Source, chunk: Chunk) -> memoryview | None:
+def _whole(source: int | Source, chunk: Chunk, most: int = WHOLE_CHUNK) -> memoryview | None:
     """The column chunk (of a file: read into this thread's buffer, valid until its next
-    read), or None if it is too big to read at once."""
-    if chunk.size > _WHOLE_CHUNK:
+    read), or None if it is bigger than `most` bytes: then its pages are read one by one."""
+    if chunk.size > most:
         return None
     if not isinstance(source, int):
         return _read_at(source, chunk.size, chunk.start)
     fd = source
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < chunk.size:
-        buf = _scratch.buf = bytearray(max(chunk.size, 1 << 20))
+        buf = _scratch.buf = bytearray(max(chunk.size, min(1 << 20, most)))
     data = memoryview(buf)[: chunk.size]
     if os.preadv(fd, [data], chunk.start) != chunk.size:
         raise Unsupported("column chunk is truncated")
     return data
 
 
-def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndarray):
-    """The values of ranges [starts, ends) concatenated, reading pages up to the last one."""
-    data = _whole(source, chunk)
+def _decode(
+    source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndarray, most: int
+):
+    """The values of ranges [starts, ends) concatenated, reading the pages that hold them
+    (and the headers of those before), the whole chunk at once if at most `most` bytes."""
+    data = _whole(source, chunk, most)
 
     def part(pos: int, n: int) -> memoryview:
         if pos + n > chunk.size:
@@ -268,6 +288,12 @@ def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndar
             head = part(pos, chunk.size - pos)
             fields, size = page_fields(head, 0)
         kind, stored = field_int(fields, 1), field_int(fields, 3)
+        if kind == DATA_PAGE_V2:
+            n = _skipped(fields, part, pos + size, stored, starts, ends, first, lay.max_def)
+            if n is not None:  # no value asked is in this page: its values are not read
+                pos += size + stored
+                first += n
+                continue
         body = part(pos + size, stored)
         pos += size + stored
         if kind == DICTIONARY_PAGE:
@@ -289,6 +315,22 @@ def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndar
             raise Unsupported(f"page type {kind}")
     assert out is not None
     return out
+
+
+def _skipped(fields: dict, part, at: int, stored: int, starts, ends, first: int, max_def: int):
+    """The levels of a V2 data page none of whose values is asked (None if one is): its
+    levels, stored uncompressed before the values, are read and checked (level n must be
+    value n), its values are not."""
+    head = field_struct(fields, 8)
+    n, rep_bytes, def_bytes = field_int(head, 1), field_int(head, 6), field_int(head, 5)
+    if (np.maximum(starts, first) < np.minimum(ends, first + n)).any():
+        return None
+    if field_int(head, 2) != 0 or rep_bytes + def_bytes > stored:
+        raise Unsupported("page holds nulls")
+    levels = part(at, rep_bytes + def_bytes)
+    if not rle.all_equal(levels[rep_bytes:], max_def.bit_length(), n, max_def):
+        raise Unsupported("page holds a null or an empty list")
+    return n
 
 
 def _decompress(body: memoryview, size: int, codec: str | None) -> memoryview:
