@@ -12,7 +12,7 @@ import pytest
 from mds.core.memory_budget import BudgetCache, MemoryBudget, TooLarge
 
 
-def _budget(total: int, fixed: int = 0, cache: int | None = None) -> tuple[MemoryBudget, BudgetCache]:
+def _budget(total: int, fixed: int = 0, cache: int | None = None):
     budget = MemoryBudget(total, fixed)
     return budget, BudgetCache(total if cache is None else cache, budget)
 

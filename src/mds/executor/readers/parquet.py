@@ -45,6 +45,7 @@ _PAGED_READS = 2
 # A whole decode of a row group's column holds its compressed chunk, the decoded Arrow
 # arrays and their numpy copy: counted as the compressed size plus twice the uncompressed.
 _DECODE_FACTOR = 2
+_WIDTHS = {"INT32": 4, "INT64": 8, "FLOAT": 4, "DOUBLE": 8, "INT96": 12, "BOOLEAN": 1}
 # Groups whose whole decode would take over 1/_LARGE of the budget's room are never decoded
 # whole where their pages can be read: rows are read from the pages that hold them.
 _LARGE = 8
@@ -132,19 +133,24 @@ class _ParquetMeta:
         return self._layouts[column]
 
     def decode_sizes(self, column: str) -> np.ndarray:
-        """Bytes a whole decode of top-level `column` holds in each row group (compressed
-        chunk + `_DECODE_FACTOR` x uncompressed), from the footer."""
+        """Bytes a whole decode of top-level `column` holds in each row group, from the
+        footer: the compressed chunk, and `_DECODE_FACTOR` x the decoded data (the larger of
+        the uncompressed pages and the values at their width, which dictionary encoding
+        makes several times larger, plus 8 bytes a row of offsets)."""
         sizes = self._sizes.get((column, "decode"))
         if sizes is None:
             meta, leaves = self.metadata, self._leaves(column)
-            packed = np.array(
-                [
-                    sum(meta.row_group(i).column(j).total_compressed_size for j in leaves)
-                    for i in range(meta.num_row_groups)
-                ],
-                dtype=np.int64,
-            )
-            sizes = packed + _DECODE_FACTOR * self.column_sizes(column)
+            out = []
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                packed = decoded = 8 * rg.num_rows
+                for j in leaves:
+                    col = rg.column(j)
+                    width = _WIDTHS.get(col.physical_type, 0)
+                    packed += col.total_compressed_size
+                    decoded += max(col.total_uncompressed_size, width * col.num_values)
+                out.append(packed - 8 * rg.num_rows + _DECODE_FACTOR * decoded)
+            sizes = np.array(out, dtype=np.int64)
             self._sizes[(column, "decode")] = sizes
         return sizes
 
