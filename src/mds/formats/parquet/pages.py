@@ -56,6 +56,7 @@ _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i8")}
 WHOLE_CHUNK = 4 << 20  # a column chunk up to this size is read in one request (default)
 _HEADER_READ = 256  # a page header's first read; a longer header is read again, whole
+_CHECKED_PAGES = 4096  # data pages of a row group remembered as full (16-24 bytes each)
 _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to pyarrow
 
 
@@ -83,6 +84,19 @@ class Layout:
         self.meta, self.leaf, self.dtype, self.max_def = meta, leaf, dtype, max_def
         self.column = column
         self._chunks: dict[int, Chunk | None] = {}
+        self._checked: dict[int, dict[int, tuple[int, int]]] = {}
+
+    def checked(self, group: int) -> dict[int, tuple[int, int]]:
+        """Row group `group`'s data pages whose levels were read and found full (level n is
+        value n), by their place in the chunk: (the next page's place, values in the page).
+        A later read skips such a page without reading it where it holds no value asked."""
+        return self._checked.setdefault(group, {})
+
+    def note(self, group: int, at: int, after: int, n: int) -> None:
+        """Data page `at` of row group `group` is full: see `checked`."""
+        pages = self.checked(group)
+        if len(pages) < _CHECKED_PAGES:
+            pages[at] = (after, n)
 
     def chunk(self, group: int) -> Chunk | None:
         """Row group `group`'s column chunk, or None where its pages are not read here: a
@@ -278,9 +292,15 @@ def _decode(
     out = None
     pos = first = 0  # the page's place in the chunk, and the index of its first value
     dictionary = None
+    checked = lay.checked(chunk.row_group)
     while first < need:
         if pos >= chunk.size:
             raise Unsupported("column chunk ends before the values asked")
+        known = checked.get(pos)
+        if known is not None and not _wanted(starts, ends, first, known[1]):
+            pos, first = known[0], first + known[1]  # neither its header nor body is read
+            continue
+        at = pos
         head = part(pos, min(_HEADER_READ, chunk.size - pos))
         try:
             fields, size = page_fields(head, 0)
@@ -292,6 +312,7 @@ def _decode(
             n = _skipped(fields, part, pos + size, stored, starts, ends, first, lay.max_def)
             if n is not None:  # no value asked is in this page: its values are not read
                 pos += size + stored
+                lay.note(chunk.row_group, at, pos, n)
                 first += n
                 continue
         body = part(pos + size, stored)
@@ -300,6 +321,7 @@ def _decode(
             dictionary = _dictionary(fields, body, chunk.codec, lay.dtype)
         elif kind in (DATA_PAGE, DATA_PAGE_V2):
             n, encoding, values = _data_page(fields, body, chunk.codec, lay.max_def)
+            lay.note(chunk.row_group, at, pos, n)
             lo, hi = np.maximum(starts, first), np.minimum(ends, first + n)
             if first == 0 and n >= need:  # every range in this page: the common case
                 return _values(encoding, values, starts, ends, dictionary, lay.dtype, n)
@@ -317,13 +339,18 @@ def _decode(
     return out
 
 
+def _wanted(starts: np.ndarray, ends: np.ndarray, first: int, n: int) -> bool:
+    """Whether any range [starts, ends) holds a value of the page of values [first, first+n)."""
+    return bool((np.maximum(starts, first) < np.minimum(ends, first + n)).any())
+
+
 def _skipped(fields: dict, part, at: int, stored: int, starts, ends, first: int, max_def: int):
     """The levels of a V2 data page none of whose values is asked (None if one is): its
     levels, stored uncompressed before the values, are read and checked (level n must be
     value n), its values are not."""
     head = field_struct(fields, 8)
     n, rep_bytes, def_bytes = field_int(head, 1), field_int(head, 6), field_int(head, 5)
-    if (np.maximum(starts, first) < np.minimum(ends, first + n)).any():
+    if _wanted(starts, ends, first, n):
         return None
     if field_int(head, 2) != 0 or rep_bytes + def_bytes > stored:
         raise Unsupported("page holds nulls")
