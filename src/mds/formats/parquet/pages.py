@@ -255,6 +255,19 @@ def _read_at(source: int | Source, n: int, offset: int) -> memoryview:
     return memoryview(got).cast("B")
 
 
+def _read_page(fd: int, n: int, offset: int) -> memoryview:
+    """Bytes [offset, offset + n) of a file, read into this thread's page buffer (valid
+    until its next page read): a fresh bytes object per page of a large chunk costs its
+    page faults again each time, more than the page's decode."""
+    buf = getattr(_scratch, "page", None)
+    if buf is None or len(buf) < n:
+        buf = _scratch.page = bytearray(max(n, 64 << 10))
+    data = memoryview(buf)[:n]
+    if os.preadv(fd, [data], offset) != n:
+        raise Unsupported("column chunk is truncated")
+    return data
+
+
 def _whole(source: int | Source, chunk: Chunk, most: int = WHOLE_CHUNK) -> memoryview | None:
     """The column chunk (of a file: read into this thread's buffer, valid until its next
     read), or None if it is bigger than `most` bytes: then its pages are read one by one."""
@@ -279,11 +292,13 @@ def _decode(
     (and the headers of those before), the whole chunk at once if at most `most` bytes."""
     data = _whole(source, chunk, most)
 
-    def part(pos: int, n: int) -> memoryview:
+    def part(pos: int, n: int, body: bool = False) -> memoryview:
         if pos + n > chunk.size:
             raise Unsupported("page runs past its column chunk")
         if data is not None:
             return data[pos : pos + n]
+        if body and isinstance(source, int):
+            return _read_page(source, n, chunk.start + pos)
         return _read_at(source, n, chunk.start + pos)
 
     need = int(ends.max())
@@ -315,10 +330,12 @@ def _decode(
                 lay.note(chunk.row_group, at, pos, n)
                 first += n
                 continue
-        body = part(pos + size, stored)
+        body = part(pos + size, stored, body=True)  # valid until the next page is read
         pos += size + stored
         if kind == DICTIONARY_PAGE:
             dictionary = _dictionary(fields, body, chunk.codec, lay.dtype)
+            if chunk.codec is None:
+                dictionary = dictionary.copy()  # not a view of the page's buffer
         elif kind in (DATA_PAGE, DATA_PAGE_V2):
             n, encoding, values = _data_page(fields, body, chunk.codec, lay.max_def)
             lay.note(chunk.row_group, at, pos, n)
