@@ -399,6 +399,8 @@ class ParquetReader(ColumnReader):
             # Not to be asked again: decode up to the last row asked and copy out only the
             # rows asked (`_TokenBlock.take`), not the whole group.
             whole = int(self.starts[i + 1] - self.starts[i])
+            while self._pending:  # the group before's rows are copied out: it is dropped
+                self._pending.pop().release()
             res = self._reserve(self._decode_bytes(i, need, whole), i, row)
             try:
                 block = self._read(i, need, whole, row, own=False)
