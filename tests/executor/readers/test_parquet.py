@@ -456,3 +456,25 @@ def test_uncached_decodes_of_several_groups_hold_one_reservation_at_a_time(tmp_p
     got = reader.fetch(ask, keep=False)
     assert [g.tolist() for g in got] == [rows[r] for r in ask]
     assert budget.reserved == 0 and 0 < budget.peak <= budget.room
+
+
+@pytest.mark.parametrize("page_reads", ["on", "off"])
+def test_a_read_the_budget_can_never_hold_names_the_file_row_and_budget(
+    tmp_path, monkeypatch, page_reads
+):
+    from mds.core.memory_budget import BudgetCache, MemoryBudget
+    from mds.errors import ConfigError
+
+    monkeypatch.setenv("MDS_PAGE_READS", page_reads)
+    _rows, offsets, lengths, _ = _located_file(tmp_path / "t.parquet", 200, 200, 3)
+    budget = MemoryBudget(4096, fixed=1024)
+    reader = reader_for(
+        "parquet", tmp_path / "t.parquet", "token_ids", "tokens", BudgetCache(0, budget)
+    )
+    ask = np.array([5])
+    with pytest.raises(ConfigError) as info:
+        reader.fetch(ask, offsets[ask], lengths[ask])
+    text = str(info.value)
+    unit = "a page and the rows asked of row group 0" if page_reads == "on" else "row group 0"
+    assert text.startswith("t.parquet row 5: reading it decodes " + unit) or unit in text
+    assert "memory_bytes=4096" in text and text.endswith("raise memory_bytes")

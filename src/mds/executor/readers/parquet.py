@@ -43,7 +43,8 @@ _SPARSE = 4
 _PAGED_READS = 2
 
 # A whole decode of a row group's column holds its compressed chunk, the decoded Arrow
-# arrays and their numpy copy: counted as the compressed size plus twice the uncompressed.
+# arrays and their numpy copy: counted as the compressed size plus twice the decoded data
+# (`_ParquetMeta.decode_sizes`).
 _DECODE_FACTOR = 2
 _WIDTHS = {"INT32": 4, "INT64": 8, "FLOAT": 4, "DOUBLE": 8, "INT96": 12, "BOOLEAN": 1}
 # Groups whose whole decode would take over 1/_LARGE of the budget's room are never decoded
@@ -140,19 +141,27 @@ class _ParquetMeta:
         sizes = self._sizes.get((column, "decode"))
         if sizes is None:
             meta, leaves = self.metadata, self._leaves(column)
-            out = []
+            out, chunks = [], []
             for i in range(meta.num_row_groups):
                 rg = meta.row_group(i)
-                packed = decoded = 8 * rg.num_rows
+                packed, decoded = 0, 8 * rg.num_rows
                 for j in leaves:
                     col = rg.column(j)
                     width = _WIDTHS.get(col.physical_type, 0)
                     packed += col.total_compressed_size
                     decoded += max(col.total_uncompressed_size, width * col.num_values)
-                out.append(packed - 8 * rg.num_rows + _DECODE_FACTOR * decoded)
+                out.append(packed + _DECODE_FACTOR * decoded)
+                chunks.append(packed)
             sizes = np.array(out, dtype=np.int64)
             self._sizes[(column, "decode")] = sizes
+            self._sizes[(column, "packed")] = np.array(chunks, dtype=np.int64)
         return sizes
+
+    def packed_sizes(self, column: str) -> np.ndarray:
+        """Compressed bytes of top-level `column` in each row group (read whole by any
+        decode of the group, whole or of its first rows)."""
+        self.decode_sizes(column)
+        return self._sizes[(column, "packed")]
 
     def column_sizes(self, column: str) -> np.ndarray:
         """Uncompressed bytes of top-level `column` in each row group, from the footer."""
@@ -274,7 +283,8 @@ class ParquetReader(ColumnReader):
         for i, pick in pages.items():
             page = min(_PAGE, int(self._meta.column_sizes(self.column)[i]))
             need = page + 3 * int(lengths[pick].sum()) * lay.dtype.itemsize
-            with self._reserve(need, i, int(rows[pick][np.argmax(lengths[pick])])):
+            row = int(rows[pick][np.argmax(lengths[pick])])
+            with self._reserve(need, i, row, "a page and the rows asked of row group"):
                 values = parquet_pages.fetch_rows(
                     source, lay, i, rows[pick], offsets[pick], lengths[pick], self.display, most
                 )
@@ -299,15 +309,17 @@ class ParquetReader(ColumnReader):
             while self._pending:
                 self._pending.pop().release()
 
-    def _reserve(self, nbytes: int, i: int, row: int) -> Reservation | contextlib.nullcontext:
-        """Reserve `nbytes` of the budget for a decode of row group `i` for file row `row`;
-        ConfigError naming them if that can never fit."""
+    def _reserve(
+        self, nbytes: int, i: int, row: int, what: str = "row group"
+    ) -> Reservation | contextlib.nullcontext:
+        """Reserve `nbytes` of the budget for a decode of `what` of row group `i` for file
+        row `row`; ConfigError naming them if that can never fit."""
         if self._budget is None:
             return contextlib.nullcontext()
         try:
             return self._budget.reserve(nbytes)
         except TooLarge as exc:
-            unit = f"row group {i} of column '{self.column}'"
+            unit = f"{what} {i} of column '{self.column}'"
             raise _too_large(self.display, row, unit, exc, self._budget) from None
 
     def _large(self, i: int) -> bool:
@@ -381,7 +393,8 @@ class ParquetReader(ColumnReader):
         rows = rows[(rows >= 0) & (rows < self.starts[-1])]
         groups = np.searchsorted(self.starts, rows, side="right") - 1
         chunks = self._meta.chunk_spans(self.column)
-        lay = self._meta.layout(self.column) if offsets is not None else None
+        paged = offsets is not None and self.kind == "token_ids"
+        lay = self._meta.layout(self.column) if paged else None
         out: list[tuple[int, int]] = []
         for i in np.unique(groups).tolist():
             if lay is not None and lay.chunk(i) is not None and self._large(i):
@@ -431,7 +444,10 @@ class ParquetReader(ColumnReader):
     def _decode_bytes(self, i: int, need: int, whole: int) -> int:
         """Bytes a decode of the first `need` of row group `i`'s `whole` rows holds."""
         size = int(self._meta.decode_sizes(self.column)[i])
-        return size if need >= whole else -(-size * need // max(whole, 1))
+        if need >= whole:
+            return size
+        packed = int(self._meta.packed_sizes(self.column)[i])
+        return packed + -(-(size - packed) * need // max(whole, 1))
 
     def _room(self, i: int) -> bool:
         """Whether the block cache can take row group `i` whole without evicting (estimated
