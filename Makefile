@@ -73,6 +73,7 @@ bench: setup
 	$(BIN)/python bench/bench_index.py --out build/bench
 	$(BIN)/python bench/bench_plan.py --out build/bench
 	$(BIN)/python bench/bench_readers.py --out build/bench
+	$(BIN)/python bench/bench_budget.py --out build/bench
 	$(BIN)/python bench/bench_executor.py --out build/bench
 	$(BIN)/python bench/bench_scale.py --out build/bench
 	$(BIN)/python bench/bench_peers.py --out build/bench

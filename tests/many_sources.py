@@ -198,8 +198,9 @@ import torch, mds.executor
 from mds.executor import PlanExecutor
 after_import = {"rss": status("VmRSS"), "hwm": status("VmHWM"), "fds": fds()}
 started = time.perf_counter()
+budget = {"memory_bytes": args["memory_bytes"]} if args["memory_bytes"] is not None else {}
 ex = PlanExecutor(args["plan"], 0, verify=args["verify"], cache_bytes=args["cache_bytes"],
-                  max_open_files=args["max_open_files"])
+                  max_open_files=args["max_open_files"], **budget)
 seen = set()
 batches = samples = tokens = 0
 max_fds = fds()
@@ -235,13 +236,15 @@ def replay_in_child(
     plan: Path,
     *,
     max_open_files: int = 64,
-    cache_bytes: int = 256 << 20,
+    cache_bytes: int | None = 256 << 20,
+    memory_bytes: int | None = None,
     verify: str = "stat",
     fd_every: int = 1,
     timeout: float = 600,
 ) -> dict[str, Any]:
     """Replay all of rank 0's micro-batches of `plan` in a fresh interpreter and return what
-    it measured about itself (bytes and counts):
+    it measured about itself (bytes and counts); `memory_bytes` (None: not passed) and
+    `cache_bytes` are the executor's:
 
     - `after_import_rss`: VmRSS after `import torch, mds.executor`, before the executor;
     - `peak_rss`: VmHWM after the replay, the process's peak RSS (not `ru_maxrss`, which on
@@ -254,6 +257,7 @@ def replay_in_child(
         "plan": str(plan),
         "max_open_files": max_open_files,
         "cache_bytes": cache_bytes,
+        "memory_bytes": memory_bytes,
         "verify": verify,
         "fd_every": fd_every,
     }

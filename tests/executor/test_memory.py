@@ -63,3 +63,68 @@ def test_open_files_stay_bounded_by_max_open_files(replays):
     r = replays[500]
     assert r["open_readers"] <= MAX_OPEN_FILES
     assert r["max_fds"] <= r["after_import_fds"] + MAX_OPEN_FILES + FD_SLACK, _describe(replays)
+
+
+# --- the memory budget on row groups larger than it -------------------------------------
+
+BIG_ROWS, BIG_MEAN = 24_000, 256  # 4 files of one row group of ~1.5M token ids each
+BUDGET = 16 << 20
+# What the budget does not count: the allocators' retained free memory (pyarrow's mimalloc,
+# a malloc arena per reading thread), interpreter and numpy bookkeeping: ~25-45 MB measured.
+# Decoding the groups whole, as without a budget, peaks at ~140 MB above imports.
+SLACK = 48 << 20
+
+
+@pytest.fixture(scope="module")
+def big_groups(tmp_path_factory):
+    root = tmp_path_factory.mktemp("big-groups")
+    index = token_sources(root, 4, BIG_ROWS, seed=5, mean_len=BIG_MEAN)
+    return token_plan(root, index, 60, 32, micro_batches=1)
+
+
+@pytest.mark.slow
+def test_a_budget_below_a_row_group_bounds_the_peak(big_groups, monkeypatch):
+    monkeypatch.setenv("MDS_PAGE_READS", "on")  # what keeps a large group from a whole decode
+    r = replay_in_child(big_groups, memory_bytes=BUDGET, cache_bytes=None)
+    net = r["peak_rss"] - r["after_import_rss"]
+    assert r["micro_batches"] == 60
+    assert net <= BUDGET + SLACK, f"peak {net / MB:.1f} MB above imports, budget {BUDGET / MB:.1f}"
+
+
+def _digests(plan, start: int = 0, **kwargs) -> list[str]:
+    from executor_builders import batch_digest
+
+    from mds.executor import PlanExecutor
+
+    with PlanExecutor(plan, 0, **kwargs) as ex:
+        ex.seek(start)
+        return [batch_digest(b) for b in ex]
+
+
+@pytest.mark.parametrize("memory_bytes", [4 << 20, 16 << 20, None])
+def test_resume_at_any_step_gives_the_same_batches_with_any_budget(
+    big_groups, monkeypatch, memory_bytes
+):
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    whole = _digests(big_groups, memory_bytes=4 << 30, cache_bytes=256 << 20)
+    budget = {"memory_bytes": memory_bytes, "read_ahead": 1}
+    assert _digests(big_groups, **budget) == whole
+    for step in (1, 29, 59):
+        assert _digests(big_groups, step, **budget) == whole[step:]
+
+
+def test_a_sample_larger_than_the_budget_is_refused_naming_it(tmp_path, monkeypatch):
+    """Without page reads the smallest decode of a row is its whole row group: one that
+    cannot fit the budget is an error naming the file, row, bytes and the fix."""
+    from mds.errors import ConfigError
+    from mds.executor import PlanExecutor
+
+    monkeypatch.setenv("MDS_PAGE_READS", "off")
+    index = token_sources(tmp_path, 1, 6000, seed=5, mean_len=BIG_MEAN)
+    plan = token_plan(tmp_path, index, 2, 4, micro_batches=1)
+    with PlanExecutor(plan, 0, memory_bytes=4 << 20) as ex, pytest.raises(ConfigError) as info:
+        next(iter(ex))
+    text = str(info.value)
+    assert "part-0000.parquet row " in text and "row group 0" in text
+    assert "memory_bytes=4194304" in text and "raise memory_bytes" in text
+    assert "\n" not in text

@@ -58,9 +58,15 @@ class PlanExecutor:
     built in a background thread ahead of the one iterated (0: none; a loop that comes
     straight back for the next step gets them built on its own thread, which is quicker
     then); each step's samples are read together, one reader call per file.
-    `cache_bytes`: the decoded data a process keeps, whole blocks (row groups, zstd frames)
-    and rows read ahead for this rank's later samples from the blocks it decodes (0:
-    neither). `read_threads`: threads that read a
+    `memory_bytes`: the memory budget of this process's reading (default 512 MiB, or twice
+    `cache_bytes` if that is more): decoded blocks kept in the cache, rows read ahead,
+    decodes in flight (each reserves its bytes before it starts; the cache gives way) and
+    the reading threads' buffers stay within it, whatever the files' layout; a sample whose
+    smallest decode is larger raises ConfigError. It is per process: each DataLoader
+    worker has one of its own. `cache_bytes`: the share of it kept between steps, whole
+    blocks (row groups, zstd frames) and rows read ahead for this rank's later samples
+    from the blocks it decodes (default half of memory_bytes; 0: neither; at most
+    memory_bytes). `read_threads`: threads that read a
     step's files side by side (1: the building thread alone; 2, the default, pays where a
     core is free, see docs/executor.md); batches are the same.
 
@@ -79,7 +85,8 @@ class PlanExecutor:
         tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
         verify: str = "stat",
         estimated: str = "error",
-        cache_bytes: int = 256 << 20,
+        cache_bytes: int | None = None,
+        memory_bytes: int | None = None,
         max_open_files: int = 64,
         read_ahead: int = 1,
         read_threads: int = 2,
@@ -97,6 +104,7 @@ class PlanExecutor:
             tokenize=tokenize,
             estimated=estimated,
             cache_bytes=cache_bytes,
+            memory_bytes=memory_bytes,
             max_open_files=max_open_files,
             read_ahead=read_ahead,
             read_threads=read_threads,
@@ -161,6 +169,7 @@ class PlanExecutor:
             tokenize=args["tokenize"],
             estimated=args["estimated"],
             cache_bytes=args["cache_bytes"],
+            memory_bytes=args["memory_bytes"],
             max_open_files=args["max_open_files"],
             read_threads=_integer(args["read_threads"], "read_threads"),
             next_block=self._next_block,

@@ -50,8 +50,8 @@ def _decodes(plan, monkeypatch, **kwargs) -> list[tuple[str, int]]:
         calls.append((os.path.realpath(self.path), i))
         return real(self, i, need, whole, row, own)
 
-    def counted_pages(fd, lay, i, offsets, lengths):
-        got = real_pages(fd, lay, i, offsets, lengths)
+    def counted_pages(fd, lay, i, offsets, lengths, *most):
+        got = real_pages(fd, lay, i, offsets, lengths, *most)
         if got is not None:
             calls.append((os.readlink(f"/proc/self/fd/{fd}"), i))
         return got

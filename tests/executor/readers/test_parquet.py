@@ -438,3 +438,43 @@ def test_parquet_located_rows_with_empty_lists_are_decoded_whole(tmp_path):
     reader = reader_for("parquet", path, "token_ids", "tokens")
     assert_payloads_equal(reader.fetch(ask, offsets[ask], lengths[ask]), [rows[i] for i in ask])
     reader.close()
+
+
+def test_uncached_decodes_of_several_groups_hold_one_reservation_at_a_time(tmp_path):
+    """Rows of several row groups read once (keep=False) under a budget with room for one
+    group's decode at a time: each group's reservation is let go before the next is made,
+    so the read neither waits on itself nor goes over the room."""
+    from mds.core.memory_budget import BudgetCache, MemoryBudget
+
+    rows, _offsets, _lengths, _ = _located_file(tmp_path / "t.parquet", 200, 50, 3)
+    budget = MemoryBudget(1 << 20)
+    cache = BudgetCache(0, budget)
+    reader = reader_for("parquet", tmp_path / "t.parquet", "token_ids", "tokens", cache)
+    per_group = int(reader._meta.decode_sizes("tokens").max())
+    budget.room = per_group + per_group // 2  # one group's decode fits, two do not
+    ask = np.array([3, 70, 120, 190])
+    got = reader.fetch(ask, keep=False)
+    assert [g.tolist() for g in got] == [rows[r] for r in ask]
+    assert budget.reserved == 0 and 0 < budget.peak <= budget.room
+
+
+@pytest.mark.parametrize("page_reads", ["on", "off"])
+def test_a_read_the_budget_can_never_hold_names_the_file_row_and_budget(
+    tmp_path, monkeypatch, page_reads
+):
+    from mds.core.memory_budget import BudgetCache, MemoryBudget
+    from mds.errors import ConfigError
+
+    monkeypatch.setenv("MDS_PAGE_READS", page_reads)
+    _rows, offsets, lengths, _ = _located_file(tmp_path / "t.parquet", 200, 200, 3)
+    budget = MemoryBudget(4096, fixed=1024)
+    reader = reader_for(
+        "parquet", tmp_path / "t.parquet", "token_ids", "tokens", BudgetCache(0, budget)
+    )
+    ask = np.array([5])
+    with pytest.raises(ConfigError) as info:
+        reader.fetch(ask, offsets[ask], lengths[ask])
+    text = str(info.value)
+    unit = "a page and the rows asked of row group 0" if page_reads == "on" else "row group 0"
+    assert text.startswith("t.parquet row 5: reading it decodes " + unit) or unit in text
+    assert "memory_bytes=4096" in text and text.endswith("raise memory_bytes")

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mds.errors import ConfigError, SourceDataError
@@ -358,3 +358,82 @@ def test_check_where_pyarrow_cannot_decode_the_group(tmp_path, monkeypatch):
         "thrift), so the page reader's token ids cannot be checked; set MDS_PAGE_READS=off to "
         "read this file with pyarrow only"
     )
+
+
+class _Counted:
+    """A Source over a file that records the size of every read."""
+
+    def __init__(self, path):
+        self._fh = open(path, "rb")  # noqa: SIM115 - closed by the test's finalizer
+        _OPEN.append(self._fh)
+        self.size = path.stat().st_size
+        self.reads: list[int] = []
+
+    def read_at(self, size: int, start: int) -> bytes:
+        self.reads.append(size)
+        self._fh.seek(start)
+        return self._fh.read(size)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    writer=WRITERS,
+    page_index=st.booleans(),
+    n_rows=st.integers(1, 300),
+    holes=st.sampled_from([0.0, 0.02]),  # the share of null and of empty rows
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_rows_read_page_by_page_are_pyarrows_and_no_read_holds_the_whole_chunk(
+    tmp_path, writer, page_index, n_rows, holes, seed, data
+):
+    """Read page by page (no chunk read at once), rows are what pyarrow decodes from the
+    whole chunk, with and without the page index, nulls and empty rows where the schema
+    allows (where they could shift a value the reader declines); no single read is larger
+    than a page with its header."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(n_rows) < holes, 0, rng.integers(1, 300, n_rows))
+    lengths[rng.random(n_rows) < holes] = -1  # a null row
+    rows = [None if k < 0 else rng.integers(0, 70_000, k).tolist() for k in lengths]
+    writer["row_group_size"] = data.draw(st.sampled_from([17, 150]))
+    writer["data_page_size"] = data.draw(st.sampled_from([64, 1024, 4096]))
+    writer["dictionary_pagesize_limit"] = data.draw(st.sampled_from([256, 4096]))
+    path = tmp_path / "t.parquet"
+    table = pa.table({"t": pa.array(rows, pa.list_(pa.int32()))})
+    pq.write_table(table, path, write_page_index=page_index, **writer)
+    meta = pq.read_metadata(path)
+    assert meta.row_group(0).column(0).has_offset_index == page_index
+    lay = _layout(meta, table)
+    column = pq.read_table(path).column("t")
+    start = 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        group = column.slice(start, n).to_pylist()
+        start += n
+        counts = np.array([len(r) if r is not None else 0 for r in group], dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        ask = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=10)))
+        source = _Counted(path)
+        got = parquet_pages.read_rows(source, lay, g, starts[ask], counts[ask], most=0)
+        chunk = meta.row_group(g).column(0)
+        # a page: the dictionary's, or one of data (pyarrow closes it after a batch of at
+        # most 1024 values once it holds data_page_size bytes), with its header
+        dictionary = chunk.data_page_offset - (chunk.dictionary_page_offset or 0)
+        page = max(dictionary if chunk.has_dictionary_page else 0, writer["data_page_size"])
+        page += 1024 * 8 + 256
+        big = chunk.total_compressed_size > 2 * page
+        if big:
+            assert max(source.reads, default=0) <= page
+        event("declined" if got is None else "read", "many pages" if big else "a few pages")
+        if got is None:
+            continue
+        # again, other rows: pages found full by the first read are skipped unread
+        again = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=10)))
+        got_again = parquet_pages.read_rows(source, lay, g, starts[again], counts[again], most=0)
+        if got_again is None:  # a page of a null or empty row before those rows: declined
+            again, got_again = again[:0], []
+        for r, v in zip([*ask.tolist(), *again.tolist()], [*got, *got_again], strict=True):
+            assert group[r] is not None and None not in group[r]
+            assert v.dtype == np.int32 and v.tolist() == group[r]

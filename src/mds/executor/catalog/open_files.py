@@ -12,7 +12,8 @@ import threading
 from typing import Any
 
 from mds.core import storage
-from mds.core.lru import LRU, LockedLRU
+from mds.core.lru import LRU
+from mds.core.memory_budget import BudgetCache
 from mds.errors import PlanError, SourceDataError
 from mds.executor.catalog.plan_sources import PlanSources, Source
 from mds.executor.catalog.recheck import DataChecks
@@ -23,18 +24,18 @@ __all__ = ["OpenFiles"]
 
 class OpenFiles:
     """Open readers by (source id, file), and the decoded blocks they cache (`blocks`,
-    bounded by `block_bytes`)."""
+    bounded by the budget's cache share less its rows read ahead, and by its room)."""
 
-    def __init__(
-        self, plan: PlanSources, checks: DataChecks, max_open_files: int, block_bytes: int
-    ):
+    def __init__(self, plan: PlanSources, checks: DataChecks, max_open_files: int, budget: Any):
         self.plan, self.checks = plan, checks
-        self.max_open_files, self.block_bytes = max_open_files, block_bytes
+        self.max_open_files, self.budget = max_open_files, budget
+        self.block_bytes = budget.cache - budget.ahead
         self.reset()
 
     def reset(self) -> None:
         """Forget open files and cached blocks (a new process must not share descriptors)."""
-        self.blocks = LockedLRU(max_bytes=self.block_bytes)
+        # a new process (a DataLoader worker) gets a budget of its own: it is per process
+        self.blocks = BudgetCache(self.block_bytes, self.budget.memory())
         # Open readers, by count. Threads reading a step's files share them: a reader
         # evicted while a thread reads it is closed when that thread is done with it.
         self._files = LRU(max_items=self.max_open_files, on_evict=self._retire)

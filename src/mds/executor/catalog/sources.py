@@ -25,6 +25,7 @@ import numpy as np
 from mds.core.planfile import RankChunk
 from mds.errors import ConfigError
 from mds.executor.catalog import tokens
+from mds.executor.catalog.budget import budget
 from mds.executor.catalog.early_rows import Lookahead
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources
@@ -50,7 +51,8 @@ class SourceCatalog:
         data_root: str | os.PathLike | None = None,
         tokenize: Tokenize | Mapping[str, Tokenize] | None = None,
         estimated: str = "error",
-        cache_bytes: int = 256 << 20,
+        cache_bytes: int | None = None,
+        memory_bytes: int | None = None,
         max_open_files: int = 64,
         read_threads: int = 2,
         next_block: Callable[[RankChunk], RankChunk | None] | None = None,
@@ -59,19 +61,18 @@ class SourceCatalog:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
         if isinstance(read_threads, bool) or not isinstance(read_threads, int) or read_threads < 1:
             raise ConfigError(f"read_threads={read_threads!r} must be an integer >= 1")
-        if not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise ConfigError(f"cache_bytes={cache_bytes!r} must be an integer >= 0")
+        self.budget = budget(memory_bytes, cache_bytes, read_threads)
         if estimated not in ESTIMATED:
             raise ConfigError(f"estimated={estimated!r} must be one of {', '.join(ESTIMATED)}")
         self.plan = PlanSources(footer, plan_path, data_root)
         tokens.bind(self.plan, tokenize, estimated)
         self.tokens = TokenIds(self.plan)
         self.checks = DataChecks(self.plan)
-        # cache_bytes bounds both kinds of decoded data: a quarter for rows read ahead
-        # (`Lookahead`), the rest for whole blocks (row groups, zstd frames).
-        ahead = cache_bytes // 4
+        # the cache's share bounds both kinds of decoded data kept between steps: a quarter
+        # for rows read ahead (`Lookahead`), the rest for whole blocks (row groups, frames)
+        ahead = self.budget.ahead
         self.ahead = Lookahead(ahead, next_block=next_block) if ahead else None
-        self.files = OpenFiles(self.plan, self.checks, max_open_files, cache_bytes - ahead)
+        self.files = OpenFiles(self.plan, self.checks, max_open_files, self.budget)
         self.reads = SampleReads(self.plan, self.checks, self.files, self.ahead, read_threads)
 
     @property

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,7 @@ from mds.core import object_ranges as ranges
 from mds.core import storage
 from mds.core.datacheck import safe_path
 from mds.core.lru import version_key
-from mds.errors import SourceDataError
+from mds.errors import ConfigError, SourceDataError
 
 __all__ = [
     "BaseReader",
@@ -40,6 +41,7 @@ __all__ = [
     "image_files",
     "missing_column",
     "row_starts",
+    "too_large",
 ]
 
 Handle = int | ranges.RangeFile | Path
@@ -127,6 +129,17 @@ def check_column_type(type_: pa.DataType, kind: str, column: str, display: str) 
         want = "text"
     if not ok:
         raise SourceDataError(f"{display}: column '{column}' is {type_}, not {want}")
+
+
+def too_large(display: str, row: int, unit: str, exc: Any, budget: Any) -> ConfigError:
+    """The error of a decode (of `unit`, for file row `row`) that the memory budget can
+    never hold: `exc` is the budget's TooLarge."""
+    mib = 1 << 20
+    return ConfigError(
+        f"{display} row {row}: reading it decodes {unit}, {exc.needed / mib:.1f} MiB, more "
+        f"than memory_bytes={budget.total} leaves for decodes ({exc.room / mib:.1f} MiB); "
+        "raise memory_bytes"
+    )
 
 
 def missing_column(display: str, column: str, names: list[str]) -> SourceDataError:

@@ -6,6 +6,7 @@ struct of `bytes` and `path` (what `datasets.Image` writes) or a list of them.""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 from mds.core import metacache, storage
 from mds.core import object_ranges as ranges
 from mds.core.lru import LRU
+from mds.core.memory_budget import MemoryBudget, Reservation, TooLarge
 from mds.errors import SourceDataError
 from mds.executor.readers.base import ColumnReader, Handle, ImageText, Payload
 from mds.executor.readers.base import TextBlock as _TextBlock
@@ -29,6 +31,7 @@ from mds.executor.readers.base import first_line as _first_line
 from mds.executor.readers.base import image_files as _image_files
 from mds.executor.readers.base import missing_column as _missing_column
 from mds.executor.readers.base import row_starts as _row_starts
+from mds.executor.readers.base import too_large as _too_large
 from mds.formats.parquet import pages as parquet_pages
 
 __all__ = ["ParquetImageTextReader", "ParquetReader"]
@@ -38,6 +41,19 @@ __all__ = ["ParquetImageTextReader", "ParquetReader"]
 # _PAGED_READS times per group before it is decoded whole instead (`_paged`).
 _SPARSE = 4
 _PAGED_READS = 2
+
+# A whole decode of a row group's column holds its compressed chunk, the decoded Arrow
+# arrays and their numpy copy: counted as the compressed size plus twice the decoded data
+# (`_ParquetMeta.decode_sizes`).
+_DECODE_FACTOR = 2
+_WIDTHS = {"INT32": 4, "INT64": 8, "FLOAT": 4, "DOUBLE": 8, "INT96": 12, "BOOLEAN": 1}
+# Groups whose whole decode would take over 1/_LARGE of the budget's room are never decoded
+# whole where their pages can be read: rows are read from the pages that hold them.
+_LARGE = 8
+# A read from pages holds a page (decompressed) and the values asked, twice (decoded, then
+# placed): reserved as this (or the group's uncompressed size, if less) plus three times
+# the values.
+_PAGE = 2 << 20
 
 # Parsed footers take about 4-9 times their serialized size in memory (measured with
 # pyarrow 26 on 0.5-47 KB footers); they are counted at 9 times plus a fixed 4 KiB.
@@ -82,7 +98,7 @@ class _ParquetMeta:
         self._arrow_schema: pa.Schema | None = None
         self.paged: dict[tuple[str, int], int] = {}  # (column, row group): reads from pages
         self._layouts: dict[str, parquet_pages.Layout | None] = {}
-        self._sizes: dict[str, np.ndarray] = {}
+        self._sizes: dict = {}
         self._spans: dict[str, list[list[tuple[int, int]]]] = {}
         self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
         self.nbytes += self.starts.nbytes
@@ -117,6 +133,36 @@ class _ParquetMeta:
             self._layouts[column] = parquet_pages.layout(self.metadata, column, value_type)
         return self._layouts[column]
 
+    def decode_sizes(self, column: str) -> np.ndarray:
+        """Bytes a whole decode of top-level `column` holds in each row group, from the
+        footer: the compressed chunk, and `_DECODE_FACTOR` x the decoded data (the larger of
+        the uncompressed pages and the values at their width, which dictionary encoding
+        makes several times larger, plus 8 bytes a row of offsets)."""
+        sizes = self._sizes.get((column, "decode"))
+        if sizes is None:
+            meta, leaves = self.metadata, self._leaves(column)
+            out, chunks = [], []
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                packed, decoded = 0, 8 * rg.num_rows
+                for j in leaves:
+                    col = rg.column(j)
+                    width = _WIDTHS.get(col.physical_type, 0)
+                    packed += col.total_compressed_size
+                    decoded += max(col.total_uncompressed_size, width * col.num_values)
+                out.append(packed + _DECODE_FACTOR * decoded)
+                chunks.append(packed)
+            sizes = np.array(out, dtype=np.int64)
+            self._sizes[(column, "decode")] = sizes
+            self._sizes[(column, "packed")] = np.array(chunks, dtype=np.int64)
+        return sizes
+
+    def packed_sizes(self, column: str) -> np.ndarray:
+        """Compressed bytes of top-level `column` in each row group (read whole by any
+        decode of the group, whole or of its first rows)."""
+        self.decode_sizes(column)
+        return self._sizes[(column, "packed")]
+
     def column_sizes(self, column: str) -> np.ndarray:
         """Uncompressed bytes of top-level `column` in each row group, from the footer."""
         sizes = self._sizes.get(column)
@@ -149,6 +195,8 @@ class ParquetReader(ColumnReader):
     def __init__(self, path: Path, kind: str, column: str, blocks: LRU, display: str):
         self.path, self.kind, self.column, self.display = path, kind, column, display
         self._blocks = blocks
+        self._budget: MemoryBudget | None = getattr(blocks, "budget", None)
+        self._pending: list[Reservation] = []  # decodes handed out uncached, this fetch
         self._held: pq.ParquetFile | None = None
         self._local = not storage.is_url(path)
         key = _version("parquet-footer", path, display)
@@ -226,15 +274,20 @@ class ParquetReader(ColumnReader):
         if pages is None:
             pages = self._paged(rows, lengths, keep) if offsets is not None else {}
         if not pages:
-            return super().fetch(rows, keep=keep)
+            return self._decoded(rows, keep)
         lay = self._meta.layout(self.column)
         source = self._source.fileno() if self._local else self.object
         out: list = [None] * len(rows)
         done = np.zeros(len(rows), dtype=bool)
+        most = self._budget.buffer if self._budget is not None else parquet_pages.WHOLE_CHUNK
         for i, pick in pages.items():
-            values = parquet_pages.fetch_rows(
-                source, lay, i, rows[pick], offsets[pick], lengths[pick], self.display
-            )
+            page = min(_PAGE, int(self._meta.column_sizes(self.column)[i]))
+            need = page + 3 * int(lengths[pick].sum()) * lay.dtype.itemsize
+            row = int(rows[pick][np.argmax(lengths[pick])])
+            with self._reserve(need, i, row, "a page and the rows asked of row group"):
+                values = parquet_pages.fetch_rows(
+                    source, lay, i, rows[pick], offsets[pick], lengths[pick], self.display, most
+                )
             if values is not None:  # else decoded whole below, where problems are named
                 for k, v in zip(pick.tolist(), values, strict=True):
                     out[k] = v
@@ -243,9 +296,38 @@ class ParquetReader(ColumnReader):
                 self._meta.paged[key] = self._meta.paged.get(key, 0) + 1
         rest = np.flatnonzero(~done)
         if len(rest):
-            for k, v in zip(rest.tolist(), super().fetch(rows[rest], keep=keep), strict=True):
+            for k, v in zip(rest.tolist(), self._decoded(rows[rest], keep), strict=True):
                 out[k] = v
         return out
+
+    def _decoded(self, rows: np.ndarray, keep: bool) -> list[Payload]:
+        """`ColumnReader.fetch`: rows from decoded row groups; the reservations of groups
+        decoded for these rows alone are released once the rows are copied out."""
+        try:
+            return super().fetch(rows, keep=keep)
+        finally:
+            while self._pending:
+                self._pending.pop().release()
+
+    def _reserve(
+        self, nbytes: int, i: int, row: int, what: str = "row group"
+    ) -> Reservation | contextlib.nullcontext:
+        """Reserve `nbytes` of the budget for a decode of `what` of row group `i` for file
+        row `row`; ConfigError naming them if that can never fit."""
+        if self._budget is None:
+            return contextlib.nullcontext()
+        try:
+            return self._budget.reserve(nbytes)
+        except TooLarge as exc:
+            unit = f"{what} {i} of column '{self.column}'"
+            raise _too_large(self.display, row, unit, exc, self._budget) from None
+
+    def _large(self, i: int) -> bool:
+        """Whether a whole decode of row group `i` would take over 1/_LARGE of the room."""
+        budget = self._budget
+        if budget is None:
+            return False
+        return int(self._meta.decode_sizes(self.column)[i]) * _LARGE > budget.room
 
     def page_groups(
         self, file_rows, offsets=None, lengths=None, keep: bool = True
@@ -277,7 +359,12 @@ class ParquetReader(ColumnReader):
         out = {}
         for i, pick in self._by_group(rows).items():
             chunk = lay.chunk(i)
-            if chunk is None or _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
+            if chunk is None:
+                continue
+            if self._large(i):  # never decoded whole: from pages, however many rows
+                out[i] = pick
+                continue
+            if _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
                 continue
             if (
                 self._meta.paged.get((self.column, i), 0) >= _PAGED_READS
@@ -306,8 +393,12 @@ class ParquetReader(ColumnReader):
         rows = rows[(rows >= 0) & (rows < self.starts[-1])]
         groups = np.searchsorted(self.starts, rows, side="right") - 1
         chunks = self._meta.chunk_spans(self.column)
+        paged = offsets is not None and self.kind == "token_ids"
+        lay = self._meta.layout(self.column) if paged else None
         out: list[tuple[int, int]] = []
         for i in np.unique(groups).tolist():
+            if lay is not None and lay.chunk(i) is not None and self._large(i):
+                continue  # read from its pages, each fetched as read: never staged whole
             need = int(rows[groups == i].max() - self.starts[i]) + 1
             block = self._blocks.get((self.path, "rg", i, self.column, self.kind))
             if block is None or block.rows < need:
@@ -321,7 +412,17 @@ class ParquetReader(ColumnReader):
             # Not to be asked again: decode up to the last row asked and copy out only the
             # rows asked (`_TokenBlock.take`), not the whole group.
             whole = int(self.starts[i + 1] - self.starts[i])
-            return self._read(i, need, whole, row, own=False)
+            while self._pending:  # the group before's rows are copied out: it is dropped
+                self._pending.pop().release()
+            res = self._reserve(self._decode_bytes(i, need, whole), i, row)
+            try:
+                block = self._read(i, need, whole, row, own=False)
+            except BaseException:
+                res.__exit__(None, None, None)
+                raise
+            if isinstance(res, Reservation):
+                self._pending.append(res)
+            return block
         if block is None or block.rows < need:
             # While the cache has room, the whole row group is decoded: it stays to serve
             # later rows. Once the cache is full, a first read decodes only up to the last
@@ -332,9 +433,21 @@ class ParquetReader(ColumnReader):
             whole = int(self.starts[i + 1] - self.starts[i])
             if block is not None or self._room(i):
                 need = whole
-            block = self._read(i, need, whole, row)
-            self._blocks.put(key, block, block.nbytes)
+            with self._reserve(self._decode_bytes(i, need, whole), i, row) as res:
+                block = self._read(i, need, whole, row)
+                if res is None:
+                    self._blocks.put(key, block, block.nbytes)
+                else:
+                    res.keep(key, block, block.nbytes)
         return block
+
+    def _decode_bytes(self, i: int, need: int, whole: int) -> int:
+        """Bytes a decode of the first `need` of row group `i`'s `whole` rows holds."""
+        size = int(self._meta.decode_sizes(self.column)[i])
+        if need >= whole:
+            return size
+        packed = int(self._meta.packed_sizes(self.column)[i])
+        return packed + -(-(size - packed) * need // max(whole, 1))
 
     def _room(self, i: int) -> bool:
         """Whether the block cache can take row group `i` whole without evicting (estimated

@@ -41,12 +41,22 @@ from mds.formats.parquet.thrift import (
     page_fields,
 )
 
-__all__ = ["Layout", "Source", "chunk_span", "fetch_rows", "layout", "leaves", "read_rows"]
+__all__ = [
+    "WHOLE_CHUNK",
+    "Layout",
+    "Source",
+    "chunk_span",
+    "fetch_rows",
+    "layout",
+    "leaves",
+    "read_rows",
+]
 
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i8")}
-_WHOLE_CHUNK = 4 << 20  # a column chunk up to this size is read in one request
+WHOLE_CHUNK = 4 << 20  # a column chunk up to this size is read in one request (default)
 _HEADER_READ = 256  # a page header's first read; a longer header is read again, whole
+_CHECKED_PAGES = 4096  # data pages of a row group remembered as full (16-24 bytes each)
 _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to pyarrow
 
 
@@ -74,6 +84,19 @@ class Layout:
         self.meta, self.leaf, self.dtype, self.max_def = meta, leaf, dtype, max_def
         self.column = column
         self._chunks: dict[int, Chunk | None] = {}
+        self._checked: dict[int, dict[int, tuple[int, int]]] = {}
+
+    def checked(self, group: int) -> dict[int, tuple[int, int]]:
+        """Row group `group`'s data pages whose levels were read and found full (level n is
+        value n), by their place in the chunk: (the next page's place, values in the page).
+        A later read skips such a page without reading it where it holds no value asked."""
+        return self._checked.setdefault(group, {})
+
+    def note(self, group: int, at: int, after: int, n: int) -> None:
+        """Data page `at` of row group `group` is full: see `checked`."""
+        pages = self.checked(group)
+        if len(pages) < _CHECKED_PAGES:
+            pages[at] = (after, n)
 
     def chunk(self, group: int) -> Chunk | None:
         """Row group `group`'s column chunk, or None where its pages are not read here: a
@@ -113,6 +136,7 @@ def fetch_rows(
     starts: np.ndarray,
     counts: np.ndarray,
     file: str,
+    most: int = WHOLE_CHUNK,
 ) -> list[np.ndarray] | None:
     """`read_rows` as MDS_PAGE_READS says (`page_reads`): `on`, read_rows; `off`, None, so
     the caller decodes the row group with pyarrow; `check`, read_rows compared with pyarrow's
@@ -121,7 +145,7 @@ def fetch_rows(
     setting = page_reads.mode()
     if setting == "off":
         return None
-    got = read_rows(source, lay, group, starts, counts)
+    got = read_rows(source, lay, group, starts, counts, most)
     if setting == "check" and got is not None:
         _check(source, lay, group, np.asarray(rows, dtype=np.int64), got, file)
     return got
@@ -193,12 +217,19 @@ class _SourceFile(io.RawIOBase):
 
 
 def read_rows(
-    source: int | Source, lay: Layout, group: int, starts: np.ndarray, counts: np.ndarray
+    source: int | Source,
+    lay: Layout,
+    group: int,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    most: int = WHOLE_CHUNK,
 ) -> list[np.ndarray] | None:
     """The values [starts[k], starts[k] + counts[k]) of row group `group`'s leaf, one array
     per k (views of one array), or None where the pages cannot be read here. `source`: the
     file descriptor of a local file, or an object's reader (`read_at`, as ranges.RangeFile:
-    its errors are raised as they come)."""
+    its errors are raised as they come). A chunk of at most `most` bytes is read at once,
+    a larger one page by page: only the pages holding the values asked, their headers and
+    the dictionary page are read, never the whole chunk."""
     chunk = lay.chunk(group)
     starts = np.asarray(starts, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
@@ -209,7 +240,7 @@ def read_rows(
     if starts.min() < 0 or counts.min() < 1 or int(ends.max()) > chunk.num_values:
         return None
     try:
-        out = _decode(source, lay, chunk, starts, ends)
+        out = _decode(source, lay, chunk, starts, ends, most)
     except (Unsupported, Truncated):
         return None
     cuts = np.cumsum(counts).tolist()
@@ -224,32 +255,50 @@ def _read_at(source: int | Source, n: int, offset: int) -> memoryview:
     return memoryview(got).cast("B")
 
 
-def _whole(source: int | Source, chunk: Chunk) -> memoryview | None:
+def _read_page(fd: int, n: int, offset: int) -> memoryview:
+    """Bytes [offset, offset + n) of a file, read into this thread's page buffer (valid
+    until its next page read): a fresh bytes object per page of a large chunk costs its
+    page faults again each time, more than the page's decode."""
+    buf = getattr(_scratch, "page", None)
+    if buf is None or len(buf) < n:
+        buf = _scratch.page = bytearray(max(n, 64 << 10))
+    data = memoryview(buf)[:n]
+    if os.preadv(fd, [data], offset) != n:
+        raise Unsupported("column chunk is truncated")
+    return data
+
+
+def _whole(source: int | Source, chunk: Chunk, most: int = WHOLE_CHUNK) -> memoryview | None:
     """The column chunk (of a file: read into this thread's buffer, valid until its next
-    read), or None if it is too big to read at once."""
-    if chunk.size > _WHOLE_CHUNK:
+    read), or None if it is bigger than `most` bytes: then its pages are read one by one."""
+    if chunk.size > most:
         return None
     if not isinstance(source, int):
         return _read_at(source, chunk.size, chunk.start)
     fd = source
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < chunk.size:
-        buf = _scratch.buf = bytearray(max(chunk.size, 1 << 20))
+        buf = _scratch.buf = bytearray(max(chunk.size, min(1 << 20, most)))
     data = memoryview(buf)[: chunk.size]
     if os.preadv(fd, [data], chunk.start) != chunk.size:
         raise Unsupported("column chunk is truncated")
     return data
 
 
-def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndarray):
-    """The values of ranges [starts, ends) concatenated, reading pages up to the last one."""
-    data = _whole(source, chunk)
+def _decode(
+    source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndarray, most: int
+):
+    """The values of ranges [starts, ends) concatenated, reading the pages that hold them
+    (and the headers of those before), the whole chunk at once if at most `most` bytes."""
+    data = _whole(source, chunk, most)
 
-    def part(pos: int, n: int) -> memoryview:
+    def part(pos: int, n: int, body: bool = False) -> memoryview:
         if pos + n > chunk.size:
             raise Unsupported("page runs past its column chunk")
         if data is not None:
             return data[pos : pos + n]
+        if body and isinstance(source, int):
+            return _read_page(source, n, chunk.start + pos)
         return _read_at(source, n, chunk.start + pos)
 
     need = int(ends.max())
@@ -258,9 +307,15 @@ def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndar
     out = None
     pos = first = 0  # the page's place in the chunk, and the index of its first value
     dictionary = None
+    checked = lay.checked(chunk.row_group)
     while first < need:
         if pos >= chunk.size:
             raise Unsupported("column chunk ends before the values asked")
+        known = checked.get(pos)
+        if known is not None and not _wanted(starts, ends, first, known[1]):
+            pos, first = known[0], first + known[1]  # neither its header nor body is read
+            continue
+        at = pos
         head = part(pos, min(_HEADER_READ, chunk.size - pos))
         try:
             fields, size = page_fields(head, 0)
@@ -268,12 +323,22 @@ def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndar
             head = part(pos, chunk.size - pos)
             fields, size = page_fields(head, 0)
         kind, stored = field_int(fields, 1), field_int(fields, 3)
-        body = part(pos + size, stored)
+        if kind == DATA_PAGE_V2:
+            n = _skipped(fields, part, pos + size, stored, starts, ends, first, lay.max_def)
+            if n is not None:  # no value asked is in this page: its values are not read
+                pos += size + stored
+                lay.note(chunk.row_group, at, pos, n)
+                first += n
+                continue
+        body = part(pos + size, stored, body=True)  # valid until the next page is read
         pos += size + stored
         if kind == DICTIONARY_PAGE:
             dictionary = _dictionary(fields, body, chunk.codec, lay.dtype)
+            if chunk.codec is None:
+                dictionary = dictionary.copy()  # not a view of the page's buffer
         elif kind in (DATA_PAGE, DATA_PAGE_V2):
             n, encoding, values = _data_page(fields, body, chunk.codec, lay.max_def)
+            lay.note(chunk.row_group, at, pos, n)
             lo, hi = np.maximum(starts, first), np.minimum(ends, first + n)
             if first == 0 and n >= need:  # every range in this page: the common case
                 return _values(encoding, values, starts, ends, dictionary, lay.dtype, n)
@@ -289,6 +354,27 @@ def _decode(source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndar
             raise Unsupported(f"page type {kind}")
     assert out is not None
     return out
+
+
+def _wanted(starts: np.ndarray, ends: np.ndarray, first: int, n: int) -> bool:
+    """Whether any range [starts, ends) holds a value of the page of values [first, first+n)."""
+    return bool((np.maximum(starts, first) < np.minimum(ends, first + n)).any())
+
+
+def _skipped(fields: dict, part, at: int, stored: int, starts, ends, first: int, max_def: int):
+    """The levels of a V2 data page none of whose values is asked (None if one is): its
+    levels, stored uncompressed before the values, are read and checked (level n must be
+    value n), its values are not."""
+    head = field_struct(fields, 8)
+    n, rep_bytes, def_bytes = field_int(head, 1), field_int(head, 6), field_int(head, 5)
+    if _wanted(starts, ends, first, n):
+        return None
+    if field_int(head, 2) != 0 or rep_bytes + def_bytes > stored:
+        raise Unsupported("page holds nulls")
+    levels = part(at, rep_bytes + def_bytes)
+    if not rle.all_equal(levels[rep_bytes:], max_def.bit_length(), n, max_def):
+        raise Unsupported("page holds a null or an empty list")
+    return n
 
 
 def _decompress(body: memoryview, size: int, codec: str | None) -> memoryview:
