@@ -1,0 +1,240 @@
+"""Benchmark re-running `mds index` on a corpus of many tiny files after a 1% change,
+against a full index of the same files, side by side in one run.
+
+A corpus of `--files` tiny JSONL files (4 lines of 64 token ids each, 1000 per directory)
+is generated once under `--data` (reused while its meta.json matches). From the index of
+the corpus as it is, each scenario changes 1% of the files, re-indexes into a copy of that
+index, and undoes the change (the base index is then brought back in step, untimed):
+
+  unchanged   nothing changed: the cost of proving it
+  added       1% new files
+  changed     1% of the files rewritten
+  removed     1% of the files gone
+
+Each scenario's time is divided by the time of a full index (fresh output) of the same
+corpus measured in the same round; medians over `--repeat` rounds. The same runs on moto's
+S3 server (data root and index both under s3:// prefixes) at `--s3-files` files. Results go
+to `<out>/reindex.md` and `<out>/reindex.json`; timings are reported, never asserted.
+
+Usage: python bench/bench_reindex.py [--files 100000] [--s3-files 10000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from report import write_report  # noqa: E402  (bench/ is on sys.path when run)
+
+from mds.planner.index.build import build_index
+from mds.planner.index.config import parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+GENERATOR_VERSION = 1
+SEED = 20261206
+PER_DIR = 1000
+LINES, IDS = 4, 64
+SCENARIOS = ("unchanged", "added", "changed", "removed")
+WORKERS = 2
+
+
+def body(i: int, salt: int = 0) -> bytes:
+    rng = np.random.default_rng([SEED, i, salt])
+    ids = rng.integers(0, 50_000, size=(LINES, IDS))
+    return "".join(json.dumps({"tokens": row.tolist()}) + "\n" for row in ids).encode()
+
+
+def rel(i: int) -> str:
+    return f"d{i // PER_DIR:04d}/f{i:07d}.jsonl"
+
+
+def corpus(data: Path, files: int) -> Path:
+    """The generated corpus (made once; reused while meta.json matches)."""
+    root = data / f"files-{files}"
+    meta = {"generator": GENERATOR_VERSION, "files": files, "lines": LINES, "ids": IDS}
+    if (root / "meta.json").is_file() and json.loads((root / "meta.json").read_text()) == meta:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    for i in range(files):
+        path = root / "corpus" / rel(i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body(i))
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+def config(root: str, base: Path):
+    data = {"index": {"root": root}, "source": [{"name": "c", "path": "**/*.jsonl", "tokens": "tokens"}]}
+    return parse_config(data, path=base / "mds.toml")
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    t = time.perf_counter()
+    fn(*args, **kwargs)
+    return time.perf_counter() - t
+
+
+class LocalCorpus:
+    """Changes to a corpus in a directory, each undone after its run."""
+
+    def __init__(self, root: Path, files: int):
+        self.root, self.files = root, files
+        self.step = max(1, files // 100)  # 1%: every step-th file
+
+    def picked(self, round_: int) -> list[int]:
+        return list(range(round_ % self.step, self.files, self.step))
+
+    def change(self, kind: str, round_: int) -> Callable[[], None]:
+        picked = self.picked(round_)
+        if kind == "added":
+            paths = [self.root / f"d{i // PER_DIR:04d}/new{i:07d}.jsonl" for i in picked]
+            for i, p in zip(picked, paths, strict=True):
+                p.write_bytes(body(i, 1))
+            return lambda: [p.unlink() for p in paths] and None
+        if kind == "changed":
+            for i in picked:
+                (self.root / rel(i)).write_bytes(body(i, 2))
+            return lambda: [(self.root / rel(i)).write_bytes(body(i)) for i in picked] and None
+        if kind == "removed":  # hidden names are never data; the rename keeps the mtime
+            moves = [(self.root / rel(i), self.root / f"{rel(i)[:5]}/.away{i}") for i in picked]
+            for a, b in moves:
+                a.rename(b)
+            return lambda: [b.rename(a) for a, b in moves] and None
+        return lambda: None
+
+
+def run_local(data: Path, files: int, repeat: int, work: Path) -> dict[str, Any]:
+    root = corpus(data, files)
+    cfg = config(str(root / "corpus"), root)
+    changes = LocalCorpus(root / "corpus", files)
+    base = work / "base"
+    shutil.rmtree(work, ignore_errors=True)
+    build_index(cfg, base, workers=WORKERS)  # warm-up, and the index every scenario starts from
+    runs: dict[str, list[float]] = {k: [] for k in ("full", *SCENARIOS)}
+    for r in range(repeat):
+        fresh = work / f"full-{r}"
+        runs["full"].append(timed(build_index, cfg, fresh, workers=WORKERS))
+        shutil.rmtree(fresh)
+        for kind in SCENARIOS:
+            out = work / f"{kind}-{r}"
+            shutil.copytree(base, out)
+            undo = changes.change(kind, r)
+            runs[kind].append(timed(build_index, cfg, out, workers=WORKERS))
+            undo()
+            shutil.rmtree(out)
+            build_index(cfg, base, workers=WORKERS)  # back in step with the data, untimed
+    return runs
+
+
+def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true", AWS_ENDPOINT_URL=f"http://{host}:{port}",
+    )
+    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+    client.create_bucket(Bucket="bench")
+    try:
+        for i in range(files):
+            client.put_object(Bucket="bench", Key=f"corpus/{rel(i)}", Body=body(i))
+        root = corpus(data, files)  # only for its directory: the config's place
+        cfg = config("s3://bench/corpus", root)
+        step = max(1, files // 100)
+
+        def copy_prefix(src: str, dst: str) -> None:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=f"{src}/"):
+                for o in page.get("Contents", []):
+                    key = dst + o["Key"][len(src) :]
+                    client.copy_object(Bucket="bench", Key=key, CopySource={"Bucket": "bench", "Key": o["Key"]})
+
+        def change(kind: str, r: int) -> Callable[[], None]:
+            picked = list(range(r % step, files, step))
+            if kind == "added":
+                keys = [f"corpus/d{i // PER_DIR:04d}/new{i:07d}.jsonl" for i in picked]
+                for i, k in zip(picked, keys, strict=True):
+                    client.put_object(Bucket="bench", Key=k, Body=body(i, 1))
+                return lambda: [client.delete_object(Bucket="bench", Key=k) for k in keys] and None
+            if kind in ("changed", "removed"):
+                for i in picked:
+                    key = f"corpus/{rel(i)}"
+                    if kind == "changed":
+                        client.put_object(Bucket="bench", Key=key, Body=body(i, 2))
+                    else:
+                        client.delete_object(Bucket="bench", Key=key)
+                return lambda: [
+                    client.put_object(Bucket="bench", Key=f"corpus/{rel(i)}", Body=body(i)) for i in picked
+                ] and None
+            return lambda: None
+
+        build_index(cfg, "s3://bench/base", workers=WORKERS)
+        runs: dict[str, list[float]] = {k: [] for k in ("full", *SCENARIOS)}
+        for r in range(repeat):
+            runs["full"].append(timed(build_index, cfg, f"s3://bench/full-{r}", workers=WORKERS))
+            for kind in SCENARIOS:
+                copy_prefix("base", f"{kind}-{r}")
+                undo = change(kind, r)
+                runs[kind].append(timed(build_index, cfg, f"s3://bench/{kind}-{r}", workers=WORKERS))
+                undo()
+                build_index(cfg, "s3://bench/base", workers=WORKERS)
+        return runs
+    finally:
+        server.stop()
+
+
+def medians(runs: dict[str, list[float]]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| where | files | full index s | " + " | ".join(f"{k} s (ratio)" for k in SCENARIOS) + " |",
+        "|---|---:|---:|" + "---:|" * len(SCENARIOS),
+    ]
+    for where, res in results.items():
+        m = res["medians"]
+        cells = " | ".join(f"{m[k]:.2f} ({m[k] / m['full']:.3f})" for k in SCENARIOS)
+        lines.append(f"| {where} | {res['files']} | {m['full']:.2f} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=100_000, help="files of the local corpus")
+    p.add_argument("--s3-files", type=int, default=10_000, help="files on moto S3 (0: skip)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--data", type=Path, default=REPO / "build/bench-data/reindex")
+    p.add_argument("--out", type=Path, default=REPO / "build/bench")
+    a = p.parse_args(argv)
+    results: dict[str, dict[str, Any]] = {}
+    work = a.out / "reindex-work"
+    runs = run_local(a.data, a.files, a.repeat, work)
+    results["local"] = {"files": a.files, "runs": runs, "medians": medians(runs)}
+    shutil.rmtree(work, ignore_errors=True)
+    if a.s3_files:
+        try:
+            runs = run_s3(a.data, a.s3_files, a.repeat)
+            results["moto S3"] = {"files": a.s3_files, "runs": runs, "medians": medians(runs)}
+        except ImportError:
+            print("moto is not installed: the S3 runs are left out", file=sys.stderr)
+    data = {"workers": WORKERS, "repeat": a.repeat, "results": results}
+    write_report(a.out, "reindex", table(results), data)
+
+
+if __name__ == "__main__":
+    main()
