@@ -185,20 +185,33 @@ def _build_dir(config, output, workers, progress, clock, engine, place) -> Index
             files = discover(spec, config.root, exclude=(output,))
         discovered.append((resolve_format(spec, files[0].format), files))
     tokenizers = {spec.name: resolve_tokenizer(spec, config.root) for spec, _ in discovered}
-    check_output(
-        "-o",
-        output,
-        [
-            *(("tokenizer", t) for t in tokenizers.values()),
-            *(("source file", None if remote else f.path) for _, fs in discovered for f in fs),
-        ],
-        directory=True,
-    )
+    check_output("-o", output, [("tokenizer", t) for t in tokenizers.values()], directory=True)
+    if not remote:
+        _check_sources_outside(output, discovered)
     with output_lock(output):
         return _build_locked(
             config, output, discovered, tokenizers, workers, progress, clock, started, engine,
             listed,
         )
+
+
+def _check_sources_outside(output: Path, discovered) -> None:
+    """Refuse an output directory that holds a source file. Discovery gives each file's
+    resolved path (symlinks followed) and leaves out the output directory, so this is a
+    string comparison per file rather than check_output's stat and resolution of each: a
+    re-index of a million unchanged files should not pay a million path resolutions."""
+    if os.path.lexists(output) and not os.path.isdir(output):  # a file: which one it is
+        sources = [("source file", f.path) for _, files in discovered for f in files]
+        check_output("-o", output, sources, directory=True)
+        return
+    inside = os.path.realpath(output) + os.sep
+    for _, files in discovered:
+        for f in files:
+            for path in (f.path, f.companion):
+                if path is not None and os.fspath(path).startswith(inside):
+                    raise ConfigError(
+                        f"-o {output} holds the source file {path}; choose another output"
+                    )
 
 
 def _dropped(spec: SourceSpec, files, parts: list[Part], old: dict | None) -> np.ndarray | None:
