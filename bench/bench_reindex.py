@@ -11,9 +11,11 @@ index, and undoes the change (the base index is then brought back in step, untim
   changed     1% of the files rewritten
   removed     1% of the files gone
 
-Each scenario's time is divided by the time of a full index (fresh output) of the same
-corpus measured in the same round; medians over `--repeat` rounds. The same runs on moto's
-S3 server (data root and index both under s3:// prefixes) at `--s3-files` files. Results go
+Each scenario's wall and CPU time is divided by those of a full index (fresh output) of
+the same corpus measured in the same round; medians over `--repeat` rounds of the times
+and of the ratios. The same runs on moto's
+S3 server (data root and index both under s3:// prefixes; the server in a process of its
+own, so the CPU times are mds's) at `--s3-files` files. Results go
 to `<out>/reindex.md` and `<out>/reindex.json`; timings are reported, never asserted.
 
 Usage: python bench/bench_reindex.py [--files 100000] [--s3-files 10000] [--repeat 3]
@@ -23,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -78,10 +81,11 @@ def config(root: str, base: Path):
     return parse_config(data, path=base / "mds.toml")
 
 
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
-    t = time.perf_counter()
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, float]:
+    """(wall s, CPU s of this process: every thread, and moto's server when it runs here)."""
+    t, c = time.perf_counter(), time.process_time()
     fn(*args, **kwargs)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 class LocalCorpus:
@@ -89,7 +93,7 @@ class LocalCorpus:
 
     def __init__(self, root: Path, files: int):
         self.root, self.files = root, files
-        self.step = max(1, files // 100)  # 1%: every step-th file
+        self.step = max(2, files // 100)  # 1%: every step-th file
 
     def picked(self, round_: int) -> list[int]:
         return list(range(round_ % self.step, self.files, self.step))
@@ -120,7 +124,7 @@ def run_local(data: Path, files: int, repeat: int, work: Path) -> dict[str, Any]
     base = work / "base"
     shutil.rmtree(work, ignore_errors=True)
     build_index(cfg, base, workers=WORKERS)  # warm-up, and the index every scenario starts from
-    runs: dict[str, list[float]] = {k: [] for k in ("full", *SCENARIOS)}
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("full", *SCENARIOS)}
     for r in range(repeat):
         fresh = work / f"full-{r}"
         runs["full"].append(timed(build_index, cfg, fresh, workers=WORKERS))
@@ -138,12 +142,23 @@ def run_local(data: Path, files: int, repeat: int, work: Path) -> dict[str, Any]
 
 def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
     import boto3
-    from moto.server import ThreadedMotoServer
+    import moto.server  # noqa: F401  (the server below is this module, in a process of its own)
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    # A process of its own: pyarrow's S3 client would wait on a server thread here for the GIL.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        host, port = probe.getsockname()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
         AWS_EC2_METADATA_DISABLED="true", AWS_ENDPOINT_URL=f"http://{host}:{port}",
@@ -155,7 +170,7 @@ def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
             client.put_object(Bucket="bench", Key=f"corpus/{rel(i)}", Body=body(i))
         root = corpus(data, files)  # only for its directory: the config's place
         cfg = config("s3://bench/corpus", root)
-        step = max(1, files // 100)
+        step = max(2, files // 100)
 
         def copy_prefix(src: str, dst: str) -> None:
             for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=f"{src}/"):
@@ -183,7 +198,7 @@ def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
             return lambda: None
 
         build_index(cfg, "s3://bench/base", workers=WORKERS)
-        runs: dict[str, list[float]] = {k: [] for k in ("full", *SCENARIOS)}
+        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("full", *SCENARIOS)}
         for r in range(repeat):
             runs["full"].append(timed(build_index, cfg, f"s3://bench/full-{r}", workers=WORKERS))
             for kind in SCENARIOS:
@@ -194,22 +209,38 @@ def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
                 build_index(cfg, "s3://bench/base", workers=WORKERS)
         return runs
     finally:
-        server.stop()
+        server.terminate()
+        server.wait()
 
 
-def medians(runs: dict[str, list[float]]) -> dict[str, float]:
-    return {k: statistics.median(v) for k, v in runs.items()}
+def medians(runs: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """Median wall and CPU seconds of each run, and the median over rounds of each
+    scenario's time divided by the full index's of the same round (the machine's load
+    drifts between rounds, less within one)."""
+    out: dict[str, Any] = {}
+    for k, v in runs.items():
+        out[k] = {"wall": statistics.median(w for w, _ in v), "cpu": statistics.median(c for _, c in v)}
+        if k != "full":
+            for i, what in enumerate(("wall", "cpu")):
+                ratios = [r[i] / f[i] for r, f in zip(v, runs["full"], strict=True)]
+                out[k][f"{what}_ratio"] = statistics.median(ratios)
+    return out
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
+    head = " | ".join(f"{k}: wall s, CPU s (ratios)" for k in SCENARIOS)
     lines = [
-        "| where | files | full index s | " + " | ".join(f"{k} s (ratio)" for k in SCENARIOS) + " |",
+        f"| where | files | full: wall s, CPU s | {head} |",
         "|---|---:|---:|" + "---:|" * len(SCENARIOS),
     ]
     for where, res in results.items():
         m = res["medians"]
-        cells = " | ".join(f"{m[k]:.2f} ({m[k] / m['full']:.3f})" for k in SCENARIOS)
-        lines.append(f"| {where} | {res['files']} | {m['full']:.2f} | {cells} |")
+        cells = " | ".join(
+            f"{m[k]['wall']:.2f}, {m[k]['cpu']:.2f} ({m[k]['wall_ratio']:.3f}, {m[k]['cpu_ratio']:.3f})"
+            for k in SCENARIOS
+        )
+        full = m["full"]
+        lines.append(f"| {where} | {res['files']} | {full['wall']:.2f}, {full['cpu']:.2f} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
