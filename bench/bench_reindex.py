@@ -178,6 +178,12 @@ def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
                     key = dst + o["Key"][len(src) :]
                     client.copy_object(Bucket="bench", Key=key, CopySource={"Bucket": "bench", "Key": o["Key"]})
 
+        def drop_prefix(prefix: str) -> None:
+            """Remove a measured index: moto lists by scanning every key of the bucket."""
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=f"{prefix}/"):
+                for o in page.get("Contents", []):
+                    client.delete_object(Bucket="bench", Key=o["Key"])
+
         def change(kind: str, r: int) -> Callable[[], None]:
             picked = list(range(r % step, files, step))
             if kind == "added":
@@ -201,11 +207,13 @@ def run_s3(data: Path, files: int, repeat: int) -> dict[str, Any]:
         runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("full", *SCENARIOS)}
         for r in range(repeat):
             runs["full"].append(timed(build_index, cfg, f"s3://bench/full-{r}", workers=WORKERS))
+            drop_prefix(f"full-{r}")
             for kind in SCENARIOS:
                 copy_prefix("base", f"{kind}-{r}")
                 undo = change(kind, r)
                 runs[kind].append(timed(build_index, cfg, f"s3://bench/{kind}-{r}", workers=WORKERS))
                 undo()
+                drop_prefix(f"{kind}-{r}")
                 build_index(cfg, "s3://bench/base", workers=WORKERS)
         return runs
     finally:

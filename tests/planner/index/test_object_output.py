@@ -115,6 +115,12 @@ def test_a_re_index_in_a_store_reads_and_uploads_only_what_changed(
         assert "/sources/a-" in sent[0]
         build_index(config(store.url("data")), store.url("full"), workers=1)
         assert _objects(store, "idx") == _objects(store, "full")
+        # a table object in place whose bytes differ is not reused: its files are rescanned
+        # and the table is sent again
+        table = next(k for k in _objects(store, "idx") if k.startswith("sources/b-"))
+        store.put(f"idx/{table}", b"damaged")
+        build_index(cfg, store.url("idx"), workers=1)
+        assert _objects(store, "idx") == _objects(store, "full")
         # the listing's modification time is the one a stat of the object gives
         listed = {k: m for k, _, m in storage.list_object_infos(store.url("data"))}
         assert listed["a/f9.jsonl"] == storage.stat(store.url("data/a/f9.jsonl")).st_mtime_ns
