@@ -71,6 +71,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/bench_index.py --out build/bench
+	$(BIN)/python bench/bench_reindex.py --out build/bench
 	$(BIN)/python bench/bench_plan.py --out build/bench
 	$(BIN)/python bench/bench_readers.py --out build/bench
 	$(BIN)/python bench/bench_budget.py --out build/bench

@@ -449,3 +449,16 @@ def test_a_source_drawn_many_epochs_is_warned_about(tmp_path):
     path = indexed(raised, train=TRAIN + "\nwarn_epochs = 6")
     summary = json.loads(mds("plan", path, "-o", raised / "p.mds", "--json").stdout)
     assert summary["warnings"] == []
+
+
+def test_plan_parses_the_index_manifest_once(index, tmp_path, monkeypatch):
+    """Every manifest parse ends in index_manifest._check: one for `mds plan`, however many
+    parts of planning use it (a 1M-file manifest takes seconds to parse)."""
+    from mds.core import index_manifest
+
+    checked = []
+    check = index_manifest._check
+    monkeypatch.setattr(index_manifest, "_check", lambda d, w: (checked.append(w), check(d, w))[1])
+    result = mds("plan", SAMPLE_CONFIG, "-o", tmp_path / "p.mds", "--index", index)
+    assert result.exit_code == 0, result.output
+    assert len(checked) == 1

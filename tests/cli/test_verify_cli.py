@@ -168,3 +168,16 @@ def test_help_has_examples():
     result = mds("verify", "--help")
     assert result.exit_code == 0
     assert "Example" in result.stdout and "mds verify build/plan.mds --full" in result.stdout
+
+
+def test_verify_reads_each_index_table_once(work, monkeypatch):
+    """The table check and the fetch records' check share one read of each table."""
+    from mds.planner.index import tables
+
+    read = []
+    original = tables.read_table_bytes
+    monkeypatch.setattr(
+        tables, "read_table_bytes", lambda p, c: (read.append(Path(p).name), original(p, c))[1]
+    )
+    assert mds("verify", work / "plan.mds").exit_code == 0
+    assert read and len(read) == len(set(read))

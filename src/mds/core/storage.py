@@ -31,6 +31,7 @@ __all__ = [
     "given_root",
     "is_url",
     "join",
+    "list_object_infos",
     "list_objects",
     "object_key",
     "object_version",
@@ -317,6 +318,12 @@ def open_input(path: str | os.PathLike) -> Any:
 
 def list_objects(url: str) -> list[tuple[str, int]]:
     """(key relative to `url`, size) of every object under the prefix `url`, sorted."""
+    return [(key, size) for key, size, _mtime in list_object_infos(url)]
+
+
+def list_object_infos(url: str) -> list[tuple[str, int, int]]:
+    """(key relative to `url`, size, mtime_ns) of every object under the prefix `url`,
+    sorted: the listing's own sizes and modification times, with no request per object."""
     from pyarrow import fs
 
     prefix = object_key(url)
@@ -328,7 +335,7 @@ def list_objects(url: str) -> list[tuple[str, int]]:
     except OSError as exc:
         raise failure(url, "list", exc) from None
     out = [
-        (info.path[len(prefix) :].lstrip("/"), int(info.size))
+        (info.path[len(prefix) :].lstrip("/"), int(info.size), int(info.mtime_ns or 0))
         for info in infos
         if info.type == fs.FileType.File
     ]

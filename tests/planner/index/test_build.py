@@ -775,3 +775,69 @@ def test_a_signal_during_the_manifest_rename_keeps_the_new_index(root: Path, mon
     manifest = read_manifest(root / "index")
     assert all((root / "index" / s["table"]).exists() for s in manifest.sources)
     assert _table(root / "index", "web").height == 15
+
+
+# --- a re-index costs what changed ----------------------------------------------------------
+
+
+def _tiny_corpus(root: Path, n: int) -> None:
+    (root / "d").mkdir(parents=True)
+    for i in range(n):
+        (root / f"d/f{i:03d}.jsonl").write_text(f'{{"tokens": [{i}, 1, 2]}}\n{{"tokens": [{i}]}}\n')
+    (root / "mds.toml").write_text('[[source]]\nname = "d"\npath = "d/*.jsonl"\ntokens = "tokens"\n')
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def test_a_grown_and_changed_corpus_reads_only_what_changed(
+    tmp_path: Path, scanned: list[str], monkeypatch
+) -> None:
+    from mds.planner.index import reuse
+
+    root = tmp_path / "data"
+    _tiny_corpus(root, 40)
+    config = load_config(root / "mds.toml")
+    build_index(config, tmp_path / "index", workers=1)
+    (root / "d/f040.jsonl").write_text('{"tokens": [7, 7]}\n')  # added
+    _rewrite(root / "d/f003.jsonl", b'{"tokens": [5]}\n')  # changed
+    (root / "d/f010.jsonl").unlink()  # removed
+    read: list[str] = []
+    hashed = reuse.fingerprint
+    monkeypatch.setattr(reuse, "fingerprint", lambda p, m: (read.append(Path(p).name), hashed(p, m))[1])
+    scanned.clear()
+    summary = build_index(config, tmp_path / "index", workers=1)
+    # unchanged files are known by size and mtime: neither fingerprinted nor scanned
+    assert sorted(read) == ["f003.jsonl", "f040.jsonl"]
+    assert sorted(scanned) == ["d/f003.jsonl", "d/f040.jsonl"]
+    assert summary.sources[0].files_scanned == 2
+    full = build_index(config, tmp_path / "full", workers=1)
+    assert full.fingerprint == summary.fingerprint
+    assert _tree(tmp_path / "index") == _tree(tmp_path / "full")
+    assert "d/f010.jsonl" not in (tmp_path / "index/manifest.json").read_text()
+
+
+def test_a_file_rewritten_with_its_old_size_and_mtime_back_keeps_its_fingerprint(
+    tmp_path: Path, scanned: list[str]
+) -> None:
+    """The stat is the check of an unchanged file; the documented limit of skipping its
+    read (docs/index-format.md): a same-size rewrite that restores the mtime is not seen."""
+    root = tmp_path / "data"
+    _tiny_corpus(root, 3)
+    config = load_config(root / "mds.toml")
+    build_index(config, tmp_path / "index", workers=1)
+    path = root / "d/f001.jsonl"
+    st = path.stat()
+    path.write_text(path.read_text().replace("[1, 1, 2]", "[1, 1, 3]"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    scanned.clear()
+    build_index(config, tmp_path / "index", workers=1)
+    assert scanned == []
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # any move of the mtime: read
+    build_index(config, tmp_path / "index", workers=1)
+    assert scanned == ["d/f001.jsonl"]

@@ -48,3 +48,79 @@ def test_only_tables_named_as_mds_names_them_are_ever_removed():
     assert TABLE_NAME.fullmatch("sources/web-0123456789abcdef.parquet")
     assert not TABLE_NAME.fullmatch("sources/web.parquet")
     assert not TABLE_NAME.fullmatch("other/web-0123456789abcdef.parquet")
+
+
+def _objects(store, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` of the store, by its key relative to the prefix."""
+    if hasattr(store, "client"):  # S3
+        listed = store.client.list_objects_v2(Bucket="mds-test", Prefix=f"{prefix}/")
+        keys = [o["Key"] for o in listed.get("Contents", [])]
+    else:
+        keys = store.keys(f"{prefix}/")
+    return {k[len(prefix) + 1 :]: store.get(k) for k in keys}
+
+
+def _server(kind: str):
+    if kind == "s3":
+        from s3_store import s3_server
+
+        return s3_server
+    from gcs_store import gcs_server
+
+    return gcs_server
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+def test_a_re_index_in_a_store_reads_and_uploads_only_what_changed(
+    tmp_path: Path, monkeypatch, kind: str
+):
+    """Data and index both under prefixes of a store: a re-index of a grown, changed and shrunk
+    corpus fingerprints and scans only the new and changed objects, sends no table it did
+    not change, and leaves the same bytes as a full index of the same objects."""
+    from mds.core import storage
+    from mds.planner.index import reuse
+    from mds.planner.index.build import build_index
+    from mds.planner.runtime import upload
+
+    def config(root: str):
+        data = {
+            "index": {"root": root},
+            "source": [
+                {"name": "a", "path": "a/*.jsonl", "tokens": "tokens"},
+                {"name": "b", "path": "b/*.jsonl", "tokens": "tokens"},
+            ],
+        }
+        return parse_config(data, path=tmp_path / "mds.toml")
+
+    with _server(kind)(monkeypatch) as store:
+        for source in "ab":
+            for i in range(6):
+                store.put(f"data/{source}/f{i}.jsonl", f'{{"tokens": [{i}, 2]}}\n'.encode())
+        cfg = config(store.url("data"))
+        build_index(cfg, store.url("idx"), workers=1)
+        store.put("data/a/f9.jsonl", b'{"tokens": [9]}\n')  # added
+        store.put("data/a/f2.jsonl", b'{"tokens": [2, 2, 2]}\n')  # changed
+        store.delete("data/a/f4.jsonl")  # removed; source b is unchanged
+        read, sent = [], []
+        hashed, put, stat = reuse.fingerprint, upload.put_file, storage.stat
+        with pytest.MonkeyPatch.context() as spy:
+            spy.setattr(reuse, "fingerprint", lambda p, m: (read.append(str(p)), hashed(p, m))[1])
+            spy.setattr(upload, "put_file", lambda f, u: (sent.append(u), put(f, u))[1])
+            spy.setattr(storage, "stat", lambda p: (read.append(f"stat {p}"), stat(p))[1])
+            build_index(cfg, store.url("idx"), workers=1)
+        assert sorted(read) == [store.url("data/a/f2.jsonl"), store.url("data/a/f9.jsonl")]
+        # source b's table is in place already: only a's new table and the manifest go up
+        assert len(sent) == 2 and sent[-1] == store.url("idx/manifest.json")
+        assert "/sources/a-" in sent[0]
+        build_index(config(store.url("data")), store.url("full"), workers=1)
+        assert _objects(store, "idx") == _objects(store, "full")
+        # a table object in place whose bytes differ is not reused: its files are rescanned
+        # and the table is sent again
+        table = next(k for k in _objects(store, "idx") if k.startswith("sources/b-"))
+        store.put(f"idx/{table}", b"damaged")
+        build_index(cfg, store.url("idx"), workers=1)
+        assert _objects(store, "idx") == _objects(store, "full")
+        # the listing's modification time is the one a stat of the object gives
+        listed = {k: m for k, _, m in storage.list_object_infos(store.url("data"))}
+        assert listed["a/f9.jsonl"] == storage.stat(store.url("data/a/f9.jsonl")).st_mtime_ns

@@ -27,11 +27,17 @@ from mds.core import commit, storage
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.discover import discover
-from mds.planner.index.object_output import check_object_output, previous_objects, upload_index
+from mds.planner.index.object_output import (
+    check_object_output,
+    previous_objects,
+    seed_previous,
+    upload_index,
+)
 from mds.planner.index.objects import discover_objects, listing
 from mds.planner.index.publish import TableWriter, cannot_write_index, collect_garbage, file_entries
 from mds.planner.index.reuse import (
     FINGERPRINT_BATCH,
+    Hint,
     IndexedFile,
     fingerprint_batch,
     previous_index,
@@ -165,8 +171,12 @@ def _build_dir(config, output, workers, progress, clock, engine, place) -> Index
         [("config file", config.path), ("data root", None if remote else config.root)],
         directory=True,
     )
-    # Discover everything first: a bad glob fails before any work is done.
-    keys = listing(str(config.root), exclude=[place] if place else []) if remote else ()
+    # Discover everything first: a bad glob fails before any work is done. An object
+    # store is listed once; the listing's sizes and mtimes stand in for a stat per object.
+    infos = storage.list_object_infos(str(config.root)) if remote else []
+    listed = {key: (size, mtime) for key, size, mtime in infos}
+    objects = [(key, size) for key, size, _ in infos]
+    keys = listing(str(config.root), [place] if place else [], objects) if remote else ()
     discovered = []
     for spec in config.sources:
         if remote:
@@ -175,19 +185,33 @@ def _build_dir(config, output, workers, progress, clock, engine, place) -> Index
             files = discover(spec, config.root, exclude=(output,))
         discovered.append((resolve_format(spec, files[0].format), files))
     tokenizers = {spec.name: resolve_tokenizer(spec, config.root) for spec, _ in discovered}
-    check_output(
-        "-o",
-        output,
-        [
-            *(("tokenizer", t) for t in tokenizers.values()),
-            *(("source file", None if remote else f.path) for _, fs in discovered for f in fs),
-        ],
-        directory=True,
-    )
+    check_output("-o", output, [("tokenizer", t) for t in tokenizers.values()], directory=True)
+    if not remote:
+        _check_sources_outside(output, discovered)
     with output_lock(output):
         return _build_locked(
-            config, output, discovered, tokenizers, workers, progress, clock, started, engine
+            config, output, discovered, tokenizers, workers, progress, clock, started, engine,
+            listed,
         )
+
+
+def _check_sources_outside(output: Path, discovered) -> None:
+    """Refuse an output directory that holds a source file. Discovery gives each file's
+    resolved path (symlinks followed) and leaves out the output directory, so this is a
+    string comparison per file rather than check_output's stat and resolution of each: a
+    re-index of a million unchanged files should not pay a million path resolutions."""
+    if os.path.lexists(output) and not os.path.isdir(output):  # a file: which one it is
+        sources = [("source file", f.path) for _, files in discovered for f in files]
+        check_output("-o", output, sources, directory=True)
+        return
+    inside = os.path.realpath(output) + os.sep
+    for _, files in discovered:
+        for f in files:
+            for path in (f.path, f.companion):
+                if path is not None and os.fspath(path).startswith(inside):
+                    raise ConfigError(
+                        f"-o {output} holds the source file {path}; choose another output"
+                    )
 
 
 def _dropped(spec: SourceSpec, files, parts: list[Part], old: dict | None) -> np.ndarray | None:
@@ -208,9 +232,10 @@ def _dropped(spec: SourceSpec, files, parts: list[Part], old: dict | None) -> np
 
 def _build_to_objects(config, url, workers, progress, clock, engine, held) -> IndexSummary:
     """Index into a local temporary directory, then upload it under the prefix `url`
-    (object_output.upload_index: tables first, the manifest last, never a partial object;
-    an interrupt says what it left). The index in place is not reused: every file is
-    scanned. `held`: the prefix's lock object."""
+    (object_output.upload_index: new tables first, the manifest last, never a partial
+    object; an interrupt says what it left). The index in place is copied into that
+    directory first (object_output.seed_previous), so its unchanged files' rows are reused
+    and its unchanged tables are not uploaded again. `held`: the prefix's lock object."""
     import tempfile
 
     url = url.rstrip("/")
@@ -219,15 +244,31 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
     previous = previous_objects(url)
     with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
         local = Path(tmp) / "index"
+        kept = seed_previous(local, url, previous)
         summary = _build_dir(config, local, workers, progress, clock, engine, url)
-        upload_index(local, url, previous, held)
+        upload_index(local, url, previous, held, kept)
     summary.path = url
     summary.seconds = clock() - started
     return summary
 
 
+def _hints(discovered, old_by_name: dict, mode: str, listed: dict) -> list[Hint]:
+    """Per discovered file, in order: its listed (size, mtime_ns) on an object store, and
+    what the previous index recorded of it (see reuse.fingerprint_file)."""
+    hints: list[Hint] = []
+    for spec, files in discovered:
+        old = old_by_name.get(spec.name)
+        before = {
+            e["path"]: (e["size"], e["mtime_ns"], e["fingerprint"])
+            for e in (old or {}).get("files", [])
+            if str(e.get("fingerprint", "")).startswith(f"{mode}:")
+        }
+        hints.extend((listed.get(f.rel), before.get(f.rel)) for f in files)
+    return hints
+
+
 def _build_locked(
-    config, output, discovered, tokenizers, workers, progress, clock, started, engine
+    config, output, discovered, tokenizers, workers, progress, clock, started, engine, listed
 ):
     """The part of build_index that writes, under the output's lock."""
     previous = previous_index(output)
@@ -245,10 +286,12 @@ def _build_locked(
         clean_stale_temps(output / TABLES, every=True)
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
+            hints = _hints(discovered, old_by_name, config.fingerprint, listed)
             # Few files are still shared among the workers: each hashes a few MiB.
             per = max(1, min(FINGERPRINT_BATCH, -(-len(all_files) // max(pool.workers, 1))))
+            host = socket.gethostname()
             batches = [
-                (all_files[i : i + per], config.fingerprint, socket.gethostname())
+                (all_files[i : i + per], config.fingerprint, host, hints[i : i + per])
                 for i in range(0, len(all_files), per)
             ]
             fps = [fp for chunk in pool.map(fingerprint_batch, batches) for fp in chunk]

@@ -95,29 +95,32 @@ def _kind(path: Path) -> str | None:
     return "not a regular file"
 
 
-def _file_or_dir(path: Path) -> str | None:
+def _file_or_dir(path: Path | str) -> str | None:
     """ "file" or "dir" (after symlinks), else None, in one stat."""
     try:
-        mode = path.stat().st_mode
+        mode = os.stat(path).st_mode
     except OSError:
         return None
     return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else None
 
 
 class _Resolver:
-    """Path.resolve() for many files in few directories: each directory is resolved once and
-    a file that is not a symlink joins its name to it (a symlink is resolved in full)."""
+    """Path.resolve() for many files in few directories, as strings (a Path per call costs
+    more than the lstat): each directory is resolved once and a file that is not a symlink
+    joins its name to it (a symlink is resolved in full)."""
 
     def __init__(self) -> None:
-        self._dirs: dict[Path, Path] = {}
+        self._dirs: dict[str, str] = {}
 
-    def __call__(self, path: Path) -> Path:
-        if path.is_symlink() or path.name in ("", ".", ".."):
-            return path.resolve()
-        parent = self._dirs.get(path.parent)
+    def __call__(self, path: Path | str) -> str:
+        text = os.fspath(path)
+        directory, name = os.path.split(text)
+        if name in ("", ".", "..") or os.path.islink(text):
+            return os.path.realpath(text)
+        parent = self._dirs.get(directory)
         if parent is None:
-            parent = self._dirs[path.parent] = path.parent.resolve()
-        return parent / path.name
+            parent = self._dirs[directory] = os.path.realpath(directory or ".")
+        return os.path.join(parent, name)
 
 
 class _Excluded:
@@ -203,12 +206,14 @@ def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = 
         found = (
             glob.glob(pattern, recursive=True)
             if Path(pattern).is_absolute()
-            else [str(root / g) for g in glob.glob(pattern, root_dir=root, recursive=True)]
+            else [os.path.join(root, g) for g in glob.glob(pattern, root_dir=root, recursive=True)]
         )
-        for m in (Path(g) for g in sorted(found)):
-            kind = _file_or_dir(m)
-            # A regular file is never an index itself: only its directories need a look.
-            if kind is not None and skip.index_of(m.parent if kind == "file" else m) is None:
+        for g in sorted(found):
+            kind = _file_or_dir(g)
+            # A regular file is never an index itself: only its directories need a look
+            # (asked once per directory: index_of caches its answers by the string).
+            if kind is not None and skip.index_of(os.path.dirname(g) if kind == "file" else g) is None:
+                m = Path(g)
                 matches.append(m)
                 if kind == "dir":
                     dirs.add(m)
@@ -243,13 +248,14 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     root = root.resolve()
     skip = _Excluded(root, exclude)
     resolve = _Resolver()
-    found: dict[Path, DataFile] = {}
+    inside = os.path.join(str(root), "")  # the root with one trailing separator
+    found: dict[str, DataFile] = {}
     for pattern in spec.paths:
         matches = _expand(pattern, root, where, skip)
         if not matches:
             raise ConfigError(f"{where}`path` {pattern!r} matches no files under {root}")
         for match in matches:
-            fmt = spec.format or detect_format(match)
+            fmt = spec.format or detect_format(match.name)
             if fmt is None:
                 raise ConfigError(
                     f"{where}cannot tell the format of {match} from its name; set `format`"
@@ -258,14 +264,13 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
             if fmt == "megatron":
                 match, companion = _megatron_pair(match, where)
             resolved = resolve(match)
-            try:
-                rel = resolved.relative_to(root).as_posix()
-            except ValueError:
+            if not resolved.startswith(inside):
                 raise ConfigError(
                     f"{where}{match} is outside the data root {root}; set [index] `root`"
-                ) from None
+                )
+            rel = resolved[len(inside) :].replace(os.sep, "/")
             found[resolved] = DataFile(
-                resolved, rel, fmt, companion.resolve() if companion else None
+                Path(resolved), rel, fmt, companion.resolve() if companion else None
             )
     return one_format(found.values(), where, "files")
 

@@ -57,7 +57,8 @@ _EXTENSIONS = (
 
 def detect_format(path: PurePath | str) -> str | None:
     """A data file's format from its name, or None when the name says nothing."""
-    name = PurePosixPath(path).name.lower() if isinstance(path, str) else path.name.lower()
+    # a key or a name: its last part (a Path per call would cost more than the test)
+    name = path.rsplit("/", 1)[-1].lower() if isinstance(path, str) else path.name.lower()
     for ext, fmt in _EXTENSIONS:
         if name.endswith(ext):
             return fmt

@@ -1,11 +1,13 @@
 """An index written under an object-store prefix: what the prefix held before the build
-(one listing), the refusal of a prefix that is or holds the data root, the upload (tables
+(one listing), the refusal of a prefix that is or holds the data root, the previous index
+copied into the local build directory so its rows are reused, the upload (new tables
 first, the manifest last, then the tables only the old manifest named removed), and what
 an interrupt left there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ __all__ = [
     "check_object_output",
     "index_left",
     "previous_objects",
+    "seed_previous",
     "tables_left",
     "upload_index",
 ]
@@ -39,6 +42,7 @@ class Prefix:
     named: set[str]  # tables its manifest names: the only objects a re-index may remove
     present: set[str]  # table objects there, named or not (temporaries aside)
     had_index: bool  # a manifest.json of ours was there
+    manifest: bytes | None = None  # its bytes, when they parse as an index this mds reads
 
 
 def previous_objects(url: str) -> Prefix:
@@ -60,8 +64,9 @@ def previous_objects(url: str) -> Prefix:
         return Prefix(set(), present, False)
     if not is_index_manifest(head(manifest_url, MANIFEST_HEAD)):
         raise not_an_index(url)
+    data = storage.get_bytes(manifest_url)
     with tempfile.TemporaryDirectory(prefix="mds-index-") as tmp:
-        (Path(tmp) / MANIFEST).write_bytes(storage.get_bytes(manifest_url))
+        (Path(tmp) / MANIFEST).write_bytes(data)
         try:
             previous = read_manifest(tmp)
         except IndexFormatError as exc:
@@ -71,7 +76,31 @@ def previous_objects(url: str) -> Prefix:
                 ) from None
             return Prefix(set(), present, True)
     named = {str(e["table"]) for e in previous.sources if TABLE_NAME.fullmatch(str(e["table"]))}
-    return Prefix(named, present, True)
+    return Prefix(named, present, True, data)
+
+
+def seed_previous(local: Path, url: str, previous: Prefix) -> dict[str, str]:
+    """Copy the index in place at `url` into the empty build directory `local`: its
+    manifest, then each table it names that arrives with the bytes its checksum records (a
+    damaged or missing one is left out: its files are rescanned). The build then reuses
+    their rows as in a directory. Returns {table: checksum} of the tables copied: the ones
+    already in place, whole, that the upload need not send again."""
+    if previous.manifest is None:
+        return {}
+    local.mkdir(parents=True)
+    (local / MANIFEST).write_bytes(previous.manifest)
+    kept: dict[str, str] = {}
+    for entry in read_manifest(local).sources:
+        rel, checksum = str(entry["table"]), str(entry["table_checksum"])
+        if rel not in previous.named or rel not in previous.present or rel in kept:
+            continue
+        data = storage.get_bytes(f"{url}/{rel}")
+        if "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest() != checksum:
+            continue
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(data)
+        kept[rel] = checksum
+    return kept
 
 
 def check_object_output(config: IndexConfig, url: str) -> None:
@@ -87,9 +116,12 @@ def check_object_output(config: IndexConfig, url: str) -> None:
         raise ConfigError(f"-o {url} holds the data root {root}; choose another output")
 
 
-def upload_index(local: Path, url: str, previous: Prefix, held) -> None:
+def upload_index(
+    local: Path, url: str, previous: Prefix, held, kept: dict[str, str] | None = None
+) -> None:
     """Upload the index in the directory `local` under the prefix `url`: the tables first
-    (named by their content, so a table of the index in place is never changed), the
+    (named by their content, so a table of the index in place is never changed; one in
+    `kept`, {table: checksum} copied whole from the prefix, is not sent again), the
     manifest last, each one object (upload.put_file: never a partial one). Readers see the
     old manifest or the new one, and a failed or interrupted upload leaves the old index
     valid; an interrupt says what it left (Interrupted). Then the tables the old manifest
@@ -97,12 +129,15 @@ def upload_index(local: Path, url: str, previous: Prefix, held) -> None:
     did not write. `previous`: what the prefix held before the build; `held`: its lock
     object, checked before the manifest is written and before tables are removed."""
     manifest = read_manifest(local)
-    live = {str(e["table"]) for e in manifest.sources}
+    checksums = {str(e["table"]): str(e["table_checksum"]) for e in manifest.sources}
+    live = set(checksums)
+    kept = kept or {}
     mark = len(commit.written())  # what this build puts in place is noted after it
     stale = sorted(previous.named - live)
     try:
         for rel in sorted(live):
-            upload.put_file(local / rel, f"{url}/{rel}")
+            if kept.get(rel) != checksums[rel]:
+                upload.put_file(local / rel, f"{url}/{rel}")
         held.check()
         upload.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
         held.check()

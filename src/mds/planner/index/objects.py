@@ -32,12 +32,15 @@ from mds.planner.index.layout import (
 __all__ = ["discover_objects", "head", "listing", "relative_key"]
 
 
-def listing(root: str, exclude: Iterable[str] = ()) -> Listing:
+def listing(
+    root: str, exclude: Iterable[str] = (), objects: list[tuple[str, int]] | None = None
+) -> Listing:
     """Every candidate key under `root` (relative, sorted, with its size): list once per
     build. Keys under
     a prefix of `exclude` (this run's index output) or under any mds index are left out,
-    as `discover` leaves out such directories, so an index never ingests itself."""
-    objects = storage.list_objects(root)
+    as `discover` leaves out such directories, so an index never ingests itself.
+    `objects`: the root's (key, size) list when the caller listed it already."""
+    objects = storage.list_objects(root) if objects is None else objects
     keys = [key for key, _size in objects]
     indexes = {
         str(PurePosixPath(k).parent)

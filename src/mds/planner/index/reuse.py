@@ -23,6 +23,7 @@ from mds.planner.runtime.atomic import is_temp
 
 __all__ = [
     "FINGERPRINT_BATCH",
+    "Hint",
     "IndexedFile",
     "fingerprint_batch",
     "fingerprint_file",
@@ -51,9 +52,29 @@ class IndexedFile:
     reuse: int | None = None  # file id in the previous table whose rows stay valid
 
 
-def fingerprint_file(f: DataFile, mode: str) -> tuple[int, int, str, int]:
-    """(size, mtime_ns, fingerprint, bytes to scan), stat-ing each file once."""
-    size, mtime = stat_signature(f.path)
+# What a build already knows of a file before it fingerprints it: (size, mtime_ns) from the
+# object listing (None: stat it), and (size, mtime_ns, fingerprint) from the previous
+# manifest (None: not indexed before under this path and fingerprint mode).
+Hint = tuple[tuple[int, int] | None, tuple[int, int, str] | None]
+
+
+def fingerprint_file(
+    f: DataFile, mode: str, hint: Hint = (None, None)
+) -> tuple[int, int, str, int]:
+    """(size, mtime_ns, fingerprint, bytes to scan), stat-ing each file once (or not at all
+    when the listing gave its size and mtime). A file whose size and mtime are the ones the
+    previous index recorded keeps that fingerprint unread: a re-index of an unchanged file
+    costs a stat (a local root) or nothing beyond the listing (an object store)."""
+    listed, before = hint
+    size, mtime = listed if listed is not None else stat_signature(f.path)
+    if (
+        before is not None
+        and f.companion is None
+        and mtime != 0  # a store that gives no modification time proves nothing
+        and before[:2] == (size, mtime)
+        and before[2].startswith(f"{mode}:")
+    ):
+        return size, mtime, before[2], size
     fp = fingerprint(f.path, mode)
     nbytes = size
     if f.companion is not None:
@@ -63,10 +84,14 @@ def fingerprint_file(f: DataFile, mode: str) -> tuple[int, int, str, int]:
 
 
 def fingerprint_batch(
-    files: list[DataFile], mode: str, driver: str | None = None
+    files: list[DataFile],
+    mode: str,
+    driver: str | None = None,
+    hints: list[Hint] | None = None,
 ) -> list[tuple[int, int, str, int]]:
     """One engine task: the fingerprints of a batch of files. `driver`: the host that listed
-    them; on another host a listed file that is missing is a path this node does not share."""
+    them; on another host a listed file that is missing is a path this node does not share.
+    `hints`: what the listing and the previous index say of each file (fingerprint_file)."""
     host = socket.gethostname()
     if driver is not None and driver != host:
         for f in files:
@@ -75,7 +100,8 @@ def fingerprint_batch(
                     f"{f.rel}: not visible on Ray node {host} ({f.path} is missing there); "
                     "mount the data root at the same path on every node, or use an s3:// root"
                 )
-    return [fingerprint_file(f, mode) for f in files]
+    hints = hints or [(None, None)] * len(files)
+    return [fingerprint_file(f, mode, h) for f, h in zip(files, hints, strict=True)]
 
 
 def row_group_located(spec: SourceSpec, fmt: str) -> bool:

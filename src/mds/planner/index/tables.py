@@ -101,18 +101,24 @@ _FILE_PAD = " " * 8  # manifest -> "sources" -> source -> "files" -> entry
 
 
 def _scalar(value: Any) -> str:
+    if type(value) is int:  # most values of a file entry
+        return int.__repr__(value)
     if isinstance(value, str):
         return encode_basestring_ascii(value)
-    if type(value) is int:
-        return int.__repr__(value)
     return json.dumps(value)
 
 
+# The indented, encoded keys of each set of file-entry keys seen (a handful per manifest).
+_HEADS: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
 def _file_entry(entry: dict[str, Any]) -> str:
-    inner = _FILE_PAD + "  "
-    fields = ",\n".join(
-        f"{inner}{encode_basestring_ascii(k)}: {_scalar(v)}" for k, v in sorted(entry.items())
-    )
+    keys = tuple(sorted(entry))
+    heads = _HEADS.get(keys)
+    if heads is None:
+        inner = _FILE_PAD + "  "
+        heads = _HEADS[keys] = tuple(f"{inner}{encode_basestring_ascii(k)}: " for k in keys)
+    fields = ",\n".join([h + _scalar(entry[k]) for h, k in zip(heads, keys, strict=True)])
     return f"{_FILE_PAD}{{\n{fields}\n{_FILE_PAD}}}"
 
 
