@@ -7,8 +7,8 @@ Cases (one Parquet file per source, token lists of 64 to 511 int32 ids, 64 sampl
   c: 1024 sources x 2,048 rows
 Every cell is the median of `--repeat` fresh child processes, mds and Mosaic runs
 alternating, each after every file of the case was read once (from the page cache): peak
-RSS above the imports (main process; with workers, the workers' own peaks above the same
-imports are reported separately, summed), construction time, the first 16 steps, and the
+RSS above the imports (main process; with workers, the workers' anonymous RSS above the
+parent's at the imports, sampled every 16 steps, its largest sum, reported separately), construction time, the first 16 steps, and the
 steady ms/step of the steps after them. The data, plans and Mosaic shards are made by
 bench_peers.py's builders under build/bench-data/memory/.
 """
@@ -46,43 +46,61 @@ KEYS = ("start_ms", "first16_ms", "step_ms", "rss_mb", "workers_rss_mb")
 # --- children ---------------------------------------------------------------------------
 
 
-def workers_peak_mb(base_mb: int) -> float:
-    """Summed peak RSS of this process's children (DataLoader workers) above `base_mb`, the
-    RSS they inherited from the imports (a forked worker's RSS starts with its parent's)."""
-    me, total = str(os.getpid()), 0.0
+def status_mb(path: Path, field: str) -> int:
+    """A field (VmHWM, RssAnon) of a process's status file in MB; 0 if it is gone."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+def workers_anon_mb(base_anon_mb: int) -> int:
+    """The anonymous RSS of this process's children (DataLoader workers) above `base_anon_mb`,
+    the parent's at the imports, summed: what the workers hold of their own (pages they
+    inherited are counted in both until written). VmHWM does not serve: a forked worker's
+    RSS starts without the parent's file-backed pages."""
+    me, total = str(os.getpid()), 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if fields[1] != me:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] != me:
                 continue
-            status = (stat.parent / "status").read_text()
         except (OSError, IndexError):
             continue
-        for line in status.splitlines():
-            if line.startswith("VmHWM:"):
-                total += max(0, int(line.split()[1]) // 1024 - base_mb)
+        total += max(0, status_mb(stat.parent / "status", "RssAnon") - base_anon_mb)
     return total
 
 
 def measure(make_iter, steps: int, base_mb: int, workers: int) -> dict:
-    """Construction (`make_iter()`), the first FIRST steps, then `steps` more (mean ms)."""
+    """Construction (`make_iter()`), the first FIRST steps, then `steps` more (mean ms).
+    With workers, their anonymous RSS is sampled every FIRST steps (outside the timing)."""
+    me = Path("/proc/self/status")
+    base_anon = status_mb(me, "RssAnon")
+    workers_mb = 0
     t0 = time.perf_counter()
     it = make_iter()
     t1 = time.perf_counter()
     for _ in range(FIRST):
         next(it)
     t2 = time.perf_counter()
-    for _ in range(steps):
+    spent = 0.0
+    for k in range(steps):
         next(it)
+        if workers and k % FIRST == 0:
+            t = time.perf_counter()
+            workers_mb = max(workers_mb, workers_anon_mb(base_anon))
+            spent += time.perf_counter() - t
     t3 = time.perf_counter()
     out = {
         "start_ms": 1000 * (t1 - t0),
         "first16_ms": 1000 * (t2 - t1),
-        "step_ms": 1000 * (t3 - t2) / steps,
+        "step_ms": 1000 * (t3 - t2 - spent) / steps,
         "rss_mb": proc_status_mb("VmHWM") - base_mb,
     }
     if workers:
-        out["workers_rss_mb"] = workers_peak_mb(base_mb)
+        out["workers_rss_mb"] = max(workers_mb, workers_anon_mb(base_anon))
     return out
 
 
@@ -202,7 +220,8 @@ def table(rows: list[dict], peer_note: str, budget: int, a) -> str:
     head = (
         f"# One rank's memory and start-up: mds against Mosaic streaming ({peer_note})\n\n"
         f"64 samples per step, median of {a.repeat} runs. RSS: peak MB above the imports, "
-        "main process; `wRSS`: the DataLoader workers' peaks above the same imports, summed. "
+        "main process; `wRSS`: the DataLoader workers' anonymous RSS above the parent's at "
+        f"the imports, summed, the largest of samples every {FIRST} steps. "
         f"`start`: construction ms; `first16`: the first {FIRST} steps, ms; `ms/step`: mean of "
         f"the {a.steps} steps after them. Budget {budget / 2**20:.0f} MiB: target RSS <= "
         f"{target:.0f} MB.\n\n"
