@@ -78,6 +78,7 @@ bench: setup
 	$(BIN)/python bench/bench_executor.py --out build/bench
 	$(BIN)/python bench/bench_scale.py --out build/bench
 	$(BIN)/python bench/bench_peers.py --out build/bench
+	$(BIN)/python bench/bench_memory.py --out build/bench
 	$(BIN)/python bench/bench_recheck.py --out build/bench
 	$(BIN)/python bench/bench_storage.py --out build/bench
 	$(BIN)/python bench/bench_calibrate.py --out build/bench

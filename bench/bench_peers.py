@@ -38,9 +38,10 @@ TORCH = "torch==2.13.0"  # the local CPU wheel; any other spec may pull a CUDA b
 # --- data and plan ----------------------------------------------------------------------
 
 
-def make_data(root: Path, n: int, steps: int, python: str) -> Path:
-    """N Parquet sources, the config and index, and a plan of `steps` steps for them (all
-    kept between runs); returns the plan."""
+def make_data(root: Path, n: int, steps: int, python: str, rows: int = ROWS) -> Path:
+    """N Parquet sources of `rows` rows (one row group each up to pyarrow's default of 1Mi
+    rows), the config and index, and a plan of `steps` steps for them (all kept between
+    runs); returns the plan."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -51,9 +52,9 @@ def make_data(root: Path, n: int, steps: int, python: str) -> Path:
     lines = []
     for s in range(n):
         rng = np.random.default_rng([7, s])
-        lengths = rng.integers(64, 512, ROWS)
+        lengths = rng.integers(64, 512, rows)
         values = rng.integers(0, 50_000, int(lengths.sum()), dtype=np.int32)
-        offsets = np.zeros(ROWS + 1, dtype=np.int32)
+        offsets = np.zeros(rows + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
         path = root / "src" / f"s{s:04d}.parquet"
@@ -86,16 +87,19 @@ def make_data(root: Path, n: int, steps: int, python: str) -> Path:
     return plan
 
 
-def plan_order(plan: Path) -> list[list[tuple[int, int]]]:
-    """(source, row) of every sample, step by step, as the executor hands them out."""
+def plan_order(plan: Path, limit: int | None = None) -> list[list[tuple[int, int]]]:
+    """(source, row) of every sample, step by step, as the executor hands them out (of the
+    first `limit` steps only, if given)."""
     out = plan.with_suffix(".order.json")
     if out.exists():
         return json.loads(out.read_text())
+    from itertools import islice
+
     from mds.executor import PlanExecutor
 
     steps = [
         list(zip(b["source"].tolist(), b["row"].tolist(), strict=True))
-        for b in PlanExecutor(plan, 0, verify="none")
+        for b in islice(PlanExecutor(plan, 0, verify="none"), limit)
     ]
     out.write_text(json.dumps(steps))
     return steps
@@ -133,19 +137,21 @@ def child_mds(plan: Path, workers: int, steps: int, max_open_files: int) -> dict
     return {**step_times(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
 
 
-def child_mosaic(plan: Path, workers: int, steps: int) -> dict:
+def mosaic_batches(plan: Path, rows: int = ROWS) -> list[list[int]]:
+    """The plan's steps (`plan_order`) as lists of Mosaic global sample indices: source
+    offset + row, every source holding `rows` samples, streams in source order."""
+    order = json.loads(plan.with_suffix(".order.json").read_text())
+    return [[s * rows + r for s, r in step] for step in order]
+
+
+def mosaic_dataset(plan: Path, rows: int = ROWS):
+    """Map-style access (`ds[i]`: token ids) to the Mosaic copy of the plan's data."""
     import torch
     from streaming import Stream, StreamingDataset
 
     root = plan.parent
-    order = json.loads(plan.with_suffix(".order.json").read_text())
     n = len(list((root / "mosaic").iterdir()))
-    starts = np.arange(n + 1) * ROWS  # every source has ROWS samples, streams in source order
-    batches = [[int(starts[s] + r) for s, r in step] for step in order]
-
-    def dataset():
-        streams = [Stream(local=str(root / "mosaic" / f"s{s:04d}")) for s in range(n)]
-        return StreamingDataset(streams=streams, shuffle=False, batch_size=SAMPLES)
+    size = n * rows
 
     class ByIndex(torch.utils.data.Dataset):
         """Map-style access to the StreamingDataset (forked into the workers)."""
@@ -154,20 +160,36 @@ def child_mosaic(plan: Path, workers: int, steps: int) -> dict:
             self.ds = ds
 
         def __len__(self):
-            return int(starts[-1])
+            return size
 
         def __getitem__(self, i):
             return self.ds[i]["tokens"]
 
-    base = proc_status_mb("VmRSS")
-    ds = ByIndex(dataset())
+    streams = [Stream(local=str(root / "mosaic" / f"s{s:04d}")) for s in range(n)]
+    ds = StreamingDataset(streams=streams, shuffle=False, batch_size=SAMPLES)
+    return ByIndex(ds)
+
+
+def mosaic_steps(ds, batches: list[list[int]], workers: int):
+    """An iterator over the plan's steps read from `ds`: one index at a time in-process, or
+    a torch DataLoader of `workers` workers whose batch sampler yields the steps."""
+    import torch
+
     if workers:
         loader = torch.utils.data.DataLoader(
             ds, batch_sampler=batches, num_workers=workers, collate_fn=list
         )
-        it = iter(loader)
-    else:
-        it = ([ds[i] for i in b] for b in batches)
+        return iter(loader)
+    return ([ds[i] for i in b] for b in batches)
+
+
+def child_mosaic(plan: Path, workers: int, steps: int) -> dict:
+    import streaming  # noqa: F401
+    import torch  # noqa: F401
+
+    batches = mosaic_batches(plan)
+    base = proc_status_mb("VmRSS")
+    it = mosaic_steps(mosaic_dataset(plan), batches, workers)
     return {**step_times(it, steps), "rss_mb": proc_status_mb("VmHWM") - base}
 
 
@@ -176,14 +198,15 @@ def child_write_mosaic(root: Path) -> dict:
     from streaming import MDSWriter
 
     for path in sorted((root / "src").glob("*.parquet")):
-        tokens = pq.read_table(path).column("tokens").to_pylist()
+        col = pq.read_table(path).column("tokens").combine_chunks()
+        offsets, values = col.offsets.to_numpy(), col.values.to_numpy()
         with MDSWriter(
             out=str(root / "mosaic" / path.stem),
             columns={"tokens": "ndarray:int32"},
             compression=None,
         ) as w:
-            for t in tokens:
-                w.write({"tokens": np.asarray(t, dtype=np.int32)})
+            for lo, hi in zip(offsets[:-1], offsets[1:], strict=True):
+                w.write({"tokens": np.ascontiguousarray(values[lo:hi], dtype=np.int32)})
     return {}
 
 
@@ -250,21 +273,23 @@ def _stub_torchvision(python: Path) -> None:
     )
 
 
-def run_child(python: str, args: list[str]) -> dict:
+def run_child(python: str, args: list[str], script: str = __file__) -> dict:
+    """Run `script` with `args` in a fresh process of `python`; its last JSON line."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
-    out = subprocess.run([python, __file__, *args], capture_output=True, text=True, env=env)
+    out = subprocess.run([python, script, *args], capture_output=True, text=True, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
         return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
     return json.loads(lines[-1])
 
 
-def median(runs: list[dict]) -> dict:
+def median(
+    runs: list[dict], keys: tuple[str, ...] = ("first_ms", "step_ms", "median_ms", "rss_mb")
+) -> dict:
     good = [r for r in runs if "error" not in r]
     if not good:
         return runs[0]
-    keys = ("first_ms", "step_ms", "median_ms", "rss_mb")
-    return {k: statistics.median(r[k] for r in good) for k in keys}
+    return {k: statistics.median(r[k] for r in good) for k in keys if k in good[0]}
 
 
 def warm(root: Path) -> None:

@@ -64,9 +64,9 @@ def test_a_step_reads_each_file_once(plan, monkeypatch, mode):
         fetches.append([])
         return real_fetch(self, block, lo, hi, step)
 
-    def read(self, block, s, file_id, entry, now, later):
+    def read(self, block, s, file_id, entry, now, later, pinned=None):
         fetches[-1].append((s.sid, file_id))
-        return real_read(self, block, s, file_id, entry, now, later)
+        return real_read(self, block, s, file_id, entry, now, later, pinned)
 
     monkeypatch.setattr(SourceCatalog, "fetch", fetch)
     monkeypatch.setattr(SampleReads, "_read", read)

@@ -108,10 +108,10 @@ def test_a_later_rows_problem_is_raised_at_its_own_step(plan, monkeypatch, read_
     step, path, row = _bad_row_at_a_later_step(plan)
     real = parquet_reader.ParquetReader.fetch
 
-    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None):
+    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None, rent=False):
         if str(self.path).endswith(path) and row in np.asarray(file_rows).tolist():
             raise SourceDataError(f"{path} row {row}: unreadable")
-        return real(self, file_rows, offsets, lengths, keep, pages)
+        return real(self, file_rows, offsets, lengths, keep, pages, rent)
 
     monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
     expected = uninterrupted(plan, 0)

@@ -9,6 +9,7 @@ from catalog_helpers import digests
 from executor_builders import batch_digest
 
 import mds.executor.catalog.open_files as open_files_module
+import mds.executor.catalog.reads as reads_module
 import mds.executor.readers.parquet as parquet_reader
 from mds.errors import SourceDataError
 from mds.executor import PlanExecutor
@@ -62,10 +63,10 @@ def test_with_threads_the_first_bad_file_of_a_step_is_the_error_and_at_its_step(
     real = parquet_reader.ParquetReader.fetch
     bad = {"d/f03.parquet", "d/f07.parquet"}
 
-    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None):
+    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None, rent=False):
         if any(str(self.path).endswith(b) for b in bad):
             raise SourceDataError(f"{self.display}: unreadable")
-        return real(self, file_rows, offsets, lengths, keep, pages)
+        return real(self, file_rows, offsets, lengths, keep, pages, rent)
 
     monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
     outcomes = []
@@ -77,3 +78,41 @@ def test_with_threads_the_first_bad_file_of_a_step_is_the_error_and_at_its_step(
                     got.append(batch_digest(batch))
             outcomes.append((got, ex.position, str(err.value)))
     assert outcomes[0] == outcomes[1] == outcomes[2]
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """Eight one-group sources of 2,000 token lists, one or two samples of each a step: a
+    step reads a few rows of every group, from its pages, with later rows read ahead."""
+    from many_sources import token_plan, token_sources
+
+    root = tmp_path_factory.mktemp("small-corpus")
+    index = token_sources(root, 8, 16_000, seed=5, mean_len=32)
+    return token_plan(root, index, 300, 16, dp_size=2, micro_batches=2)
+
+
+def _old_behaviour(monkeypatch) -> None:
+    """Reads that take later rows decode a group whole and cache it after two page reads,
+    as before `_rent`."""
+    monkeypatch.setattr(reads_module, "_rent", lambda later: False)
+
+
+@pytest.mark.parametrize("read_ahead", [0, 1])
+def test_rows_read_ahead_from_pages_give_the_batches_of_cached_groups(
+    small_corpus, monkeypatch, read_ahead
+):
+    """Renting pages (rows read ahead, no whole group cached) yields the batches of the
+    decode-whole-and-cache reads, from the start and resumed mid-plan, and holds no block."""
+    for rank in range(2):
+        with PlanExecutor(small_corpus, rank, read_ahead=read_ahead) as ex:
+            rented = [batch_digest(b) for b in ex]
+            assert ex._catalog.files.blocks.nbytes == 0
+        with PlanExecutor(small_corpus, rank, read_ahead=read_ahead) as ex:
+            ex.seek(137)
+            resumed = [batch_digest(b) for b in ex]
+        assert resumed == rented[137 * 2 :]
+        with monkeypatch.context() as m:
+            _old_behaviour(m)
+            with PlanExecutor(small_corpus, rank, read_ahead=read_ahead) as ex:
+                assert [batch_digest(b) for b in ex] == rented
+                assert ex._catalog.files.blocks.nbytes > 0  # the old reads cached groups

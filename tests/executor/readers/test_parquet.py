@@ -429,6 +429,29 @@ def test_parquet_rows_from_pages_stay_from_pages_when_the_cache_has_no_room(tmp_
     reader.close()
 
 
+def test_parquet_rented_rows_stay_from_pages_and_cache_nothing(tmp_path, monkeypatch):
+    """Rows asked with later samples' rows (`rent`) are read from pages however often the
+    group is asked, with room in the cache: nothing is decoded whole or cached. Without
+    `rent` the same reads switch to a whole decode after `_PAGED_READS`."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    for rent in (True, False):
+        rows, offsets, lengths, reader = _located_file(tmp_path / f"t{rent}.parquet", 100, 100, 5)
+        whole: list[int] = []
+        inner = reader._read
+        reader._read = lambda i, need, n, row, own=True, w=whole, f=inner: (
+            w.append(i) or f(i, need, n, row, own)
+        )
+        for k in range(parquet_reader._PAGED_READS + 2):
+            ask = np.array([k, 50 + k])
+            got = reader.fetch(ask, offsets[ask], lengths[ask], rent=rent)
+            assert_payloads_equal(got, [rows[i] for i in ask])
+        if rent:
+            assert whole == [] and reader._blocks.nbytes == 0
+        else:
+            assert whole == [0] and reader._blocks.nbytes > 0
+        reader.close()
+
+
 def test_parquet_located_rows_with_empty_lists_are_decoded_whole(tmp_path):
     table, rows = _token_table(100)  # every 7th row is an empty list
     path = tmp_path / "t.parquet"

@@ -38,6 +38,13 @@ def _cache_groups(later: Later | None) -> bool:
     return later is None or not later.complete
 
 
+def _rent(later: Later | None) -> bool:
+    """Whether a Parquet read from pages should stay one however often the file is read:
+    when it takes later samples' rows too, which then serve their steps from `Lookahead`
+    (`ParquetReader._paged`)."""
+    return later is not None and len(later) > 0
+
+
 class SampleReads:
     """The payloads of a fetch's samples, read from their files in plan order."""
 
@@ -170,7 +177,9 @@ class SampleReads:
             try:
                 where = self._where(block, s, now, later)
                 keep = _cache_groups(later)
-                pages = reader.page_groups(*where, keep=keep)  # type: ignore[attr-defined]
+                pages = reader.page_groups(  # type: ignore[attr-defined]
+                    *where, keep=keep, rent=_rent(later)
+                )
                 if pages:
                     pinned[k] = (s, fid, entry, where, pages)
             except MdsError:
@@ -253,7 +262,7 @@ class SampleReads:
                 self.checks.recheck(s, fid, entry, reader)
             if s.fmt == "parquet":
                 out = reader.fetch(  # type: ignore[call-arg]
-                    rows, offsets, lengths, keep=_cache_groups(later), pages=pages
+                    rows, offsets, lengths, keep=_cache_groups(later), pages=pages, rent=_rent(later)
                 )
             else:
                 out = reader.fetch(rows, offsets, lengths)

@@ -263,16 +263,23 @@ class ParquetReader(ColumnReader):
         _check_column_type(schema.field(self.column).type, self.kind, self.column, self.display)
 
     def fetch(
-        self, file_rows, offsets=None, lengths=None, keep: bool = True, pages=None
+        self,
+        file_rows,
+        offsets=None,
+        lengths=None,
+        keep: bool = True,
+        pages=None,
+        rent: bool = False,
     ) -> list[Payload]:
         """Payloads of `file_rows`. Given where each row's values start in its row group and
         how many there are (`offsets`, `lengths`: a token list the plan locates by values),
         rows that are a small part of an uncached row group are read from its pages
         (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
-        row groups with pyarrow. `pages`: what `page_groups` just said for the same rows."""
+        row groups with pyarrow. `pages`: what `page_groups` just said for the same rows;
+        `rent`: see `_paged`."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
         if pages is None:
-            pages = self._paged(rows, lengths, keep) if offsets is not None else {}
+            pages = self._paged(rows, lengths, keep, rent) if offsets is not None else {}
         if not pages:
             return self._decoded(rows, keep)
         lay = self._meta.layout(self.column)
@@ -330,7 +337,7 @@ class ParquetReader(ColumnReader):
         return int(self._meta.decode_sizes(self.column)[i]) * _LARGE > budget.room
 
     def page_groups(
-        self, file_rows, offsets=None, lengths=None, keep: bool = True
+        self, file_rows, offsets=None, lengths=None, keep: bool = True, rent: bool = False
     ) -> dict[int, np.ndarray]:
         """The row groups a `fetch` of these rows would read from pages (Python work that
         holds the GIL, unlike pyarrow's decoding), with the positions of their rows: empty
@@ -338,9 +345,11 @@ class ParquetReader(ColumnReader):
         if offsets is None:
             return {}
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
-        return self._paged(rows, lengths, keep)
+        return self._paged(rows, lengths, keep, rent)
 
-    def _paged(self, rows: np.ndarray, lengths, keep: bool = True) -> dict[int, np.ndarray]:
+    def _paged(
+        self, rows: np.ndarray, lengths, keep: bool = True, rent: bool = False
+    ) -> dict[int, np.ndarray]:
         """Positions of `rows` by row group, for the groups read from pages: groups of the
         token-list column whose pages are read here, not cached, where the rows hold
         under a quarter of the group's values (beyond that a whole decode in native code is
@@ -350,7 +359,11 @@ class ParquetReader(ColumnReader):
         (a read from pages costs about a third of a whole decode: renting until it would
         have paid for buying keeps the total within about twice the best choice). Of an
         object each read from pages fetches the chunk again, so while the cache has room a
-        group that may be asked for again (`keep`) is decoded whole at once."""
+        group that may be asked for again (`keep`) is decoded whole at once. `rent`: the
+        rows asked include later samples' rows read ahead (`early_rows`), so each read from
+        pages serves many steps, and a group decoded whole and cached would hold mostly
+        rows taken already: always read from pages (a 64-source run held every group, 128
+        MB, for no time gained)."""
         if lengths is None or self.kind != "token_ids" or not len(rows):
             return {}
         lay = self._meta.layout(self.column)
@@ -367,9 +380,13 @@ class ParquetReader(ColumnReader):
             if _SPARSE * int(lengths[pick].sum()) >= chunk.num_values:
                 continue
             if (
-                self._meta.paged.get((self.column, i), 0) >= _PAGED_READS
-                or (keep and not self._local)
-            ) and self._room(i):  # the cheap test first: a first read of a file skips this one
+                not rent
+                and (
+                    self._meta.paged.get((self.column, i), 0) >= _PAGED_READS
+                    or (keep and not self._local)
+                )
+                and self._room(i)  # the cheap tests first: a first read of a file skips this
+            ):
                 continue
             if self._blocks.get((self.path, "rg", i, self.column, self.kind)) is None:
                 out[i] = pick
