@@ -18,6 +18,7 @@ import numpy as np
 
 from mds.core.content_hash import content_hash
 from mds.core.planfile import Fetch, RankChunk
+from mds.executor.catalog.budget import budget
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources
 from mds.executor.catalog.reads import SampleReads
@@ -51,11 +52,11 @@ class SampleContents:
         plan_path: str | Path,
         data_root: str | os.PathLike | None = None,
         max_open_files: int = 64,
-        cache_bytes: int = 64 << 20,
+        memory_bytes: int = 64 << 20,
     ):
         self.plan = PlanSources(footer, plan_path, data_root)  # type: ignore[arg-type]
         self.checks = DataChecks(self.plan)
-        self.files = OpenFiles(self.plan, self.checks, max_open_files, cache_bytes)
+        self.files = OpenFiles(self.plan, self.checks, max_open_files, budget(memory_bytes, None, 1))
         self.reads = SampleReads(self.plan, self.checks, self.files, None, 1)
 
     def payloads(self, block: RankChunk) -> list[Any]:
