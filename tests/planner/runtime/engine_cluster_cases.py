@@ -61,6 +61,7 @@ def cluster(s3):
         initialize_head=True,
         head_node_args={"num_cpus": 1, "object_store_memory": STORE, "resources": {"head": 1}},
     )
+    unadvertise(nodes)
     try:
         nodes.add_node(num_cpus=1, object_store_memory=STORE, resources={"second": 1})
         nodes.wait_for_nodes()
@@ -77,6 +78,19 @@ def cluster(s3):
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         ray.shutdown()
         nodes.shutdown()
+
+
+def unadvertise(cluster) -> None:
+    """Cluster writes its address where any ray.init() on this machine (another test run's)
+    would find and join it: removed at once."""
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    try:
+        if path.read_text().strip() == cluster.address:
+            path.unlink()
+    except OSError:
+        pass
 
 
 def tree(path: Path) -> dict[str, bytes]:
