@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 
 CASES = Path(__file__).with_name("engine_cases.py")
+# Index and plan on a cluster of several nodes on this machine (ray.cluster_utils.Cluster).
+CLUSTER_CASES = Path(__file__).with_name("engine_cluster_cases.py")
 
 
 @pytest.mark.slow
-def test_engine_cases_pass_in_a_process_of_their_own(tmp_path):
+@pytest.mark.parametrize("cases", [CASES, CLUSTER_CASES], ids=lambda p: p.stem)
+def test_engine_cases_pass_in_a_process_of_their_own(tmp_path, cases):
     out = subprocess.run(
         [
             sys.executable,
@@ -27,7 +30,7 @@ def test_engine_cases_pass_in_a_process_of_their_own(tmp_path):
             "-q",
             "-p",
             "no:cacheprovider",
-            str(CASES),
+            str(cases),
             "--basetemp",
             str(tmp_path / "cases"),
         ],
@@ -166,3 +169,58 @@ def test_a_head_that_does_not_answer_fails_after_the_connect_timeout(monkeypatch
         "MDS_RAY_CONNECT_TIMEOUT sets the wait)"
     )
     assert took < 3, took
+
+
+def _sized(sizes):
+    return [(i, n) for i, n in enumerate(sizes)]
+
+
+def test_groups_pack_consecutive_units_by_bytes_and_count(monkeypatch):
+    from mds.planner.runtime import engine
+
+    monkeypatch.setattr(engine, "GROUP_BYTES", 100)
+    monkeypatch.setattr(engine, "GROUP_ITEMS", 3)
+
+    def packed(sizes, workers=1, count=None):
+        return [
+            (first, [i for i, _ in group])
+            for first, group in engine.groups(_sized(sizes), lambda u: u[1], workers, count)
+        ]
+
+    # at most 3 units, at most 100 bytes; a unit over the budget goes alone
+    assert packed([1, 1, 1, 1, 1]) == [(0, [0, 1, 2]), (3, [3, 4])]
+    assert packed([60, 30, 20, 500, 10]) == [(0, [0, 1]), (2, [2]), (3, [3]), (4, [4])]
+    # counted units: at least GROUP_SPREAD tasks per worker
+    assert packed([1] * 8, workers=1, count=8) == [
+        (0, [0, 1]),
+        (2, [2, 3]),
+        (4, [4, 5]),
+        (6, [6, 7]),
+    ]
+    assert packed([]) == []
+
+
+def test_a_grouped_map_hands_out_every_result_in_place(monkeypatch):
+    """What the Ray engine does with `size` given, on the local pool (grouping forced on)."""
+    from mds.planner.runtime import engine
+    from mds.planner.runtime.engine import EngineSpec, open_engine
+
+    monkeypatch.setattr(engine, "GROUP_ITEMS", 4)
+    items = [(i,) for i in range(23)]
+    with open_engine(EngineSpec(), 2) as pool:
+        monkeypatch.setattr(pool, "groups_units", True)
+        submitted = []
+        submit = pool._submit
+        monkeypatch.setattr(
+            pool, "_submit", lambda fn, item: submitted.append(1) or submit(fn, item)
+        )
+        twice = [2 * i for i in range(23)]
+        assert list(pool.map(_twice, iter(items), window=2, size=lambda _: 1)) == twice
+        assert len(submitted) == 6  # 23 units in tasks of at most 4
+        # 23 counted units on 2 workers: tasks of at most 23 / (4 x 2), rounded up
+        got = dict(pool.map_unordered(_twice, items, size=lambda _: 1))
+        assert got == dict(enumerate(twice)) and len(submitted) == 6 + 8
+
+
+def _twice(i: int) -> int:
+    return 2 * i

@@ -214,6 +214,24 @@ def _check_sources_outside(output: Path, discovered) -> None:
                     )
 
 
+def _unit_bytes(unit: tuple[int, list[IndexedFile], ScanContext]) -> int:
+    """The bytes a scan unit reads, by which an engine groups small units into one task."""
+    return sum(f.nbytes for f in unit[1])
+
+
+def _seen_by_workers(config: IndexConfig, discovered) -> list[tuple[str, str]]:
+    """(name, path) of what every worker must see of a local data root: the root and the
+    first file of each source, checked on each node before any file is read."""
+    if storage.is_url(config.root):
+        return []
+    paths = [(str(config.root), str(config.root))]
+    for _, files in discovered:
+        f = files[0]
+        if not storage.is_url(f.path):
+            paths.append((f.rel, str(f.path)))
+    return paths
+
+
 def _dropped(spec: SourceSpec, files, parts: list[Part], old: dict | None) -> np.ndarray | None:
     """An image-text source's samples left out for a bad image, per file: counted by the
     scans, or recorded in the previous manifest for a reused file. None for other sources."""
@@ -287,6 +305,7 @@ def _build_locked(
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
             hints = _hints(discovered, old_by_name, config.fingerprint, listed)
+            pool.check_visible(_seen_by_workers(config, discovered))
             # Few files are still shared among the workers: each hashes a few MiB.
             per = max(1, min(FINGERPRINT_BATCH, -(-len(all_files) // max(pool.workers, 1))))
             host = socket.gethostname()
@@ -318,19 +337,27 @@ def _build_locked(
             stop = threading.Event()
             meters: list[Meter | None] = []
 
+            # A remote scan shares its source's context (sent once per task, not per unit).
+            shared = {si: ScanContext(p[0], tokenizers[p[0].name]) for si, p in enumerate(plans)}
+
             def units() -> Iterator[tuple[int, list[IndexedFile], ScanContext]]:
                 for si, first, fs in tasks:
                     spec = plans[si][0]
                     # A scan in this process reports chunk by chunk and stops on `stop`; a
                     # remote one reports when done and is stopped with the engine.
                     meter = Meter(progress) if pool.in_process else None
-                    hooks = {"stop": stop, "progress": meter} if pool.in_process else {}
                     meters.append(meter)
+                    if not pool.in_process:
+                        yield first, fs, shared[si]
+                        continue
+                    hooks = {"stop": stop, "progress": meter}
                     yield first, fs, ScanContext(spec, tokenizers[spec.name], **hooks)
 
             try:
                 # As they complete: parts are put in file order when a table is assembled.
-                for i, parts in pool.map_unordered(scan_task, units()):
+                # On Ray, runs of small units share a task (engine.groups), by their bytes.
+                scans = pool.map_unordered(scan_task, list(units()), size=_unit_bytes)
+                for i, parts in scans:
                     si, _, fs = tasks[i]
                     new_parts[si].extend(parts)
                     # what the scanner did not report chunk by chunk

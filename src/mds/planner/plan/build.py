@@ -23,7 +23,7 @@ from mds.core.planfile import MAGIC, encode_chunk, plan_id_of
 from mds.core.planfile_writer import PlanWriter
 from mds.errors import ConfigError, Interrupted, PlanError
 from mds.planner.index.objects import head, relative_key
-from mds.planner.index.tables import IndexManifest, download_index
+from mds.planner.index.tables import MANIFEST, IndexManifest, download_index
 from mds.planner.plan.chunk import ChunkResult, Planner, stat_columns
 from mds.planner.plan.config import (
     PlanConfig,
@@ -352,6 +352,9 @@ def _build_locked(
     failed = True
     global _WORKER
     try:
+        if pool is not None and not storage.is_url(config.index):
+            # Ray workers load the index themselves: each node must see it, checked first.
+            pool.check_visible([(f"index {config.index}", str(Path(config.index) / MANIFEST))])
         planner = Planner(config, manifest)
         planner.index_place = index_place
         if parent is not None:

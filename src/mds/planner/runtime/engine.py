@@ -22,11 +22,14 @@ __all__ = [
     "ENGINES",
     "Engine",
     "EngineSpec",
+    "GROUP_BYTES",
+    "GROUP_ITEMS",
     "LocalEngine",
     "RayEngine",
     "check_address",
     "check_engine",
     "fork_shares_memory",
+    "groups",
     "open_engine",
 ]
 
@@ -43,6 +46,12 @@ RAY_CLIENT_PORT = 10001  # Ray's default for a ray:// address without a port
 # raises is never retried: bad input fails the same way every time.
 RAY_RETRIES = 3
 RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
+# Where a task costs milliseconds (Ray), consecutive small units share one task: up to
+# GROUP_ITEMS units and GROUP_BYTES bytes of input (a unit of GROUP_BYTES or more goes
+# alone), and never fewer than GROUP_SPREAD tasks per worker when the units are counted.
+GROUP_BYTES = 32 << 20
+GROUP_ITEMS = 64
+GROUP_SPREAD = 4
 
 
 def check_engine(value: Any, where: str) -> str:
@@ -98,20 +107,57 @@ class Engine:
     workers = 1
     # Tasks run in this process and may share its objects (an Event, a progress callback).
     in_process = False
+    # A task costs enough (milliseconds) that small units are worth grouping (see groups).
+    groups_units = False
 
     def map(
-        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+        self,
+        fn: Callable[..., Any],
+        items: Iterable[tuple],
+        window: int | None = None,
+        size: Callable[[tuple], int] | None = None,
     ) -> Iterator[Any]:
-        """fn(*item) per item, the results in item order."""
-        for _, result in self._run(fn, items, window, ordered=True):
+        """fn(*item) per item, the results in item order. `size`: an item's input bytes; given,
+        an engine whose tasks are costly runs consecutive small items in one task."""
+        for _, result in self._grouped(fn, items, window, size, ordered=True):
             yield result
 
     def map_unordered(
-        self, fn: Callable[..., Any], items: Iterable[tuple], window: int | None = None
+        self,
+        fn: Callable[..., Any],
+        items: Iterable[tuple],
+        window: int | None = None,
+        size: Callable[[tuple], int] | None = None,
     ) -> Iterator[tuple[int, Any]]:
         """(position of the item, result) as tasks complete: a slow task does not hold the
-        others back."""
-        return self._run(fn, items, window, ordered=False)
+        others back. `size` as for map."""
+        return self._grouped(fn, items, window, size, ordered=False)
+
+    def _grouped(
+        self,
+        fn: Callable[..., Any],
+        items: Iterable[tuple],
+        window: int | None,
+        size: Callable[[tuple], int] | None,
+        ordered: bool,
+    ) -> Iterator[tuple[int, Any]]:
+        """_run over groups of items (see groups), their results handed out item by item."""
+        if size is None or not self.groups_units:
+            yield from self._run(fn, items, window, ordered)
+            return
+        count = len(items) if isinstance(items, list | tuple) else None
+        firsts: list[int] = []  # each group's first item position
+        tasks = (
+            (fn, firsts.append(first) or group)
+            for first, group in groups(items, size, self.workers, count)
+        )
+        for g, results in self._run(_call_each, tasks, window, ordered):
+            for k, result in enumerate(results):
+                yield firsts[g] + k, result
+
+    def check_visible(self, paths: list[tuple[str, str]]) -> None:
+        """Raise when a worker cannot open one of `paths` ((name for the error, path) pairs)
+        that this process sees. Local workers share this process's view: nothing to check."""
 
     def default_window(self) -> int:
         return 4 * self.workers
@@ -210,9 +256,48 @@ class LocalEngine(Engine):
         self.executor.shutdown(wait=wait or not self.in_process, cancel_futures=True)
 
 
+def groups(
+    items: Iterable[tuple], size: Callable[[tuple], int], workers: int, count: int | None = None
+) -> Iterator[tuple[int, list[tuple]]]:
+    """(first position, items) of each task when consecutive items share tasks: a group ends
+    before an item that would take it past GROUP_BYTES bytes or GROUP_ITEMS items; with
+    `count` (the number of items) known, also at count / (GROUP_SPREAD x workers) items, so
+    that every worker gets several tasks and a slow one can be balanced."""
+    cap = GROUP_ITEMS
+    if count is not None:
+        cap = max(1, min(cap, -(-count // (GROUP_SPREAD * max(workers, 1)))))
+    group: list[tuple] = []
+    first = nbytes = 0
+    for i, item in enumerate(items):
+        n = size(item)
+        if group and (len(group) >= cap or nbytes + n > GROUP_BYTES):
+            yield first, group
+            group = []
+        if not group:
+            first, nbytes = i, 0
+        group.append(item)
+        nbytes += n
+    if group:
+        yield first, group
+
+
 def _call(fn: Callable[..., Any], args: tuple) -> Any:
     """What a Ray task runs: the unit of work, exactly as the local pool calls it."""
     return fn(*args)
+
+
+def _call_each(fn: Callable[..., Any], items: list[tuple]) -> list[Any]:
+    """A task of several units: each run as the local pool runs it, the results in order."""
+    return [fn(*item) for item in items]
+
+
+def _missing(paths: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """(this node's address, the names of `paths` it cannot see): the probe check_visible
+    runs on every node."""
+    import ray
+
+    node = ray.util.get_node_ip_address()
+    return node, [name for name, path in paths if not os.path.exists(path)]
 
 
 class RayEngine(Engine):
@@ -220,6 +305,7 @@ class RayEngine(Engine):
     already has); a task whose worker dies is retried, one that raises is not."""
 
     name = "ray"
+    groups_units = True
 
     def __init__(
         self,
@@ -256,6 +342,39 @@ class RayEngine(Engine):
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, workers or cpus)
         self.remote = ray.remote(max_retries=RAY_RETRIES)(_call)
+        self.probe = ray.remote(num_cpus=0, max_retries=RAY_RETRIES)(_missing)
+
+    def check_visible(self, paths: list[tuple[str, str]]) -> None:
+        """One probe per node that runs tasks (it has CPUs), pinned there: the first path a
+        node cannot open fails the command before any work is handed out."""
+        if not paths:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [
+            n["NodeID"]
+            for n in self.ray.nodes()
+            if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0
+        ]
+        refs = [
+            self.probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote(paths)
+            for node in nodes
+        ]
+        for node, ref in zip(nodes, refs, strict=True):
+            try:
+                address, missing = self.ray.get(ref)
+            except self.ray.exceptions.RayError:
+                continue  # the node left meanwhile: it runs no task of this command
+            if missing:
+                name = missing[0]
+                path = dict(paths)[name]
+                raise MdsError(
+                    f"{name}: not visible on Ray node {address} ({node[:8]}): {path} is "
+                    "missing there; mount it at the same path on every node, or use an "
+                    "s3:// root"
+                )
 
     def default_window(self) -> int:
         # A round trip to the cluster costs milliseconds: keep more tasks queued than CPUs.
@@ -268,12 +387,13 @@ class RayEngine(Engine):
         ready, rest = self.ray.wait(handles, num_returns=1)
         if rest:  # and every other one already done, at no extra wait
             ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-        return [(ref, self._get(ref)) for ref in ready]
+        return list(zip(ready, self._get(ready), strict=True))
 
-    def _get(self, ref: Any) -> Any:
+    def _get(self, refs: list) -> list:
+        """The results of `refs`, all ready: one ray.get for them all."""
         exceptions = self.ray.exceptions
         try:
-            return self.ray.get(ref)
+            return self.ray.get(refs)
         except exceptions.RayTaskError as exc:
             # The task's own error, unwrapped: the same one line as a local run.
             cause = getattr(exc, "cause", None)
