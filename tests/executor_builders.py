@@ -88,11 +88,14 @@ def rewrite_plan(
     *,
     block: BlockEdit | None = None,
     footer: Callable[[dict[str, Any]], None] | None = None,
+    version: int | None = None,
 ) -> Path:
     """A copy of plan `src` at `dst`, forged with valid checksums: every block read with
     PlanReader and written back with PlanWriter, `block(chunk, rank, rank_chunk)` returning a
     replacement (or None: unchanged), and `footer` editing the footer (without `layout`,
-    which PlanWriter writes) in place."""
+    which PlanWriter writes) in place. `version` 2 writes the previous format, whose blocks
+    can hold fetch records that format 3 cannot express (a file index past the block's
+    records, a record of a file no sample reads): what the executor must still refuse."""
     dst = Path(dst)
     with PlanReader(src) as reader:
         writer = PlanWriter(
@@ -101,6 +104,7 @@ def rewrite_plan(
             dp_size=reader.dp,
             micro_batches=reader.micro,
             id_width=reader.id_width,
+            **({} if version is None else {"version": version}),
         )
         try:
             for c, (a, b, *_) in enumerate(reader.chunks):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mds.core.planfile import Fetch, encode_fetch, encode_ids
+from mds.core.planfile import Fetch
 from mds.core.planfile_writer import PlanWriter
 
 DP, MICRO = 3, 2
@@ -42,21 +42,14 @@ def with_fetch(block):
     return block if len(block) == 3 else (*block, fetch_of(block[1]))
 
 
-def block_bytes(counts, ids, id_width, count_dtype="u1") -> bytes:
-    return (
-        counts.astype(count_dtype).tobytes()
-        + encode_ids(ids, id_width)
-        + encode_fetch(fetch_of(ids), len(ids))
-    )
-
-
-def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None):
+def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None, version=None):
     writer = PlanWriter(
         path,
         path.with_suffix(".tmp"),
         dp_size=len(chunks[0][2]) if chunks else DP,
         micro_batches=chunks[0][2][0][0].shape[1] if chunks else MICRO,
         id_width=id_width,
+        **({} if version is None else {"version": version}),
     )
     for a, b, blocks in chunks:
         writer.add_chunk(a, b, [with_fetch(block) for block in blocks])
@@ -65,9 +58,9 @@ def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None):
     return writer.commit(footer or {"format": "mds-plan", "note": "test"})
 
 
-def written_plan(tmp_path: Path):
-    """A plan of three chunks and three sections at tmp_path/plan.mds: (path, chunks,
-    sections, footer bytes)."""
+def written_plan(tmp_path: Path, version=None):
+    """A plan of three chunks and three sections at tmp_path/plan.mds (in the current
+    format, or `version`): (path, chunks, sections, footer bytes)."""
     rng = np.random.default_rng(1)
     chunks = random_chunks(rng, [(0, 4), (4, 8), (8, 10)])
     sections = {
@@ -76,5 +69,5 @@ def written_plan(tmp_path: Path):
         "small": np.arange(5, dtype=np.uint16),
     }
     path = tmp_path / "plan.mds"
-    footer_bytes = write_plan(path, chunks, sections=sections)
+    footer_bytes = write_plan(path, chunks, sections=sections, version=version)
     return path, chunks, sections, footer_bytes

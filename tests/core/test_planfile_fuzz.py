@@ -120,7 +120,9 @@ def read_all(path: Path) -> Contents:
         for name in sorted(r.sections):
             array = r.section(name)
             meta = r.sections[name]
-            assert array.nbytes == int(meta["size"]) and array.dtype.kind in "biuf"
+            packed = meta.get("codec", "raw") != "raw"  # format 3: a zstd frame of its bytes
+            assert packed or array.nbytes == int(meta["size"])
+            assert array.dtype.kind in "biuf"
             assert math.prod(array.shape) * array.itemsize == array.nbytes
             sections.append((name, array.dtype.str, array.shape, array.tobytes()))
         for step in {0, r.steps // 2, r.steps - 1} if r.steps else ():
@@ -175,10 +177,11 @@ def regions_of(data: bytes) -> tuple[tuple[str, int, int], ...]:
         ("footer", offset, offset + size),
     ]
     for c, (_a, _b, dir_offset, _sum, _w) in enumerate(layout["chunks"]):
-        out.append((f"directory {c}", dir_offset, dir_offset + DIR_ENTRY.size * dp))
-        for r in range(dp):
+        # Format 3: dp blocks, then the chunk's file table.
+        out.append((f"directory {c}", dir_offset, dir_offset + DIR_ENTRY.size * (dp + 1)))
+        for r in range(dp + 1):
             off, n, _ = DIR_ENTRY.unpack_from(data, dir_offset + DIR_ENTRY.size * r)
-            out.append((f"block {c}/{r}", off, off + n))
+            out.append((f"block {c}/{r}" if r < dp else f"file table {c}", off, off + n))
     for name, meta in layout["sections"].items():
         out.append((f"section {name}", meta["offset"], meta["offset"] + meta["size"]))
     return tuple(out)
@@ -437,7 +440,7 @@ def forge_block(original: Original, c: int, r: int, block: bytes, entry: tuple |
     pointed = original.data[offset:end] if 0 <= offset and end <= len(data) else block
     at = dir_offset + DIR_ENTRY.size * r
     data[at : at + DIR_ENTRY.size] = DIR_ENTRY.pack(offset, size, checksum(pointed))
-    directory = data[dir_offset : dir_offset + DIR_ENTRY.size * original.contents.shape[0]]
+    directory = data[dir_offset : dir_offset + DIR_ENTRY.size * (original.contents.shape[0] + 1)]
     chunk[3] = checksum(directory).hex()
     raw = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode()
     return with_footer(bytes(data), len(data), raw)
@@ -446,14 +449,14 @@ def forge_block(original: Original, c: int, r: int, block: bytes, entry: tuple |
 @fuzz("forged_blocks")
 @given(data=st.data())
 def test_forged_blocks_are_refused_or_consistent(original, scratch, data):
-    """A rank block edited (counts that do not add up, a length that is not a whole number of
-    ids, truncated, extended), or a directory entry pointing anywhere (another block, the
+    """A rank block or a chunk's file table edited (counts that do not add up, a packed frame
+    cut, extended or changed), or a directory entry pointing anywhere (another block, the
     footer, outside the file, huge sizes), with the block, directory and footer checksums
     recomputed: the block validation refuses it, or the block is self-consistent."""
     dp = original.contents.shape[0]
     c = data.draw(st.integers(0, len(original.contents.chunks) - 1))
-    r = data.draw(st.integers(0, dp - 1))
-    name = f"block {c}/{r}"
+    r = data.draw(st.integers(0, dp))  # dp: the chunk's file table
+    name = f"block {c}/{r}" if r < dp else f"file table {c}"
     start, end = next((s, e) for n, s, e in original.regions if n == name)
     block = original.data[start:end]
     if data.draw(st.booleans()):

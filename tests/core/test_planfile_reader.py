@@ -21,8 +21,11 @@ def plan(tmp_path):
     return written_plan(tmp_path)
 
 
-def test_round_trip(plan):
-    path, chunks, sections, footer_bytes = plan
+@pytest.mark.parametrize("version", [2, 3])
+def test_round_trip(tmp_path, version):
+    """A plan reads back as written; a version-2 plan (fixed-width columns, file records in
+    every block, raw sections) still reads, to the same samples."""
+    path, chunks, sections, footer_bytes = written_plan(tmp_path, version)
     assert not path.with_suffix(".tmp").exists()  # renamed into place
     with PlanReader(path) as r:
         assert r.footer["format"] == "mds-plan" and r.footer["note"] == "test"
@@ -47,8 +50,11 @@ def test_round_trip(plan):
             got = r.section(name)
             assert got.dtype == array.dtype.newbyteorder("<") and np.array_equal(got, array)
         assert [r.chunk_of(s) for s in range(10)] == [0] * 4 + [1] * 4 + [2] * 2
+        assert r.version == version
     layout = json.loads(footer_bytes)["layout"]
     assert set(layout["sections"]) == set(sections)
+    codecs = {meta.get("codec") for meta in layout["sections"].values()}
+    assert codecs == ({None} if version == 2 else {"zstd"})
 
 
 def read_all(path):
@@ -137,7 +143,7 @@ def error_with_version(path: Path, version: int) -> str:
 
 def test_newer_version(plan):
     msg = error_with_version(plan[0], 99)
-    assert "plan format version 99 is newer than this mds supports (2)" in msg and "upgrade" in msg
+    assert "plan format version 99 is newer than this mds supports (3)" in msg and "upgrade" in msg
 
 
 def test_version_one_says_to_re_plan(plan):

@@ -8,9 +8,17 @@ import struct
 
 import numpy as np
 import pytest
-from planfile_builders import DP, block_bytes, fetch_of, with_fetch, write_plan, written_plan
+from planfile_builders import DP, fetch_of, with_fetch, write_plan, written_plan
 
-from mds.core.planfile import FORMAT_VERSION, MAGIC, checksum, width_of
+from mds.core.planfile import (
+    FETCH_COLUMNS,
+    FORMAT_VERSION,
+    MAGIC,
+    checksum,
+    decode_block,
+    decode_table,
+    encode_chunk,
+)
 from mds.core.planfile_reader import PlanReader
 from mds.core.planfile_writer import PlanWriter
 from mds.errors import PlanError
@@ -33,21 +41,23 @@ def test_file_layout_follows_the_spec(plan):
     layout = json.loads(footer_bytes)["layout"]
     a, b, dir_offset, dir_sum, width = layout["chunks"][0]
     assert (a, b, width) == (0, 4, 1)
-    directory = data[dir_offset : dir_offset + 24 * DP]
+    directory = data[dir_offset : dir_offset + 24 * (DP + 1)]  # the blocks, the file table
     assert checksum(directory).hex() == dir_sum
-    off, n, block_sum = struct.unpack_from("<QQ8s", directory, 0)
+    entries = [struct.unpack_from("<QQ8s", directory, 24 * k) for k in range(DP + 1)]
+    assert [off for off, _n, _c in entries] == sorted(off for off, _n, _c in entries)
+    for off, n, block_sum in entries:
+        assert checksum(data[off : off + n]) == block_sum
+    table_off, table_size, _ = entries[-1]
+    table = decode_table(data[table_off : table_off + table_size])
+    assert table.records == [(1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}) for f in range(3)]
     counts, ids = chunks[0][2][0]
-    expected = block_bytes(counts, ids, 3)
-    assert data[off : off + n] == expected and checksum(expected) == block_sum
-    # the fetch part: five column widths, the file-record JSON's size, the columns, the JSON
-    fetch = data[off + counts.size + 3 * len(ids) : off + n]
-    widths = struct.unpack_from("<5B", fetch)
-    assert widths == tuple(width_of(c) for c in fetch_of(ids).columns())
-    (json_size,) = struct.unpack_from("<Q", fetch, 8)
-    assert json.loads(fetch[-json_size:]) == [
-        [1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}] for f in range(3)
-    ]
-    assert len(fetch) == 16 + sum(widths) * len(ids) + json_size
+    off, n, _ = entries[0]
+    assert data[off : off + counts.size] == counts.astype("u1").tobytes()
+    got_ids, fetch = decode_block(data[off + counts.size : off + n], len(ids), table)
+    assert got_ids.tolist() == ids.tolist()
+    assert all(
+        getattr(fetch, c).tolist() == getattr(fetch_of(ids), c).tolist() for c in FETCH_COLUMNS
+    )
 
 
 @pytest.mark.parametrize(("peak", "width"), [(255, 1), (256, 2), (65535, 2), (65536, 4)])
@@ -84,7 +94,7 @@ def test_checksums_ending_in_nul_bytes(tmp_path):
     for seed in range(5000):
         counts = np.array([[1]])
         ids = np.array([seed], dtype=np.uint64)
-        data = block_bytes(counts, ids, 2)
+        data = encode_chunk([with_fetch((counts, ids))], 1, 1, 2).payloads[0]
         if checksum(data)[-1] == 0:
             found.append((counts, ids))
             if len(found) == 2:

@@ -3,19 +3,24 @@
 Layout (all integers little-endian; docs/plan-format.md is the spec):
 
     header   b"MDSPLAN\\0" | u32 format version | u32 flags (0)
-    chunks   per chunk: a directory of D entries (u64 offset, u64 size, 8-byte BLAKE2b),
-             then one block per DP rank: micro-batch sample counts [steps, M] (u8, u16
-             or u32, the chunk's `count_width`), the samples' global ids (`id_width`
-             bytes each), and what fetching them takes: per sample a file, row, planned
-             token count and byte range, and the block's file records (JSON)
-    sections binary arrays named in the footer (per-step stats, per-chunk source cursors)
+    chunks   per chunk: a directory of D + 1 entries (u64 offset, u64 size, 8-byte BLAKE2b),
+             one block per DP rank, then the chunk's file table. A block holds the
+             micro-batch sample counts [steps, M] (u8, u16 or u32, the chunk's
+             `count_width`) and one zstd frame of packed columns (core/packed.py): per
+             sample its file, its row and global id (both from the file's entry in the
+             table), its token count and byte range. The file table holds, once per chunk,
+             each file a block reads: source, file, first global id, manifest entry
+    sections arrays named in the footer (per-step stats, sparse per-step source counts,
+             per-chunk source cursors), each a packed zstd frame
     footer   UTF-8 JSON: config, sources, geometry, chunk list with directory checksums,
              section offsets and checksums
     trailer  u64 footer offset | u64 footer size | 8-byte BLAKE2b of the footer | magic
 
 Every byte a reader uses is covered by a checksum chained from the footer, so a corrupt
 plan raises PlanError instead of returning wrong samples. No pickle: JSON and raw arrays.
-A rank's block is self-contained: replaying it needs no index table and no manifest.
+A rank's block and its chunk's file table are all replaying it needs: no index table and no
+manifest. Version-2 plans (blocks of fixed-width columns and their own file records, no
+file table, raw sections) are still read: core/planfile_v2.py is their codec.
 
 This module holds the layout's constants and the codec of a chunk's blocks; the writer is
 core/planfile_writer.py, the reader core/planfile_reader.py.
@@ -31,35 +36,35 @@ from typing import Any
 
 import numpy as np
 
+from mds.core.packed import compress, decompress, frame_limit, pack, unpack
+
 __all__ = [
     "COUNT_DTYPES",
     "DIR_ENTRY",
     "FETCH_COLUMNS",
     "FORMAT_VERSION",
+    "READ_VERSIONS",
     "HEAD",
     "MAGIC",
     "TRAILER",
     "ChunkBlocks",
     "EncodedChunk",
     "Fetch",
+    "FileTable",
     "RankChunk",
     "checksum",
-    "decode_fetch",
-    "decode_ids",
+    "decode_block",
+    "decode_table",
     "encode_chunk",
-    "encode_fetch",
-    "encode_ids",
     "plan_id_of",
     "width_of",
 ]
 
 MAGIC = b"MDSPLAN\x00"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READ_VERSIONS = (2, 3)  # versions this reader decodes
 HEAD = struct.Struct("<8sII")
-# A block's fetch part: the byte width of each per-sample column (0: all zero, not stored),
-# then the size of the block's file-record JSON.
 FETCH_COLUMNS = ("file", "row", "tokens", "offset", "length")
-_FETCH_HEAD = struct.Struct("<5BxxxQ")
 TRAILER = struct.Struct("<QQ8s8s")
 DIR_ENTRY = np.dtype([("offset", "<u8"), ("size", "<u8"), ("checksum", "S8")])
 COUNT_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -108,63 +113,6 @@ def width_of(values: np.ndarray) -> int:
     return (peak.bit_length() + 7) // 8
 
 
-def encode_ids(ids: np.ndarray, width: int) -> bytes:
-    raw = np.ascontiguousarray(ids, dtype="<u8").view(np.uint8).reshape(-1, 8)
-    return raw[:, :width].tobytes()
-
-
-def decode_ids(data: bytes | memoryview, width: int, n: int | None = None) -> np.ndarray:
-    """Unsigned integers of `width` bytes (0: `n` zeros)."""
-    if width == 0:
-        return np.zeros(n or 0, dtype="<u8")
-    raw = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
-    out = np.zeros((raw.shape[0], 8), dtype=np.uint8)
-    out[:, :width] = raw
-    return out.view("<u8").ravel()
-
-
-def encode_fetch(fetch: Fetch, n: int) -> bytes:
-    """The fetch part of a block: widths, the columns at those widths, the file records."""
-    columns = fetch.columns()
-    assert all(len(c) == n for c in columns), "one fetch record per sample"
-    assert all(int(c.min(initial=0)) >= 0 for c in columns if len(c))
-    widths = [width_of(c) for c in columns]
-    files = json.dumps(
-        [[int(s), int(f), entry] for s, f, entry in fetch.files],
-        sort_keys=True,
-        separators=(",", ":"),
-    ).encode()
-    parts = [_FETCH_HEAD.pack(*widths, len(files))]
-    parts += [encode_ids(c, w) for c, w in zip(columns, widths, strict=True)]
-    return b"".join(parts) + files
-
-
-def _file_record(item: Any) -> tuple[int, int, dict[str, Any]]:
-    s, f, entry = item
-    if not (isinstance(s, int) and isinstance(f, int) and isinstance(entry, dict)):
-        raise ValueError("file record is not [source, file, entry]")
-    return s, f, entry
-
-
-def decode_fetch(data: memoryview, n: int) -> Fetch:
-    """Inverse of encode_fetch; ValueError for anything malformed."""
-    if len(data) < _FETCH_HEAD.size:
-        raise ValueError("no fetch records")
-    *widths, files_size = _FETCH_HEAD.unpack(data[: _FETCH_HEAD.size])
-    if any(w > 8 for w in widths):
-        raise ValueError("bad column width")
-    pos, columns = _FETCH_HEAD.size, []
-    for w in widths:
-        columns.append(decode_ids(data[pos : pos + n * w], w, n))
-        pos += n * w
-    if pos + files_size != len(data):
-        raise ValueError("fetch records do not fill the block")
-    files = [_file_record(item) for item in json.loads(bytes(data[pos:]))]
-    if n and int(columns[0].max()) >= len(files):
-        raise ValueError("a sample names a file the block does not list")
-    return Fetch(*columns, files=files)
-
-
 @dataclass(frozen=True)
 class ChunkBlocks:
     """One chunk's rank blocks held as chunk-wide arrays, rank after rank: what a planner
@@ -208,26 +156,111 @@ class ChunkBlocks:
 
 @dataclass(frozen=True)
 class EncodedChunk:
-    """One chunk's rank blocks as the file stores them, with their checksums: made where
-    the chunk is planned (a worker process), so the writer only copies bytes."""
+    """One chunk's rank blocks and file table as the file stores them, with their checksums:
+    made where the chunk is planned (a worker process), so the writer only copies bytes."""
 
     count_width: int  # bytes per micro-batch sample count
-    payloads: list[bytes]  # per rank
-    checksums: list[bytes]  # per rank, checksum() of its payload
+    payloads: list[bytes]  # per rank, then the chunk's file table
+    checksums: list[bytes]  # checksum() of each payload
 
 
-def _widths(column: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """width_of() of every block's part of `column` (non-negative), [blocks]."""
-    blocks = len(bounds) - 1
-    peak = np.zeros(blocks, dtype=np.uint64)
-    filled = np.flatnonzero(bounds[1:] > bounds[:-1])
-    if filled.size:
-        # Empty blocks are left out, so each reduced segment is exactly one block's part.
-        peak[filled] = np.maximum.reduceat(column.astype(np.uint64), bounds[filled])
-    out = np.zeros(blocks, dtype=np.int64)
-    for k in range(8):
-        out += peak >= np.uint64(1) << np.uint64(8 * k)
+@dataclass(frozen=True)
+class FileTable:
+    """A chunk's files, each once, in (source, file, entry) order: the records blocks name
+    by position, and per file `start`, the global id of its row 0: a sample's global id is
+    its file's start plus `rel`, its row is `rel - back` (`back` 0 but for a JSONL file with
+    lines that are not samples)."""
+
+    records: list[tuple[int, int, dict[str, Any]]]
+    start: np.ndarray  # int64 (wrapping), per record
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+_TABLE_HEAD = struct.Struct("<Q")  # size of the packed columns; the entries' JSON follows
+_BLOCK_COLUMNS = 7  # files, file, rel, back, tokens, offset, length
+
+
+def _encode_table(records: list[tuple[int, int, str]], start: np.ndarray) -> bytes:
+    columns = pack(
+        [
+            np.array([s for s, _f, _e in records], dtype=np.uint64),
+            np.array([f for _s, f, _e in records], dtype=np.uint64),
+            start.view(np.uint64),  # two's complement: 8 bytes only if one is negative
+        ]
+    )
+    entries = compress(("[" + ",".join(e for *_, e in records) + "]").encode())
+    return _TABLE_HEAD.pack(len(columns)) + columns + entries
+
+
+def decode_table(data: bytes | memoryview) -> FileTable:
+    """Inverse of the file table's encoding; ValueError for anything malformed."""
+    data = memoryview(data)
+    if len(data) < _TABLE_HEAD.size:
+        raise ValueError("no file table")
+    (size,) = _TABLE_HEAD.unpack_from(data)
+    end = _TABLE_HEAD.size + size
+    if end > len(data):
+        raise ValueError("file table: truncated")
+    limit = frame_limit(len(data))
+    source, file, start = unpack(data[_TABLE_HEAD.size : end], 3, limit)
+    entries = json.loads(decompress(data[end:], limit))
+    if not (
+        isinstance(entries, list)
+        and len(entries) == len(source) == len(file) == len(start)
+        and all(type(e) is dict for e in entries)
+    ):
+        raise ValueError("file table: records do not match")
+    records = list(zip(source.tolist(), file.tolist(), entries, strict=True))
+    return FileTable(records, start.view(np.int64))
+
+
+def _mod_deltas(values: np.ndarray, modulus: int) -> np.ndarray:
+    """Each value minus the one before it (the first: minus 0), modulo `modulus`: small
+    for ascending values, invertible by a cumulative sum modulo `modulus`."""
+    values = values.astype(np.int64, copy=False)
+    if not len(values):
+        return values
+    return np.diff(values, prepend=0) % max(modulus, 1)
+
+
+def _undo_deltas(deltas: np.ndarray, modulus: int, what: str) -> np.ndarray:
+    if modulus <= 1:  # one value (or none): every delta is 0
+        if len(deltas) and int(deltas.max()):
+            raise ValueError(f"{what} out of range")
+        return np.zeros(len(deltas), dtype=np.int64)
+    if int(deltas.max(initial=0)) >= modulus:
+        raise ValueError(f"{what} out of range")
+    out = np.cumsum(deltas.view(np.int64))
+    out %= modulus
     return out
+
+
+def decode_block(data: bytes | memoryview, n: int, table: FileTable) -> tuple[np.ndarray, Fetch]:
+    """A version-3 block's packed part (after its counts) for `n` samples: their global ids
+    (uint64) and fetch records. ValueError for anything malformed."""
+    limit = 64 + 8 * (6 * n + len(table))
+    files, file, rel, back, tokens, offset, length = unpack(data, _BLOCK_COLUMNS, limit)
+    if any(len(c) != n for c in (file, rel, back, tokens, offset, length)):
+        raise ValueError("columns do not match the counts")
+    if n and not len(files):
+        raise ValueError("samples but no files")
+    where = _undo_deltas(files, len(table), "file table position")
+    local = _undo_deltas(file, len(files), "file")
+    if n and back.any():
+        if bool((back > rel).any()):
+            raise ValueError("negative row")
+        row = rel - back
+    else:
+        row = rel
+    start = table.start[where]
+    ids = (start[local] if len(start) > 1 else start.repeat(n)).view(np.uint64) + rel
+    records = table.records
+    fetch = Fetch(
+        local, row, tokens, offset, length, files=[records[p] for p in where.tolist()]
+    )
+    return ids, fetch
 
 
 def encode_chunk(
@@ -237,42 +270,66 @@ def encode_chunk(
     id_width: int,
 ) -> EncodedChunk:
     """The blocks of a chunk of `steps` steps: per rank (counts [steps, micro], global ids,
-    fetch records), encoded with `id_width`-byte ids. Each column is encoded once for the
-    whole chunk at each width some block needs; a block's bytes are slices of those."""
+    fetch records), and the chunk's file table. `id_width` is the plan's (checked here; a
+    version-3 block packs ids by their file's start instead)."""
     if not isinstance(blocks, ChunkBlocks):
         blocks = ChunkBlocks.of(blocks)
     dp, bounds = len(blocks), blocks.bounds
     assert blocks.counts.shape == (dp, steps, micro)
     sizes = np.diff(bounds)
     assert np.array_equal(blocks.counts.reshape(dp, -1).sum(axis=1), sizes)
+    assert width_of(blocks.ids) <= id_width
     peak = int(blocks.counts.max(initial=0))
     width = 1 if peak < 1 << 8 else 2 if peak < 1 << 16 else 4
     counts = blocks.counts.astype(COUNT_DTYPES[width]).reshape(dp, -1)
-    ids = memoryview(encode_ids(blocks.ids, id_width))
-    widths, encoded = [], []
+    file, row, tokens, offset, length = blocks.columns
     for c in blocks.columns:
         assert len(c) == len(blocks.ids), "one fetch record per sample"
         assert int(c.min(initial=0)) >= 0
-        w = _widths(c, bounds)
-        widths.append(w.tolist())
-        encoded.append({int(x): memoryview(encode_ids(c, int(x))) for x in np.unique(w) if x})
-    fragments: dict[tuple[int, int, int], str] = {}
-    payloads = []
+    # The chunk's file table: every (source, file, entry) a block names, once, sorted.
+    fragments: dict[tuple[int, int, int], tuple[int, int, str]] = {}
+    named = []
     for k in range(dp):
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
-        items = []
+        keys = []
         for s, f, entry in blocks.files[k]:
             key = (s, f, id(entry))
             if key not in fragments:
-                fragments[key] = json.dumps(
-                    [int(s), int(f), entry], sort_keys=True, separators=(",", ":")
-                )
-            items.append(fragments[key])
-        files = ("[" + ",".join(items) + "]").encode()
-        ws = [w[k] for w in widths]
-        parts = [counts[k].tobytes(), ids[lo * id_width : hi * id_width]]
-        parts.append(_FETCH_HEAD.pack(*ws, len(files)))
-        parts += [enc[w][lo * w : hi * w] for enc, w in zip(encoded, ws, strict=True) if w]
-        parts.append(files)
-        payloads.append(b"".join(parts))
+                text = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+                fragments[key] = (int(s), int(f), text)
+            keys.append(fragments[key])
+        named.append(keys)
+    records = sorted(set(fragments.values()))
+    position = {record: i for i, record in enumerate(records)}
+    where = [np.array([position[r] for r in keys], dtype=np.int64) for keys in named]
+    ids = np.ascontiguousarray(blocks.ids, dtype=np.uint64).view(np.int64)
+    file = np.asarray(file, dtype=np.int64)
+    at = np.zeros(len(ids), dtype=np.int64)  # each sample's file-table position
+    for k in range(dp):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        at[lo:hi] = where[k][file[lo:hi]]
+    # A file's start: the least (global id - row) of its samples in the chunk, the same for
+    # every sample of a file but a JSONL file with lines that are not samples. Then
+    # rel = id - start >= row, and back = rel - row >= 0 (0 but there).
+    rows = np.asarray(row, dtype=np.int64)
+    start = np.full(len(records), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(start, at, ids - rows)
+    start[start == np.iinfo(np.int64).max] = 0
+    rel = ids - start[at]
+    back = rel - rows
+    payloads = []
+    for k in range(dp):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        packed = pack(
+            [
+                _mod_deltas(where[k], len(records)),
+                _mod_deltas(file[lo:hi], len(where[k])),
+                rel[lo:hi],
+                back[lo:hi],
+                tokens[lo:hi],
+                offset[lo:hi],
+                length[lo:hi],
+            ]
+        )
+        payloads.append(counts[k].tobytes() + packed)
+    payloads.append(_encode_table(records, start))
     return EncodedChunk(width, payloads, [checksum(data) for data in payloads])

@@ -15,25 +15,52 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mds.core import storage
+from mds.core.packed import decompress, frame_limit, unpack, unzigzag
 from mds.core.planfile import (
     COUNT_DTYPES,
     DIR_ENTRY,
     FORMAT_VERSION,
     HEAD,
     MAGIC,
+    READ_VERSIONS,
     TRAILER,
+    FileTable,
     RankChunk,
     checksum,
-    decode_fetch,
-    decode_ids,
+    decode_block,
+    decode_table,
     plan_id_of,
 )
+from mds.core.planfile_v2 import decode_fetch, decode_ids
 from mds.errors import PlanError, SourceDataError
 
 __all__ = ["PlanReader"]
 
 _MAX_FOOTER = 1 << 30
 _SECTION_DTYPE = re.compile(r"[<>|=]?[biuf][1248]")
+
+
+def _sparse(data: bytes, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """A sparse section: per row its number of non-zero cells, then per cell its column
+    (the first of a row as is, the next as the gap after the previous minus 1) and its
+    value (zigzag), packed."""
+    rows, cols = shape
+    per_row, gaps, values = unpack(data, 3, 3 * nbytes + 8 * rows + 64)
+    nnz = len(gaps)
+    if len(per_row) != rows or len(values) != nnz or int(per_row.sum()) != nnz:
+        raise ValueError("cells do not match the rows")
+    out = np.zeros(rows * cols, dtype=dtype)
+    if nnz:
+        step = gaps.astype(np.int64) + 1
+        total = np.cumsum(step)
+        ends = np.cumsum(per_row.astype(np.int64))
+        row = np.repeat(np.arange(rows, dtype=np.int64), per_row.astype(np.int64))
+        before = np.concatenate([[0], total])[ends - per_row.astype(np.int64)]
+        col = total - before[row] - 1
+        if int(col.max()) >= cols:
+            raise ValueError("column out of range")
+        out[row * cols + col] = unzigzag(values)
+    return out.reshape(shape)
 
 
 class PlanReader:
@@ -140,7 +167,7 @@ class PlanReader:
             )
         if version < 1:
             raise self._fail(f"invalid plan format version {version}")
-        if version < FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise self._fail(
                 f"plan format version {version} is from an older mds, which this one no longer "
                 "reads; re-plan with `mds plan` (same config and index: same samples)"
@@ -188,7 +215,11 @@ class PlanReader:
         ):
             raise self._fail("corrupt plan footer (bad layout)")
         self.plan_id = plan_id_of(data)
+        self.version = version
+        # Version 3: each chunk's directory ends with its file table's entry.
+        self.dir_entries = self.dp + (version >= 3)
         self._dirs: dict[int, np.ndarray] = {}
+        self._tables: dict[int, FileTable] = {}
 
     @property
     def steps(self) -> int:
@@ -227,7 +258,7 @@ class PlanReader:
         directory = self._dirs.get(chunk)
         if directory is None:
             _a, _b, offset, digest, _w = self.chunks[chunk]
-            data = self._read(offset, self.dp * DIR_ENTRY.itemsize)
+            data = self._read(offset, self.dir_entries * DIR_ENTRY.itemsize)
             if checksum(data) != digest:
                 raise self._bad(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
             directory = np.frombuffer(data, dtype=DIR_ENTRY)
@@ -236,6 +267,28 @@ class PlanReader:
             self._dirs[chunk] = directory
         return directory
 
+    def _entry(self, chunk: int, k: int, what: str) -> bytes:
+        entry = self._directory(chunk)[k]
+        data = self._read(int(entry["offset"]), int(entry["size"]))
+        # An "S8" field drops trailing NUL bytes on read; pad it back to the stored 8 bytes.
+        if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
+            raise self._bad(f"chunk {chunk} {what}: checksum mismatch (corrupt file)")
+        return data
+
+    def _table(self, chunk: int) -> FileTable:
+        """The chunk's file table (version 3), read and checked once per chunk."""
+        table = self._tables.get(chunk)
+        if table is None:
+            data = self._entry(chunk, self.dp, "file table")
+            try:
+                table = decode_table(data)
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise self._fail(f"chunk {chunk}: corrupt file table ({exc})") from None
+            if len(self._tables) > 16:
+                self._tables.clear()
+            self._tables[chunk] = table
+        return table
+
     def rank_chunk(self, chunk: int, rank: int) -> RankChunk:
         """The samples of `rank` in `chunk`, checksum-verified."""
         if not 0 <= rank < self.dp:
@@ -243,11 +296,7 @@ class PlanReader:
         if not 0 <= chunk < len(self.chunks):
             raise PlanError(f"{self.path}: chunk {chunk} does not exist")
         a, b, _, _, width = self.chunks[chunk]
-        entry = self._directory(chunk)[rank]
-        data = self._read(int(entry["offset"]), int(entry["size"]))
-        # An "S8" field drops trailing NUL bytes on read; pad it back to the stored 8 bytes.
-        if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
-            raise self._bad(f"chunk {chunk} rank {rank}: checksum mismatch (corrupt file)")
+        data = self._entry(chunk, rank, f"rank {rank}")
         head = (b - a) * self.micro * width
         if head > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
@@ -257,6 +306,15 @@ class PlanReader:
             .astype(np.int64)
         )
         n = int(counts.sum())
+        if self.version >= 3:
+            table = self._table(chunk)
+            try:
+                ids, fetch = decode_block(memoryview(data)[head:], n, table)
+            except (ValueError, TypeError) as exc:
+                raise self._fail(f"chunk {chunk} rank {rank}: corrupt block ({exc})") from None
+            if self.id_width < 8 and int(ids.max(initial=0)) >> (8 * self.id_width):
+                raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (id out of range)")
+            return RankChunk(a, counts, ids, fetch)
         end = head + n * self.id_width
         if end > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (counts do not match ids)")
@@ -276,6 +334,7 @@ class PlanReader:
             digest = bytes.fromhex(meta["checksum"])
         except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise self._fail(f"corrupt plan footer (section {name!r}: {exc})") from None
+        codec = meta.get("codec", "raw")
         data = self._read(offset, size)
         if checksum(data) != digest:
             raise self._bad(f"section {name!r}: checksum mismatch (corrupt file)")
@@ -285,9 +344,26 @@ class PlanReader:
             raise self._fail(f"section {name!r}: corrupt shape or dtype ({dtype!r})")
         dtype = np.dtype(dtype)
         # math.prod on Python ints: numpy's product of a forged shape can wrap around.
-        if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize != size:
+        nbytes = math.prod(shape) * dtype.itemsize
+        # What a packed section may expand to: a sparse one (mostly zeros), 256 times the
+        # plan's size; any other, what its frame may hold (core/packed.py).
+        limit = max(frame_limit(size), 256 * self.size if codec == "sparse" else 0)
+        if min(shape, default=0) < 0 or (nbytes != size if codec == "raw" else nbytes > limit):
             raise self._fail(f"section {name!r}: corrupt shape")
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
+        try:
+            if codec == "raw":
+                return np.frombuffer(data, dtype=dtype).reshape(shape)
+            if codec == "zstd":
+                raw = decompress(data, nbytes)
+                if len(raw) != nbytes:
+                    raise ValueError("size does not match the shape")
+                planes = np.frombuffer(raw, dtype=np.uint8).reshape(dtype.itemsize, -1)
+                return np.ascontiguousarray(planes.T).view(dtype).reshape(shape)
+            if codec == "sparse" and len(shape) == 2 and dtype.kind in "iu":
+                return _sparse(data, shape, dtype, nbytes)
+            raise ValueError(f"unknown codec {codec!r}")
+        except (ValueError, TypeError) as exc:
+            raise self._fail(f"section {name!r}: corrupt shape or data ({exc})") from None
 
     def verify_sections(self) -> None:
         """Checksum-verify every section (they are small): for commands that rewrite or

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mds.core import commit
+from mds.core.packed import compress, pack, zigzag
 from mds.core.planfile import (
     DIR_ENTRY,
     FORMAT_VERSION,
@@ -23,6 +24,7 @@ from mds.core.planfile import (
     checksum,
     encode_chunk,
 )
+from mds.core.planfile_v2 import encode_chunk_v2
 
 __all__ = ["PlanWriter"]
 
@@ -38,13 +40,17 @@ class PlanWriter:
         dp_size: int,
         micro_batches: int,
         id_width: int,
+        version: int = FORMAT_VERSION,
     ):
+        """`version` 2 writes the previous format (blocks with their own file records, raw
+        sections): only for comparing the two."""
+        assert version in (2, FORMAT_VERSION)
         self.path, self.tmp = Path(path), Path(tmp)
         self.dp, self.micro = dp_size, micro_batches
-        self.id_width = id_width
+        self.id_width, self.version = id_width, version
         self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
         try:
-            self._f.write(HEAD.pack(MAGIC, FORMAT_VERSION, 0))
+            self._f.write(HEAD.pack(MAGIC, version, 0))
         except BaseException:
             self.abort()
             raise
@@ -60,10 +66,12 @@ class PlanWriter:
         """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records),
         or the chunk as encode_chunk made it with this plan's geometry."""
         if not isinstance(blocks, EncodedChunk):
-            blocks = encode_chunk(blocks, step_end - step_start, self.micro, self.id_width)
-        assert len(blocks.payloads) == self.dp
+            encode = encode_chunk if self.version == FORMAT_VERSION else encode_chunk_v2
+            blocks = encode(blocks, step_end - step_start, self.micro, self.id_width)
+        # Version 3: the blocks, then the chunk's file table.
+        assert len(blocks.payloads) == self.dp + (self.version >= 3)
         dir_offset = self._f.tell()
-        directory = np.zeros(self.dp, dtype=DIR_ENTRY)
+        directory = np.zeros(len(blocks.payloads), dtype=DIR_ENTRY)
         sizes = np.array([len(data) for data in blocks.payloads], dtype=np.uint64)
         directory["offset"] = dir_offset + directory.nbytes + np.cumsum(sizes) - sizes
         directory["size"] = sizes
@@ -76,15 +84,34 @@ class PlanWriter:
             [step_start, step_end, dir_offset, checksum(dir_bytes).hex(), blocks.count_width]
         )
 
-    def add_section(self, name: str, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+    def add_section(self, name: str, array: np.ndarray, *, sparse: bool = False) -> None:
+        """Append a section: its bytes as byte planes in a zstd frame, or with `sparse` (a
+        2-d integer array of mostly zeros) only its non-zero cells (docs/plan-format.md)."""
+        dtype = array.dtype.newbyteorder("<")
+        array = np.ascontiguousarray(array).astype(dtype)
+        if self.version < 3:
+            data = array.tobytes()
+        elif sparse:
+            assert array.ndim == 2 and dtype.kind in "iu"
+            row, col = np.nonzero(array)
+            per_row = np.bincount(row, minlength=array.shape[0])
+            gaps = np.diff(col, prepend=0) - 1
+            starts = np.cumsum(per_row) - per_row
+            gaps[starts[per_row > 0]] = col[starts[per_row > 0]]
+            values = zigzag(array[row, col].astype(np.int64))
+            data = pack([per_row, gaps, values])
+        else:
+            planes = array.view(np.uint8).reshape(-1, dtype.itemsize).T
+            data = compress(planes.tobytes())
         self._sections[name] = {
             "offset": self._f.tell(),
             "size": len(data),
-            "dtype": array.dtype.newbyteorder("<").str,
+            "dtype": dtype.str,
             "shape": list(array.shape),
             "checksum": checksum(data).hex(),
         }
+        if self.version >= 3:
+            self._sections[name]["codec"] = "sparse" if sparse else "zstd"
         self._f.write(data)
 
     def commit(self, footer: dict[str, Any]) -> bytes:

@@ -38,6 +38,7 @@ MOVED: dict[str, tuple[str, ...]] = {
         "mds.core.planfile",
         "mds.core.planfile_reader",
         "mds.core.planfile_writer",
+        "mds.core.planfile_v2",
     ),
     "mds.executor.ranges": ("mds.core.object_ranges",),
     "mds.executor.sources": (

@@ -322,7 +322,7 @@ def test_forged_fetch_records(world, data):
     def block(c: int, r: int, got: RankChunk) -> RankChunk | None:
         return apply_block_edits(got, edits[c]) if r == rank and c in edits else None
 
-    rewrite_plan(world.plan, world.scratch, block=block)
+    rewrite_plan(world.plan, world.scratch, block=block, version=2)
     strict = not any(trusted(e, verify) for e in edits.values())
     check_replay(world, "blocks", rank, verify, strict)
 
@@ -349,7 +349,7 @@ def forge(world: World, *edits: tuple, chunk: int = 0, rank: int = 0) -> Path:
     def block(c: int, r: int, got: RankChunk) -> RankChunk | None:
         return apply_block_edits(got, list(edits)) if (c, r) == (chunk, rank) else None
 
-    return rewrite_plan(world.plan, world.scratch, block=block)
+    return rewrite_plan(world.plan, world.scratch, block=block, version=2)
 
 
 def record_of(world: World, name: str, chunk: int = 0, rank: int = 0) -> int:

@@ -478,7 +478,7 @@ def _write(planner: Planner, output: Path, pool: Engine | None, run: str, progre
         )
         mixed_arr = np.concatenate(mixed) if mixed else np.zeros((0, len(planner.pools)), np.int64)
         writer.add_section("stats", stats_arr)
-        writer.add_section("source_samples", mixed_arr)
+        writer.add_section("source_samples", mixed_arr, sparse=True)
         writer.add_section("cursor_consumed", np.stack([s.consumed for s in states]))
         writer.add_section("cursor_tokens", np.stack([s.tokens for s in states]))
         writer.add_section("cursor_target", np.stack([s.target for s in states]))

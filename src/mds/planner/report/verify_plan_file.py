@@ -1,6 +1,7 @@
 """`mds verify`'s checks of the plan file itself: the footer and layout, every chunk
 directory, every (chunk, rank) block and every section against its checksum. Sections and
-directories are hashed from the file in pieces, never loaded whole."""
+directories are hashed from the file in pieces, never loaded whole (a packed section of a
+version-3 plan is then decoded too)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mds.planner.report.verify_result import VerifyResult, first_of
 __all__ = ["verify_plan_file"]
 
 _READ = 8 << 20  # bytes hashed per read: sections and tables are streamed, never loaded whole
-_DIR_ENTRY = 24  # bytes per rank in a chunk directory (docs/plan-format.md)
+_DIR_ENTRY = 24  # bytes per entry of a chunk directory (docs/plan-format.md)
 
 
 def verify_plan_file(result: VerifyResult) -> dict[str, Any] | None:
@@ -75,7 +76,7 @@ def _verify_directories(result: VerifyResult, reader: PlanReader, f: BinaryIO) -
     bad: list[int] = []
     first = None
     for c, (_a, _b, offset, digest, _w) in enumerate(reader.chunks):
-        got = _hash_range(f, offset, reader.dp * _DIR_ENTRY, reader.size)
+        got = _hash_range(f, offset, reader.dir_entries * _DIR_ENTRY, reader.size)
         if got != digest:
             bad.append(c)
             first = first or (
@@ -137,11 +138,17 @@ def _section_problem(reader: PlanReader, f: BinaryIO, name: str, meta: Any) -> s
         digest = bytes.fromhex(meta["checksum"])
     except (KeyError, ValueError, TypeError) as exc:
         return f"section {name!r}: corrupt footer entry ({exc})"
-    if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize != size:
+    raw = meta.get("codec", "raw") == "raw"
+    if dtype.hasobject or (raw and int(np.prod(shape)) * dtype.itemsize != size):
         return f"section {name!r}: size does not match its shape {shape} and dtype"
     got = _hash_range(f, offset, size, reader.size)
     if got is None:
         return f"section {name!r}: outside the file (truncated?)"
     if got != digest:
         return f"section {name!r}: checksum mismatch"
+    if not raw:  # a packed section (format 3, small): it must also decode to its shape
+        try:
+            reader.section(name)
+        except PlanError as exc:
+            return str(exc).removeprefix(f"{reader.path}: ")
     return None
