@@ -304,6 +304,57 @@ def test_epochs_of_a_replanned_plan(tmp_path, at_step, boundary):
     )["epoch"].min() >= 2
 
 
+def _tiny_plan(tmp_path, steps=12):
+    data = synthetic(
+        tmp_path,
+        TINY,
+        {**TRAIN, "steps": steps, "samples_per_step": 16, "max_tokens_per_micro_batch": 1000},
+    )
+    config = plan_config(tmp_path, data)
+    build_plan(config, tmp_path / "p.mds")
+    return config, tmp_path / "p.mds"
+
+
+def test_epochs_of_a_plan_with_skipped_steps_are_the_old_plans(tmp_path):
+    """A --skip-steps plan copies the old steps around the window: their samples keep the
+    epochs the old plan's export gives them, though the streams jump over the window."""
+    config, old = _tiny_plan(tmp_path)
+    build_plan(config, tmp_path / "q.mds", parent=old, at_step=3, skipped=[(5, 7)])
+    kept = plan_frame(old).filter(pl.col("step").is_between(3, 4) | (pl.col("step") >= 7))
+    before = Counter(kept.select("step", "sample_id", "epoch").iter_rows())
+    after = plan_frame(tmp_path / "q.mds")
+    assert after["epoch"].null_count() == 0
+    copied = after.filter(pl.col("step") < 10).with_columns(
+        pl.when(pl.col("step") >= 5).then(pl.col("step") + 2).otherwise(pl.col("step")).alias("step")
+    )
+    got = Counter(copied.select("step", "sample_id", "epoch").iter_rows())
+    assert got == before
+
+
+def test_epochs_of_a_plan_with_excluded_documents_count_only_the_kept(tmp_path):
+    """With documents excluded, an epoch of a source is its kept samples: each drawn once
+    per epoch, and a full epoch holds exactly those."""
+    from mds.core.index_manifest import index_sources
+    from mds.planner.plan.exclude import Exclusion
+
+    config, old = _tiny_plan(tmp_path)
+    b = next(s for s in index_sources(read_manifest(config.index)) if s["name"] == "b")
+    gone = np.array([b["base"] + 1], dtype=np.int64)  # 4 of b's 5 samples stay
+    exclusion = Exclusion(gone, {"b": 1}, "list.csv", "0" * 32, 1)
+    build_plan(config, tmp_path / "q.mds", parent=old, at_step=3, exclusion=exclusion)
+    with PlanReader(tmp_path / "q.mds") as reader:
+        entry = next(s for s in reader.footer["sources"] if s["name"] == "b")
+    assert (entry["eligible"], entry["epoch_size"]) == (5, 4)
+    frame = plan_frame(tmp_path / "q.mds").filter(pl.col("source") == "b")
+    assert frame["epoch"].null_count() == 0 and int(gone[0]) not in frame["sample_id"].to_list()
+    per_epoch = frame.group_by("epoch").agg(pl.len(), pl.col("sample_id").n_unique().alias("u"))
+    assert (per_epoch["len"] == per_epoch["u"]).all() and (per_epoch["len"] <= 4).all()
+    inner = per_epoch.filter(
+        (pl.col("epoch") > frame["epoch"].min()) & (pl.col("epoch") < frame["epoch"].max())
+    )
+    assert inner.height >= 3 and (inner["len"] == 4).all()
+
+
 def test_steps_and_rank_filters(sample, tmp_path):
     index, plan, frame = sample
     part = plan_frame(plan, steps=(3, 7), ranks=[1, 2])

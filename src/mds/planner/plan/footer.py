@@ -49,6 +49,8 @@ def plan_footer(
                 "epochs_started": -(-consumed // size) if size else 0,
             }
         )
+        if size != pool.n:  # --exclude left samples out of the stream's epochs
+            sources[-1]["epoch_size"] = size
     return {
         "format": PLAN_FORMAT,
         "config": config.canonical(),

@@ -33,6 +33,7 @@ __all__ = [
     "plan_frame",
     "planned_tokens",
     "sample_cost",
+    "chunk_restarts",
     "sample_epochs",
     "with_cost_units",
 ]
@@ -199,16 +200,27 @@ def _image_columns(frame: pl.DataFrame, footer: dict, entry: dict) -> pl.DataFra
     )
 
 
+def chunk_restarts(reader: PlanReader, cursors: np.ndarray, c0: int) -> list[tuple[int, np.ndarray]]:
+    """(step offset from chunk `c0`'s first step, stream positions) at each later chunk's
+    start, from the `cursor_consumed` section: `sample_epochs`' restarts."""
+    first = reader.chunks[c0][0]
+    return [(int(reader.chunks[c][0]) - first, cursors[c]) for c in range(c0 + 1, len(reader.chunks))]
+
+
 def sample_epochs(
     slots: pl.DataFrame,
     footer: dict,
     counts: np.ndarray,
     start: np.ndarray,
     manifest: IndexManifest | None = None,
+    restarts: list[tuple[int, np.ndarray]] | None = None,
 ) -> pl.Series:
     """Each slot's epoch of its source's stream (0-based), for slots (columns `step` and
     `gid`) in plan order; `counts` is the `source_samples` section and `start` the first row
     of `cursor_consumed` (every planned source's stream position at the plan's first step).
+    `restarts`: (step offset, stream positions) where the positions are known again, each
+    chunk's `cursor_consumed` row: in a plan made with --skip-steps the streams jump over
+    the skipped steps' draws at a chunk start, which counts alone cannot tell.
 
     A step draws source s's stream positions [p, p + n), of epochs p div E to
     (p + n - 1) div E (E eligible samples). When those are one epoch, that is every sample's
@@ -221,9 +233,15 @@ def sample_epochs(
     (`_stream_epochs`); else those epochs are null."""
     sources = footer["sources"]
     first_step = int(footer.get("first_step", 0))
-    eligible = np.array([max(int(x["eligible"]), 1) for x in sources], dtype=np.int64)
+    # samples per epoch: the eligible ones, less those a plan made with --exclude left out
+    eligible = np.array(
+        [max(int(x.get("epoch_size", x["eligible"])), 1) for x in sources], dtype=np.int64
+    )
     counts = np.asarray(counts, dtype=np.int64)
     before = np.cumsum(counts, axis=0) - counts + np.asarray(start, dtype=np.int64)
+    for t0, row in restarts or ():
+        if 0 < t0 < len(before):
+            before[t0:] += np.asarray(row, dtype=np.int64) - before[t0]
     index_sources = footer["index"]["sources"]
     bases = np.array([x["base"] for x in index_sources], dtype=np.int64)
     planned = {x["name"]: i for i, x in enumerate(sources)}
@@ -361,12 +379,14 @@ def plan_frame(
         steps = check_selection(reader, steps, ranks)
         slots = _slots(reader).with_row_index("order")
         counts = np.asarray(reader.section("source_samples"), dtype=np.int64)
-        start = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)[0]
+        cursors = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)
+        restarts = chunk_restarts(reader, cursors, 0)
+    start = cursors[0]
     manifest = plan_manifest(plan, footer, index)
     # Epochs need the whole stream's order: (step, rank, micro_batch), and a micro-batch's
     # samples in their order in the plan (file order is (chunk, rank, step, ...)).
     slots = slots.sort("step", "rank", "micro_batch", "order")
-    epochs = sample_epochs(slots, footer, counts, start, manifest)
+    epochs = sample_epochs(slots, footer, counts, start, manifest, restarts)
     slots = _select(slots.with_columns(epochs), steps, ranks)
     frame = locate(slots, manifest, footer).sort("step", "rank", "micro_batch", "order")
     frame = frame.with_columns(

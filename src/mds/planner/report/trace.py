@@ -37,6 +37,7 @@ from mds.planner.report.export import (
     EXPORT_COLUMNS,
     block_frame,
     check_selection,
+    chunk_restarts,
     locate,
     planned_tokens,
     sample_cost,
@@ -95,13 +96,14 @@ def trace_plan(
                         pl.int_range(frame.height, dtype=pl.Int64).alias("pos"),
                     )
                 )
-        start = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)[c0]
+        cursors = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)
+        start, restarts = cursors[c0], chunk_restarts(reader, cursors, c0)
     slots = pl.concat(parts).filter(pl.col("step") < b).with_row_index("order")
     slots = slots.sort("step", "rank", "micro_batch", "order")
     # the plan from the traced chunk's first step on, as sample_epochs reads a plan
     view = {**footer, "first_step": first}
     counts = _source_counts(slots, footer, first, b)
-    epochs = sample_epochs(slots, view, counts, start)
+    epochs = sample_epochs(slots, view, counts, start, restarts=restarts)
     keep = pl.col("step") >= a
     if ranks:
         keep &= pl.col("rank").is_in(ranks)
@@ -116,7 +118,7 @@ def trace_plan(
             if index is not None:  # the index asked for is refused: say why
                 raise
         if manifest is not None:  # else those epochs stay null, as export's do
-            epochs = sample_epochs(slots, view, counts, start, manifest)
+            epochs = sample_epochs(slots, view, counts, start, manifest, restarts)
             chosen = slots.with_columns(epochs).filter(keep)
     config = footer["config"]
     if "expr" in config["cost"] or config.get("vision") is not None:
