@@ -13,6 +13,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from bench_plan import make_index, plan_config  # noqa: E402  (bench/ is on sys.path when run)
 from report import write_report  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from ray_clusters import unadvertise  # noqa: E402
 
 from mds.planner.index.build import build_index
 from mds.planner.index.config import parse_config
@@ -101,19 +105,6 @@ def start_clusters(cpus: int, store_mb: int):
     for cluster in (one, many):
         unadvertise(cluster)
     return {"ray-1-node": one, f"ray-{cpus}-nodes": many}
-
-
-def unadvertise(cluster) -> None:
-    """Cluster writes its address where any ray.init() on this machine (another program's)
-    would find and join it: removed at once."""
-    from ray._common.utils import get_ray_address_file
-
-    path = Path(get_ray_address_file(None))
-    try:
-        if path.read_text().strip() == cluster.address:
-            path.unlink()
-    except OSError:
-        pass
 
 
 def _warm() -> int:

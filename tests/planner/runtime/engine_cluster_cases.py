@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from ray_clusters import unadvertise
 from s3_store import ENV, s3_server
 
 from mds.planner.index import build as build_mod
@@ -78,19 +79,6 @@ def cluster(s3):
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         ray.shutdown()
         nodes.shutdown()
-
-
-def unadvertise(cluster) -> None:
-    """Cluster writes its address where any ray.init() on this machine (another test run's)
-    would find and join it: removed at once."""
-    from ray._common.utils import get_ray_address_file
-
-    path = Path(get_ray_address_file(None))
-    try:
-        if path.read_text().strip() == cluster.address:
-            path.unlink()
-    except OSError:
-        pass
 
 
 def tree(path: Path) -> dict[str, bytes]:

@@ -54,32 +54,27 @@ def _feistel_inverse(x: np.ndarray, half_bits: int, keys: tuple[int, ...]) -> np
 
 def permute(positions: np.ndarray, n: int, keys: tuple[int, ...]) -> np.ndarray:
     """Map positions in [0, n) through the permutation given by `keys`; returns int64."""
-    positions = np.asarray(positions, dtype=np.uint64)
-    if n <= 1:
-        return positions.astype(np.int64)
-    bits = max(2, (n - 1).bit_length())
-    bits += bits & 1
-    out = _feistel(positions, bits // 2, keys)
-    # Cycle-walking: re-encrypt values that fall outside [0, n); the domain is < 4n, so
-    # each pass keeps at most 3/4 of the values and the loop ends quickly.
-    outside = np.flatnonzero(out >= np.uint64(n))
-    while outside.size:
-        out[outside] = _feistel(out[outside], bits // 2, keys)
-        outside = outside[out[outside] >= np.uint64(n)]
-    return out.astype(np.int64)
+    return _cycle_walk(positions, n, keys, _feistel)
 
 
 def unpermute(items: np.ndarray, n: int, keys: tuple[int, ...]) -> np.ndarray:
     """The inverse of `permute`: the positions in [0, n) that map to `items`; int64. Walks the
     cycle backwards: the values between an item and its position all lie outside [0, n)."""
-    items = np.asarray(items, dtype=np.uint64)
+    return _cycle_walk(items, n, keys, _feistel_inverse)
+
+
+def _cycle_walk(values: np.ndarray, n: int, keys: tuple[int, ...], cipher) -> np.ndarray:
+    """`cipher` (the Feistel network or its inverse) over a power-of-4 domain, restricted to
+    [0, n) by cycle-walking: values that fall outside are encrypted again; the domain is
+    < 4n, so each pass keeps at most 3/4 of them and the loop ends quickly."""
+    values = np.asarray(values, dtype=np.uint64)
     if n <= 1:
-        return items.astype(np.int64)
+        return values.astype(np.int64)
     bits = max(2, (n - 1).bit_length())
     bits += bits & 1
-    out = _feistel_inverse(items, bits // 2, keys)
+    out = cipher(values, bits // 2, keys)
     outside = np.flatnonzero(out >= np.uint64(n))
     while outside.size:
-        out[outside] = _feistel_inverse(out[outside], bits // 2, keys)
+        out[outside] = cipher(out[outside], bits // 2, keys)
         outside = outside[out[outside] >= np.uint64(n)]
     return out.astype(np.int64)
