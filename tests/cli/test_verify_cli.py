@@ -50,7 +50,9 @@ def test_json(work):
 def test_corrupt_block_is_named(work):
     plan = work / "plan.mds"
     data = bytearray(plan.read_bytes())
-    data[16 + 4 * 24 + 3] ^= 0xFF  # chunk 0's directory is at 16; rank 0's block follows it
+    # chunk 0's directory is at 16: its first entry is rank 0's block (u64 offset first)
+    block = int.from_bytes(data[16:24], "little")
+    data[block + 3] ^= 0xFF
     plan.write_bytes(bytes(data))
     result = mds("verify", plan)
     line = one_error_line(result, "rank blocks: chunk 0 rank 0: checksum mismatch")

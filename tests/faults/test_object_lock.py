@@ -311,7 +311,10 @@ def test_a_writer_that_lost_its_lock_writes_no_manifest(s3, monkeypatch):
     stops before its commit point with one line, and the index in place is unchanged."""
     top, store = s3
     url = f"s3://{BUCKET}/locks/lost"
-    assert mds("index", top / "local.toml", "-o", url).exit_code == 0
+    # the index in place is of other bytes, so the run uploads tables before its manifest
+    write_corpus(top / "lost-old", 9)
+    (top / "lost-old.toml").write_text(CONFIG.format(root=top / "lost-old"), encoding="utf-8")
+    assert mds("index", top / "lost-old.toml", "-o", url).exit_code == 0
     before = store.get("locks/lost/manifest.json")
     monkeypatch.setenv(TTL_ENV, "0.4")
     put, uploaded = upload.put_file, []
