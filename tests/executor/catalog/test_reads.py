@@ -103,6 +103,7 @@ def test_rows_read_ahead_from_pages_give_the_batches_of_cached_groups(
 ):
     """Renting pages (rows read ahead, no whole group cached) yields the batches of the
     decode-whole-and-cache reads, from the start and resumed mid-plan, and holds no block."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")  # what this compares: reads from pages
     for rank in range(2):
         with PlanExecutor(small_corpus, rank, read_ahead=read_ahead) as ex:
             rented = [batch_digest(b) for b in ex]
