@@ -302,20 +302,21 @@ def test_interrupt_during_a_large_jsonl_scan(tmp_path: Path, sig: signal.Signals
 
 @pytest.mark.slow
 def test_interrupt_while_a_tokenizer_counts_a_large_file(tmp_path: Path) -> None:
-    """~24 MB of JSONL text counted with the sample tokenizer (over ten seconds of
-    tokenizing, in two 16 MB chunks): Ctrl-C stops it within a couple of seconds, since the
-    tokenizer works in bounded batches that check for the stop, not a chunk at a time."""
+    """~64 MB of JSONL text counted with the sample tokenizer (several seconds of tokenizing
+    on an idle machine, in four 16 MB chunks): Ctrl-C stops it within a couple of seconds,
+    since the tokenizer works in bounded batches that check for the stop, not a chunk at a
+    time."""
     rng = random.Random(7)
     vocab = json.loads(SAMPLE_TOKENIZER.read_text(encoding="utf-8"))["model"]["vocab"]
     words = [w for w in vocab if w.isalpha()][:3000]
     lines = [json.dumps({"text": " ".join(rng.choices(words, k=500))}) for _ in range(500)]
     block = ("\n".join(lines) + "\n").encode()
-    (tmp_path / "big.jsonl").write_bytes(block * ((24 << 20) // len(block)))
+    (tmp_path / "big.jsonl").write_bytes(block * ((64 << 20) // len(block)))
     shutil.copy(SAMPLE_TOKENIZER, tmp_path / "tokenizer.json")
     out = tmp_path / "idx"
     args = ["--path", "big.jsonl", "--text", "text", "--tokenizer", "tokenizer.json"]
-    # 2 s after the scan starts: the first chunk is parsed and being tokenized
-    proc, stderr, took = _interrupt_index(tmp_path, args, out, signal.SIGINT, after=2.0, timeout=120)
+    # 1 s after the scan starts: the first chunk is parsed and being tokenized
+    proc, stderr, took = _interrupt_index(tmp_path, args, out, signal.SIGINT, after=1.0, timeout=120)
     assert proc.returncode == 130, stderr
     assert took < 4, f"took {took:.1f} s to stop"
     assert stderr.splitlines() == ["interrupted: nothing was written"], stderr
