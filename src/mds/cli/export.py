@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from mds.cli.output import console, json_option, print_json
+from mds.cli.output import PLAN_DATA_ROOT, console, data_root_option, json_option, print_json
 from mds.errors import ConfigError
 
 __all__ = ["export_command", "step_range"]
@@ -32,13 +32,7 @@ def export_command(
         help="Add a content_hash column: reads the exported samples from the data (without "
         "it nothing but the plan and the index is read).",
     ),
-    data_root: str | None = typer.Option(
-        None,
-        "--data-root",
-        metavar="DIR|URL",
-        help="With --hash: where the indexed data lies now (default: $MDS_DATA_ROOT, else the "
-        "root the plan records).",
-    ),
+    data_root: str | None = data_root_option(f"With --hash: {PLAN_DATA_ROOT[0].lower()}{PLAN_DATA_ROOT[1:]}"),
     json_out: bool = json_option("Print a JSON summary."),
 ) -> None:
     """Export a plan as a flat Parquet table, one row per planned sample: step, rank,

@@ -44,6 +44,17 @@ def json_option(help: str) -> Any:
     return typer.Option(False, "--json", help=help, callback=_remember_json, is_eager=True)
 
 
+PLAN_DATA_ROOT = (
+    "Where the indexed data lies now (default: $MDS_DATA_ROOT, else the root the plan "
+    "records relative to its own directory, as the executor finds it)."
+)
+
+
+def data_root_option(help: str = PLAN_DATA_ROOT) -> Any:
+    """`--data-root` of a command that reads a plan's data: where the data lies now."""
+    return typer.Option(None, "--data-root", metavar="DIR|URL", help=help)
+
+
 def engine_option() -> Any:
     """`--engine`: where a command's parallel work runs (mds index, mds plan)."""
     return typer.Option(

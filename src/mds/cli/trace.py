@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from mds.cli.export import step_range
-from mds.cli.output import console, json_option, print_json
+from mds.cli.output import console, data_root_option, json_option, print_json
 from mds.errors import ConfigError
 
 __all__ = ["TRACE_KEYS", "trace_command"]
@@ -60,13 +60,7 @@ def trace_command(
         help="Index directory (default: the one the plan names); read only where the plan "
         "alone cannot tell a sample's cost or epoch.",
     ),
-    data_root: str | None = typer.Option(
-        None,
-        "--data-root",
-        metavar="DIR|URL",
-        help="Where the indexed data lies now (default: $MDS_DATA_ROOT, else the root the plan "
-        "records relative to its own directory, as the executor finds it).",
-    ),
+    data_root: str | None = data_root_option(),
     json_out: bool = json_option("Print the samples as a JSON list."),
 ) -> None:
     """Trace steps of a plan to their documents: per sample its step, rank, micro-batch,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from mds.cli.output import console, json_option, print_json
+from mds.cli.output import console, data_root_option, json_option, print_json
 from mds.errors import DataChangedError, IndexFormatError, MdsError, PlanError
 
 __all__ = ["verify_command"]
@@ -30,13 +30,7 @@ def verify_command(
         metavar="DIR|URL",
         help="Index directory or prefix (default: the one the plan names).",
     ),
-    data_root: str | None = typer.Option(
-        None,
-        "--data-root",
-        metavar="DIR|URL",
-        help="Where the indexed data lies now (default: $MDS_DATA_ROOT, else the root the plan "
-        "records relative to its own directory, as the executor finds it).",
-    ),
+    data_root: str | None = data_root_option(),
     json_out: bool = json_option("Print the checks as JSON."),
 ) -> None:
     """Verify a plan: every checksum in the plan file, the index it was made from, and the
