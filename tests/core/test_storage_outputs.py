@@ -40,15 +40,19 @@ def test_a_plan_written_to_object_storage_replays_with_range_reads(world, data):
     out = mds("plan", top / f"{data}.toml", "-o", target, "--index", top / f"{data}-index")
     assert out.exit_code == 0, out.output
     assert target in out.output
+    # the plan written beside its index, byte for byte: it records the index and a local
+    # data root relative to the index's directory, so the local data is given here
+    assert store.get(f"plans/{data}/plan.mds") == (top / f"{data}.mds").read_bytes()
+    where = {"data_root": top / "data"} if data == "local" else {}
     for rank in range(2):
         expected = replay(top / f"{data}.mds", rank)
-        assert replay(target, rank) == expected
-        with PlanExecutor(target, rank) as ex:  # resume from a state saved mid-run
+        assert replay(target, rank, **where) == expected
+        with PlanExecutor(target, rank, **where) as ex:  # resume from a state saved mid-run
             it = iter(ex)
             for _ in range(5):
                 next(it)
             state = ex.state_dict()
-        with PlanExecutor(target, rank) as ex:
+        with PlanExecutor(target, rank, **where) as ex:
             ex.load_state_dict(state)
             assert [batch_digest(b) for b in ex] == expected[5:]
 

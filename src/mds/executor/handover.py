@@ -45,5 +45,5 @@ def parent_place(plan: Any, lineage: Mapping[str, Any], explicit: Any) -> Any:
     if storage.is_url(recorded) or os.path.isabs(recorded):
         return recorded if storage.is_url(recorded) else Path(recorded)
     if storage.is_url(plan):
-        return str(plan).rsplit("/", 1)[0] + "/" + recorded
+        return storage.resolve_under(storage.parent_url(str(plan)), recorded)
     return Path(plan).parent / recorded

@@ -393,7 +393,7 @@ def _derive(planner: Planner, parent, at_step: int, exclusion, skipped, output) 
     `exclusion`'s samples or the `skipped` steps (plan/skip.py)."""
     from mds.core.planfile_reader import PlanReader
     from mds.planner.plan.derive import derive_start
-    from mds.planner.plan.footer import recorded_path
+    from mds.planner.plan.footer import index_anchor, recorded_path
     from mds.planner.plan.skip import check_skips, kept_segments
 
     if not skipped:
@@ -415,7 +415,7 @@ def _derive(planner: Planner, parent, at_step: int, exclusion, skipped, output) 
         planner.lineage["at_step"] = at_step
         planner.lineage["skipped"] = [[a, b] for a, b in skipped]
         planner.parent, planner.copied = parent, segments
-    planner.lineage["parent_path"] = recorded_path(str(parent), output)
+    planner.lineage["parent_path"] = recorded_path(str(parent), output, index_anchor(planner))
 
 
 def _chunks(planner: Planner, pool: Engine | None, run: str, states: list[MixState]):

@@ -19,7 +19,7 @@ from mds.planner.plan.mixing import MixState
 from mds.planner.plan.pool import COST_SCALE
 from mds.planner.runtime.outputs import recorded_root
 
-__all__ = ["PLAN_FORMAT", "fetch_facts", "plan_footer", "recorded_path"]
+__all__ = ["PLAN_FORMAT", "fetch_facts", "index_anchor", "plan_footer", "recorded_path"]
 
 PLAN_FORMAT = "mds-plan"
 
@@ -56,7 +56,8 @@ def plan_footer(
         "config": config.canonical(),
         "index": {
             "fingerprint": manifest.fingerprint,
-            "path": planner.index_place or recorded_path(str(manifest.path), output),
+            "path": planner.index_place
+            or recorded_path(str(manifest.path), output, index_anchor(planner)),
             "sources": index_sources(manifest),
         },
         "sources": sources,
@@ -72,12 +73,26 @@ def plan_footer(
     }
 
 
-def recorded_path(path: str, plan: Path | str) -> str:
-    """`path` as a plan at `plan` records it: relative to the plan's directory when both
-    are files; absolute (or a URL) when the plan is an object."""
-    if storage.is_url(path) or storage.is_url(plan):
-        return path if storage.is_url(path) else os.path.abspath(path)
+def recorded_path(path: str, plan: Path | str, anchor: Path | None = None) -> str:
+    """`path` as a plan at `plan` records it: a URL as it is; a file relative to the plan's
+    directory, or, for a plan written to object storage, relative to `anchor`, the directory
+    of the local index it was made from (index_anchor), so that it records what a plan
+    written beside that index records (the same plan id); absolute without an anchor."""
+    if storage.is_url(path):
+        return path
+    if storage.is_url(plan):
+        return os.path.relpath(path, anchor) if anchor is not None else os.path.abspath(path)
     return os.path.relpath(path, Path(plan).parent)
+
+
+def index_anchor(planner: Planner) -> Path | None:
+    """Where a plan written to object storage is taken to lie for the local paths it
+    records: the directory that holds the local index it was made from (a tree copied to
+    the store keeps that layout, and the plan resolves them against its own URL). None for
+    an index in the store: local paths are then recorded absolute."""
+    if planner.index_place is not None:
+        return None
+    return Path(os.path.abspath(planner.manifest.path)).parent
 
 
 def fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
@@ -90,5 +105,5 @@ def fetch_facts(planner: Planner, output: Path | str) -> dict[str, Any]:
         sources[pool.name] = source_facts(manifest.source(pool.name))
     root = manifest.data["root"]
     if storage.is_url(output):
-        return {"root": recorded_path(root, output), "sources": sources}
+        return {"root": recorded_path(root, output, index_anchor(planner)), "sources": sources}
     return {"root": recorded_root(root, Path(output).parent), "sources": sources}
