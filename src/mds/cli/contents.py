@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from mds.core.content_hash import content_hash
-from mds.core.index_manifest import plan_manifest
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import as_place
 from mds.errors import ConfigError
+from mds.planner.report.common import plan_index
 
 __all__ = ["content_hashes", "trace_payloads", "with_hashes"]
 
@@ -82,7 +82,7 @@ def content_hashes(
             raise ConfigError(
                 f"source {source!r} is not drawn from by the plan {plan}; give a source it plans"
             )
-        manifest = plan_manifest(plan, footer, index)
+        manifest = plan_index(plan, footer, index)
     rows = np.asarray(rows, dtype=np.int64)
     table = location_table(manifest, source) if len(rows) else None
     out: list[str] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,9 +268,12 @@ def plan_manifest(
     footer: dict[str, Any],
     index: str | Path | None = None,
     option: str = "--index",
+    copy: Callable[[str], Path] | None = None,
 ) -> IndexManifest:
     """The index a plan was made from (`index`, else the path its footer names), checked
-    against the fingerprint the plan recorded; `option` is how the caller names `index`."""
+    against the fingerprint the plan recorded; `option` is how the caller names `index`.
+    An index in object storage is read through `copy` (URL -> a local copy of it; the
+    planner's download_index), and refused without it."""
     from mds.core import storage
 
     try:
@@ -277,6 +281,15 @@ def plan_manifest(
         index_dir = storage.as_place(index) if index else _recorded_index(plan, recorded["path"])
     except (KeyError, TypeError):
         raise PlanError(f"{plan}: the footer does not name its index") from None
+    if storage.is_url(index_dir) and copy is not None:
+        manifest = read_manifest(copy(index_dir))
+        if manifest.fingerprint != recorded.get("fingerprint"):
+            raise DataChangedError(
+                f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one "
+                f"the plan was made from ({recorded.get('fingerprint')}); pass the right "
+                f"{option} or re-plan"
+            )
+        return manifest
     if storage.is_url(index_dir):
         raise IndexFormatError(
             f"{plan}: its index is in object storage ({index_dir}); this command reads a local "

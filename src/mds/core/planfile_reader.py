@@ -81,7 +81,9 @@ class PlanReader:
         except OSError as exc:
             raise PlanError(f"{self.path}: cannot open plan ({exc.strerror or exc})") from None
         except SourceDataError as exc:
-            raise PlanError(f"cannot open plan: {exc}") from None
+            missing = str(exc).endswith("missing (no such object)")
+            hint = f"; {storage.missing_hint(self.path)}" if missing else ""
+            raise PlanError(f"cannot open plan: {exc}{hint}") from None
         try:
             self._load()
         except BaseException:
@@ -94,6 +96,11 @@ class PlanReader:
         return RangeFile(self.path, None)
 
     def _fail(self, what: str) -> PlanError:
+        if self._object is not None and ("truncat" in what or "corrupt" in what):
+            what += (
+                "; copy the plan there again whole (an upload cut short leaves a truncated "
+                "object), or write it with `mds plan -o URL`"
+            )
         return PlanError(f"{self.path}: {what}")
 
     def _bad(self, what: str) -> PlanError:

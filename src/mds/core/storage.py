@@ -23,12 +23,14 @@ __all__ = [
     "MOVED_HINT",
     "ObjectStat",
     "as_place",
+    "credentials_hint",
     "delete",
     "env_number",
     "exists",
     "filesystem",
     "get_bytes",
     "given_root",
+    "missing_hint",
     "is_url",
     "join",
     "list_object_infos",
@@ -234,15 +236,42 @@ def object_key(url: str) -> str:
     return url.split("://", 1)[1].strip("/")
 
 
+# What a store answers when the credentials are missing, wrong or not allowed to read.
+_DENIED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+           "PERMISSION_DENIED", "Forbidden", "Unauthorized", "401", "403", "credentials")  # fmt: skip
+
+
+def missing_hint(url: str) -> str:
+    """The fix for an object that is not there: check the URL against a listing."""
+    ls = "gcloud storage ls" if url.startswith("gs://") else "aws s3 ls"
+    return f"check the URL (`{ls} {parent_url(url)}/` lists what is there)"
+
+
+def credentials_hint(url: str) -> str:
+    """The fix for a request the store refused: where the credentials come from."""
+    if url.startswith("gs://"):
+        return (
+            "check Google's credentials (GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth "
+            "application-default login`) and that they may read the bucket"
+        )
+    return (
+        "check the AWS credentials (AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY) and that they may read the bucket"
+    )
+
+
 def failure(url: str, what: str, exc: BaseException) -> SourceDataError:
     if isinstance(exc, FileNotFoundError):
         return SourceDataError(f"{url}: missing (no such object)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    hint = f"; {credentials_hint(url)}" if any(d in text for d in _DENIED) else ""
     n = attempts()
     if url.startswith("gs://"):
         limit = n * request_timeout()
-        return SourceDataError(f"{url}: cannot {what} after retrying for {limit:g} s ({text})")
-    return SourceDataError(f"{url}: cannot {what} after {n} attempt{'s' * (n > 1)} ({text})")
+        return SourceDataError(
+            f"{url}: cannot {what} after retrying for {limit:g} s ({text}){hint}"
+        )
+    return SourceDataError(f"{url}: cannot {what} after {n} attempt{'s' * (n > 1)} ({text}){hint}")
 
 
 class ObjectStat:

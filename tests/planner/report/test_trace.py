@@ -48,7 +48,7 @@ def test_reads_only_the_traced_chunk(plan, reads, monkeypatch):
     def no_index(*_args, **_kw):
         raise AssertionError("the index was read")
 
-    monkeypatch.setattr(trace_module, "plan_manifest", no_index)
+    monkeypatch.setattr(trace_module, "plan_index", no_index)
     with PlanReader(plan) as reader:
         assert len(reader.chunks) == 4 and reader.chunk_of(37) == 2
         dp = reader.dp

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from mds.core.index_manifest import IndexManifest, plan_manifest
 from mds.core.planfile import MAGIC
 from mds.core.storage import is_url
 from mds.errors import ConfigError
-from mds.planner.index.tables import MANIFEST
+from mds.planner.index.tables import MANIFEST, download_index
 
-__all__ = ["SCHEMA", "buckets", "detect", "finite", "ratio", "summary"]
+__all__ = ["SCHEMA", "buckets", "detect", "finite", "index_place", "plan_index", "ratio", "summary"]
 
 SCHEMA = 1
 
@@ -56,7 +57,43 @@ def _detect_url(url: str) -> str:
         return "plan"
     if exists(str(join(url, MANIFEST))):
         return "index"
-    raise ConfigError(f"{url}: no such object, and no mds index ({MANIFEST}) under it")
+    from mds.core.storage import missing_hint
+
+    raise ConfigError(
+        f"{url}: no such object, and no mds index ({MANIFEST}) under it; {missing_hint(url)}"
+    )
+
+
+def plan_index(
+    plan: str | Path, footer: dict[str, Any], index: str | Path | None = None, option: str = "--index"
+) -> IndexManifest:
+    """The index a plan was made from (core.index_manifest.plan_manifest); one in object
+    storage (given, or recorded beside the plan's object) is copied to a temporary directory
+    once per process, its tables checked by their checksums."""
+    return plan_manifest(plan, footer, index, option, copy=_index_copy)
+
+
+_COPIES: dict[str, tuple[Any, Path]] = {}
+
+
+def _index_copy(url: str) -> Path:
+    """A local copy of the index under `url`, kept (and removed at exit) with its temporary
+    directory, as the tables are read lazily."""
+    import tempfile
+
+    url = url.rstrip("/")
+    if url not in _COPIES:
+        tmp = tempfile.TemporaryDirectory(prefix="mds-index-")
+        _COPIES[url] = (tmp, download_index(url, Path(tmp.name) / "index"))
+    return _COPIES[url][1]
+
+
+def index_place(manifest: IndexManifest) -> str:
+    """Where an index lies, for reports: the URL of one copied from object storage."""
+    for url, (_tmp, local) in _COPIES.items():
+        if local == manifest.path:
+            return url
+    return str(manifest.path)
 
 
 def finite(value: Any) -> float | None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from mds.core.index_manifest import plan_manifest
 from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import as_place, is_url
@@ -22,6 +21,7 @@ from mds.planner.index.tables import IndexManifest, source_frame
 from mds.planner.plan.pool import RANGE_FORMATS
 from mds.planner.plan.sqlexpr import signed_ints, sql_expr
 from mds.planner.plan.vision import image_parts, is_image_text
+from mds.planner.report.common import plan_index
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
 __all__ = [
@@ -382,7 +382,7 @@ def plan_frame(
         cursors = np.asarray(reader.section("cursor_consumed"), dtype=np.int64)
         restarts = chunk_restarts(reader, cursors, 0)
     start = cursors[0]
-    manifest = plan_manifest(plan, footer, index)
+    manifest = plan_index(plan, footer, index)
     # Epochs need the whole stream's order: (step, rank, micro_batch), and a micro-batch's
     # samples in their order in the plan (file order is (chunk, rank, step, ...)).
     slots = slots.sort("step", "rank", "micro_batch", "order")

@@ -12,11 +12,10 @@ from typing import Any
 
 import polars as pl
 
-from mds.core.index_manifest import plan_manifest
 from mds.core.planfile_reader import PlanReader
 from mds.errors import ConfigError
 from mds.planner.index.tables import IndexManifest
-from mds.planner.report.common import SCHEMA
+from mds.planner.report.common import SCHEMA, index_place, plan_index
 from mds.planner.report.export import block_frame, locate
 from mds.planner.report.plan import step_stats
 
@@ -109,7 +108,7 @@ def step_report(
     ranks = sorted(set(ranks)) if ranks else list(range(reader.dp))
     _check(reader, step, ranks)
     footer = reader.footer
-    manifest = plan_manifest(reader.path, footer, index)
+    manifest = plan_index(reader.path, footer, index)
     frame = _locate(step_slots(reader, step, ranks), manifest, footer)
     stats = {
         name: int(values[step - reader.first_step]) for name, values in step_stats(reader).items()
@@ -119,7 +118,7 @@ def step_report(
         "kind": "step",
         "path": str(reader.path),
         "plan_id": reader.plan_id,
-        "index": str(manifest.path),
+        "index": index_place(manifest),
         "index_root": manifest.data.get("root"),
         "step": step,
         "dp_size": reader.dp,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mds.core.index_manifest import index_sources, plan_manifest
+from mds.core.index_manifest import index_sources
 from mds.core.planfile import Fetch, RankChunk
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import as_place
@@ -33,6 +33,7 @@ from mds.planner.index.tables import IndexManifest, source_table
 from mds.planner.plan.fetch import FILE_KEYS, source_facts
 from mds.planner.plan.pool import RANGE_FORMATS
 from mds.planner.plan.sqlexpr import signed_ints
+from mds.planner.report.common import plan_index
 from mds.planner.report.export import (
     EXPORT_COLUMNS,
     block_frame,
@@ -113,7 +114,7 @@ def trace_plan(
     manifest = None
     if chosen["epoch"].null_count():
         try:
-            manifest = plan_manifest(plan, footer, index)
+            manifest = plan_index(plan, footer, index)
         except MdsError:
             if index is not None:  # the index asked for is refused: say why
                 raise
@@ -122,7 +123,7 @@ def trace_plan(
             chosen = slots.with_columns(epochs).filter(keep)
     config = footer["config"]
     if "expr" in config["cost"] or config.get("vision") is not None:
-        manifest = manifest or plan_manifest(plan, footer, index)
+        manifest = manifest or plan_index(plan, footer, index)
         frame = locate(chosen, manifest, footer).rename(
             {"offset": "byte_offset", "length": "byte_length"}, strict=False
         )

@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from mds.core.index_manifest import plan_manifest
 from mds.core.vision import VisionGeometry
 from mds.errors import MdsError
 from mds.planner.index.tables import source_table
 from mds.planner.plan.vision import IMAGE_COLUMNS, is_image_text
-from mds.planner.report.common import ratio, summary
+from mds.planner.report.common import plan_index, ratio, summary
 
 __all__ = ["PATCH_BINS", "patch_histogram", "vision_report"]
 
@@ -53,7 +52,7 @@ def _sources(plan: Path, footer: dict[str, Any], geometry: VisionGeometry, index
     """Per planned image-text source: samples, images, images per sample, patch histogram;
     from the index (None where it cannot be found: the rest of the report does not need it)."""
     try:
-        manifest = plan_manifest(plan, footer, index)
+        manifest = plan_index(plan, footer, index)
     except MdsError:
         return None
     out = []
