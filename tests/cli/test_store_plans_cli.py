@@ -178,6 +178,37 @@ def test_reports_of_a_plan_in_s3_are_those_of_the_local_plan(tree, monkeypatch, 
         assert diff["first_difference"] is None and diff["first_sample_difference"] is None
 
 
+def test_a_plan_in_s3_is_read_by_ranges_not_whole(tree, monkeypatch):
+    """inspect, inspect --step, trace and plan --from read the footer and the sections or
+    blocks they use: less than the object (export reads every block, as it must)."""
+    from collections import Counter
+
+    from s3_store import s3_server
+
+    from mds.core import object_ranges
+
+    read: Counter = Counter()
+    whole = object_ranges.read_exact
+
+    def counted(f, url, size, start, n):
+        read[url] += n
+        return whole(f, url, size, start, n)
+
+    monkeypatch.setattr(object_ranges, "read_exact", counted)
+    size = (tree / "plan.mds").stat().st_size
+    with s3_server(monkeypatch) as store:
+        store.upload(tree / "index", "tree/index")
+        store.put("tree/plan.mds", (tree / "plan.mds").read_bytes())
+        url = store.url("tree/plan.mds")
+        again = ("--index", tree / "index", "--at-step", "20", "-o", tree / "again.mds")
+        for args in (("inspect", url), ("inspect", url, "--step", "5", "--rank", "1"),
+                     ("trace", url, "--step", "5", "--data-root", tree / "data"),
+                     ("plan", tree / "data" / "mds.toml", "--from", url, *again)):  # fmt: skip
+            read.clear()
+            ok(*args)
+            assert 0 < read[url] < size, (args, read[url], size)
+
+
 def test_a_plan_and_its_index_in_gcs(tree, monkeypatch, tmp_path):
     """The same on GCS: inspect --step reads the index beside the plan, export equals the
     local plan's."""
