@@ -250,6 +250,9 @@ def test_a_missing_truncated_or_unreachable_plan_object_is_one_line(tree, monkey
 
         store.put("plans/plan.mds", data)
         url = store.url("plans/plan.mds")
+        index = store.url("plans/index")  # recorded as "index": beside the plan, not there
+        for args in (("inspect", url, "--step", "1"), ("export", url, "-o", out), ("verify", url)):
+            one_error_line(mds(*args), f"its index was expected at {index}", "pass --index")
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.delenv(name)
         for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ __all__ = [
     "IndexManifest",
     "index_fingerprint",
     "index_sources",
+    "missing_index",
     "plan_manifest",
     "read_manifest",
     "read_table_bytes",
@@ -282,6 +284,8 @@ def plan_manifest(
     except (KeyError, TypeError):
         raise PlanError(f"{plan}: the footer does not name its index") from None
     if storage.is_url(index_dir) and copy is not None:
+        if not index and not storage.exists(f"{index_dir}/{MANIFEST}"):
+            raise IndexFormatError(missing_index(plan, index_dir, recorded["path"], option))
         manifest = read_manifest(copy(index_dir))
         if manifest.fingerprint != recorded.get("fingerprint"):
             raise DataChangedError(
@@ -297,11 +301,7 @@ def plan_manifest(
             f"{option} with it"
         )
     if not index and not (index_dir / MANIFEST).is_file():
-        raise IndexFormatError(
-            f"{plan}: its index was expected at {index_dir} (recorded relative to the plan's "
-            f"directory as {recorded['path']!r}); if the plan or the index moved, pass {option} "
-            "with the index directory"
-        )
+        raise IndexFormatError(missing_index(plan, index_dir, recorded["path"], option))
     manifest = read_manifest(index_dir)
     if manifest.fingerprint != recorded.get("fingerprint"):
         raise DataChangedError(
@@ -309,6 +309,21 @@ def plan_manifest(
             f"was made from ({recorded.get('fingerprint')}); pass the right {option} or re-plan"
         )
     return manifest
+
+
+def missing_index(plan: Any, where: Any, recorded: str, option: str = "--index") -> str:
+    """The line for a plan whose index is not where its footer says."""
+    from mds.core import storage
+
+    if storage.is_url(recorded) or os.path.isabs(recorded):
+        how = f"recorded as {recorded!r}"
+    else:
+        where_from = "URL" if storage.is_url(plan) else "directory"
+        how = f"recorded relative to the plan's {where_from} as {recorded!r}"
+    return (
+        f"{plan}: its index was expected at {where} ({how}); if the plan or the index moved, "
+        f"pass {option} with the index directory or prefix"
+    )
 
 
 def facts_problem(facts: Any) -> str | None:

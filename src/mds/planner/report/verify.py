@@ -15,7 +15,7 @@ from pathlib import Path
 from mds.core.index_manifest import MANIFEST
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import is_url
-from mds.errors import MdsError, PlanError
+from mds.errors import IndexFormatError, MdsError, PlanError
 from mds.planner.report.verify_fetch import IndexTables, fetch_problem
 from mds.planner.report.verify_index import plan_index, verify_index
 from mds.planner.report.verify_plan_file import verify_plan_file
@@ -80,7 +80,8 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
     the result names them by their URLs."""
     import tempfile
 
-    from mds.core.storage import get_bytes
+    from mds.core.index_manifest import missing_index
+    from mds.core.storage import exists, get_bytes
     from mds.planner.index.tables import download_index
 
     with tempfile.TemporaryDirectory(prefix="mds-verify-") as tmp:
@@ -93,11 +94,11 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
                 result = VerifyResult(plan, full)  # type: ignore[arg-type]
                 result.add("plan file", "plan", str(exc), "")
                 return result
-        where = index
+        where = recorded = index
         if where is None:
             try:
                 with PlanReader(local) as reader:
-                    where = str(plan_index(reader.footer).get("path", "")) or None
+                    where = recorded = str(plan_index(reader.footer).get("path", "")) or None
             except PlanError:
                 where = None
         if where is not None and index is None and is_url(plan) and not os.path.isabs(where):
@@ -106,6 +107,8 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
             where = resolve_under(parent_url(str(plan)), str(where))  # beside the plan object
         copy = where
         if where is not None and is_url(where):
+            if index is None and not exists(f"{where}/{MANIFEST}"):
+                raise IndexFormatError(missing_index(plan, where, recorded))
             copy = download_index(str(where), Path(tmp) / "index")
         result = verify_plan(
             local, index=copy, full=full, data_root=data_root, _place=plan if is_url(plan) else None
