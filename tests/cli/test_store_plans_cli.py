@@ -210,21 +210,25 @@ def test_a_plan_in_s3_is_read_by_ranges_not_whole(tree, monkeypatch):
 
 
 def test_a_plan_and_its_index_in_gcs(tree, monkeypatch, tmp_path):
-    """The same on GCS: inspect --step reads the index beside the plan, export equals the
-    local plan's."""
+    """The same on GCS: a plan written to gs:// beside the tree's copy is the local plan's
+    bytes; inspect --step reads the index beside it; export (with --hash from a --data-root
+    in the store) equals the local plan's."""
     from gcs_store import gcs_server
 
     local = tree / "plan.mds"
     with gcs_server(monkeypatch) as store:
         store.upload(tree / "index", "tree/index")
-        store.put("tree/plan.mds", local.read_bytes())
+        data = store.upload(tree / "data", "copy/data")
         url = store.url("tree/plan.mds")
+        ok("plan", tree / "data" / "mds.toml", "--index", tree / "index", "-o", url)
+        assert store.get("tree/plan.mds") == local.read_bytes()
         step = ("--step", "2")
         assert _without_paths(as_json("inspect", url, *step)) == _without_paths(
             as_json("inspect", local, *step)
         )
-        ok("export", url, "-o", tmp_path / "remote.parquet")
-        ok("export", local, "-o", tmp_path / "local.parquet")
+        hashed = ("--steps", "0:4", "--hash")
+        ok("export", url, *hashed, "--data-root", data, "-o", tmp_path / "remote.parquet")
+        ok("export", local, *hashed, "-o", tmp_path / "local.parquet")
         assert pl.read_parquet(tmp_path / "remote.parquet").equals(
             pl.read_parquet(tmp_path / "local.parquet")
         )
