@@ -113,6 +113,10 @@ def test_a_plan_made_from_an_index_in_s3_is_the_same_plan_locally_and_in_s3(
         footer = PlanReader(url).footer
         assert footer["index"]["path"] == index and footer["fetch"]["root"] == data
         assert _batches(url) == local_batches
+        again = ("--index", index, "--from", url, "--at-step", "30")  # all in the store
+        ok("plan", config, *again, "-o", store.url("plans/again.mds"))
+        ok("plan", config, *again, "-o", tmp_path / "again.mds")
+        assert store.get("plans/again.mds") == (tmp_path / "again.mds").read_bytes()
 
 
 def _without_paths(report):
