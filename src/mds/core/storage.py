@@ -30,11 +30,11 @@ __all__ = [
     "filesystem",
     "get_bytes",
     "given_root",
-    "missing_hint",
     "is_url",
     "join",
     "list_object_infos",
     "list_objects",
+    "missing_hint",
     "object_key",
     "object_version",
     "open_input",
@@ -238,7 +238,7 @@ def object_key(url: str) -> str:
 
 # What a store answers when the credentials are missing, wrong or not allowed to read.
 _DENIED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-           "PERMISSION_DENIED", "Forbidden", "Unauthorized", "401", "403", "credentials")  # fmt: skip
+           "PERMISSION_DENIED", "Forbidden", "Unauthorized", "credentials")  # fmt: skip
 
 
 def missing_hint(url: str) -> str:
