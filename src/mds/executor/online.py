@@ -1,0 +1,381 @@
+"""OnlineExecutor: replay an online-mixed run (docs/online-mixing.md) segment after segment,
+take per-source signals from training, and have the next segments planned while the
+current window trains.
+
+Each segment is an ordinary plan replayed by a PlanExecutor; a segment is re-planned from
+the one before at its first step, so the hand-over between them is the one of
+handover.py. Planning runs in a subprocess (`python -m mds plan ... --segment K`) started
+by DP rank 0, so this module imports neither polars nor the planner, and training never
+waits on planning unless a segment is late. The state is the position in the current
+segment, the signal log and this rank's sums of the unfinished window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core import storage
+from mds.core.planfile_reader import PlanReader
+from mds.core.segments import OnlineFacts, online_facts, segment_path, signals_path
+from mds.core.signal_log import SignalLog, window_signal
+from mds.errors import ConfigError, PlanError
+from mds.executor.executor import PlanExecutor
+from mds.executor.signals import Group
+
+__all__ = ["ONLINE_STATE_FORMAT", "ONLINE_STATE_VERSION", "OnlineExecutor"]
+
+ONLINE_STATE_FORMAT = "mds-online-state"
+ONLINE_STATE_VERSION = 1
+
+
+def _failure(output: str, code: int) -> str:
+    """The one-line reason of a failed `mds plan --json`: its error's message, else the
+    last line it printed (a traceback's), else its exit status."""
+    start = output.find('{\n')
+    start = start if start >= 0 else output.find("{")
+    if start >= 0:
+        try:
+            return str(json.JSONDecoder().raw_decode(output[start:])[0]["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    lines = [x.strip() for x in output.splitlines() if x.strip()]
+    return lines[-1] if lines else f"exit status {code}"
+
+
+class OnlineExecutor:
+    """Iterate one DP rank's micro-batches of an online-mixed run, across its segments.
+
+    `plan`: the run's first segment (what `mds plan CONFIG -o PLAN` wrote); `config`: that
+    config's path, which the next segments are planned from. `group`: the torch.distributed
+    process group of the DP ranks (default: the default group if one is initialized, else
+    this process alone). `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]);
+    `command`: the command that runs mds (default: this Python, `-m mds`). Other keyword
+    arguments go to each segment's PlanExecutor.
+    """
+
+    def __init__(
+        self,
+        plan: str | os.PathLike,
+        dp_rank: int,
+        *,
+        config: str | os.PathLike,
+        dp_size: int | None = None,
+        group: Any = None,
+        plan_args: Sequence[str] = (),
+        command: Sequence[str] | None = None,
+        **kwargs: Any,
+    ):
+        if storage.is_url(plan):
+            raise ConfigError(
+                f"{plan}: an online run's segments and signal log are local files for now; "
+                "give the plan's local path"
+            )
+        self.plan = Path(plan)
+        self.config = Path(config)
+        self._group = Group(group)
+        self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
+        self._plan_args = list(plan_args)
+        self._exec_args = {"dp_rank": dp_rank, "dp_size": dp_size, **kwargs}
+        with PlanReader(self.plan) as reader:
+            facts = online_facts(reader.footer, self.plan)
+            self.plan_id = reader.plan_id
+            names = tuple(s["name"] for s in reader.footer["config"]["sources"])
+        if facts is None or facts.window != 0:
+            raise PlanError(
+                f"{self.plan} is not the first segment of an online run (plan it from a config "
+                "with [mixing] online); a fixed plan is replayed by PlanExecutor"
+            )
+        self.facts0: OnlineFacts = facts
+        self.source_names = names
+        self.windows = facts.windows
+        self.steps = facts.steps
+        self.log = SignalLog(self.plan_id, names, facts.window_steps)
+        self._adopt_disk_log()
+        self._sums: dict[int, np.ndarray] = {}  # window -> [loss sums..., counts...], this rank
+        self._planning: tuple[int, subprocess.Popen, Any] | None = None
+        self._failed: dict[int, str] = {}
+        self.window = 0
+        self.facts = facts
+        self._inner = PlanExecutor(self.plan, **self._exec_args)
+        self._kick()
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def report(
+        self, step: int, loss_sums: Mapping[str, float], counts: Mapping[str, float]
+    ) -> None:
+        """Add this rank's per-source loss sums of `step` and what they were summed over.
+        Call it on every DP rank for the last step of every window (it reduces the
+        window's sums over the ranks there, a collective call); other steps may be left out."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or not (
+            0 <= step < self.steps
+        ):
+            raise ConfigError(f"report(step={step!r}): a step of the run, 0 to {self.steps - 1}")
+        n = len(self.source_names)
+        row = np.zeros(2 * n)
+        for part, values, what in ((0, loss_sums, "loss_sums"), (n, counts, "counts")):
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"report({what}=...): a mapping source -> number")
+            for name, value in values.items():
+                if name not in self.source_names:
+                    raise ConfigError(
+                        f"report({what}): {name!r} is not a source of the plan "
+                        f"({', '.join(self.source_names)})"
+                    )
+                value = float(value)
+                if not math.isfinite(value) or (part and value < 0):
+                    raise ConfigError(f"report({what}): {name!r} = {value!r} must be finite"
+                                      + (" and >= 0" if part else ""))
+                row[part + self.source_names.index(name)] += value
+        w = step // self.facts0.window_steps
+        self._sums[w] = self._sums.get(w, np.zeros(2 * n)) + row
+        if step == self.facts0.bounds(w)[1] - 1:
+            self._close_window(w)
+
+    def _close_window(self, w: int) -> None:
+        """Reduce window w's sums over the ranks and record them (the first record of a
+        window stays: the segments after it were planned from it)."""
+        n = len(self.source_names)
+        total = self._group.sum(self._sums.pop(w, np.zeros(2 * n)))
+        if len(self.log.windows) < w:
+            raise PlanError(
+                f"window {w} ended, but window {len(self.log.windows)} has no signal: call "
+                f"report() on every rank for the last step of every window (step "
+                f"{self.facts0.bounds(len(self.log.windows))[1] - 1})"
+            )
+        if len(self.log.windows) == w:
+            start, end = self.facts0.bounds(w)
+            self.log.append(window_signal(w, start, end, total[:n], total[n:]))
+            if self._group.leader:
+                self.log.write(signals_path(self.plan))
+        self._kick()
+
+    def _adopt_disk_log(self) -> None:
+        """Take the run's log on disk when it extends ours (a resumed run)."""
+        path = signals_path(self.plan)
+        if path.exists():
+            disk = SignalLog.read(path)
+            if disk.plan_id != self.plan_id:
+                raise PlanError(
+                    f"{path} is the signal log of plan {disk.plan_id}, not of {self.plan} "
+                    f"(plan {self.plan_id}); move it away to start this run"
+                )
+            self.log = self.log.merged(disk)
+
+    # --- planning ahead --------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        """On rank 0, start planning the next missing segment whose signals are all in the
+        log (one subprocess at a time); note a finished one's failure for the boundary."""
+        if not self._group.leader:
+            return
+        self._reap(block=False)
+        if self._planning is not None:
+            return
+        for t in (self.window + 1, self.window + 2):
+            if t >= self.windows or t in self._failed:
+                continue
+            if segment_path(self.plan, t).exists():
+                continue
+            if len(self.log.windows) >= t - 1:
+                self._start(t)
+            return
+
+    def _start(self, t: int) -> None:
+        path = signals_path(self.plan)
+        if t >= 2:
+            self.log.write(path)
+        cmd = [*self._command, "plan", str(self.config), "-o", str(self.plan),
+               "--segment", str(t), *(["--signals", str(path)] if t >= 2 else []),
+               *self._plan_args, "--json"]
+        out = tempfile.TemporaryFile()  # --json: a summary, or {"error": {...}}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._planning = (t, proc, out)
+
+    def _reap(self, block: bool) -> None:
+        """Collect the planning subprocess if it is done (or wait for it, with `block`)."""
+        if self._planning is None:
+            return
+        t, proc, out = self._planning
+        if block:
+            proc.wait()
+        elif proc.poll() is None:
+            return
+        self._planning = None
+        if proc.returncode != 0:
+            out.seek(0)
+            self._failed[t] = _failure(out.read().decode(errors="replace"), proc.returncode)
+        out.close()
+
+    def _ready(self, t: int) -> None:
+        """Segment t is on disk for every rank, or every rank raises rank 0's reason."""
+        message = None
+        if self._group.leader:
+            message = self._make(t)
+        message = self._group.tell(message)
+        if message is not None:
+            raise PlanError(message)
+
+    def _make(self, t: int) -> str | None:
+        """On rank 0: wait for segment t (planning it now if nobody started it); the reason
+        it is missing, or None."""
+        if self._planning is not None and self._planning[0] != t:
+            self._reap(block=True)  # another segment first: one subprocess at a time
+        if self._planning is None and not segment_path(self.plan, t).exists():
+            if t in self._failed:
+                pass
+            elif len(self.log.windows) < t - 1:
+                k = len(self.log.windows)
+                return (
+                    f"window {t} is planned from the signals of windows 0..{t - 2}, but window "
+                    f"{k} has none: call report() on every rank for step "
+                    f"{self.facts0.bounds(k)[1] - 1}"
+                )
+            else:
+                self._start(t)
+        self._reap(block=True)
+        if t in self._failed:
+            return (
+                f"planning window {t} ({segment_path(self.plan, t)}) failed: {self._failed[t]}; "
+                f"the run stops at step {self.facts0.bounds(t)[0]}, where its segments end"
+            )
+        return None
+
+    # --- segments --------------------------------------------------------------------------
+
+    def _open(self, t: int) -> PlanExecutor:
+        """Segment t's executor, its footer checked against this run and its log."""
+        path = segment_path(self.plan, t)
+        ex = PlanExecutor(path, **self._exec_args)
+        try:
+            with PlanReader(path) as reader:
+                facts = online_facts(reader.footer, path)
+            used = facts.signal_windows if facts is not None else -1
+            if (
+                facts is None
+                or facts.window != t
+                or facts.config_digest != self.facts0.config_digest
+                or used > len(self.log.windows)
+                or facts.signal_digest != self.log.digest(used)
+            ):
+                raise PlanError(
+                    f"{path} is not window {t} of this run as its signal log makes it (planned "
+                    "from other signals or another config); move it away to have it re-planned"
+                )
+        except BaseException:
+            ex.close()
+            raise
+        ex.facts = facts  # type: ignore[attr-defined]
+        return ex
+
+    def _enter(self, t: int, state: Mapping[str, Any] | None = None) -> None:
+        """Switch to segment t, at `state` (default: the current segment's end)."""
+        self._ready(t)
+        ex = self._open(t)
+        try:
+            ex.load_state_dict(state if state is not None else self._inner.state_dict())
+        except BaseException:
+            ex.close()
+            raise
+        self._inner.close()
+        self._inner, self.window, self.facts = ex, t, ex.facts  # type: ignore[attr-defined]
+        self._kick()
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The shares the current window was planned with."""
+        return dict(self.facts.weights)
+
+    @property
+    def micro_batches(self) -> int:
+        return self._inner.micro_batches
+
+    @property
+    def batch_source_names(self) -> list[str]:
+        """The names a micro-batch's `source` values index (the index's sources)."""
+        return self._inner.source_names
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self._inner.position
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Micro-batches from the current position to the run's end, segment after segment."""
+        while True:
+            yield from self._inner
+            if self.window + 1 >= self.windows:
+                return
+            self._enter(self.window + 1)
+
+    # --- state -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": ONLINE_STATE_FORMAT,
+            "version": ONLINE_STATE_VERSION,
+            "plan_id": self.plan_id,
+            "position": self._inner.state_dict(),
+            "signals": self.log.to_json(),
+            "partial": {str(w): [float(x) for x in s] for w, s in sorted(self._sums.items())},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume where `state_dict()` was taken: the log merged with the one on disk, this
+        rank's partial sums, and the segment of the saved step."""
+        if not isinstance(state, Mapping) or state.get("format") != ONLINE_STATE_FORMAT:
+            raise PlanError("not an mds online executor state (no format 'mds-online-state')")
+        if state.get("version") != ONLINE_STATE_VERSION:
+            raise PlanError(
+                f"online executor state version {state.get('version')!r} is not supported "
+                f"(this mds reads {ONLINE_STATE_VERSION})"
+            )
+        if state.get("plan_id") != self.plan_id:
+            raise PlanError(
+                f"the state is of the online run of plan {state.get('plan_id')}, but "
+                f"{self.plan} is plan {self.plan_id}; resume with the run's first segment"
+            )
+        saved = SignalLog.from_json(state.get("signals"), "the state's signal log")
+        self.log = self.log.merged(saved)
+        self._adopt_disk_log()
+        if self._group.leader:
+            self.log.write(signals_path(self.plan))
+        n = 2 * len(self.source_names)
+        partial = state.get("partial") or {}
+        try:
+            self._sums = {int(w): np.array(v, dtype=np.float64) for w, v in partial.items()}
+        except (TypeError, ValueError):
+            raise PlanError("the state's partial window sums are damaged") from None
+        if any(v.shape != (n,) for v in self._sums.values()):
+            raise PlanError("the state's partial window sums are damaged")
+        position = state.get("position")
+        step = position.get("step") if isinstance(position, Mapping) else None
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= self.steps:
+            raise PlanError(f"the state's position {position!r} is not a step of the run")
+        t = min(step // self.facts0.window_steps, self.windows - 1)
+        if t == self.window:
+            self._inner.load_state_dict(position)
+            self._kick()
+        else:
+            self._enter(t, position)
+
+    def close(self) -> None:
+        """Close the segment's executor; a planning subprocess is waited for (it writes
+        nothing half-done either way)."""
+        self._reap(block=True)
+        self._inner.close()
+
+    def __enter__(self) -> OnlineExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

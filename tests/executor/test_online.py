@@ -1,0 +1,158 @@
+"""The online executor: a run across segments planned in the background from the signals it
+reports; resume at any step replays exactly; the log rebuilds every segment; a policy
+error stops at the window boundary; two gloo ranks reduce their signals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from executor_builders import tiny_data
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from online_builders import STEPS, WINDOW, online_config, plan_first_segment, train
+
+from mds.core.segments import segment_path, signals_path
+from mds.core.signal_log import SignalLog
+from mds.errors import PlanError
+from mds.executor.online import OnlineExecutor
+
+pytestmark = pytest.mark.slow  # each run plans two segments in `mds plan` subprocesses
+
+
+def new_run(root: Path, policy: str = "doremi") -> tuple[Path, Path]:
+    data_root = root / "data"
+    data_root.mkdir(parents=True)
+    data = online_config(tiny_data(data_root), policy)
+    return plan_first_segment(data_root, data), data_root / "config.toml"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A whole run (rank 0 of dp_size 2, alone), its records and its directory."""
+    root = tmp_path_factory.mktemp("online")
+    plan, config = new_run(root)
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        records = train(ex)
+        state = ex.state_dict()
+    return plan, config, records, state
+
+
+def ids_of(records):
+    return [(r["step"], r["micro_batch"], r["ids"]) for r in records]
+
+
+def test_a_run_walks_every_segment_and_logs_every_window(finished):
+    plan, _config, records, state = finished
+    assert [(r["step"], r["micro_batch"]) for r in records] == [
+        (s, m) for s in range(STEPS) for m in range(2)
+    ]
+    log = SignalLog.read(signals_path(plan))
+    assert len(log.windows) == STEPS // WINDOW
+    assert SignalLog.from_json(state["signals"]).encode() == log.encode()
+    # the log holds what was reported, summed per window
+    for w, window in enumerate(log.windows):
+        reported = [r["reported"] for r in records if "reported" in r
+                    and w * WINDOW <= r["step"] < (w + 1) * WINDOW]
+        for i, name in enumerate(log.sources):
+            assert window.count[i] == sum(c.get(name, 0) for _s, c in reported)
+            assert window.loss_sum[i] == pytest.approx(sum(s.get(name, 0) for s, _c in reported))
+    assert all(segment_path(plan, k).exists() for k in range(3))
+
+
+def test_the_log_alone_rebuilds_every_segment_byte_for_byte(finished, tmp_path):
+    plan, config, _records, _state = finished
+    from mds.planner.plan.config import load_plan_config
+    from mds.planner.plan.segment import replay_segments
+
+    audit = plan.parent.parent / "audit" / "plan.mds"  # placed as the run is, beside the index
+    replay_segments(load_plan_config(config), audit, SignalLog.read(signals_path(plan)))
+    for k in range(3):
+        assert segment_path(audit, k).read_bytes() == segment_path(plan, k).read_bytes()
+    shutil.rmtree(audit.parent)
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(0, STEPS - 1))
+def test_resume_at_any_step_replays_exactly(finished, stop):
+    plan, config, records, _state = finished
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        head = train(ex, stop_after=stop) if stop else []
+        state = json.loads(json.dumps(ex.state_dict()))  # what a checkpoint keeps
+    with OnlineExecutor(plan, 0, config=config) as again:
+        again.load_state_dict(state)
+        tail = train(again)
+    assert ids_of(head + tail) == ids_of(records)
+
+
+def test_a_resume_re_plans_the_segments_a_crash_lost(finished, tmp_path):
+    """Stop in window 1 with only the state: the log on disk and segment 2 are gone. The
+    resumed run plans segment 2 from the state's log and replays as the finished run did."""
+    plan0, _config0, records, _state = finished
+    plan, config = new_run(tmp_path)
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        head = train(ex, stop_after=6)
+        state = json.loads(json.dumps(ex.state_dict()))
+    signals_path(plan).unlink()
+    segment_path(plan, 2).unlink()
+    with OnlineExecutor(plan, 0, config=config) as again:
+        again.load_state_dict(state)
+        tail = train(again)
+    assert ids_of(head + tail) == ids_of(records)
+    # the same window 2 (the two runs' files differ only in their index's fingerprint)
+    assert facts(segment_path(plan, 2)) == facts(segment_path(plan0, 2))
+
+
+def facts(path):
+    from mds.core.planfile_reader import PlanReader
+    from mds.core.segments import online_facts
+
+    with PlanReader(path) as reader:
+        return online_facts(reader.footer, path)
+
+
+def test_a_policy_error_stops_at_the_window_boundary(tmp_path, monkeypatch):
+    (tmp_path / "failing_policy.py").write_text(
+        "def weights(window, history):\n    raise RuntimeError('reference model missing')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    plan, config = new_run(tmp_path, policy="failing_policy:weights")
+    ex = OnlineExecutor(plan, 0, config=config)
+    seen = []
+    with pytest.raises(PlanError) as err:
+        seen.extend(train(ex))
+    ex.close()
+    assert "planning window 2" in str(err.value)
+    assert "raised RuntimeError: reference model missing" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert ex.position == (2 * WINDOW, 0)  # every step of windows 0 and 1 was handed out
+    assert not segment_path(plan, 2).exists() and segment_path(plan, 1).exists()
+
+
+def test_report_checks_its_arguments(finished):
+    plan, config, _records, _state = finished
+    from mds.errors import ConfigError
+
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        with pytest.raises(ConfigError, match="'nope' is not a source"):
+            ex.report(0, {"nope": 1.0}, {})
+        with pytest.raises(ConfigError, match="must be finite and >= 0"):
+            ex.report(0, {}, {"web": -1})
+        with pytest.raises(ConfigError, match="a step of the run, 0 to 11"):
+            ex.report(12, {}, {})
+
+
+def test_a_fixed_plan_is_not_an_online_run(finished, tmp_path):
+    plan, config, _records, _state = finished
+    from dataclasses import replace
+
+    from mds.planner.plan.build import build_plan
+    from mds.planner.plan.config import load_plan_config
+
+    fixed = tmp_path / "fixed.mds"
+    build_plan(replace(load_plan_config(config), online=None), fixed)
+    with pytest.raises(PlanError, match="not the first segment of an online run"):
+        OnlineExecutor(fixed, 0, config=config)
