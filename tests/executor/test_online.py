@@ -5,7 +5,10 @@ error stops at the window boundary; two gloo ranks reduce their signals."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +17,29 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from online_builders import STEPS, WINDOW, online_config, plan_first_segment, train
 
+import torch.distributed as dist
+
 from mds.core.segments import segment_path, signals_path
 from mds.core.signal_log import SignalLog
 from mds.errors import PlanError
 from mds.executor.online import OnlineExecutor
 
 pytestmark = pytest.mark.slow  # each run plans two segments in `mds plan` subprocesses
+
+WORKER = Path(__file__).resolve().parent / "online_worker.py"
+needs_gloo = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()),
+    reason="torch.distributed with the gloo backend is not available in this torch build",
+)
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 120) -> None:
+    """`torchrun --standalone --nproc_per_node=nproc ARGS` through this interpreter."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
 
 
 def new_run(root: Path, policy: str = "doremi") -> tuple[Path, Path]:
@@ -156,3 +176,42 @@ def test_a_fixed_plan_is_not_an_online_run(finished, tmp_path):
     build_plan(replace(load_plan_config(config), online=None), fixed)
     with pytest.raises(PlanError, match="not the first segment of an online run"):
         OnlineExecutor(fixed, 0, config=config)
+
+
+@needs_gloo
+def test_two_gloo_ranks_reduce_their_signals_and_share_the_segments(tmp_path):
+    plan, config = new_run(tmp_path)
+    out = tmp_path / "rank"
+    torchrun(2, str(WORKER), str(plan), str(config), str(out), timeout=300)
+    ranks = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2)]
+    log = SignalLog.read(signals_path(plan))
+    assert len(log.windows) == STEPS // WINDOW
+    for r in ranks:  # every rank holds the same reduced log
+        assert SignalLog.from_json(r["state"]["signals"]).encode() == log.encode()
+        assert [(x["step"], x["micro_batch"]) for x in r["records"]] == [
+            (s, m) for s in range(STEPS) for m in range(2)
+        ]
+    for w, window in enumerate(log.windows):
+        for i, name in enumerate(log.sources):
+            reported = [x["reported"] for r in ranks for x in r["records"] if "reported" in x
+                        and w * WINDOW <= x["step"] < (w + 1) * WINDOW]
+            assert window.count[i] == sum(c.get(name, 0) for _s, c in reported)
+            assert window.loss_sum[i] == pytest.approx(sum(s.get(name, 0) for s, _c in reported))
+    # together the ranks trained on exactly what the segments planned, each sample once a step
+    from mds.core.planfile_reader import PlanReader
+
+    for step in range(STEPS):
+        with PlanReader(segment_path(plan, step // WINDOW)) as reader:
+            chunk = reader.chunk_of(step)
+            planned = sorted(
+                int(i) for rank in range(2) for i in _step_ids(reader.rank_chunk(chunk, rank), step)
+            )
+        trained = sorted(i for r in ranks for x in r["records"] if x["step"] == step
+                         for i in x["ids"])
+        assert trained == planned
+
+
+def _step_ids(block, step):
+    per_step = block.counts.reshape(-1, block.counts.shape[-1]).sum(axis=1)
+    start = int(per_step[: step - block.step_start].sum())
+    return block.ids[start : start + int(per_step[step - block.step_start])]
