@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from executor_builders import tiny_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from online_builders import STEPS, WINDOW, online_config, plan_first_segment, train
-
-import torch.distributed as dist
 
 from mds.core.segments import segment_path, signals_path
 from mds.core.signal_log import SignalLog
