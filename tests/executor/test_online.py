@@ -214,3 +214,37 @@ def _step_ids(block, step):
     per_step = block.counts.reshape(-1, block.counts.shape[-1]).sum(axis=1)
     start = int(per_step[: step - block.step_start].sum())
     return block.ids[start : start + int(per_step[step - block.step_start])]
+
+
+def test_a_run_resumed_on_more_ranks_at_a_window_start_re_plans_from_there(tmp_path):
+    plan, config = new_run(tmp_path)
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        train(ex, stop_after=2 * WINDOW)  # windows 0 and 1; segment 2 is planned for 2 ranks
+        state = json.loads(json.dumps(ex.state_dict()))
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        ex.load_state_dict(state)
+        train(ex, stop_after=1)
+        mid = json.loads(json.dumps(ex.state_dict()))
+    with OnlineExecutor(plan, 0, dp_size=4, config=config) as ex:
+        with pytest.raises(PlanError, match="resume from a checkpoint saved at step 8"):
+            ex.load_state_dict(mid)
+    with OnlineExecutor(plan, 1, dp_size=4, config=config) as ex:
+        ex.load_state_dict(state)
+        tail = train(ex)
+    assert [(r["step"], r["micro_batch"]) for r in tail] == [
+        (s, m) for s in range(2 * WINDOW, STEPS) for m in range(2)
+    ]
+    from mds.core.planfile_reader import PlanReader
+
+    with PlanReader(segment_path(plan, 1)) as one, PlanReader(segment_path(plan, 2)) as two:
+        assert (one.dp, two.dp) == (2, 4)
+        assert two.footer["lineage"]["parent"] == one.plan_id
+    log = SignalLog.read(signals_path(plan))
+    assert log.geometry == [(2, 4)]
+    from mds.planner.plan.config import load_plan_config
+    from mds.planner.plan.segment import replay_segments
+
+    audit = plan.parent.parent / "audit" / "plan.mds"
+    replay_segments(load_plan_config(config), audit, log)
+    for k in range(3):
+        assert segment_path(audit, k).read_bytes() == segment_path(plan, k).read_bytes()

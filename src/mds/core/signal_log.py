@@ -76,6 +76,21 @@ class SignalLog:
     sources: tuple[str, ...]
     window_steps: int
     windows: list[WindowSignal] = field(default_factory=list)
+    # (window, dp_size): from that window on the run has that many DP ranks (a run resumed
+    # on another number of ranks at a window's first step); before the first, the config's
+    geometry: list[tuple[int, int]] = field(default_factory=list)
+
+    def dp_at(self, window: int, default: int) -> int:
+        """The DP ranks window `window` is planned for."""
+        out = default
+        for start, dp in self.geometry:
+            if start <= window:
+                out = dp
+        return out
+
+    def change_dp(self, window: int, dp_size: int) -> None:
+        """From `window` on, the run has `dp_size` ranks (later changes are dropped)."""
+        self.geometry = [(w, d) for w, d in self.geometry if w < window] + [(window, dp_size)]
 
     def digest(self, n: int | None = None) -> str:
         """BLAKE2b-128 of the canonical encoding of the sources and the first `n` windows
@@ -107,6 +122,7 @@ class SignalLog:
             "sources": list(self.sources),
             "window_steps": self.window_steps,
             "windows": [w.to_json() for w in self.windows],
+            "geometry": [[w, d] for w, d in self.geometry],
         }
 
     def encode(self) -> bytes:
@@ -125,6 +141,7 @@ class SignalLog:
         try:
             sources = tuple(str(s) for s in data["sources"])
             log = cls(str(data["plan_id"]), sources, int(data["window_steps"]))
+            log.geometry = [(int(w), int(d)) for w, d in data.get("geometry", [])]
             for raw in data["windows"]:
                 start, end = (int(x) for x in raw["steps"])
                 log.append(
@@ -180,7 +197,10 @@ class SignalLog:
                 "segments after it were planned from the log on disk: restore that log's "
                 "windows or resume from a checkpoint that agrees with it"
             )
-        return SignalLog(long.plan_id, long.sources, long.window_steps, list(long.windows))
+        geometry = other.geometry if len(other.geometry) >= len(self.geometry) else self.geometry
+        return SignalLog(
+            long.plan_id, long.sources, long.window_steps, list(long.windows), list(geometry)
+        )
 
 
 def window_signal(

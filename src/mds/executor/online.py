@@ -28,7 +28,7 @@ from mds.core import storage
 from mds.core.planfile_reader import PlanReader
 from mds.core.segments import OnlineFacts, online_facts, segment_path, signals_path
 from mds.core.signal_log import SignalLog, window_signal
-from mds.errors import ConfigError, PlanError
+from mds.errors import ConfigError, MdsError, PlanError
 from mds.executor.executor import PlanExecutor
 from mds.executor.signals import Group
 
@@ -86,9 +86,11 @@ class OnlineExecutor:
         self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
         self._plan_args = list(plan_args)
         self._exec_args = {"dp_rank": dp_rank, "dp_size": dp_size, **kwargs}
+        self._job_dp = dp_size
         with PlanReader(self.plan) as reader:
             facts = online_facts(reader.footer, self.plan)
             self.plan_id = reader.plan_id
+            self._first_dp = reader.dp
             names = tuple(s["name"] for s in reader.footer["config"]["sources"])
         if facts is None or facts.window != 0:
             raise PlanError(
@@ -106,8 +108,9 @@ class OnlineExecutor:
         self._failed: dict[int, str] = {}
         self.window = 0
         self.facts = facts
-        self._inner = PlanExecutor(self.plan, **self._exec_args)
-        self._kick()
+        # opened on first use: a job resumed on another number of ranks opens the segment
+        # of its checkpoint's step, never segment 0
+        self._inner: PlanExecutor | None = None
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -175,8 +178,9 @@ class OnlineExecutor:
     # --- planning ahead --------------------------------------------------------------------
 
     def _kick(self) -> None:
-        """On rank 0, start planning the next missing segment whose signals are all in the
-        log (one subprocess at a time); note a finished one's failure for the boundary."""
+        """On rank 0, start planning the next segment that is missing (or stale), once the
+        log holds its signals (one subprocess at a time); note a finished one's failure for
+        the boundary."""
         if not self._group.leader:
             return
         self._reap(block=False)
@@ -185,7 +189,7 @@ class OnlineExecutor:
         for t in (self.window + 1, self.window + 2):
             if t >= self.windows or t in self._failed:
                 continue
-            if segment_path(self.plan, t).exists():
+            if self._problem(t) is None:
                 continue
             if len(self.log.windows) >= t - 1:
                 self._start(t)
@@ -193,11 +197,9 @@ class OnlineExecutor:
 
     def _start(self, t: int) -> None:
         path = signals_path(self.plan)
-        if t >= 2:
-            self.log.write(path)
+        self.log.write(path)  # the signals and the number of ranks the segment is planned from
         cmd = [*self._command, "plan", str(self.config), "-o", str(self.plan),
-               "--segment", str(t), *(["--signals", str(path)] if t >= 2 else []),
-               *self._plan_args, "--json"]
+               "--segment", str(t), "--signals", str(path), *self._plan_args, "--json"]
         out = tempfile.TemporaryFile()  # --json: a summary, or {"error": {...}}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._planning = (t, proc, out)
@@ -231,7 +233,7 @@ class OnlineExecutor:
         it is missing, or None."""
         if self._planning is not None and self._planning[0] != t:
             self._reap(block=True)  # another segment first: one subprocess at a time
-        if self._planning is None and not segment_path(self.plan, t).exists():
+        if self._planning is None and self._problem(t) is not None:
             if t in self._failed:
                 pass
             elif len(self.log.windows) < t - 1:
@@ -253,41 +255,79 @@ class OnlineExecutor:
 
     # --- segments --------------------------------------------------------------------------
 
-    def _open(self, t: int) -> PlanExecutor:
-        """Segment t's executor, its footer checked against this run and its log."""
+    def _dp_of(self, t: int) -> int:
+        """The DP ranks window t is planned for: the log's, else the first segment's."""
+        return self.log.dp_at(t, self._first_dp)
+
+    def _problem(self, t: int) -> str | None:
+        """Why segment t on disk is not window t of this run as its log makes it (missing,
+        another window, config, signals or number of ranks, or the child of another plan
+        than segment t-1); None when it is."""
         path = segment_path(self.plan, t)
-        ex = PlanExecutor(path, **self._exec_args)
+        if not path.exists():
+            return "missing"
+        if t > 0 and not segment_path(self.plan, t - 1).exists():
+            return f"segment {t - 1} is missing"
         try:
             with PlanReader(path) as reader:
                 facts = online_facts(reader.footer, path)
-            used = facts.signal_windows if facts is not None else -1
-            if (
-                facts is None
-                or facts.window != t
-                or facts.config_digest != self.facts0.config_digest
-                or used > len(self.log.windows)
-                or facts.signal_digest != self.log.digest(used)
-            ):
-                raise PlanError(
-                    f"{path} is not window {t} of this run as its signal log makes it (planned "
-                    "from other signals or another config); move it away to have it re-planned"
-                )
-        except BaseException:
-            ex.close()
-            raise
-        ex.facts = facts  # type: ignore[attr-defined]
+                dp, lineage = reader.dp, reader.footer.get("lineage") or {}
+            if t > 0:
+                with PlanReader(segment_path(self.plan, t - 1)) as reader:
+                    parent = reader.plan_id
+        except MdsError as exc:
+            return str(exc)
+        if facts is None or facts.window != t:
+            return f"not window {t} of an online run"
+        if facts.config_digest != self.facts0.config_digest:
+            return "planned from another config"
+        used = facts.signal_windows
+        if used > len(self.log.windows) or facts.signal_digest != self.log.digest(used):
+            return "planned from other signals than this run's log"
+        if dp != self._dp_of(t):
+            return f"planned for dp_size {dp}, the run has {self._dp_of(t)} there"
+        if t > 0 and lineage.get("parent") != parent:
+            return f"continues another plan than segment {t - 1}"
+        return None
+
+    def _open(self, t: int) -> PlanExecutor:
+        """Segment t's executor, its footer checked against this run and its log."""
+        path = segment_path(self.plan, t)
+        problem = self._problem(t)
+        if problem is not None:
+            raise PlanError(f"{path}: {problem}; move it away to have it planned again")
+        if self._job_dp is not None and self._job_dp != self._dp_of(t):
+            raise PlanError(
+                f"this job has dp_size {self._job_dp}, but window {t} of the run "
+                f"({path}) is planned for {self._dp_of(t)}: an online run changes its number "
+                "of ranks at a window's first step; load_state_dict() a checkpoint saved there"
+            )
+        ex = PlanExecutor(path, **self._exec_args)
+        with PlanReader(path) as reader:
+            ex.facts = online_facts(reader.footer, path)  # type: ignore[attr-defined]
         return ex
+
+    def _current(self) -> PlanExecutor:
+        """The current segment's executor (segment 0's at first use)."""
+        if self._inner is None:
+            self._inner = self._open(0)
+            self.window, self.facts = 0, self.facts0
+            self._kick()
+        return self._inner
 
     def _enter(self, t: int, state: Mapping[str, Any] | None = None) -> None:
         """Switch to segment t, at `state` (default: the current segment's end)."""
+        if state is None:
+            state = self._current().state_dict()
         self._ready(t)
         ex = self._open(t)
         try:
-            ex.load_state_dict(state if state is not None else self._inner.state_dict())
+            ex.load_state_dict(state)
         except BaseException:
             ex.close()
             raise
-        self._inner.close()
+        if self._inner is not None:
+            self._inner.close()
         self._inner, self.window, self.facts = ex, t, ex.facts  # type: ignore[attr-defined]
         self._kick()
 
@@ -298,21 +338,21 @@ class OnlineExecutor:
 
     @property
     def micro_batches(self) -> int:
-        return self._inner.micro_batches
+        return self._current().micro_batches
 
     @property
     def batch_source_names(self) -> list[str]:
         """The names a micro-batch's `source` values index (the index's sources)."""
-        return self._inner.source_names
+        return self._current().source_names
 
     @property
     def position(self) -> tuple[int, int]:
-        return self._inner.position
+        return self._current().position
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Micro-batches from the current position to the run's end, segment after segment."""
         while True:
-            yield from self._inner
+            yield from self._current()
             if self.window + 1 >= self.windows:
                 return
             self._enter(self.window + 1)
@@ -324,7 +364,7 @@ class OnlineExecutor:
             "format": ONLINE_STATE_FORMAT,
             "version": ONLINE_STATE_VERSION,
             "plan_id": self.plan_id,
-            "position": self._inner.state_dict(),
+            "position": self._current().state_dict(),
             "signals": self.log.to_json(),
             "partial": {str(w): [float(x) for x in s] for w, s in sorted(self._sums.items())},
         }
@@ -362,17 +402,35 @@ class OnlineExecutor:
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= self.steps:
             raise PlanError(f"the state's position {position!r} is not a step of the run")
         t = min(step // self.facts0.window_steps, self.windows - 1)
-        if t == self.window:
+        if self._job_dp is not None and self._job_dp != self._dp_of(t):
+            self._change_dp(t, step)
+        if self._inner is not None and t == self.window and self._problem(t) is None:
             self._inner.load_state_dict(position)
             self._kick()
         else:
             self._enter(t, position)
 
+    def _change_dp(self, t: int, step: int) -> None:
+        """A job with another number of ranks resumes at window t's first step: from t on,
+        the log records its dp_size, and the segments from t are planned for it."""
+        start = self.facts0.bounds(t)[0]
+        if step != start or t == 0:
+            where = "the run's start: plan it again" if t == 0 else f"step {start}"
+            raise PlanError(
+                f"this job has dp_size {self._job_dp}, the run {self._dp_of(t)} at step {step}: "
+                "an online run changes its number of ranks at a window's first step; resume "
+                f"from a checkpoint saved at {where} with dp_size {self._job_dp}"
+            )
+        self.log.change_dp(t, self._job_dp)
+        if self._group.leader:
+            self.log.write(signals_path(self.plan))
+
     def close(self) -> None:
         """Close the segment's executor; a planning subprocess is waited for (it writes
         nothing half-done either way)."""
         self._reap(block=True)
-        self._inner.close()
+        if self._inner is not None:
+            self._inner.close()
 
     def __enter__(self) -> OnlineExecutor:
         return self

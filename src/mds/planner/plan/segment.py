@@ -18,7 +18,7 @@ from mds.core.planfile_reader import PlanReader
 from mds.core.segments import OnlineFacts, online_facts, segment_path
 from mds.core.signal_log import SignalLog, canonical_bytes
 from mds.errors import ConfigError, PlanError
-from mds.planner.plan.build import PlanSummary, build_plan
+from mds.planner.plan.build import PlanSummary, build_plan, with_overrides
 from mds.planner.plan.config import PlanConfig
 from mds.planner.plan.policy import weights_for
 from mds.planner.plan.schedule import WeightSchedule
@@ -27,9 +27,12 @@ __all__ = ["config_digest", "plan_segment", "replay_segments", "windows_of"]
 
 
 def config_digest(config: PlanConfig) -> str:
-    """BLAKE2b-128 of the run's canonical config (all steps, the config's weights): every
+    """BLAKE2b-128 of the run's canonical config (all steps, the config's weights) less its
+    dp_size, which a run may change at a window's start (the signal log records it): every
     segment records it, so a segment is never planned from another config."""
-    return hashlib.blake2b(canonical_bytes(config.canonical()), digest_size=16).hexdigest()
+    canonical = config.canonical()
+    del canonical["train"]["dp_size"]
+    return hashlib.blake2b(canonical_bytes(canonical), digest_size=16).hexdigest()
 
 
 def windows_of(config: PlanConfig) -> int:
@@ -112,6 +115,9 @@ def plan_segment(
         replace(s, weight=WeightSchedule("constant", (0,), (float(w),)))
         for s, w in zip(config.sources, weights[k], strict=True)
     )
+    dp = log.dp_at(k, config.train.dp_size)
+    if dp != config.train.dp_size:  # the run changed its number of ranks (docs/online-mixing.md)
+        config = with_overrides(config, dp_size=dp)
     segment = replace(
         config, train=replace(config.train, steps=end), sources=sources, segment=online
     )
