@@ -36,9 +36,9 @@ def toml_text(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def online_config(data: dict[str, Any], policy: str = "doremi") -> dict[str, Any]:
+def online_config(data: dict[str, Any], policy: str = "doremi", steps: int = STEPS) -> dict[str, Any]:
     data = dict(data)
-    data["train"] = {**data["train"], "steps": STEPS}
+    data["train"] = {**data["train"], "steps": steps}
     online: dict[str, Any] = {"policy": policy, "window": WINDOW}
     if policy == "doremi":
         online["reference"] = {"web": 1.0, "chat": 2.0, "math": 1.5}
@@ -72,15 +72,17 @@ def train(ex, rank_offset: float = 0.0, stop_after: int | None = None) -> list[d
     return records
 
 
-def plan_first_segment(root: Path, data: dict[str, Any]) -> Path:
-    """Write root/config.toml, index it and plan the run's first segment, root/run/plan.mds."""
+def plan_first_segment(root: Path, data: dict[str, Any], **overrides: Any) -> Path:
+    """Write root/config.toml, index it and plan the run's first segment, root/run/plan.mds
+    (`overrides`: as `mds plan --steps ...` would give them)."""
     from plan_builders import index_data
 
+    from mds.planner.plan.build import with_overrides
     from mds.planner.plan.config import load_plan_config
     from mds.planner.plan.segment import plan_segment
 
     (root / "config.toml").write_text(toml_text(data))
     index_data(root, data)
     plan = root / "run" / "plan.mds"
-    plan_segment(load_plan_config(root / "config.toml"), plan, 0)
+    plan_segment(with_overrides(load_plan_config(root / "config.toml"), **overrides), plan, 0)
     return plan

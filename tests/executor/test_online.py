@@ -41,18 +41,21 @@ def torchrun(nproc: int, *args: str, timeout: float = 120) -> None:
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
 
 
-def new_run(root: Path, policy: str = "doremi") -> tuple[Path, Path]:
+def new_run(root: Path, policy: str = "doremi", **overrides) -> tuple[Path, Path]:
     data_root = root / "data"
     data_root.mkdir(parents=True)
-    data = online_config(tiny_data(data_root), policy)
-    return plan_first_segment(data_root, data), data_root / "config.toml"
+    steps = 20 if overrides else STEPS  # the config's; `overrides` give the run's
+    data = online_config(tiny_data(data_root), policy, steps=steps)
+    return plan_first_segment(data_root, data, **overrides), data_root / "config.toml"
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """A whole run (rank 0 of dp_size 2, alone), its records and its directory."""
+    """A whole run (rank 0 of dp_size 2, alone), its records and its directory. Its first
+    segment was planned with `--steps 12` over the config's 20: the segments planned
+    during the run keep that."""
     root = tmp_path_factory.mktemp("online")
-    plan, config = new_run(root)
+    plan, config = new_run(root, steps=STEPS)
     with OnlineExecutor(plan, 0, config=config) as ex:
         records = train(ex)
         state = ex.state_dict()
@@ -83,11 +86,13 @@ def test_a_run_walks_every_segment_and_logs_every_window(finished):
 
 def test_the_log_alone_rebuilds_every_segment_byte_for_byte(finished, tmp_path):
     plan, config, _records, _state = finished
+    from mds.planner.plan.build import with_overrides
     from mds.planner.plan.config import load_plan_config
     from mds.planner.plan.segment import replay_segments
 
     audit = plan.parent.parent / "audit" / "plan.mds"  # placed as the run is, beside the index
-    replay_segments(load_plan_config(config), audit, SignalLog.read(signals_path(plan)))
+    config = with_overrides(load_plan_config(config), steps=STEPS)  # as segment 0 was planned
+    replay_segments(config, audit, SignalLog.read(signals_path(plan)))
     for k in range(3):
         assert segment_path(audit, k).read_bytes() == segment_path(plan, k).read_bytes()
     shutil.rmtree(audit.parent)

@@ -226,7 +226,7 @@ def _plan_online(cfg, target, segment, signals, replay, parent, workers, spec, j
     every segment a signal log determines (--replay)."""
     from mds.core.signal_log import SignalLog
     from mds.errors import ConfigError
-    from mds.planner.plan.segment import plan_segment, replay_segments
+    from mds.planner.plan.segment import plan_segment, replay_segments, windows_of
 
     if cfg.online is None:
         raise ConfigError("--segment, --signals and --replay need [mixing] online in the config")
@@ -236,6 +236,8 @@ def _plan_online(cfg, target, segment, signals, replay, parent, workers, spec, j
         )
     if replay is not None and (segment is not None or signals is not None):
         raise ConfigError("--replay LOG plans every segment; leave out --segment and --signals")
+    if segment is not None and segment >= windows_of(cfg):
+        raise ConfigError(f"--segment {segment}: the run has windows 0 to {windows_of(cfg) - 1}")
     if (segment is not None and segment >= 2) and signals is None:
         raise ConfigError(f"--segment {segment} needs --signals LOG (windows 0..{segment - 2})")
     build = {"workers": workers, "engine": spec}

@@ -91,6 +91,8 @@ class OnlineExecutor:
             facts = online_facts(reader.footer, self.plan)
             self.plan_id = reader.plan_id
             self._first_dp = reader.dp
+            train = reader.footer["config"]["train"]
+            micro = reader.micro
             names = tuple(s["name"] for s in reader.footer["config"]["sources"])
         if facts is None or facts.window != 0:
             raise PlanError(
@@ -98,6 +100,10 @@ class OnlineExecutor:
                 "with [mixing] online); a fixed plan is replayed by PlanExecutor"
             )
         self.facts0: OnlineFacts = facts
+        # the geometry segment 0 was planned with, which `mds plan` overrides may have set
+        self._geometry = ["--steps", str(facts.steps), "--micro-batches", str(micro)]
+        if train.get("samples_per_step") is not None:
+            self._geometry += ["--samples-per-step", str(train["samples_per_step"])]
         self.source_names = names
         self.windows = facts.windows
         self.steps = facts.steps
@@ -199,7 +205,8 @@ class OnlineExecutor:
         path = signals_path(self.plan)
         self.log.write(path)  # the signals and the number of ranks the segment is planned from
         cmd = [*self._command, "plan", str(self.config), "-o", str(self.plan),
-               "--segment", str(t), "--signals", str(path), *self._plan_args, "--json"]
+               "--segment", str(t), "--signals", str(path), *self._geometry,
+               "--dp-size", str(self._dp_of(t)), *self._plan_args, "--json"]
         out = tempfile.TemporaryFile()  # --json: a summary, or {"error": {...}}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._planning = (t, proc, out)
