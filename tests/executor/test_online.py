@@ -20,7 +20,7 @@ from online_builders import STEPS, WINDOW, online_config, plan_first_segment, tr
 
 from mds.core.segments import segment_path, signals_path
 from mds.core.signal_log import SignalLog
-from mds.errors import PlanError
+from mds.errors import ConfigError, PlanError
 from mds.executor.online import OnlineExecutor
 
 pytestmark = pytest.mark.slow  # each run plans two segments in `mds plan` subprocesses
@@ -60,6 +60,21 @@ def finished(tmp_path_factory):
         records = train(ex)
         state = ex.state_dict()
     return plan, config, records, state
+
+
+def copy_of(finished, dst: Path) -> tuple[Path, Path]:
+    """A copy of the finished run's directory (data, index, segments, log; mtimes kept, so
+    the executor's file checks pass): its plan and config."""
+    plan = finished[0]
+    shutil.copytree(plan.parent.parent, dst / "data", symlinks=True)
+    return dst / "data" / "run" / "plan.mds", dst / "data" / "config.toml"
+
+
+def state_at(plan, config, steps: int, **kwargs):
+    """The state after `steps` reported steps of a run whose segments are all on disk."""
+    with OnlineExecutor(plan, 0, config=config, **kwargs) as ex:
+        train(ex, stop_after=steps)
+        return json.loads(json.dumps(ex.state_dict()))
 
 
 def ids_of(records):
@@ -115,19 +130,17 @@ def test_resume_at_any_step_replays_exactly(finished, stop):
 def test_a_resume_re_plans_the_segments_a_crash_lost(finished, tmp_path):
     """Stop in window 1 with only the state: the log on disk and segment 2 are gone. The
     resumed run plans segment 2 from the state's log and replays as the finished run did."""
-    plan0, _config0, records, _state = finished
-    plan, config = new_run(tmp_path)
-    with OnlineExecutor(plan, 0, config=config) as ex:
-        head = train(ex, stop_after=6)
-        state = json.loads(json.dumps(ex.state_dict()))
+    _plan, _config, records, _state = finished
+    plan, config = copy_of(finished, tmp_path)
+    before = facts(segment_path(plan, 2))
+    state = state_at(plan, config, 6)
     signals_path(plan).unlink()
     segment_path(plan, 2).unlink()
     with OnlineExecutor(plan, 0, config=config) as again:
         again.load_state_dict(state)
         tail = train(again)
-    assert ids_of(head + tail) == ids_of(records)
-    # the same window 2 (the two runs' files differ only in their index's fingerprint)
-    assert facts(segment_path(plan, 2)) == facts(segment_path(plan0, 2))
+    assert ids_of(tail) == ids_of(records)[2 * 6 :]
+    assert facts(segment_path(plan, 2)) == before  # window 2's weights, from the same signals
 
 
 def facts(path):
@@ -144,6 +157,10 @@ def test_a_policy_error_stops_at_the_window_boundary(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     plan, config = new_run(tmp_path, policy="failing_policy:weights")
+    from mds.planner.plan.config import load_plan_config
+    from mds.planner.plan.segment import plan_segment
+
+    plan_segment(load_plan_config(config), plan, 1)  # the run plans only the failing one
     ex = OnlineExecutor(plan, 0, config=config)
     seen = []
     with pytest.raises(PlanError) as err:
@@ -158,8 +175,6 @@ def test_a_policy_error_stops_at_the_window_boundary(tmp_path, monkeypatch):
 
 def test_report_checks_its_arguments(finished):
     plan, config, _records, _state = finished
-    from mds.errors import ConfigError
-
     with OnlineExecutor(plan, 0, config=config) as ex:
         with pytest.raises(ConfigError, match="'nope' is not a source"):
             ex.report(0, {"nope": 1.0}, {})
@@ -221,15 +236,10 @@ def _step_ids(block, step):
     return block.ids[start : start + int(per_step[step - block.step_start])]
 
 
-def test_a_run_resumed_on_more_ranks_at_a_window_start_re_plans_from_there(tmp_path):
-    plan, config = new_run(tmp_path)
-    with OnlineExecutor(plan, 0, config=config) as ex:
-        train(ex, stop_after=2 * WINDOW)  # windows 0 and 1; segment 2 is planned for 2 ranks
-        state = json.loads(json.dumps(ex.state_dict()))
-    with OnlineExecutor(plan, 0, config=config) as ex:
-        ex.load_state_dict(state)
-        train(ex, stop_after=1)
-        mid = json.loads(json.dumps(ex.state_dict()))
+def test_a_run_resumed_on_more_ranks_at_a_window_start_re_plans_from_there(finished, tmp_path):
+    plan, config = copy_of(finished, tmp_path)
+    state = state_at(plan, config, 2 * WINDOW)  # segment 2 is on disk, planned for 2 ranks
+    mid = state_at(plan, config, 2 * WINDOW + 1)
     with OnlineExecutor(plan, 0, dp_size=4, config=config) as ex:
         with pytest.raises(PlanError, match="resume from a checkpoint saved at step 8"):
             ex.load_state_dict(mid)
@@ -246,10 +256,40 @@ def test_a_run_resumed_on_more_ranks_at_a_window_start_re_plans_from_there(tmp_p
         assert two.footer["lineage"]["parent"] == one.plan_id
     log = SignalLog.read(signals_path(plan))
     assert log.geometry == [(2, 4)]
+    # from the log alone: window 2 planned again beside segments 0 and 1 is the run's
+    from mds.planner.plan.build import with_overrides
     from mds.planner.plan.config import load_plan_config
-    from mds.planner.plan.segment import replay_segments
+    from mds.planner.plan.segment import plan_segment
 
     audit = plan.parent.parent / "audit" / "plan.mds"
-    replay_segments(load_plan_config(config), audit, log)
-    for k in range(3):
-        assert segment_path(audit, k).read_bytes() == segment_path(plan, k).read_bytes()
+    audit.parent.mkdir()
+    for k in range(2):
+        shutil.copy(segment_path(plan, k), segment_path(audit, k))
+    plan_segment(with_overrides(load_plan_config(config), steps=STEPS), audit, 2, log)
+    assert segment_path(audit, 2).read_bytes() == segment_path(plan, 2).read_bytes()
+
+
+def test_a_run_whose_segments_are_objects(finished, tmp_path, monkeypatch):
+    """Segments 0 and 1 uploaded to S3 (a real S3-protocol server); the run plans the next
+    beside them in the store and trains on the samples of the run on local files."""
+    from s3_store import s3_server
+
+    from mds.core.planfile_reader import PlanReader
+    from mds.core.segments import online_facts
+
+    _plan, _config, records, _state = finished
+    local, config = copy_of(finished, tmp_path)
+    with s3_server(monkeypatch) as store:
+        for k in range(2):
+            store.put(f"run/{segment_path(local, k).name}", segment_path(local, k).read_bytes())
+        url = store.url("run/plan.mds")
+        with pytest.raises(ConfigError, match="give signals= a local path"):
+            OnlineExecutor(url, 0, config=config)
+        # the uploaded segments record the data root relative to themselves: name it
+        with OnlineExecutor(url, 0, config=config, signals=tmp_path / "log.json",
+                            data_root=local.parent.parent) as ex:
+            got = train(ex)
+        assert ids_of(got) == ids_of(records)
+        with PlanReader(url.replace("plan.mds", "plan.w00002.mds")) as reader:
+            assert online_facts(reader.footer, url) == facts(segment_path(local, 2))
+        assert len(SignalLog.read(tmp_path / "log.json").windows) == STEPS // WINDOW

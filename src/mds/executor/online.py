@@ -58,7 +58,8 @@ class OnlineExecutor:
     `plan`: the run's first segment (what `mds plan CONFIG -o PLAN` wrote); `config`: that
     config's path, which the next segments are planned from. `group`: the torch.distributed
     process group of the DP ranks (default: the default group if one is initialized, else
-    this process alone). `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]);
+    this process alone). `signals`: where rank 0 keeps the signal log (default: beside a
+    local plan; required for a plan in an object store, whose segments go beside it there). `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]);
     `command`: the command that runs mds (default: this Python, `-m mds`). Other keyword
     arguments go to each segment's PlanExecutor.
     """
@@ -71,16 +72,18 @@ class OnlineExecutor:
         config: str | os.PathLike,
         dp_size: int | None = None,
         group: Any = None,
+        signals: str | os.PathLike | None = None,
         plan_args: Sequence[str] = (),
         command: Sequence[str] | None = None,
         **kwargs: Any,
     ):
-        if storage.is_url(plan):
+        self.plan: Any = str(plan) if storage.is_url(plan) else Path(plan)
+        if signals is None and storage.is_url(plan):
             raise ConfigError(
-                f"{plan}: an online run's segments and signal log are local files for now; "
-                "give the plan's local path"
+                f"{plan} is an object: give signals= a local path for the run's signal log "
+                "(rank 0 writes it; the segments go beside the plan in the store)"
             )
-        self.plan = Path(plan)
+        self.signals = Path(signals) if signals is not None else signals_path(self.plan)
         self.config = Path(config)
         self._group = Group(group)
         self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
@@ -166,12 +169,12 @@ class OnlineExecutor:
             start, end = self.facts0.bounds(w)
             self.log.append(window_signal(w, start, end, total[:n], total[n:]))
             if self._group.leader:
-                self.log.write(signals_path(self.plan))
+                self.log.write(self.signals)
         self._kick()
 
     def _adopt_disk_log(self) -> None:
         """Take the run's log on disk when it extends ours (a resumed run)."""
-        path = signals_path(self.plan)
+        path = self.signals
         if path.exists():
             disk = SignalLog.read(path)
             if disk.plan_id != self.plan_id:
@@ -202,7 +205,7 @@ class OnlineExecutor:
             return
 
     def _start(self, t: int) -> None:
-        path = signals_path(self.plan)
+        path = self.signals
         self.log.write(path)  # the signals and the number of ranks the segment is planned from
         cmd = [*self._command, "plan", str(self.config), "-o", str(self.plan),
                "--segment", str(t), "--signals", str(path), *self._geometry,
@@ -271,9 +274,9 @@ class OnlineExecutor:
         another window, config, signals or number of ranks, or the child of another plan
         than segment t-1); None when it is."""
         path = segment_path(self.plan, t)
-        if not path.exists():
+        if not storage.exists(path):
             return "missing"
-        if t > 0 and not segment_path(self.plan, t - 1).exists():
+        if t > 0 and not storage.exists(segment_path(self.plan, t - 1)):
             return f"segment {t - 1} is missing"
         try:
             with PlanReader(path) as reader:
@@ -395,7 +398,7 @@ class OnlineExecutor:
         self.log = self.log.merged(saved)
         self._adopt_disk_log()
         if self._group.leader:
-            self.log.write(signals_path(self.plan))
+            self.log.write(self.signals)
         n = 2 * len(self.source_names)
         partial = state.get("partial") or {}
         try:
@@ -430,7 +433,7 @@ class OnlineExecutor:
             )
         self.log.change_dp(t, self._job_dp)
         if self._group.leader:
-            self.log.write(signals_path(self.plan))
+            self.log.write(self.signals)
 
     def close(self) -> None:
         """Close the segment's executor; a planning subprocess is waited for (it writes
