@@ -233,7 +233,10 @@ class OnlineExecutor:
         """Segment t is on disk for every rank, or every rank raises rank 0's reason."""
         message = None
         if self._group.leader:
-            message = self._make(t)
+            try:
+                message = self._make(t)
+            except Exception as exc:  # told to the other ranks first, so none waits forever
+                message = f"planning window {t} failed: {type(exc).__name__}: {exc}"
         message = self._group.tell(message)
         if message is not None:
             raise PlanError(message)
