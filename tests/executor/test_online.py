@@ -115,11 +115,17 @@ def test_the_log_alone_rebuilds_every_segment_byte_for_byte(finished, tmp_path):
 
 @settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(stop=st.integers(0, STEPS - 1))
-def test_resume_at_any_step_replays_exactly(finished, stop):
+@given(stop=st.integers(0, STEPS - 1), more=st.integers(0, 1))
+def test_resume_at_any_step_replays_exactly(finished, stop, more):
+    """Stop after `stop` steps and `more` micro-batches of the next (a state inside a step),
+    resume in a new executor: the same micro-batches as the uninterrupted run."""
     plan, config, records, _state = finished
     with OnlineExecutor(plan, 0, config=config) as ex:
         head = train(ex, stop_after=stop) if stop else []
+        if more:
+            batch = next(iter(ex))
+            head.append({"step": batch["step"], "micro_batch": batch["micro_batch"],
+                         "ids": batch["sample_id"].tolist()})
         state = json.loads(json.dumps(ex.state_dict()))  # what a checkpoint keeps
     with OnlineExecutor(plan, 0, config=config) as again:
         again.load_state_dict(state)
