@@ -176,3 +176,19 @@ def test_a_failing_policy_is_one_line_and_leaves_the_segments(tmp_path, monkeypa
     assert segment_path(plan, 1).read_bytes() == before
     assert not segment_path(plan, 2).exists()
     shutil.rmtree(tmp_path / "run")
+
+
+def test_a_shorter_last_window_and_segments_in_order(tmp_path):
+    data = online_data(tmp_path)
+    data["train"]["steps"] = 14  # windows [0, 4) [4, 8) [8, 12) [12, 14)
+    config = plan_config(tmp_path, data)
+    plan = tmp_path / "run" / "plan.mds"
+    with pytest.raises(PlanError, match="window 0's segment is missing"):
+        plan_segment(config, plan, 1)
+    first = plan_segment(config, plan, 0)
+    log = fake_log(first.plan_id, 2)
+    for k in range(1, 4):
+        plan_segment(config, plan, k, log)
+    with PlanReader(segment_path(plan, 3)) as reader:
+        assert (reader.first_step, reader.steps) == (12, 14)
+        assert online_facts(reader.footer, plan).windows == 4

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from mds.core import storage
 from mds.core.planfile_reader import PlanReader
 from mds.core.segments import OnlineFacts, online_facts, segment_path
 from mds.core.signal_log import SignalLog, canonical_bytes
@@ -82,6 +83,11 @@ def plan_segment(
     parent = None
     if k > 0:
         parent = segment_path(plan, k - 1)
+        if not storage.exists(parent):
+            raise PlanError(
+                f"{parent}: window {k - 1}'s segment is missing; segment {k} continues it, so "
+                f"plan them in order (-o {plan} alone plans window 0)"
+            )
         facts, _ = _facts(parent)
         if facts.config_digest != digest:
             raise PlanError(
