@@ -86,3 +86,4 @@ def plan_first_segment(root: Path, data: dict[str, Any], **overrides: Any) -> Pa
     plan = root / "run" / "plan.mds"
     plan_segment(with_overrides(load_plan_config(root / "config.toml"), **overrides), plan, 0)
     return plan
+

@@ -1,8 +1,8 @@
 """One rank of tests/executor/test_online.py's two-rank run, started by torchrun (gloo, CPU).
 
 Replays the online run of PLAN (planning from CONFIG) as DP rank RANK of 2, reporting a
-loss per source offset by 10 x its rank, and writes its records and final state to
-OUT.RANK.json.
+loss per source offset by 10 x its rank, then hears a message and a None from rank 0, and
+writes its records, final state and what it heard to OUT.RANK.json.
 
 Usage: torchrun --standalone --nproc_per_node=2 online_worker.py PLAN CONFIG OUT
 """
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: online_b
 from online_builders import train  # noqa: E402
 
 from mds.executor.online import OnlineExecutor  # noqa: E402
+from mds.executor.signals import Group  # noqa: E402
 
 
 def main(plan: str, config: str, out: str) -> None:
@@ -30,7 +31,12 @@ def main(plan: str, config: str, out: str) -> None:
         with OnlineExecutor(plan, rank, dp_size=2, config=config) as ex:
             records = train(ex, rank_offset=10.0 * rank)
             state = ex.state_dict()
-        Path(f"{out}.{rank}.json").write_text(json.dumps({"records": records, "state": state}))
+        # what rank 0 tells the others when planning fails, and when it does not
+        group = Group()
+        told = [group.tell("planning window 2 failed: é" if group.leader else None),
+                group.tell(None)]
+        result = {"records": records, "state": state, "told": told}
+        Path(f"{out}.{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 

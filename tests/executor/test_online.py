@@ -211,6 +211,7 @@ def test_two_gloo_ranks_reduce_their_signals_and_share_the_segments(tmp_path):
     ranks = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2)]
     log = SignalLog.read(signals_path(plan))
     assert len(log.windows) == STEPS // WINDOW
+    assert [r["told"] for r in ranks] == [["planning window 2 failed: é", None]] * 2
     for r in ranks:  # every rank holds the same reduced log
         assert SignalLog.from_json(r["state"]["signals"]).encode() == log.encode()
         assert [(x["step"], x["micro_batch"]) for x in r["records"]] == [
