@@ -46,9 +46,12 @@ def online_config(data: dict[str, Any], policy: str = "doremi", steps: int = STE
     return data
 
 
-def train(ex, rank_offset: float = 0.0, stop_after: int | None = None) -> list[dict[str, Any]]:
-    """Iterate `ex`, reporting each step's per-source loss sums after its last micro-batch;
-    stop after `stop_after` steps reported (None: the end). The records: per micro-batch its
+def train(
+    ex, rank_offset: float = 0.0, stop_after: int | None = None, per_micro_batch: bool = False
+) -> list[dict[str, Any]]:
+    """Iterate `ex`, reporting each step's per-source loss sums after its last micro-batch
+    (or each micro-batch's, with `per_micro_batch`); stop after `stop_after` steps (None:
+    the end). The records: per micro-batch its
     (step, micro_batch, sample ids) and per reported step what was reported."""
     names = ex.batch_source_names
     records: list[dict[str, Any]] = []
@@ -62,6 +65,9 @@ def train(ex, rank_offset: float = 0.0, stop_after: int | None = None) -> list[d
             sums[name] = sums.get(name, 0.0) + 1.0 + (sid % 5) * 0.75 + rank_offset
             counts[name] = counts.get(name, 0) + 1
         records.append({"step": batch["step"], "micro_batch": batch["micro_batch"], "ids": ids})
+        if per_micro_batch:
+            ex.report(batch["step"], sums, counts)
+            sums, counts = {}, {}
         if batch["micro_batch"] == ex.micro_batches - 1:
             ex.report(batch["step"], sums, counts)
             records[-1]["reported"] = (dict(sums), dict(counts))

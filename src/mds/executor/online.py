@@ -4,7 +4,8 @@ current window trains.
 
 Each segment is an ordinary plan replayed by a PlanExecutor; a segment is re-planned from
 the one before at its first step, so the hand-over between them is the one of
-handover.py. Planning runs in a subprocess (`python -m mds plan ... --segment K`) started
+handover.py. A window's reported sums are reduced over the DP ranks when iteration crosses
+its end, the one point every rank passes alike. Planning runs in a subprocess (`python -m mds plan ... --segment K`) started
 by DP rank 0, so this module imports neither polars nor the planner, and training never
 waits on planning unless a segment is late. The state is the position in the current
 segment, the signal log and this rank's sums of the unfinished window.
@@ -59,9 +60,13 @@ class OnlineExecutor:
     config's path, which the next segments are planned from. `group`: the torch.distributed
     process group of the DP ranks (default: the default group if one is initialized, else
     this process alone). `signals`: where rank 0 keeps the signal log (default: beside a
-    local plan; required for a plan in an object store, whose segments go beside it there). `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]);
-    `command`: the command that runs mds (default: this Python, `-m mds`). Other keyword
-    arguments go to each segment's PlanExecutor.
+    local plan; required for a plan in an object store, whose segments go beside it there).
+    `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]); `command`: the
+    command that runs mds (default: this Python, `-m mds`). Other keyword arguments go to
+    each segment's PlanExecutor.
+
+    Every DP rank makes one; the constructor, `load_state_dict()` and crossing a window's
+    end in iteration are collective steps on `group`.
     """
 
     def __init__(
@@ -112,7 +117,9 @@ class OnlineExecutor:
         self.steps = facts.steps
         self.log = SignalLog(self.plan_id, names, facts.window_steps)
         self._adopt_disk_log()
+        self._share_log()
         self._sums: dict[int, np.ndarray] = {}  # window -> [loss sums..., counts...], this rank
+        self._next_close = 0  # the first window whose sums are not reduced yet
         self._planning: tuple[int, subprocess.Popen, Any] | None = None
         self._failed: dict[int, str] = {}
         self.window = 0
@@ -126,13 +133,21 @@ class OnlineExecutor:
     def report(
         self, step: int, loss_sums: Mapping[str, float], counts: Mapping[str, float]
     ) -> None:
-        """Add this rank's per-source loss sums of `step` and what they were summed over.
-        Call it on every DP rank for the last step of every window (it reduces the
-        window's sums over the ranks there, a collective call); other steps may be left out."""
+        """Add this rank's per-source loss sums at `step` and what they were summed over
+        (per step or per micro-batch: they are summed). A window's sums are reduced over
+        the DP ranks when iteration crosses its end, so report a step before asking for the
+        micro-batch after it; a window already reduced refuses more."""
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or not (
             0 <= step < self.steps
         ):
             raise ConfigError(f"report(step={step!r}): a step of the run, 0 to {self.steps - 1}")
+        w = int(step) // self.facts0.window_steps
+        if w < self._next_close:
+            raise ConfigError(
+                f"report(step={step}): window {w} (steps {self.facts0.bounds(w)[0]} to "
+                f"{self.facts0.bounds(w)[1] - 1}) was reduced when iteration left it; report "
+                "each step before asking for the next micro-batch"
+            )
         n = len(self.source_names)
         row = np.zeros(2 * n)
         for part, values, what in ((0, loss_sums, "loss_sums"), (n, counts, "counts")):
@@ -149,28 +164,29 @@ class OnlineExecutor:
                     raise ConfigError(f"report({what}): {name!r} = {value!r} must be finite"
                                       + (" and >= 0" if part else ""))
                 row[part + self.source_names.index(name)] += value
-        w = step // self.facts0.window_steps
         self._sums[w] = self._sums.get(w, np.zeros(2 * n)) + row
-        if step == self.facts0.bounds(w)[1] - 1:
-            self._close_window(w)
 
-    def _close_window(self, w: int) -> None:
-        """Reduce window w's sums over the ranks and record them (the first record of a
-        window stays: the segments after it were planned from it)."""
+    def _close_through(self, last: int) -> None:
+        """Reduce the sums of every window up to `last` not reduced yet, in order (a
+        collective step: every rank crosses the same window ends), and record them (the
+        first record of a window stays: the segments after it were planned from it)."""
         n = len(self.source_names)
-        total = self._group.sum(self._sums.pop(w, np.zeros(2 * n)))
-        if len(self.log.windows) < w:
-            raise PlanError(
-                f"window {w} ended, but window {len(self.log.windows)} has no signal: call "
-                f"report() on every rank for the last step of every window (step "
-                f"{self.facts0.bounds(len(self.log.windows))[1] - 1})"
-            )
-        if len(self.log.windows) == w:
-            start, end = self.facts0.bounds(w)
-            self.log.append(window_signal(w, start, end, total[:n], total[n:]))
-            if self._group.leader:
-                self.log.write(self.signals)
-        self._kick()
+        for w in range(self._next_close, last + 1):
+            total = self._group.sum(self._sums.pop(w, np.zeros(2 * n)))
+            assert len(self.log.windows) >= w, (len(self.log.windows), w)
+            if len(self.log.windows) == w:
+                start, end = self.facts0.bounds(w)
+                self.log.append(window_signal(w, start, end, total[:n], total[n:]))
+                if self._group.leader:
+                    self.log.write(self.signals)
+        self._next_close = max(self._next_close, last + 1)
+
+    def _share_log(self) -> None:
+        """Every rank takes rank 0's log (only rank 0 may see the file; a collective step,
+        so every rank's later reductions line up)."""
+        shared = self._group.share(self.log.encode() if self._group.leader else b"")
+        if not self._group.leader:
+            self.log = SignalLog.from_json(json.loads(shared), "rank 0's signal log")
 
     def _adopt_disk_log(self) -> None:
         """Take the run's log on disk when it extends ours (a resumed run)."""
@@ -366,6 +382,8 @@ class OnlineExecutor:
         """Micro-batches from the current position to the run's end, segment after segment."""
         while True:
             yield from self._current()
+            self._close_through(self.window)  # every rank is here: the window's end
+            self._kick()
             if self.window + 1 >= self.windows:
                 return
             self._enter(self.window + 1)
@@ -400,8 +418,7 @@ class OnlineExecutor:
         saved = SignalLog.from_json(state.get("signals"), "the state's signal log")
         self.log = self.log.merged(saved)
         self._adopt_disk_log()
-        if self._group.leader:
-            self.log.write(self.signals)
+        self._share_log()
         n = 2 * len(self.source_names)
         partial = state.get("partial") or {}
         try:
@@ -415,6 +432,12 @@ class OnlineExecutor:
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= self.steps:
             raise PlanError(f"the state's position {position!r} is not a step of the run")
         t = min(step // self.facts0.window_steps, self.windows - 1)
+        # windows before t are done: reduce what this rank's state holds of those not in
+        # the log (a collective step, alike on every rank: they share rank 0's log)
+        self._next_close = min(len(self.log.windows), t)
+        self._close_through(t - 1)
+        if self._group.leader:
+            self.log.write(self.signals)
         if self._job_dp is not None and self._job_dp != self._dp_of(t):
             self._change_dp(t, step)
         if self._inner is not None and t == self.window and self._problem(t) is None:

@@ -41,27 +41,30 @@ class Group:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor.numpy().astype(np.float64)
 
-    def tell(self, message: str | None) -> str | None:
-        """Rank 0's `message` (None: all went well) on every rank: a length, then UTF-8
-        bytes, so nothing is pickled."""
+    def share(self, data: bytes) -> bytes:
+        """Rank 0's `data` on every rank: a length, then the bytes (nothing pickled)."""
         if self.size == 1:
-            return message
+            return data
         import torch
         import torch.distributed as dist
 
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        data = (message or "").encode() if self.leader else b""
-        head = torch.tensor([int(message is not None) if self.leader else 0, len(data)],
-                            dtype=torch.int64)
+        head = torch.tensor([len(data) if self.leader else 0], dtype=torch.int64)
         dist.broadcast(head, src=src, group=self.group)
-        body = torch.zeros(int(head[1]), dtype=torch.uint8)
-        if self.leader and len(data):
+        size = int(head[0])
+        if not size:
+            return b""
+        if self.leader:
             body = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if int(head[1]):
-            dist.broadcast(body, src=src, group=self.group)
-        if not int(head[0]):
-            return None
-        return bytes(body.numpy()).decode()
+        else:
+            body = torch.zeros(size, dtype=torch.uint8)
+        dist.broadcast(body, src=src, group=self.group)
+        return bytes(body.numpy())
+
+    def tell(self, message: str | None) -> str | None:
+        """Rank 0's `message` (None: all went well) on every rank."""
+        data = self.share(b"\0" if message is None else b"\1" + message.encode())
+        return None if data[:1] == b"\0" else data[1:].decode()
 
 
 def _dist() -> Any:
