@@ -20,7 +20,7 @@ from mds.core.signal_log import SignalLog, WindowSignal
 from mds.errors import PlanError
 from mds.planner.plan.online_config import OnlineSpec
 
-__all__ = ["History", "SignalView", "apply_floor", "check_weights", "weights_for"]
+__all__ = ["History", "SignalView", "apply_floor", "check_weights", "on_grid", "weights_for"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,17 @@ def apply_floor(weights: np.ndarray, floor: float) -> np.ndarray:
         low = new_low
 
 
+GRID = 2.0**-32  # built-in policies' weights are multiples of this (see on_grid)
+
+
+def on_grid(weights: np.ndarray) -> np.ndarray:
+    """`weights` rounded to multiples of 2^-32. exp and log may differ in their last bit
+    between CPUs and numpy builds; rounded, the weights a replay computes are the run's
+    unless a value lies within an ulp of a grid midpoint (about 1 in 2^20). The rest of
+    the arithmetic (+, *, /) is exact-rounded IEEE, the same everywhere."""
+    return np.round(weights / GRID) * GRID
+
+
 def weights_for(spec: OnlineSpec, names: tuple[str, ...], initial: np.ndarray, log: SignalLog,
                 k: int) -> list[np.ndarray]:
     """The weights of windows 0..k, each a normalized array in source order, from the
@@ -125,11 +136,11 @@ def _next(spec: OnlineSpec, names: tuple[str, ...], k: int, signals: list[Window
     if spec.policy == "doremi":
         from mds.planner.plan.policy_doremi import doremi
 
-        raw = doremi(weights[-1], signals[-1], names, spec)
+        raw = on_grid(doremi(weights[-1], signals[-1], names, spec))
     elif spec.policy == "bandit":
         from mds.planner.plan.policy_bandit import bandit
 
-        raw = bandit(weights, signals, spec)
+        raw = on_grid(bandit(weights, signals, spec))
     else:
         from mds.planner.plan.policy_callable import call_policy
 
