@@ -65,13 +65,12 @@ def train(
             sums[name] = sums.get(name, 0.0) + 1.0 + (sid % 5) * 0.75 + rank_offset
             counts[name] = counts.get(name, 0) + 1
         records.append({"step": batch["step"], "micro_batch": batch["micro_batch"], "ids": ids})
-        if per_micro_batch:
-            ex.report(batch["step"], sums, counts)
-            sums, counts = {}, {}
-        if batch["micro_batch"] == ex.micro_batches - 1:
+        last = batch["micro_batch"] == ex.micro_batches - 1
+        if per_micro_batch or last:
             ex.report(batch["step"], sums, counts)
             records[-1]["reported"] = (dict(sums), dict(counts))
             sums, counts = {}, {}
+        if last:
             steps += 1
             if stop_after is not None and steps == stop_after:
                 break

@@ -1,7 +1,7 @@
 """One rank of tests/executor/test_online.py's two-rank run, started by torchrun (gloo, CPU).
 
 Replays the online run of PLAN (planning from CONFIG) as DP rank RANK of 2, reporting a
-loss per source offset by 10 x its rank, then hears a message and a None from rank 0, and
+loss per source offset by 10 x its rank (rank 0 per step, rank 1 per micro-batch), then hears a message and a None from rank 0, and
 writes its records, final state and what it heard to OUT.RANK.json.
 
 Usage: torchrun --standalone --nproc_per_node=2 online_worker.py PLAN CONFIG OUT
@@ -29,7 +29,7 @@ def main(plan: str, config: str, out: str) -> None:
     try:
         rank = dist.get_rank()
         with OnlineExecutor(plan, rank, dp_size=2, config=config) as ex:
-            records = train(ex, rank_offset=10.0 * rank)
+            records = train(ex, rank_offset=10.0 * rank, per_micro_batch=rank == 1)
             state = ex.state_dict()
         # what rank 0 tells the others when planning fails, and when it does not
         group = Group()

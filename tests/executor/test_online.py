@@ -195,21 +195,6 @@ def test_report_checks_its_arguments(finished):
             ex.report(WINDOW - 1, {"web": 1.0}, {"web": 1})
 
 
-def test_reports_per_micro_batch_give_the_log_of_reports_per_step(finished, tmp_path):
-    plan0, _config, records, _state = finished
-    plan, config = copy_of(finished, tmp_path)
-    signals_path(plan).unlink()
-    for k in (1, 2):
-        segment_path(plan, k).unlink()
-    with OnlineExecutor(plan, 0, config=config) as ex:
-        got = train(ex, per_micro_batch=True)
-    assert ids_of(got) == ids_of(records)
-    ours, theirs = SignalLog.read(signals_path(plan)), SignalLog.read(signals_path(plan0))
-    for a, b in zip(ours.windows, theirs.windows, strict=True):
-        assert a.count == b.count
-        assert a.loss_sum == pytest.approx(b.loss_sum)
-
-
 def test_a_fixed_plan_is_not_an_online_run(finished, tmp_path):
     plan, config, _records, _state = finished
     from dataclasses import replace
