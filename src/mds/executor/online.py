@@ -259,22 +259,20 @@ class OnlineExecutor:
 
     def _make(self, t: int) -> str | None:
         """On rank 0: wait for segment t (planning it now if nobody started it); the reason
-        it is missing, or None."""
-        if self._planning is not None and self._planning[0] != t:
-            self._reap(block=True)  # another segment first: one subprocess at a time
-        if self._planning is None and self._problem(t) is not None:
-            if t in self._failed:
-                pass
-            elif len(self.log.windows) < t - 1:
-                k = len(self.log.windows)
-                return (
-                    f"window {t} is planned from the signals of windows 0..{t - 2}, but window "
-                    f"{k} has none: call report() on every rank for step "
-                    f"{self.facts0.bounds(k)[1] - 1}"
-                )
-            else:
+        it is missing, or None. A usable segment t is taken at once, whatever is planning."""
+        if self._planning is not None and self._planning[0] == t:
+            self._reap(block=True)
+        elif t not in self._failed and self._problem(t) is not None:
+            self._reap(block=True)  # another segment planning: one subprocess at a time
+            if t not in self._failed and self._problem(t) is not None:
+                if len(self.log.windows) < t - 1:
+                    k = len(self.log.windows)
+                    return (
+                        f"window {t} is planned from the signals of windows 0..{t - 2}, but "
+                        f"the log holds {k} windows"
+                    )
                 self._start(t)
-        self._reap(block=True)
+                self._reap(block=True)
         if t in self._failed:
             return (
                 f"planning window {t} ({segment_path(self.plan, t)}) failed: {self._failed[t]}; "
