@@ -157,6 +157,31 @@ def facts(path):
         return online_facts(reader.footer, path)
 
 
+def test_a_ready_segment_is_entered_while_a_later_one_is_planned(finished, tmp_path):
+    """Window 1's segment is on disk; segment 2's planner (a stand-in that waits for a flag
+    file) is still running when window 1's first micro-batch is handed out."""
+    plan, config = copy_of(finished, tmp_path)
+    segment_path(plan, 2).unlink()
+    flag = tmp_path / "go"
+    code = (
+        "import pathlib, sys, time\n"
+        f"for _ in range(1200):\n    if pathlib.Path({str(flag)!r}).exists(): sys.exit(1)\n"
+        "    time.sleep(0.05)\nsys.exit(1)\n"
+    )
+    ex = OnlineExecutor(plan, 0, config=config, command=[sys.executable, "-c", code])
+    try:
+        batches = iter(ex)
+        for batch in batches:
+            if batch["step"] == WINDOW:
+                break
+            if batch["micro_batch"] == 1:
+                ex.report(batch["step"], {"web": 1.0}, {"web": 1})
+        assert ex.planning_window == 2
+    finally:
+        flag.touch()
+        ex.close()
+
+
 def test_a_policy_error_stops_at_the_window_boundary(tmp_path, monkeypatch):
     (tmp_path / "failing_policy.py").write_text(
         "def weights(window, history):\n    raise RuntimeError('reference model missing')\n"

@@ -364,6 +364,12 @@ class OnlineExecutor:
         return dict(self.facts.weights)
 
     @property
+    def planning_window(self) -> int | None:
+        """The window whose segment rank 0's subprocess is planning now, if any."""
+        self._reap(block=False)
+        return self._planning[0] if self._planning is not None else None
+
+    @property
     def micro_batches(self) -> int:
         return self._current().micro_batches
 
