@@ -317,8 +317,8 @@ class OnlineExecutor:
             return f"continues another plan than segment {t - 1}"
         return None
 
-    def _open(self, t: int) -> PlanExecutor:
-        """Segment t's executor, its footer checked against this run and its log."""
+    def _open(self, t: int) -> tuple[PlanExecutor, OnlineFacts]:
+        """Segment t's executor and facts, its footer checked against this run and its log."""
         path = segment_path(self.plan, t)
         problem = self._problem(t)
         if problem is not None:
@@ -329,16 +329,16 @@ class OnlineExecutor:
                 f"({path}) is planned for {self._dp_of(t)}: an online run changes its number "
                 "of ranks at a window's first step; load_state_dict() a checkpoint saved there"
             )
-        ex = PlanExecutor(path, **self._exec_args)
         with PlanReader(path) as reader:
-            ex.facts = online_facts(reader.footer, path)  # type: ignore[attr-defined]
-        return ex
+            facts = online_facts(reader.footer, path)
+        assert facts is not None  # _problem read it
+        return PlanExecutor(path, **self._exec_args), facts
 
     def _current(self) -> PlanExecutor:
         """The current segment's executor (segment 0's at first use)."""
         if self._inner is None:
-            self._inner = self._open(0)
-            self.window, self.facts = 0, self.facts0
+            self._inner, self.facts = self._open(0)
+            self.window = 0
             self._kick()
         return self._inner
 
@@ -347,7 +347,7 @@ class OnlineExecutor:
         if state is None:
             state = self._current().state_dict()
         self._ready(t)
-        ex = self._open(t)
+        ex, facts = self._open(t)
         try:
             ex.load_state_dict(state)
         except BaseException:
@@ -355,7 +355,7 @@ class OnlineExecutor:
             raise
         if self._inner is not None:
             self._inner.close()
-        self._inner, self.window, self.facts = ex, t, ex.facts  # type: ignore[attr-defined]
+        self._inner, self.window, self.facts = ex, t, facts
         self._kick()
 
     @property
