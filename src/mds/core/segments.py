@@ -12,9 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from mds.core import storage
+from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 
-__all__ = ["OnlineFacts", "online_facts", "segment_path", "signals_path", "window_of"]
+__all__ = [
+    "OnlineFacts",
+    "online_facts",
+    "run_facts",
+    "segment_path",
+    "signals_path",
+    "window_of",
+]
 
 
 def _split(plan: str | os.PathLike) -> tuple[str, str]:
@@ -91,3 +99,21 @@ def online_facts(footer: Mapping[str, Any], where: Any) -> OnlineFacts | None:
 def window_of(step: int, window_steps: int) -> int:
     """The window holding `step`."""
     return step // window_steps
+
+
+def run_facts(plan: str | os.PathLike) -> list[OnlineFacts]:
+    """The facts of every segment of the run whose first segment is `plan`, in window
+    order, up to the first one not written yet: the weights over time, from the footers
+    alone (no torch, no polars)."""
+    out: list[OnlineFacts] = []
+    while True:
+        path = segment_path(plan, len(out))
+        if not storage.exists(path):
+            return out
+        with PlanReader(path) as reader:
+            facts = online_facts(reader.footer, path)
+        if facts is None or facts.window != len(out):
+            raise PlanError(f"{path}: not window {len(out)} of an online run")
+        out.append(facts)
+        if len(out) == facts.windows:
+            return out

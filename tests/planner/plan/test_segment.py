@@ -11,7 +11,7 @@ import pytest
 from plan_builders import plan_config, synthetic, train_table
 
 from mds.core.planfile_reader import PlanReader
-from mds.core.segments import online_facts, segment_path
+from mds.core.segments import online_facts, run_facts, segment_path
 from mds.core.signal_log import SignalLog, window_signal
 from mds.errors import PlanError
 from mds.planner.plan.build import build_plan
@@ -72,6 +72,7 @@ def test_segments_continue_the_cursors_and_record_their_weights(tmp_path):
     assert pytest.approx(sum(facts[2].weights.values())) == 1.0
     # source a's loss exceeds its reference most: DoReMi raises its share
     assert facts[2].weights["a"] > facts[1].weights["a"]
+    assert run_facts(plan) == facts  # the weights over time, from the footers alone
 
 
 def test_a_replay_from_the_log_is_byte_identical(tmp_path):
