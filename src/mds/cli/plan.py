@@ -78,6 +78,25 @@ def plan_command(
         help="An --exclude entry the index does not hold: an error naming its row (default), "
         "or ignore it.",
     ),
+    segment: int | None = typer.Option(
+        None,
+        "--segment",
+        min=0,
+        metavar="K",
+        help="Online mixing: plan window K's segment beside -o (segment K-1 must exist).",
+    ),
+    signals: Path | None = typer.Option(
+        None,
+        "--signals",
+        metavar="LOG",
+        help="With --segment: the run's signal log (windows 0..K-2 decide window K's weights).",
+    ),
+    replay: Path | None = typer.Option(
+        None,
+        "--replay",
+        metavar="LOG",
+        help="Online mixing: plan -o and every segment a signal log determines (an audit).",
+    ),
     json_out: bool = json_option("Print a JSON summary instead of a table."),
 ) -> None:
     """Plan which samples every DP rank and micro-batch trains on at every step.
@@ -115,6 +134,14 @@ def plan_command(
     follow), and plans the missing steps at the end fresh. --exclude leaves the listed
     documents out of their sources' streams from K on; the next samples of the same sources
     take their places, so the mix holds.
+
+    With [mixing] online (docs/online-mixing.md), -o is the run's first segment (window 0);
+    the executor plans the others during training (--segment K --signals LOG), and
+    --replay LOG rebuilds them all from the run's signal log, byte for byte:
+
+    \b
+        mds plan online.toml -o run/plan.mds
+        mds plan online.toml -o audit/plan.mds --replay run/plan.signals.json
     """
     from mds.cli.progress import StepProgress
     from mds.core.storage import as_place
@@ -169,6 +196,9 @@ def plan_command(
 
     keep_freed_memory()  # with one worker this process plans every chunk (src/mds/planner/runtime/malloc.py)
     spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
+    if cfg.online is not None or segment is not None or signals is not None or replay is not None:
+        _plan_online(cfg, target, segment, signals, replay, parent, workers, spec, json_out)
+        return
     with StepProgress("planning", enabled=not json_out) as bar:
         summary = build_plan(
             cfg,
@@ -189,6 +219,42 @@ def plan_command(
         console.print(f"note: {summary.notice}", soft_wrap=True)
     _print_summary(summary)
     _print_replan(summary)
+
+
+def _plan_online(cfg, target, segment, signals, replay, parent, workers, spec, json_out) -> None:
+    """`mds plan` of a config with [mixing] online: segment 0, segment K (--segment), or
+    every segment a signal log determines (--replay)."""
+    from mds.core.signal_log import SignalLog
+    from mds.errors import ConfigError
+    from mds.planner.plan.segment import plan_segment, replay_segments, windows_of
+
+    if cfg.online is None:
+        raise ConfigError("--segment, --signals and --replay need [mixing] online in the config")
+    if parent is not None:
+        raise ConfigError(
+            "--from/--at-step: an online run's segments are re-planned with --segment K"
+        )
+    if replay is not None and (segment is not None or signals is not None):
+        raise ConfigError("--replay LOG plans every segment; leave out --segment and --signals")
+    if segment is not None and segment >= windows_of(cfg):
+        raise ConfigError(f"--segment {segment}: the run has windows 0 to {windows_of(cfg) - 1}")
+    if (segment is not None and segment >= 2) and signals is None:
+        raise ConfigError(f"--segment {segment} needs --signals LOG (windows 0..{segment - 2})")
+    build = {"workers": workers, "engine": spec}
+    if replay is not None:
+        summaries = replay_segments(cfg, target, SignalLog.read(replay), **build)
+    else:
+        log = SignalLog.read(signals) if signals is not None else None
+        summaries = [plan_segment(cfg, target, segment or 0, log, **build)]
+    if json_out:
+        print_json([s.to_json() for s in summaries])
+        return
+    for s in summaries:
+        console.print(
+            f"segment {s.path}: steps {s.first_step}-{s.steps - 1}, plan id {s.plan_id}",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def parse_skips(texts: list[str], at_step: int | None) -> list[tuple[int, int]]:

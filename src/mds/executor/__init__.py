@@ -1,7 +1,7 @@
 """mds.executor: replay one rank's slice of a plan inside training.
 
 Import-light on purpose: no polars, no planner. `PlanExecutor` and `PlanLoader` (which
-need torch) load on first access, so importing the errors stays cheap.
+need torch) and `OnlineExecutor` load on first access, so importing the errors stays cheap.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mds.executor.moved import install as _install_moved_paths
 if TYPE_CHECKING:
     from mds.executor.executor import PlanExecutor
     from mds.executor.loader import PlanLoader
+    from mds.executor.online import OnlineExecutor
 
 __all__ = [
     "ConfigError",
@@ -31,6 +32,7 @@ __all__ = [
     "IndexFormatError",
     "MdsError",
     "MeshPosition",
+    "OnlineExecutor",
     "PlanError",
     "PlanExecutor",
     "PlanLoader",
@@ -40,7 +42,11 @@ __all__ = [
 
 _install_moved_paths()
 
-_LAZY = {"PlanExecutor": "mds.executor.executor", "PlanLoader": "mds.executor.loader"}
+_LAZY = {
+    "OnlineExecutor": "mds.executor.online",
+    "PlanExecutor": "mds.executor.executor",
+    "PlanLoader": "mds.executor.loader",
+}
 
 
 def __getattr__(name: str) -> Any:

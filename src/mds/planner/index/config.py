@@ -44,7 +44,7 @@ INDEX_SOURCE_KEYS = (
 # Per-source keys owned by the planner; accepted here so one file configures every stage.
 PLAN_SOURCE_KEYS = ("weight", "weight_by", "filter", "max_epochs", "warn_epochs", "on_exhausted")
 # `[vision]` (the model's image geometry) is parsed by the planner; the index reads `marker`.
-TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan", "vision")
+TOP_LEVEL_KEYS = ("index", "source", "train", "cost", "plan", "vision", "mixing")
 INDEX_KEYS = ("root", "output", "workers", "fingerprint", "engine", "address")
 # Index columns, plus the columns `mds export` adds beside kept metadata.
 RESERVED_COLUMNS = (

@@ -17,6 +17,7 @@ from mds.core.vision import VisionGeometry
 from mds.errors import ConfigError
 from mds.planner.index.config import IndexConfig, parse_config, parse_engine
 from mds.planner.index.config_file import check_keys, load_toml, place, read_whole
+from mds.planner.plan.online_config import OnlineSpec, parse_mixing
 from mds.planner.plan.schedule import WeightSchedule, parse_schedule
 
 __all__ = [
@@ -206,6 +207,10 @@ class PlanConfig:
     # positions its stream leaves out (plan/stream.py). Not part of the canonical config:
     # the plan records them in its `excluded` section and footer lineage.
     excluded: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    # [mixing] online: the run is planned window by window (docs/online-mixing.md)
+    online: OnlineSpec | None = None
+    # The `online` facts a segment's footer records (plan/segment.py); not canonical.
+    segment: dict[str, Any] | None = field(default=None, compare=False)
 
     def canonical(self) -> dict[str, Any]:
         """The plan-relevant config in normalized form (stored in the plan header). Keys of
@@ -244,6 +249,8 @@ class PlanConfig:
             out["train"]["cp_size"] = t.cp_size
             out["train"]["cp_split_from"] = t.cp_split_from
             out["train"]["cp_linear"] = t.cp_linear
+        if self.online is not None:  # only in online runs, so other plans keep their bytes
+            out["mixing"] = {"online": self.online.describe()}
         if self.vision is not None:
             out["train"]["max_patches_per_micro_batch"] = t.max_patches_per_micro_batch
             out["cost"]["encoder"] = self.vision.describe_cost()
@@ -736,6 +743,7 @@ def parse_plan_config(
             "from `mds calibrate --encoder` (or give both as model shapes)"
         )
     train = with_cp_linear(train, cost, vision, where)
+    online = parse_mixing(data, where, sources, train.steps, train.seed)
     return PlanConfig(
         train=train,
         cost=cost,
@@ -747,6 +755,7 @@ def parse_plan_config(
         engine=engine,
         address=address,
         vision=vision,
+        online=online,
     )
 
 

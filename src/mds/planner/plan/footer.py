@@ -65,6 +65,7 @@ def plan_footer(
         "cost_scale": (COST_SCALE / peak) if peak > 0 else 0.0,
         "stats_columns": list(stat_columns(config)),
         "steps": config.train.steps,
+        **({"online": config.segment} if config.segment is not None else {}),
         **(
             {"first_step": planner.first_step, "lineage": planner.lineage}
             if planner.lineage is not None

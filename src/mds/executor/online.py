@@ -1,0 +1,479 @@
+"""OnlineExecutor: replay an online-mixed run (docs/online-mixing.md) segment after segment,
+take per-source signals from training, and have the next segments planned while the
+current window trains.
+
+Each segment is an ordinary plan replayed by a PlanExecutor; a segment is re-planned from
+the one before at its first step, so the hand-over between them is the one of
+handover.py. A window's reported sums are reduced over the DP ranks when iteration crosses
+its end, the one point every rank passes alike. Planning runs in a subprocess (`python -m mds plan ... --segment K`) started
+by DP rank 0, so this module imports neither polars nor the planner, and training never
+waits on planning unless a segment is late. The state is the position in the current
+segment, the signal log and this rank's sums of the unfinished window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mds.core import storage
+from mds.core.planfile_reader import PlanReader
+from mds.core.segments import OnlineFacts, online_facts, segment_path, signals_path
+from mds.core.signal_log import SignalLog, window_signal
+from mds.errors import ConfigError, MdsError, PlanError
+from mds.executor.executor import PlanExecutor
+from mds.executor.signals import Group
+
+__all__ = ["ONLINE_STATE_FORMAT", "ONLINE_STATE_VERSION", "OnlineExecutor"]
+
+ONLINE_STATE_FORMAT = "mds-online-state"
+ONLINE_STATE_VERSION = 1
+
+
+def _failure(output: str, code: int) -> str:
+    """The one-line reason of a failed `mds plan --json`: its error's message, else the
+    last line it printed (a traceback's), else its exit status."""
+    start = output.find('{\n')
+    start = start if start >= 0 else output.find("{")
+    if start >= 0:
+        try:
+            return str(json.JSONDecoder().raw_decode(output[start:])[0]["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    lines = [x.strip() for x in output.splitlines() if x.strip()]
+    return lines[-1] if lines else f"exit status {code}"
+
+
+class OnlineExecutor:
+    """Iterate one DP rank's micro-batches of an online-mixed run, across its segments.
+
+    `plan`: the run's first segment (what `mds plan CONFIG -o PLAN` wrote); `config`: that
+    config's path, which the next segments are planned from. `group`: the torch.distributed
+    process group of the DP ranks (default: the default group if one is initialized, else
+    this process alone). `signals`: where rank 0 keeps the signal log (default: beside a
+    local plan; required for a plan in an object store, whose segments go beside it there).
+    `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]); `command`: the
+    command that runs mds (default: this Python, `-m mds`). Other keyword arguments go to
+    each segment's PlanExecutor.
+
+    Every DP rank makes one; the constructor, `load_state_dict()` and crossing a window's
+    end in iteration are collective steps on `group`.
+    """
+
+    def __init__(
+        self,
+        plan: str | os.PathLike,
+        dp_rank: int,
+        *,
+        config: str | os.PathLike,
+        dp_size: int | None = None,
+        group: Any = None,
+        signals: str | os.PathLike | None = None,
+        plan_args: Sequence[str] = (),
+        command: Sequence[str] | None = None,
+        **kwargs: Any,
+    ):
+        self.plan: Any = str(plan) if storage.is_url(plan) else Path(plan)
+        if signals is None and storage.is_url(plan):
+            raise ConfigError(
+                f"{plan} is an object: give signals= a local path for the run's signal log "
+                "(rank 0 writes it; the segments go beside the plan in the store)"
+            )
+        self.signals = Path(signals) if signals is not None else signals_path(self.plan)
+        self.config = Path(config)
+        self._group = Group(group)
+        self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
+        self._plan_args = list(plan_args)
+        self._exec_args = {"dp_rank": dp_rank, "dp_size": dp_size, **kwargs}
+        self._job_dp = dp_size
+        with PlanReader(self.plan) as reader:
+            facts = online_facts(reader.footer, self.plan)
+            self.plan_id = reader.plan_id
+            self._first_dp = reader.dp
+            train = reader.footer["config"]["train"]
+            micro = reader.micro
+            names = tuple(s["name"] for s in reader.footer["config"]["sources"])
+        if facts is None or facts.window != 0:
+            raise PlanError(
+                f"{self.plan} is not the first segment of an online run (plan it from a config "
+                "with [mixing] online); a fixed plan is replayed by PlanExecutor"
+            )
+        self.facts0: OnlineFacts = facts
+        # the geometry segment 0 was planned with, which `mds plan` overrides may have set
+        self._geometry = ["--steps", str(facts.steps), "--micro-batches", str(micro)]
+        if train.get("samples_per_step") is not None:
+            self._geometry += ["--samples-per-step", str(train["samples_per_step"])]
+        self.source_names = names
+        self.windows = facts.windows
+        self.steps = facts.steps
+        self.log = SignalLog(self.plan_id, names, facts.window_steps)
+        self._adopt_disk_log()
+        self._share_log()
+        self._sums: dict[int, np.ndarray] = {}  # window -> [loss sums..., counts...], this rank
+        self._next_close = 0  # the first window whose sums are not reduced yet
+        self._planning: tuple[int, subprocess.Popen, Any] | None = None
+        self._failed: dict[int, str] = {}
+        self.window = 0
+        self.facts = facts
+        # opened on first use: a job resumed on another number of ranks opens the segment
+        # of its checkpoint's step, never segment 0
+        self._inner: PlanExecutor | None = None
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def report(
+        self, step: int, loss_sums: Mapping[str, float], counts: Mapping[str, float]
+    ) -> None:
+        """Add this rank's per-source loss sums at `step` and what they were summed over
+        (per step or per micro-batch: they are summed). A window's sums are reduced over
+        the DP ranks when iteration crosses its end, so report a step before asking for the
+        micro-batch after it; a window already reduced refuses more."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or not (
+            0 <= step < self.steps
+        ):
+            raise ConfigError(f"report(step={step!r}): a step of the run, 0 to {self.steps - 1}")
+        w = int(step) // self.facts0.window_steps
+        if w < self._next_close:
+            raise ConfigError(
+                f"report(step={step}): window {w} (steps {self.facts0.bounds(w)[0]} to "
+                f"{self.facts0.bounds(w)[1] - 1}) was reduced when iteration left it; report "
+                "each step before asking for the next micro-batch"
+            )
+        n = len(self.source_names)
+        row = np.zeros(2 * n)
+        for part, values, what in ((0, loss_sums, "loss_sums"), (n, counts, "counts")):
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"report({what}=...): a mapping source -> number")
+            for name, value in values.items():
+                if name not in self.source_names:
+                    raise ConfigError(
+                        f"report({what}): {name!r} is not a source of the plan "
+                        f"({', '.join(self.source_names)})"
+                    )
+                value = float(value)
+                if not math.isfinite(value) or (part and value < 0):
+                    raise ConfigError(f"report({what}): {name!r} = {value!r} must be finite"
+                                      + (" and >= 0" if part else ""))
+                row[part + self.source_names.index(name)] += value
+        self._sums[w] = self._sums.get(w, np.zeros(2 * n)) + row
+
+    def _close_through(self, last: int) -> None:
+        """Reduce the sums of every window up to `last` not reduced yet, in order (a
+        collective step: every rank crosses the same window ends), and record them (the
+        first record of a window stays: the segments after it were planned from it)."""
+        n = len(self.source_names)
+        for w in range(self._next_close, last + 1):
+            total = self._group.sum(self._sums.pop(w, np.zeros(2 * n)))
+            assert len(self.log.windows) >= w, (len(self.log.windows), w)
+            if len(self.log.windows) == w:
+                start, end = self.facts0.bounds(w)
+                self.log.append(window_signal(w, start, end, total[:n], total[n:]))
+                if self._group.leader:
+                    self.log.write(self.signals)
+        self._next_close = max(self._next_close, last + 1)
+
+    def _share_log(self) -> None:
+        """Every rank takes rank 0's log (only rank 0 may see the file; a collective step,
+        so every rank's later reductions line up)."""
+        shared = self._group.share(self.log.encode() if self._group.leader else b"")
+        if not self._group.leader:
+            self.log = SignalLog.from_json(json.loads(shared), "rank 0's signal log")
+
+    def _adopt_disk_log(self) -> None:
+        """Take the run's log on disk when it extends ours (a resumed run)."""
+        path = self.signals
+        if path.exists():
+            disk = SignalLog.read(path)
+            if disk.plan_id != self.plan_id:
+                raise PlanError(
+                    f"{path} is the signal log of plan {disk.plan_id}, not of {self.plan} "
+                    f"(plan {self.plan_id}); move it away to start this run"
+                )
+            self.log = self.log.merged(disk)
+
+    # --- planning ahead --------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        """On rank 0, start planning the next segment that is missing (or stale), once the
+        log holds its signals (one subprocess at a time); note a finished one's failure for
+        the boundary."""
+        if not self._group.leader:
+            return
+        self._reap(block=False)
+        if self._planning is not None:
+            return
+        for t in (self.window + 1, self.window + 2):
+            if t >= self.windows or t in self._failed:
+                continue
+            if self._problem(t) is None:
+                continue
+            if len(self.log.windows) >= t - 1:
+                self._start(t)
+            return
+
+    def _start(self, t: int) -> None:
+        path = self.signals
+        self.log.write(path)  # the signals and the number of ranks the segment is planned from
+        cmd = [*self._command, "plan", str(self.config), "-o", str(self.plan),
+               "--segment", str(t), "--signals", str(path), *self._geometry,
+               "--dp-size", str(self._dp_of(t)), *self._plan_args, "--json"]
+        out = tempfile.TemporaryFile()  # --json: a summary, or {"error": {...}}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._planning = (t, proc, out)
+
+    def _reap(self, block: bool) -> None:
+        """Collect the planning subprocess if it is done (or wait for it, with `block`)."""
+        if self._planning is None:
+            return
+        t, proc, out = self._planning
+        if block:
+            proc.wait()
+        elif proc.poll() is None:
+            return
+        self._planning = None
+        if proc.returncode != 0:
+            out.seek(0)
+            self._failed[t] = _failure(out.read().decode(errors="replace"), proc.returncode)
+        out.close()
+
+    def _ready(self, t: int) -> None:
+        """Segment t is on disk for every rank, or every rank raises rank 0's reason."""
+        message = None
+        if self._group.leader:
+            try:
+                message = self._make(t)
+            except Exception as exc:  # told to the other ranks first, so none waits forever
+                message = f"planning window {t} failed: {type(exc).__name__}: {exc}"
+        message = self._group.tell(message)
+        if message is not None:
+            raise PlanError(message)
+
+    def _make(self, t: int) -> str | None:
+        """On rank 0: wait for segment t (planning it now if nobody started it); the reason
+        it is missing, or None. A usable segment t is taken at once, whatever is planning."""
+        if self._planning is not None and self._planning[0] == t:
+            self._reap(block=True)
+        elif t not in self._failed and self._problem(t) is not None:
+            self._reap(block=True)  # another segment planning: one subprocess at a time
+            if t not in self._failed and self._problem(t) is not None:
+                if len(self.log.windows) < t - 1:
+                    k = len(self.log.windows)
+                    return (
+                        f"window {t} is planned from the signals of windows 0..{t - 2}, but "
+                        f"the log holds {k} windows"
+                    )
+                self._start(t)
+                self._reap(block=True)
+        if t in self._failed:
+            return (
+                f"planning window {t} ({segment_path(self.plan, t)}) failed: {self._failed[t]}; "
+                f"the run stops at step {self.facts0.bounds(t)[0]}, where its segments end"
+            )
+        return None
+
+    # --- segments --------------------------------------------------------------------------
+
+    def _dp_of(self, t: int) -> int:
+        """The DP ranks window t is planned for: the log's, else the first segment's."""
+        return self.log.dp_at(t, self._first_dp)
+
+    def _problem(self, t: int) -> str | None:
+        """Why segment t on disk is not window t of this run as its log makes it (missing,
+        another window, config, signals or number of ranks, or the child of another plan
+        than segment t-1); None when it is."""
+        path = segment_path(self.plan, t)
+        if not storage.exists(path):
+            return "missing"
+        if t > 0 and not storage.exists(segment_path(self.plan, t - 1)):
+            return f"segment {t - 1} is missing"
+        try:
+            with PlanReader(path) as reader:
+                facts = online_facts(reader.footer, path)
+                dp, lineage = reader.dp, reader.footer.get("lineage") or {}
+            if t > 0:
+                with PlanReader(segment_path(self.plan, t - 1)) as reader:
+                    parent = reader.plan_id
+        except MdsError as exc:
+            return str(exc)
+        if facts is None or facts.window != t:
+            return f"not window {t} of an online run"
+        if facts.config_digest != self.facts0.config_digest:
+            return "planned from another config"
+        used = facts.signal_windows
+        if used > len(self.log.windows) or facts.signal_digest != self.log.digest(used):
+            return "planned from other signals than this run's log"
+        if dp != self._dp_of(t):
+            return f"planned for dp_size {dp}, the run has {self._dp_of(t)} there"
+        if t > 0 and lineage.get("parent") != parent:
+            return f"continues another plan than segment {t - 1}"
+        return None
+
+    def _open(self, t: int) -> tuple[PlanExecutor, OnlineFacts]:
+        """Segment t's executor and facts, its footer checked against this run and its log."""
+        path = segment_path(self.plan, t)
+        problem = self._problem(t)
+        if problem is not None:
+            raise PlanError(f"{path}: {problem}; move it away to have it planned again")
+        if self._job_dp is not None and self._job_dp != self._dp_of(t):
+            raise PlanError(
+                f"this job has dp_size {self._job_dp}, but window {t} of the run "
+                f"({path}) is planned for {self._dp_of(t)}: an online run changes its number "
+                "of ranks at a window's first step; load_state_dict() a checkpoint saved there"
+            )
+        with PlanReader(path) as reader:
+            facts = online_facts(reader.footer, path)
+        assert facts is not None  # _problem read it
+        return PlanExecutor(path, **self._exec_args), facts
+
+    def _current(self) -> PlanExecutor:
+        """The current segment's executor (segment 0's at first use)."""
+        if self._inner is None:
+            self._inner, self.facts = self._open(0)
+            self.window = 0
+            self._kick()
+        return self._inner
+
+    def _enter(self, t: int, state: Mapping[str, Any] | None = None) -> None:
+        """Switch to segment t, at `state` (default: the current segment's end)."""
+        if state is None:
+            state = self._current().state_dict()
+        self._ready(t)
+        ex, facts = self._open(t)
+        try:
+            ex.load_state_dict(state)
+        except BaseException:
+            ex.close()
+            raise
+        if self._inner is not None:
+            self._inner.close()
+        self._inner, self.window, self.facts = ex, t, facts
+        self._kick()
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The shares the current window was planned with."""
+        return dict(self.facts.weights)
+
+    @property
+    def planning_window(self) -> int | None:
+        """The window whose segment rank 0's subprocess is planning now, if any."""
+        self._reap(block=False)
+        return self._planning[0] if self._planning is not None else None
+
+    @property
+    def micro_batches(self) -> int:
+        return self._current().micro_batches
+
+    @property
+    def batch_source_names(self) -> list[str]:
+        """The names a micro-batch's `source` values index (the index's sources)."""
+        return self._current().source_names
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self._current().position
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Micro-batches from the current position to the run's end, segment after segment."""
+        while True:
+            yield from self._current()
+            self._close_through(self.window)  # every rank is here: the window's end
+            self._kick()
+            if self.window + 1 >= self.windows:
+                return
+            self._enter(self.window + 1)
+
+    # --- state -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": ONLINE_STATE_FORMAT,
+            "version": ONLINE_STATE_VERSION,
+            "plan_id": self.plan_id,
+            "position": self._current().state_dict(),
+            "signals": self.log.to_json(),
+            "partial": {str(w): [float(x) for x in s] for w, s in sorted(self._sums.items())},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume where `state_dict()` was taken: the log merged with the one on disk, this
+        rank's partial sums, and the segment of the saved step."""
+        if not isinstance(state, Mapping) or state.get("format") != ONLINE_STATE_FORMAT:
+            raise PlanError("not an mds online executor state (no format 'mds-online-state')")
+        if state.get("version") != ONLINE_STATE_VERSION:
+            raise PlanError(
+                f"online executor state version {state.get('version')!r} is not supported "
+                f"(this mds reads {ONLINE_STATE_VERSION})"
+            )
+        if state.get("plan_id") != self.plan_id:
+            raise PlanError(
+                f"the state is of the online run of plan {state.get('plan_id')}, but "
+                f"{self.plan} is plan {self.plan_id}; resume with the run's first segment"
+            )
+        saved = SignalLog.from_json(state.get("signals"), "the state's signal log")
+        self.log = self.log.merged(saved)
+        self._adopt_disk_log()
+        self._share_log()
+        n = 2 * len(self.source_names)
+        partial = state.get("partial") or {}
+        try:
+            self._sums = {int(w): np.array(v, dtype=np.float64) for w, v in partial.items()}
+        except (TypeError, ValueError):
+            raise PlanError("the state's partial window sums are damaged") from None
+        if any(v.shape != (n,) for v in self._sums.values()):
+            raise PlanError("the state's partial window sums are damaged")
+        position = state.get("position")
+        step = position.get("step") if isinstance(position, Mapping) else None
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= self.steps:
+            raise PlanError(f"the state's position {position!r} is not a step of the run")
+        t = min(step // self.facts0.window_steps, self.windows - 1)
+        # windows before t are done: reduce what this rank's state holds of those not in
+        # the log (a collective step, alike on every rank: they share rank 0's log)
+        self._next_close = min(len(self.log.windows), t)
+        self._close_through(t - 1)
+        if self._group.leader:
+            self.log.write(self.signals)
+        if self._job_dp is not None and self._job_dp != self._dp_of(t):
+            self._change_dp(t, step)
+        if self._inner is not None and t == self.window and self._problem(t) is None:
+            self._inner.load_state_dict(position)
+            self._kick()
+        else:
+            self._enter(t, position)
+
+    def _change_dp(self, t: int, step: int) -> None:
+        """A job with another number of ranks resumes at window t's first step: from t on,
+        the log records its dp_size, and the segments from t are planned for it."""
+        start = self.facts0.bounds(t)[0]
+        if step != start or t == 0:
+            where = "the run's start: plan it again" if t == 0 else f"step {start}"
+            raise PlanError(
+                f"this job has dp_size {self._job_dp}, the run {self._dp_of(t)} at step {step}: "
+                "an online run changes its number of ranks at a window's first step; resume "
+                f"from a checkpoint saved at {where} with dp_size {self._job_dp}"
+            )
+        self.log.change_dp(t, self._job_dp)
+        if self._group.leader:
+            self.log.write(self.signals)
+
+    def close(self) -> None:
+        """Close the segment's executor; a planning subprocess is waited for (it writes
+        nothing half-done either way)."""
+        self._reap(block=True)
+        if self._inner is not None:
+            self._inner.close()
+
+    def __enter__(self) -> OnlineExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
