@@ -26,6 +26,7 @@ from mds.executor.online import OnlineExecutor
 pytestmark = pytest.mark.slow  # each run plans two segments in `mds plan` subprocesses
 
 WORKER = Path(__file__).resolve().parent / "online_worker.py"
+MESH_WORKER = Path(__file__).resolve().parent / "online_mesh_worker.py"
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
     reason="torch.distributed with the gloo backend is not available in this torch build",
@@ -320,8 +321,6 @@ def test_a_run_whose_segments_are_objects(finished, tmp_path, monkeypatch):
         for k in range(2):
             store.put(f"run/{segment_path(local, k).name}", segment_path(local, k).read_bytes())
         url = store.url("run/plan.mds")
-        with pytest.raises(ConfigError, match="give signals= a local path"):
-            OnlineExecutor(url, 0, config=config)
         # the uploaded segments record the data root relative to themselves: name it
         with OnlineExecutor(url, 0, config=config, signals=tmp_path / "log.json",
                             data_root=local.parent.parent) as ex:
@@ -330,3 +329,126 @@ def test_a_run_whose_segments_are_objects(finished, tmp_path, monkeypatch):
         with PlanReader(url.replace("plan.mds", "plan.w00002.mds")) as reader:
             assert online_facts(reader.footer, url) == facts(segment_path(local, 2))
         assert len(SignalLog.read(tmp_path / "log.json").windows) == STEPS // WINDOW
+
+
+class Through:
+    """The executor, iterated through another of its iterators (its loader, shared())."""
+
+    def __init__(self, ex, batches):
+        self.ex, self.batches = ex, batches
+
+    def __getattr__(self, name):
+        return getattr(self.ex, name)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_past_state_windows_the_state_keeps_the_logs_digest_and_last_windows(finished, tmp_path):
+    """A state taken in a new process (nothing kept of the one that trained) resumes from
+    the log on disk; a log that lost its last windows is completed from the state's; one
+    that lost more, or differs, is refused."""
+    _plan, _config, records, _state = finished
+    plan, config = copy_of(finished, tmp_path)
+    state = state_at(plan, config, 9, state_windows=2)
+    ref = state["signals"]
+    assert ref["format"] == "mds-signals-ref" and ref["windows"] == 3
+    assert [w["window"] for w in ref["tail"]] == [1, 2]
+    assert state_at(plan, config, 9)["signals"]["format"] == "mds-signals"  # 3 <= 8 windows
+    full = SignalLog.read(signals_path(plan))
+
+    def resume():
+        with OnlineExecutor(plan, 0, config=config, state_windows=2) as again:
+            again.load_state_dict(state)
+            return train(again)
+
+    assert ids_of(resume()) == ids_of(records)[2 * 9 :]
+    short = SignalLog(full.plan_id, full.sources, full.window_steps, full.windows[:1])
+    short.write(signals_path(plan))  # the last write of the log was lost
+    assert ids_of(resume()) == ids_of(records)[2 * 9 :]
+    assert SignalLog.read(signals_path(plan)).encode() == full.encode()
+    signals_path(plan).unlink()
+    with pytest.raises(PlanError, match="holds 0 windows of the signal log, the state 3"):
+        resume()
+    from dataclasses import replace
+
+    other = replace(full.windows[0], loss_sum=tuple(x + 1 for x in full.windows[0].loss_sum))
+    SignalLog(full.plan_id, full.sources, full.window_steps, [other, *full.windows[1:]]).write(
+        signals_path(plan))
+    with pytest.raises(PlanError, match="differ before its last windows"):
+        resume()
+
+
+def test_the_log_beside_a_plan_in_an_object_store_resumes_on_another_node(
+    finished, tmp_path, monkeypatch
+):
+    """No local file of the run: segments and log are objects; a new executor (another
+    node) resumes from a small state and the log in the store, and replays exactly."""
+    from s3_store import s3_server
+
+    _plan, _config, records, _state = finished
+    local, config = copy_of(finished, tmp_path)
+    with s3_server(monkeypatch) as store:
+        for k in range(2):
+            store.put(f"run/{segment_path(local, k).name}", segment_path(local, k).read_bytes())
+        url = store.url("run/plan.mds")
+        args = dict(config=config, data_root=local.parent.parent, state_windows=1)
+        with OnlineExecutor(url, 0, **args) as ex:
+            head = train(ex, stop_after=9)
+            state = json.loads(json.dumps(ex.state_dict()))
+        assert state["signals"]["format"] == "mds-signals-ref"
+        assert len(SignalLog.read(signals_path(url)).windows) == 2
+        assert not any(p.name.startswith(".") for p in local.parent.iterdir())
+        with OnlineExecutor(url, 0, **args) as again:
+            again.load_state_dict(state)
+            tail = train(again)
+        assert ids_of(head + tail) == ids_of(records)
+        assert SignalLog.read(signals_path(url)).encode() == SignalLog.read(
+            signals_path(local)).encode()
+        listed = store.client.list_objects_v2(Bucket="mds-test", Prefix="run/")["Contents"]
+        assert sorted(x["Key"] for x in listed if not x["Key"].endswith("/")) == [
+            "run/plan.mds", "run/plan.signals.json", "run/plan.w00001.mds", "run/plan.w00002.mds"
+        ]  # no temporary left
+
+
+def test_the_loader_with_workers_walks_the_segments_and_resumes_exactly(finished, tmp_path):
+    _plan, _config, records, _state = finished
+    plan, config = copy_of(finished, tmp_path)
+    with OnlineExecutor(plan, 0, config=config) as ex:
+        loader = ex.dataloader(num_workers=2)
+        head = train(Through(ex, loader), stop_after=6)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with OnlineExecutor(plan, 0, config=config) as again:
+        loader = again.dataloader(num_workers=2)
+        loader.load_state_dict(state)
+        tail = train(Through(again, loader))
+    assert ids_of(head + tail) == ids_of(records)
+    with pytest.raises(ConfigError, match="sets DataLoader's 'batch_size' itself"):
+        OnlineExecutor(plan, 0, config=config).dataloader(batch_size=4)
+
+
+@needs_gloo
+def test_tp_peers_get_the_same_batches_and_count_once(finished, tmp_path):
+    """Two DP ranks of two TP peers each (torchrun, gloo), iterating shared() with a resume
+    in window 1: the peers of a DP rank get the same micro-batches, and each window's
+    signal sums the reports of TP rank 0 alone."""
+    plan, config = copy_of(finished, tmp_path)
+    signals_path(plan).unlink()  # the windows' signals are this run's
+    out = tmp_path / "rank"
+    torchrun(4, str(MESH_WORKER), str(plan), str(config), str(out), timeout=300)
+    ranks = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(4)]
+    assert [(r["dp"], r["tp"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for dp in range(2):
+        a, b = (r for r in ranks if r["dp"] == dp)
+        assert ids_of(a["records"]) == ids_of(b["records"])
+        assert [(x["step"], x["micro_batch"]) for x in a["records"]] == [
+            (s, m) for s in range(STEPS) for m in range(2)
+        ]
+    log = SignalLog.read(signals_path(plan))
+    assert len(log.windows) == STEPS // WINDOW
+    for w, window in enumerate(log.windows):
+        for i, name in enumerate(log.sources):
+            reported = [x["reported"] for r in ranks if r["tp"] == 0 for x in r["records"]
+                        if "reported" in x and w * WINDOW <= x["step"] < (w + 1) * WINDOW]
+            assert window.count[i] == sum(c.get(name, 0) for _s, c in reported)
+            assert window.loss_sum[i] == pytest.approx(sum(s.get(name, 0) for s, _c in reported))

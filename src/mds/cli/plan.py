@@ -85,17 +85,19 @@ def plan_command(
         metavar="K",
         help="Online mixing: plan window K's segment beside -o (segment K-1 must exist).",
     ),
-    signals: Path | None = typer.Option(
+    signals: str | None = typer.Option(
         None,
         "--signals",
         metavar="LOG",
-        help="With --segment: the run's signal log (windows 0..K-2 decide window K's weights).",
+        help="With --segment: the run's signal log, a file or an s3:// or gs:// object "
+        "(windows 0..K-2 decide window K's weights).",
     ),
-    replay: Path | None = typer.Option(
+    replay: str | None = typer.Option(
         None,
         "--replay",
         metavar="LOG",
-        help="Online mixing: plan -o and every segment a signal log determines (an audit).",
+        help="Online mixing: plan -o and every segment a signal log (file or object) "
+        "determines (an audit).",
     ),
     json_out: bool = json_option("Print a JSON summary instead of a table."),
 ) -> None:

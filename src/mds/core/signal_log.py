@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mds.core import storage
 from mds.core.commit import replace_local, temp_name
-from mds.errors import PlanError
+from mds.errors import PlanError, SourceDataError
 
 __all__ = [
     "SIGNALS_FORMAT",
@@ -159,16 +160,27 @@ class SignalLog:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> SignalLog:
+        """The log in the file or object (s3://, gs://) `path`."""
         try:
-            data = json.loads(Path(path).read_bytes())
+            raw = storage.get_bytes(str(path)) if storage.is_url(path) else Path(path).read_bytes()
+            data = json.loads(raw)
         except OSError as exc:
             raise PlanError(f"{path}: cannot read the signal log ({exc.strerror or exc})") from None
+        except SourceDataError as exc:
+            raise PlanError(f"cannot read the signal log: {exc}") from None
         except ValueError:
             raise PlanError(f"{path}: not an mds signal log (not JSON)") from None
         return cls.from_json(data, str(path))
 
     def write(self, path: str | os.PathLike) -> None:
-        """Write the log to `path` atomically (a temporary beside it, then a rename)."""
+        """Write the log to `path` atomically: a file (a temporary beside it, then a
+        rename) or an object (a temporary beside it, then one copy over it)."""
+        if storage.is_url(path):
+            try:
+                storage.put_bytes(str(path), self.encode())
+            except SourceDataError as exc:
+                raise PlanError(f"cannot write the signal log: {exc}") from None
+            return
         path = Path(path)
         tmp = path.parent / temp_name(path.name)
         try:

@@ -16,6 +16,7 @@ import secrets
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from mds.core.commit import temp_url
 from mds.errors import ConfigError, SourceDataError
 
 __all__ = [
@@ -465,6 +466,26 @@ def get_bytes(url: str) -> bytes:
         raise failure(url, "read", exc) from None
     with f:
         return read_exact(f, url, size, 0, size)
+
+
+def put_bytes(url: str, data: bytes) -> None:
+    """Write a small object whole: `data` goes to a hidden temporary sibling, which one copy
+    puts over `url` (atomic on S3 and GCS), then the temporary is deleted. Readers see the
+    old object or the new one, never a part (large files: planner.runtime.upload)."""
+    fs = filesystem(url)
+    tmp = object_key(temp_url(url))
+    try:
+        try:
+            with fs.open_output_stream(tmp) as out:
+                out.write(data)
+            fs.copy_file(tmp, object_key(url))
+        except OSError as exc:
+            raise failure(url, "write", exc) from None
+    finally:
+        try:  # best effort: a leftover temporary is hidden, never read as data
+            fs.delete_file(tmp)
+        except OSError:
+            pass
 
 
 def parent_url(url: str) -> str:

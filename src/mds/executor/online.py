@@ -7,8 +7,14 @@ the one before at its first step, so the hand-over between them is the one of
 handover.py. A window's reported sums are reduced over the DP ranks when iteration crosses
 its end, the one point every rank passes alike. Planning runs in a subprocess (`python -m mds plan ... --segment K`) started
 by DP rank 0, so this module imports neither polars nor the planner, and training never
-waits on planning unless a segment is late. The state is the position in the current
-segment, the signal log and this rank's sums of the unfinished window.
+waits on planning unless a segment is late. The log lives beside the plan (a file or an
+object), so ranks on several nodes need no shared disk. The state is the position in the
+current segment, the log (past `state_windows` windows: its length, digest and last
+windows, checked against the log on resume) and this rank's sums of the unfinished window.
+
+TP, CP and PP peers of a DP rank (`from_env`) each hold one: all take part in the
+collective steps, `shared()` has one peer read for all, `dataloader()` builds in worker
+processes, and a window's sums count TP peers once (see `counts_reports`).
 """
 
 from __future__ import annotations
@@ -28,15 +34,17 @@ import numpy as np
 from mds.core import storage
 from mds.core.planfile_reader import PlanReader
 from mds.core.segments import OnlineFacts, online_facts, segment_path, signals_path
-from mds.core.signal_log import SignalLog, window_signal
+from mds.core.signal_log import SignalLog, WindowSignal, window_signal
 from mds.errors import ConfigError, MdsError, PlanError
 from mds.executor.executor import PlanExecutor
+from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
 from mds.executor.signals import Group
 
-__all__ = ["ONLINE_STATE_FORMAT", "ONLINE_STATE_VERSION", "OnlineExecutor"]
+__all__ = ["ONLINE_STATE_FORMAT", "ONLINE_STATE_VERSION", "OnlineExecutor", "OnlineLoader"]
 
 ONLINE_STATE_FORMAT = "mds-online-state"
 ONLINE_STATE_VERSION = 1
+LOG_REF_FORMAT = "mds-signals-ref"  # a state's log past `state_windows` windows
 
 
 def _failure(output: str, code: int) -> str:
@@ -59,14 +67,18 @@ class OnlineExecutor:
     `plan`: the run's first segment (what `mds plan CONFIG -o PLAN` wrote); `config`: that
     config's path, which the next segments are planned from. `group`: the torch.distributed
     process group of the DP ranks (default: the default group if one is initialized, else
-    this process alone). `signals`: where rank 0 keeps the signal log (default: beside a
-    local plan; required for a plan in an object store, whose segments go beside it there).
-    `plan_args`: more arguments for `mds plan` (e.g. ["--index", DIR]); `command`: the
-    command that runs mds (default: this Python, `-m mds`). Other keyword arguments go to
-    each segment's PlanExecutor.
+    this process alone; with a `mesh`, a group of every peer of every DP rank). `signals`:
+    where rank 0 keeps the signal log, a file or an s3:// or gs:// object (default: beside
+    the plan, which for a plan in an object store is an object too). `plan_args`: more
+    arguments for `mds plan` (e.g. ["--index", DIR]); `command`: the command that runs mds
+    (default: this Python, `-m mds`). `state_windows`: the most windows of the log a state
+    holds whole (past them, its length, digest and last windows). `mesh`: this process's
+    place among TP, CP and PP peers (`from_env` sets it). Other keyword arguments go to each
+    segment's PlanExecutor.
 
-    Every DP rank makes one; the constructor, `load_state_dict()` and crossing a window's
-    end in iteration are collective steps on `group`.
+    Every DP rank (every peer, with a mesh) makes one; the constructor,
+    `load_state_dict()` and crossing a window's end in iteration are collective steps on
+    `group`.
     """
 
     def __init__(
@@ -80,15 +92,23 @@ class OnlineExecutor:
         signals: str | os.PathLike | None = None,
         plan_args: Sequence[str] = (),
         command: Sequence[str] | None = None,
+        state_windows: int = 8,
+        mesh: MeshPosition | None = None,
         **kwargs: Any,
     ):
         self.plan: Any = str(plan) if storage.is_url(plan) else Path(plan)
-        if signals is None and storage.is_url(plan):
-            raise ConfigError(
-                f"{plan} is an object: give signals= a local path for the run's signal log "
-                "(rank 0 writes it; the segments go beside the plan in the store)"
-            )
-        self.signals = Path(signals) if signals is not None else signals_path(self.plan)
+        if signals is None:
+            self.signals: Any = signals_path(self.plan)
+        else:
+            self.signals = str(signals) if storage.is_url(signals) else Path(signals)
+        if isinstance(state_windows, bool) or not isinstance(state_windows, int) or (
+            state_windows < 1
+        ):
+            raise ConfigError(f"state_windows={state_windows!r} must be an integer >= 1")
+        self.state_windows = state_windows
+        self.mesh = mesh
+        if mesh is not None and mesh.dp_rank != dp_rank:
+            raise ConfigError(f"dp_rank={dp_rank} is not the mesh's DP rank {mesh.dp_rank}")
         self.config = Path(config)
         self._group = Group(group)
         self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
@@ -128,6 +148,39 @@ class OnlineExecutor:
         # of its checkpoint's step, never segment 0
         self._inner: PlanExecutor | None = None
 
+    @classmethod
+    def from_env(
+        cls,
+        plan: str | os.PathLike,
+        *,
+        config: str | os.PathLike,
+        tp: int = 1,
+        cp: int = 1,
+        pp: int = 1,
+        order: str = DEFAULT_ORDER,
+        environ: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> OnlineExecutor:
+        """This process's executor of the run, from torchrun's RANK and WORLD_SIZE and the
+        sizes of the other parallel dimensions, as `PlanExecutor.from_env`: its DP rank's
+        micro-batches (its CP slice on a CP plan), for `shared()` among its peers. The
+        collective steps run on `group` (default: the default group, every peer)."""
+        rank, world = torchrun_rank(environ)
+        where = mesh_position(rank, world, tp=tp, cp=cp, pp=pp, order=order)
+        return cls(plan, where.dp_rank, config=config, dp_size=where.dp_size,
+                   cp_rank=where.coords["cp"], cp_size=cp, mesh=where, **kwargs)
+
+    @property
+    def counts_reports(self) -> bool:
+        """Whether this process's `report()` calls count: without a mesh, always; with one,
+        on TP rank 0 of the last pipeline stage (TP peers hold the same loss, and the last
+        stage holds it), on every CP rank (each holds its slice's loss). Other peers may
+        report too: their sums are checked and dropped, so a window counts each DP rank's
+        loss once."""
+        if self.mesh is None:
+            return True
+        return self.mesh.coords["tp"] == 0 and self.mesh.coords["pp"] == self.mesh.sizes["pp"] - 1
+
     # --- signals ---------------------------------------------------------------------------
 
     def report(
@@ -164,6 +217,8 @@ class OnlineExecutor:
                     raise ConfigError(f"report({what}): {name!r} = {value!r} must be finite"
                                       + (" and >= 0" if part else ""))
                 row[part + self.source_names.index(name)] += value
+        if not self.counts_reports:
+            return
         self._sums[w] = self._sums.get(w, np.zeros(2 * n)) + row
 
     def _close_through(self, last: int) -> None:
@@ -191,7 +246,7 @@ class OnlineExecutor:
     def _adopt_disk_log(self) -> None:
         """Take the run's log on disk when it extends ours (a resumed run)."""
         path = self.signals
-        if path.exists():
+        if storage.exists(path):
             disk = SignalLog.read(path)
             if disk.plan_id != self.plan_id:
                 raise PlanError(
@@ -332,7 +387,9 @@ class OnlineExecutor:
         with PlanReader(path) as reader:
             facts = online_facts(reader.footer, path)
         assert facts is not None  # _problem read it
-        return PlanExecutor(path, **self._exec_args), facts
+        ex = PlanExecutor(path, **self._exec_args)
+        ex.mesh = self.mesh  # shared() finds the reading peer and the peers' parts by it
+        return ex, facts
 
     def _current(self) -> PlanExecutor:
         """The current segment's executor (segment 0's at first use)."""
@@ -384,8 +441,27 @@ class OnlineExecutor:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Micro-batches from the current position to the run's end, segment after segment."""
+        return self._walk(iter)
+
+    def shared(
+        self, group: Any = None, src: int | None = None, selective: bool = True
+    ) -> Iterator[dict[str, Any]]:
+        """Iterate with one read per DP rank, as `PlanExecutor.shared`, across segments:
+        global rank `src` (default: the first of this process's mesh peers) reads each
+        micro-batch and hands it to `group`, its TP, CP and PP peers. Every peer crosses
+        each window's end with its peers, so call it on every peer of every DP rank."""
+        return self._walk(lambda ex: ex.shared(group, src, selective))
+
+    def dataloader(self, num_workers: int = 2, **kwargs: Any) -> OnlineLoader:
+        """Iterate through a torch DataLoader with workers, segment after segment: see
+        `OnlineLoader`."""
+        return OnlineLoader(self, num_workers, **kwargs)
+
+    def _walk(self, batches: Any) -> Iterator[dict[str, Any]]:
+        """`batches(segment executor)` of each segment from the current position to the
+        run's end, the window's sums reduced and the next segment entered at each end."""
         while True:
-            yield from self._current()
+            yield from batches(self._current())
             self._close_through(self.window)  # every rank is here: the window's end
             self._kick()
             if self.window + 1 >= self.windows:
@@ -400,7 +476,7 @@ class OnlineExecutor:
             "version": ONLINE_STATE_VERSION,
             "plan_id": self.plan_id,
             "position": self._current().state_dict(),
-            "signals": self.log.to_json(),
+            "signals": self._log_state(),
             "partial": {str(w): [float(x) for x in s] for w, s in sorted(self._sums.items())},
         }
 
@@ -419,9 +495,15 @@ class OnlineExecutor:
                 f"the state is of the online run of plan {state.get('plan_id')}, but "
                 f"{self.plan} is plan {self.plan_id}; resume with the run's first segment"
             )
-        saved = SignalLog.from_json(state.get("signals"), "the state's signal log")
-        self.log = self.log.merged(saved)
-        self._adopt_disk_log()
+        problem = None
+        if self._group.leader:  # rank 0's log is every rank's; its problem, every rank's
+            try:
+                self._restore_log(state.get("signals"))
+            except MdsError as exc:
+                problem = str(exc)
+        problem = self._group.tell(problem)
+        if problem is not None:
+            raise PlanError(problem)
         self._share_log()
         n = 2 * len(self.source_names)
         partial = state.get("partial") or {}
@@ -450,6 +532,65 @@ class OnlineExecutor:
         else:
             self._enter(t, position)
 
+    def _log_state(self) -> dict[str, Any]:
+        """The log as a state keeps it: whole up to `state_windows` windows; past them its
+        length, digest and geometry and its last `state_windows` windows (the log itself is
+        at `signals`, where rank 0 wrote it at every window's end)."""
+        log = self.log
+        if len(log.windows) <= self.state_windows:
+            return log.to_json()
+        return {
+            "format": LOG_REF_FORMAT,
+            "plan_id": log.plan_id,
+            "windows": len(log.windows),
+            "digest": log.digest(),
+            "geometry": [[w, d] for w, d in log.geometry],
+            "tail": [w.to_json() for w in log.windows[-self.state_windows :]],
+        }
+
+    def _restore_log(self, saved: Any) -> None:
+        """On rank 0: the run's log from a state's and the one at `signals`. A whole log is
+        merged with it; a reference is the log at `signals` when that holds the state's
+        windows (checked by digest), completed from the state's last windows when it lost
+        a few of them."""
+        if not (isinstance(saved, Mapping) and saved.get("format") == LOG_REF_FORMAT):
+            self.log = self.log.merged(SignalLog.from_json(saved, "the state's signal log"))
+            self._adopt_disk_log()
+            return
+        try:
+            n, digest = int(saved["windows"]), str(saved["digest"])
+            geometry = [(int(w), int(d)) for w, d in saved["geometry"]]
+            tail = _windows(saved["tail"], n)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"the state's signal log reference is damaged ({exc!r})") from None
+        if saved.get("plan_id") != self.plan_id:
+            raise PlanError("the state's signal log belongs to another run (plan id)")
+        self._adopt_disk_log()
+        have, first = self.log, n - len(tail)
+        if len(have.windows) < first:
+            raise PlanError(
+                f"{self.signals} holds {len(have.windows)} windows of the signal log, the "
+                f"state {n} (it keeps the last {len(tail)}): restore the log the run "
+                "wrote there, or resume from an earlier checkpoint"
+            )
+        log = SignalLog(have.plan_id, have.sources, have.window_steps, list(have.windows))
+        for signal in tail[len(have.windows) - first :]:
+            log.append(signal)
+        if log.digest(n) != digest:
+            first_diff = next(
+                (i for i, w in zip(range(first, n), tail, strict=True)
+                 if i < len(have.windows) and have.windows[i] != w),
+                None,
+            )
+            where = f"at window {first_diff}" if first_diff is not None else "before its last windows"
+            raise PlanError(
+                f"{self.signals} and the saved state's signal log differ {where}; the segments "
+                "after it were planned from the log there: restore that log's windows or "
+                "resume from a checkpoint that agrees with it"
+            )
+        log.geometry = geometry if len(geometry) >= len(have.geometry) else list(have.geometry)
+        self.log = log
+
     def _change_dp(self, t: int, step: int) -> None:
         """A job with another number of ranks resumes at window t's first step: from t on,
         the log records its dp_size, and the segments from t are planned for it."""
@@ -477,3 +618,45 @@ class OnlineExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _windows(raw: Any, n: int) -> list[WindowSignal]:
+    """A state's last windows of the log (windows n - len(raw) .. n - 1), checked."""
+    out = []
+    for i, item in enumerate(raw):
+        start, end = (int(x) for x in item["steps"])
+        signal = WindowSignal(
+            int(item["window"]), start, end,
+            tuple(float(x) for x in item["loss_sum"]), tuple(float(x) for x in item["count"]),
+        )
+        if signal.window != n - len(raw) + i:
+            raise ValueError(f"window {signal.window} where {n - len(raw) + i} belongs")
+        out.append(signal)
+    return out
+
+
+class OnlineLoader:
+    """An online run's micro-batches through a torch DataLoader with `num_workers` worker
+    processes (`PlanLoader` over each segment in turn; new workers at each window's end,
+    where the next segment is entered). `state_dict()`/`load_state_dict()` are the
+    executor's: they count what the training loop received."""
+
+    def __init__(self, executor: OnlineExecutor, num_workers: int = 2, **dataloader_kwargs: Any):
+        from mds.executor.loader import PlanLoader
+
+        PlanLoader(None, num_workers, **dataloader_kwargs)  # the same argument checks
+        self.executor, self.num_workers = executor, num_workers
+        self.dataloader_kwargs = dataloader_kwargs
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.executor.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.executor.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from mds.executor.loader import PlanLoader
+
+        return self.executor._walk(
+            lambda ex: iter(PlanLoader(ex, self.num_workers, **self.dataloader_kwargs))
+        )
