@@ -77,3 +77,20 @@ def test_merge_keeps_the_longer_log_and_refuses_a_divergent_one():
     other = make_log([((9.0, 2.0), (3, 4))])
     with pytest.raises(PlanError, match="differ at window 0"):
         other.merged(long)
+
+
+def test_a_log_in_an_object_store_is_written_whole_and_read_back(monkeypatch):
+    """Written to an object (moto's S3 server) as to a file: replaced whole, no temporary
+    left beside it; a missing object is one error naming it."""
+    from s3_store import BUCKET, s3_server
+
+    with s3_server(monkeypatch) as store:
+        url = store.url("run/plan.signals.json")
+        with pytest.raises(PlanError, match="run/plan.signals.json"):
+            SignalLog.read(url)
+        make_log([((1.0, 2.0), (3, 4))]).write(url)
+        longer = make_log([((1.0, 2.0), (3, 4)), ((0.5, 0.25), (1, 2))])
+        longer.write(url)
+        assert SignalLog.read(url).encode() == longer.encode() == store.get("run/plan.signals.json")
+        keys = [x["Key"] for x in store.client.list_objects_v2(Bucket=BUCKET)["Contents"]]
+        assert [k for k in keys if not k.endswith("/")] == ["run/plan.signals.json"]
