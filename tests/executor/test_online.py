@@ -427,6 +427,13 @@ def test_the_loader_with_workers_walks_the_segments_and_resumes_exactly(finished
         OnlineExecutor(plan, 0, config=config).dataloader(batch_size=4)
 
 
+def test_peers_need_a_group_spanning_the_mesh(finished):
+    plan, config, _records, _state = finished
+    with pytest.raises(ConfigError, match="every one of the mesh's 4 processes in `group`"):
+        OnlineExecutor.from_env(plan, config=config, tp=2,
+                                environ={"RANK": "1", "WORLD_SIZE": "4"})
+
+
 @needs_gloo
 def test_tp_peers_get_the_same_batches_and_count_once(finished, tmp_path):
     """Two DP ranks of two TP peers each (torchrun, gloo), iterating shared() with a resume

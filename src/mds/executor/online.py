@@ -111,6 +111,13 @@ class OnlineExecutor:
             raise ConfigError(f"dp_rank={dp_rank} is not the mesh's DP rank {mesh.dp_rank}")
         self.config = Path(config)
         self._group = Group(group)
+        world = math.prod(mesh.sizes.values()) if mesh is not None else 1
+        if mesh is not None and self._group.size != world:
+            raise ConfigError(
+                f"the online run's collective steps need every one of the mesh's {world} "
+                f"processes in `group`, which has {self._group.size}: pass group=None (the "
+                "default group) after torch.distributed.init_process_group"
+            )
         self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
         self._plan_args = list(plan_args)
         self._exec_args = {"dp_rank": dp_rank, "dp_size": dp_size, **kwargs}
