@@ -234,6 +234,15 @@ def test_a_fixed_plan_is_not_an_online_run(finished, tmp_path):
         OnlineExecutor(fixed, 0, config=config)
 
 
+def test_an_online_plan_is_not_replayed_as_a_fixed_one(finished):
+    plan, _config, _records, _state = finished
+    from mds.executor.executor import PlanExecutor
+
+    for window in (0, 1):
+        with pytest.raises(PlanError, match=f"window {window} of an online-mixed run.*OnlineExecutor"):
+            PlanExecutor(segment_path(plan, window), 0)
+
+
 @needs_gloo
 def test_two_gloo_ranks_reduce_their_signals_and_share_the_segments(tmp_path):
     plan, config = new_run(tmp_path)

@@ -19,6 +19,7 @@ import numpy as np
 from mds.core import storage
 from mds.core.planfile import RankChunk
 from mds.core.planfile_reader import PlanReader
+from mds.core.segments import online_facts
 from mds.errors import ConfigError, PlanError
 from mds.executor.batch import compact, expand
 from mds.executor.catalog import SourceCatalog, Tokenize
@@ -93,6 +94,7 @@ class PlanExecutor:
         cp_rank: int | None = None,
         cp_size: int | None = None,
         parent_plan: str | os.PathLike | None = None,
+        _online_segment: bool = False,
     ):
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify={verify!r} must be one of {', '.join(VERIFY_MODES)}")
@@ -111,6 +113,7 @@ class PlanExecutor:
             cp_rank=cp_rank,
             cp_size=cp_size,
             parent_plan=parent_plan,
+            _online_segment=_online_segment,
         )
         if _integer(read_ahead, "read_ahead") < 0:
             raise ConfigError(f"read_ahead={read_ahead!r} must be >= 0 (steps built ahead)")
@@ -132,6 +135,13 @@ class PlanExecutor:
         """Check the rank against the plan and build the catalog, from the constructor's
         arguments (kept in self._args, which is also what a pickled executor is rebuilt from)."""
         reader, args = self._reader, self._args
+        facts = online_facts(reader.footer, self.plan_path)
+        if facts is not None and facts.windows > 1 and not args.get("_online_segment"):
+            raise PlanError(
+                f"{self.plan_path} is window {facts.window} of an online-mixed run of "
+                f"{facts.windows} windows: PlanExecutor would replay that window alone and stop; "
+                "replay the run with mds.executor.OnlineExecutor (docs/online-mixing.md)"
+            )
         dp_rank = _integer(args["dp_rank"], "dp_rank")
         dp_size = args["dp_size"]
         if dp_size is not None:

@@ -394,7 +394,7 @@ class OnlineExecutor:
         with PlanReader(path) as reader:
             facts = online_facts(reader.footer, path)
         assert facts is not None  # _problem read it
-        ex = PlanExecutor(path, **self._exec_args)
+        ex = PlanExecutor(path, **self._exec_args, _online_segment=True)
         ex.mesh = self.mesh  # shared() finds the reading peer and the peers' parts by it
         return ex, facts
 
