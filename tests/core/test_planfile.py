@@ -1,5 +1,5 @@
-"""The plan file's codecs: a chunk's blocks and file table (version 3), and version 2's
-fixed-width ids and blocks."""
+"""The plan file's codecs: a chunk's blocks and file table (versions 3 and 4), and version
+2's fixed-width ids and blocks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from mds.core.planfile import (
     decode_block,
     decode_table,
     encode_chunk,
+    encode_table,
 )
 from mds.core.planfile_reader import PlanReader
 from mds.core.planfile_v2 import decode_ids, encode_chunk_v2, encode_fetch, encode_ids
@@ -49,6 +50,11 @@ def test_encode_is_little_endian_and_truncating(width):
     assert decode_ids(b"", width).tolist() == []
 
 
+def table_of(encoded):
+    """The file table of an encode_chunk result, as a plan's first chunk stores it."""
+    return decode_table(encode_table(encoded.table))
+
+
 def _random_blocks(rng, dp, top):
     blocks = []
     for _ in range(dp):
@@ -68,9 +74,9 @@ def test_encode_chunk_blocks_decode_to_what_was_encoded(seed, dp, top):
     blocks = _random_blocks(rng, dp, top)
     encoded = encode_chunk(blocks, 2, MICRO, 8)
     assert encoded == encode_chunk(ChunkBlocks.of(blocks), 2, MICRO, 8)
-    assert encoded.count_width == 1 and len(encoded.payloads) == dp + 1
+    assert encoded.count_width == 1 and len(encoded.payloads) == dp
     assert encoded.checksums == [checksum(p) for p in encoded.payloads]
-    table = decode_table(encoded.payloads[-1])
+    table = table_of(encoded)
     assert len(table) == len({(s, f) for *_, fetch in blocks for s, f, _e in fetch.files})
     for k, (counts, ids, fetch) in enumerate(blocks):
         data = encoded.payloads[k]
@@ -91,7 +97,7 @@ def test_a_parquet_file_costs_no_row_column():
     row = np.array([5, 3, 0, 1])
     fetch = Fetch(file, row, np.array([7, 8, 9, 10]), np.zeros(4, int), np.zeros(4, int), files)
     encoded = encode_chunk([(np.array([[2, 2]]), ids, fetch)], 1, 2, 2)
-    table = decode_table(encoded.payloads[-1])
+    table = table_of(encoded)
     assert table.start.tolist() == [100, 250]
     _files, _file, rel, back, *_ = unpack(memoryview(encoded.payloads[0])[2:], 7, 1 << 20)
     assert rel.tolist() == row.tolist() and back.tolist() == [0, 0, 0, 0]
@@ -167,7 +173,7 @@ def chunks(draw):
 def test_blocks_round_trip_through_the_chunk_encoding(chunk):
     steps, micro, blocks = chunk
     encoded = encode_chunk(blocks, steps, micro, 8)
-    table = decode_table(encoded.payloads[-1])
+    table = table_of(encoded)
     head = steps * micro * encoded.count_width
     for k, (counts, ids, fetch) in enumerate(blocks):
         assert encoded.payloads[k][:head] == counts.astype(f"<u{encoded.count_width}").tobytes()

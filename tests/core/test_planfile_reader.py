@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from planfile_builders import DP, MICRO, fetch_of, written_plan
+from planfile_builders import (
+    DP,
+    MICRO,
+    fetch_of,
+    footer_json,
+    footer_text,
+    stored_footer,
+    written_plan,
+)
 
 from mds.core.planfile import FETCH_COLUMNS, MAGIC, checksum
 from mds.core.planfile_reader import PlanReader
@@ -21,10 +29,11 @@ def plan(tmp_path):
     return written_plan(tmp_path)
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 def test_round_trip(tmp_path, version):
     """A plan reads back as written; a version-2 plan (fixed-width columns, file records in
-    every block, raw sections) still reads, to the same samples."""
+    every block, raw sections) and a version-3 one (file tables on their own, the footer
+    plain JSON) still read, to the same samples."""
     path, chunks, sections, footer_bytes = written_plan(tmp_path, version)
     assert not path.with_suffix(".tmp").exists()  # renamed into place
     with PlanReader(path) as r:
@@ -80,8 +89,7 @@ def flip(path: Path, offset: int) -> None:
 
 def layout_of(path):
     data = path.read_bytes()
-    offset, size, _, _ = struct.unpack("<QQ8s8s", data[-32:])
-    return json.loads(data[offset : offset + size])["layout"], offset
+    return footer_json(data)["layout"], footer_text(data)[0]
 
 
 def test_flipped_byte_in_a_rank_block(plan):
@@ -109,6 +117,18 @@ def test_flipped_byte_in_a_section(plan):
     layout, _ = layout_of(path)
     flip(path, layout["sections"]["target"]["offset"] + 5)
     assert "section 'target': checksum mismatch" in error_of(path)
+
+
+def test_flipped_byte_in_the_first_file_table_fails_every_chunk(plan):
+    """Later chunks' file tables are compressed against the first chunk's: a flipped byte in
+    it is caught when any chunk is read, never decoded into other records."""
+    path = plan[0]
+    layout, _ = layout_of(path)
+    off, n, _ = struct.unpack_from("<QQ8s", path.read_bytes(), layout["chunks"][0][2] + 24 * DP)
+    flip(path, off + n // 2)
+    with PlanReader(path) as r:
+        with pytest.raises(PlanError, match="chunk 0 file table: checksum mismatch"):
+            r.rank_chunk(2, 1)
 
 
 def test_flipped_byte_in_the_footer(plan):
@@ -143,7 +163,7 @@ def error_with_version(path: Path, version: int) -> str:
 
 def test_newer_version(plan):
     msg = error_with_version(plan[0], 99)
-    assert "plan format version 99 is newer than this mds supports (3)" in msg and "upgrade" in msg
+    assert "plan format version 99 is newer than this mds supports (4)" in msg and "upgrade" in msg
 
 
 def test_version_one_says_to_re_plan(plan):
@@ -206,10 +226,10 @@ def test_step_rank_and_chunk_outside_the_plan(plan):
 def rewrite_footer(path: Path, change) -> None:
     """Replace the footer with `change(footer)` and a valid checksum (a crafted file)."""
     data = path.read_bytes()
-    offset, size, _, _ = struct.unpack("<QQ8s8s", data[-32:])
-    footer = json.loads(data[offset : offset + size])
+    offset, text = footer_text(data)
+    footer = json.loads(text)
     change(footer)
-    new = json.dumps(footer).encode()
+    new = stored_footer(json.dumps(footer).encode())
     path.write_bytes(
         data[:offset] + new + struct.pack("<QQ8s8s", offset, len(new), checksum(new), MAGIC)
     )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from planfile_builders import DP, fetch_of, with_fetch, write_plan, written_plan
 
+from mds.core.packed import decompress
 from mds.core.planfile import (
     FETCH_COLUMNS,
     FORMAT_VERSION,
@@ -35,8 +36,9 @@ def test_file_layout_follows_the_spec(plan):
     assert data[:8] == MAGIC
     assert struct.unpack_from("<II", data, 8) == (FORMAT_VERSION, 0)
     offset, size, digest, magic = struct.unpack("<QQ8s8s", data[-32:])
-    assert magic == MAGIC and data[offset : offset + size] == footer_bytes
-    assert digest == checksum(footer_bytes)
+    stored = data[offset : offset + size]  # the footer's JSON in a zstd frame
+    assert magic == MAGIC and decompress(stored, 1 << 20) == footer_bytes
+    assert digest == checksum(stored)
     assert offset + size + 32 == len(data)
     layout = json.loads(footer_bytes)["layout"]
     a, b, dir_offset, dir_sum, width = layout["chunks"][0]

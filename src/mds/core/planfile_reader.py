@@ -30,6 +30,7 @@ from mds.core.planfile import (
     decode_block,
     decode_table,
     plan_id_of,
+    table_dictionary,
 )
 from mds.core.planfile_v2 import decode_fetch, decode_ids
 from mds.errors import PlanError, SourceDataError
@@ -109,7 +110,7 @@ class PlanReader:
     def _replaced(self) -> bool:
         """Whether the plan object now differs from the one opened: another size, or another
         footer (which holds the checksums of everything else)."""
-        footer = getattr(self, "footer_bytes", None)
+        footer = getattr(self, "_footer_stored", None)
         try:
             now = self._open_object()
         except SourceDataError:
@@ -182,8 +183,11 @@ class PlanReader:
         data = self._read(offset, size)
         if checksum(data) != digest:
             raise self._bad("plan footer checksum mismatch (corrupt file)")
-        self.footer_bytes = data
+        self._footer_stored = data
         try:
+            if version >= 4:  # a zstd frame of the JSON
+                data = decompress(data, min(frame_limit(size), _MAX_FOOTER))
+            self.footer_bytes = data
             self.footer = json.loads(data)
             layout = self.footer["layout"]
             self.dp = int(layout["dp_size"])
@@ -220,6 +224,9 @@ class PlanReader:
         self.dir_entries = self.dp + (version >= 3)
         self._dirs: dict[int, np.ndarray] = {}
         self._tables: dict[int, FileTable] = {}
+        # Version 4: the first chunk's file table, which later tables are compressed against;
+        # read once per reader.
+        self._dictionary: Any = None
 
     @property
     def steps(self) -> int:
@@ -281,13 +288,22 @@ class PlanReader:
         if table is None:
             data = self._entry(chunk, self.dp, "file table")
             try:
-                table = decode_table(data)
+                dictionary = self._table_dictionary() if chunk and self.version >= 4 else None
+                table = decode_table(data, self.version, dictionary)
             except (ValueError, TypeError, RecursionError) as exc:
                 raise self._fail(f"chunk {chunk}: corrupt file table ({exc})") from None
             if len(self._tables) > 16:
                 self._tables.clear()
             self._tables[chunk] = table
         return table
+
+    def _table_dictionary(self) -> Any:
+        """The first chunk's table content as a zstd dictionary, read and checked once."""
+        if self._dictionary is None:
+            data = self._entry(0, self.dp, "file table")
+            content = decompress(data, frame_limit(len(data)))
+            self._dictionary = table_dictionary(content)
+        return self._dictionary
 
     def rank_chunk(self, chunk: int, rank: int) -> RankChunk:
         """The samples of `rank` in `chunk`, checksum-verified."""

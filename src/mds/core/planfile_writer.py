@@ -23,6 +23,8 @@ from mds.core.planfile import (
     Fetch,
     checksum,
     encode_chunk,
+    encode_table,
+    table_dictionary,
 )
 from mds.core.planfile_v2 import encode_chunk_v2
 
@@ -42,9 +44,10 @@ class PlanWriter:
         id_width: int,
         version: int = FORMAT_VERSION,
     ):
-        """`version` 2 writes the previous format (blocks with their own file records, raw
-        sections): only for comparing the two."""
-        assert version in (2, FORMAT_VERSION)
+        """`version` 2 or 3 writes an older format (2: blocks with their own file records,
+        raw sections; 3: file tables on their own, the footer as plain JSON): only for
+        comparing formats and testing that they are still read."""
+        assert version in (2, 3, FORMAT_VERSION)
         self.path, self.tmp = Path(path), Path(tmp)
         self.dp, self.micro = dp_size, micro_batches
         self.id_width, self.version = id_width, version
@@ -56,6 +59,7 @@ class PlanWriter:
             raise
         self._chunks: list[list[Any]] = []
         self._sections: dict[str, dict[str, Any]] = {}
+        self._dictionary: Any = None  # version 4: the first chunk's file table, as a dictionary
 
     def add_chunk(
         self,
@@ -66,9 +70,23 @@ class PlanWriter:
         """Append one chunk: for each rank, (counts [steps, M], global ids, fetch records),
         or the chunk as encode_chunk made it with this plan's geometry."""
         if not isinstance(blocks, EncodedChunk):
-            encode = encode_chunk if self.version == FORMAT_VERSION else encode_chunk_v2
-            blocks = encode(blocks, step_end - step_start, self.micro, self.id_width)
-        # Version 3: the blocks, then the chunk's file table.
+            steps = step_end - step_start
+            if self.version == 2:
+                blocks = encode_chunk_v2(blocks, steps, self.micro, self.id_width)
+            else:
+                blocks = encode_chunk(blocks, steps, self.micro, self.id_width, self.version)
+        assert (blocks.table is not None) == (self.version >= 4)
+        if blocks.table is not None:
+            # The first chunk's table is compressed alone; every later one against it.
+            table = encode_table(blocks.table, self._dictionary)
+            if self._dictionary is None:
+                self._dictionary = table_dictionary(blocks.table)
+            blocks = EncodedChunk(
+                blocks.count_width,
+                [*blocks.payloads, table],
+                [*blocks.checksums, checksum(table)],
+            )
+        # Version 3 on: the blocks, then the chunk's file table.
         assert len(blocks.payloads) == self.dp + (self.version >= 3)
         dir_offset = self._f.tell()
         directory = np.zeros(len(blocks.payloads), dtype=DIR_ENTRY)
@@ -115,7 +133,8 @@ class PlanWriter:
         self._f.write(data)
 
     def commit(self, footer: dict[str, Any]) -> bytes:
-        """Write footer and trailer, fsync, rename into place; returns the footer bytes."""
+        """Write footer and trailer, fsync, rename into place; returns the footer's JSON
+        (version 4 stores it as a zstd frame)."""
         footer = dict(footer)
         footer["layout"] = {
             "dp_size": self.dp,
@@ -125,9 +144,10 @@ class PlanWriter:
             "sections": self._sections,
         }
         data = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode()
+        stored = compress(data) if self.version >= 4 else data
         offset = self._f.tell()
-        self._f.write(data)
-        self._f.write(TRAILER.pack(offset, len(data), checksum(data), MAGIC))
+        self._f.write(stored)
+        self._f.write(TRAILER.pack(offset, len(stored), checksum(stored), MAGIC))
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
