@@ -16,6 +16,7 @@ from mds.core.planfile import (
     Fetch,
     checksum,
     decode_block,
+    decode_rank_block,
     decode_table,
     encode_chunk,
     encode_table,
@@ -79,9 +80,8 @@ def test_encode_chunk_blocks_decode_to_what_was_encoded(seed, dp, top):
     table = table_of(encoded)
     assert len(table) == len({(s, f) for *_, fetch in blocks for s, f, _e in fetch.files})
     for k, (counts, ids, fetch) in enumerate(blocks):
-        data = encoded.payloads[k]
-        assert data[: counts.size] == counts.astype("u1").tobytes()
-        got_ids, got = decode_block(memoryview(data)[counts.size :], len(ids), table)
+        got_counts, got_ids, got = decode_rank_block(encoded.payloads[k], 2, MICRO, table)
+        assert got_counts.tolist() == counts.tolist()
         assert got_ids.tolist() == ids.tolist()
         for name in FETCH_COLUMNS:
             assert getattr(got, name).tolist() == getattr(fetch, name).tolist(), name
@@ -99,7 +99,7 @@ def test_a_parquet_file_costs_no_row_column():
     encoded = encode_chunk([(np.array([[2, 2]]), ids, fetch)], 1, 2, 2)
     table = table_of(encoded)
     assert table.start.tolist() == [100, 250]
-    _files, _file, rel, back, *_ = unpack(memoryview(encoded.payloads[0])[2:], 7, 1 << 20)
+    _counts, _files, _file, rel, back, *_ = unpack(encoded.payloads[0], 8, 1 << 20)
     assert rel.tolist() == row.tolist() and back.tolist() == [0, 0, 0, 0]
 
 
@@ -169,15 +169,22 @@ def chunks(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(chunk=chunks())
-def test_blocks_round_trip_through_the_chunk_encoding(chunk):
+@given(chunk=chunks(), version=st.sampled_from([3, 4]))
+def test_blocks_round_trip_through_the_chunk_encoding(chunk, version):
+    """Version 4 (the counts in the block's frame, the table's content compressed by the
+    writer) and version 3 (the counts raw before the frame, the table a payload)."""
     steps, micro, blocks = chunk
-    encoded = encode_chunk(blocks, steps, micro, 8)
-    table = table_of(encoded)
+    encoded = encode_chunk(blocks, steps, micro, 8, version)
+    table = table_of(encoded) if version == 4 else decode_table(encoded.payloads[-1], 3)
     head = steps * micro * encoded.count_width
     for k, (counts, ids, fetch) in enumerate(blocks):
-        assert encoded.payloads[k][:head] == counts.astype(f"<u{encoded.count_width}").tobytes()
-        got_ids, got = decode_block(memoryview(encoded.payloads[k])[head:], len(ids), table)
+        if version == 4:
+            got_counts, got_ids, got = decode_rank_block(encoded.payloads[k], steps, micro, table)
+            assert got_counts.tolist() == counts.tolist()
+        else:
+            raw_counts = counts.astype(f"<u{encoded.count_width}").tobytes()
+            assert encoded.payloads[k][:head] == raw_counts
+            got_ids, got = decode_block(memoryview(encoded.payloads[k])[head:], len(ids), table)
         assert got_ids.tolist() == ids.tolist()
         for name in FETCH_COLUMNS:
             assert getattr(got, name).tolist() == np.asarray(getattr(fetch, name)).tolist()

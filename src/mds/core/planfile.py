@@ -64,6 +64,7 @@ __all__ = [
     "RankChunk",
     "checksum",
     "decode_block",
+    "decode_rank_block",
     "decode_table",
     "encode_chunk",
     "encode_table",
@@ -349,7 +350,27 @@ def decode_block(data: bytes | memoryview, n: int, table: FileTable) -> tuple[np
     """A version-3 block's packed part (after its counts) for `n` samples: their global ids
     (uint64) and fetch records. ValueError for anything malformed."""
     limit = 64 + 8 * (6 * n + len(table))
-    files, file, rel, back, tokens, offset, length = unpack(data, _BLOCK_COLUMNS, limit)
+    return _block(unpack(data, _BLOCK_COLUMNS, limit), n, table)
+
+
+def decode_rank_block(
+    data: bytes | memoryview, steps: int, micro: int, table: FileTable
+) -> tuple[np.ndarray, np.ndarray, Fetch]:
+    """A version-4 block (one packed frame, the counts its first column): the counts
+    [steps, micro] (int64), the global ids (uint64) and the fetch records. ValueError for
+    anything malformed."""
+    counts, *columns = unpack(data, 1 + _BLOCK_COLUMNS, frame_limit(len(data)))
+    if len(counts) != steps * micro:
+        raise ValueError("counts do not match the chunk's steps")
+    counts = counts.view(np.int64).reshape(steps, micro)
+    if int(counts.min(initial=0)) < 0:
+        raise ValueError("negative count")
+    ids, fetch = _block(columns, int(counts.sum()), table)
+    return counts, ids, fetch
+
+
+def _block(columns: list[np.ndarray], n: int, table: FileTable) -> tuple[np.ndarray, Fetch]:
+    files, file, rel, back, tokens, offset, length = columns
     if any(len(c) != n for c in (file, rel, back, tokens, offset, length)):
         raise ValueError("columns do not match the counts")
     if n and not len(files):
@@ -429,7 +450,8 @@ def encode_chunk(
     for k in range(dp):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         packed = pack(
-            [
+            ([counts[k]] if version >= 4 else [])
+            + [
                 _mod_deltas(where[k], len(records)),
                 _mod_deltas(file[lo:hi], len(where[k])),
                 rel[lo:hi],
@@ -439,7 +461,8 @@ def encode_chunk(
                 length[lo:hi],
             ]
         )
-        payloads.append(counts[k].tobytes() + packed)
+        # Version 3: the counts raw before the frame; version 4: its first column.
+        payloads.append(packed if version >= 4 else counts[k].tobytes() + packed)
     table = _encode_table(records, start, version)
     if version >= 4:
         return EncodedChunk(width, payloads, [checksum(data) for data in payloads], table)

@@ -28,6 +28,7 @@ from mds.core.planfile import (
     RankChunk,
     checksum,
     decode_block,
+    decode_rank_block,
     decode_table,
     plan_id_of,
     table_dictionary,
@@ -61,6 +62,18 @@ def _sparse(data: bytes, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -
         if int(col.max()) >= cols:
             raise ValueError("column out of range")
         out[row * cols + col] = unzigzag(values)
+    return out.reshape(shape)
+
+
+def _columns(data: bytes, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """A section of integer columns (a 1-d array: one), each packed zigzag."""
+    rows, cols = shape[0], shape[1] if len(shape) == 2 else 1
+    columns = unpack(data, cols, 8 * rows * cols + 64 * cols + 64)
+    if any(len(c) != rows for c in columns):
+        raise ValueError("columns do not match the shape")
+    out = np.empty((rows, cols), dtype=dtype)
+    for j, column in enumerate(columns):
+        out[:, j] = unzigzag(column).astype(dtype)
     return out.reshape(shape)
 
 
@@ -313,6 +326,15 @@ class PlanReader:
             raise PlanError(f"{self.path}: chunk {chunk} does not exist")
         a, b, _, _, width = self.chunks[chunk]
         data = self._entry(chunk, rank, f"rank {rank}")
+        if self.version >= 4:
+            table = self._table(chunk)
+            try:
+                counts, ids, fetch = decode_rank_block(data, b - a, self.micro, table)
+            except (ValueError, TypeError) as exc:
+                raise self._fail(f"chunk {chunk} rank {rank}: corrupt block ({exc})") from None
+            if self.id_width < 8 and int(ids.max(initial=0)) >> (8 * self.id_width):
+                raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (id out of range)")
+            return RankChunk(a, counts, ids, fetch)
         head = (b - a) * self.micro * width
         if head > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
@@ -377,6 +399,8 @@ class PlanReader:
                 return np.ascontiguousarray(planes.T).view(dtype).reshape(shape)
             if codec == "sparse" and len(shape) == 2 and dtype.kind in "iu":
                 return _sparse(data, shape, dtype, nbytes)
+            if codec == "columns" and len(shape) in (1, 2) and dtype.kind in "iu":
+                return _columns(data, shape, dtype, nbytes)
             raise ValueError(f"unknown codec {codec!r}")
         except (ValueError, TypeError) as exc:
             raise self._fail(f"section {name!r}: corrupt shape or data ({exc})") from None

@@ -104,9 +104,11 @@ class PlanWriter:
 
     def add_section(self, name: str, array: np.ndarray, *, sparse: bool = False) -> None:
         """Append a section: its bytes as byte planes in a zstd frame, or with `sparse` (a
-        2-d integer array of mostly zeros) only its non-zero cells (docs/plan-format.md)."""
+        2-d integer array of mostly zeros) only its non-zero cells, or (version 4, integers
+        in 1 or 2 dimensions) its columns packed (docs/plan-format.md)."""
         dtype = array.dtype.newbyteorder("<")
         array = np.ascontiguousarray(array).astype(dtype)
+        codec = "sparse" if sparse else "zstd"
         if self.version < 3:
             data = array.tobytes()
         elif sparse:
@@ -118,6 +120,10 @@ class PlanWriter:
             gaps[starts[per_row > 0]] = col[starts[per_row > 0]]
             values = zigzag(array[row, col].astype(np.int64))
             data = pack([per_row, gaps, values])
+        elif self.version >= 4 and array.ndim in (1, 2) and dtype.kind in "iu":
+            table = array if array.ndim == 2 else array[:, None]
+            data = pack([zigzag(table[:, j].astype(np.int64)) for j in range(table.shape[1])])
+            codec = "columns"
         else:
             planes = array.view(np.uint8).reshape(-1, dtype.itemsize).T
             data = compress(planes.tobytes())
@@ -129,7 +135,7 @@ class PlanWriter:
             "checksum": checksum(data).hex(),
         }
         if self.version >= 3:
-            self._sections[name]["codec"] = "sparse" if sparse else "zstd"
+            self._sections[name]["codec"] = codec
         self._f.write(data)
 
     def commit(self, footer: dict[str, Any]) -> bytes:
