@@ -144,3 +144,15 @@ def test_integer_sections_are_packed_by_column(tmp_path):
             got = r.section(name)
             assert got.dtype == array.dtype and got.shape == array.shape
             assert np.array_equal(got, array)
+
+
+def test_a_section_of_more_columns_than_a_frame_holds_is_byte_planes(tmp_path):
+    """A frame holds at most 255 columns: a wider integer section (a cursor of 1024
+    sources) is stored as byte planes."""
+    wide = np.arange(3 * 300, dtype=np.int64).reshape(3, 300)
+    path = tmp_path / "p.mds"
+    block = (np.array([[1, 0]]), np.array([9], dtype=np.uint64))
+    write_plan(path, [(0, 1, [block] * DP)], sections={"wide": wide})
+    with PlanReader(path) as r:
+        assert r.sections["wide"]["codec"] == "zstd"
+        assert np.array_equal(r.section("wide"), wide)

@@ -21,6 +21,7 @@ import zstandard
 
 __all__ = [
     "LEVEL",
+    "MAX_COLUMNS",
     "PLANE_BLOCK",
     "compress",
     "decompress",
@@ -36,9 +37,11 @@ __all__ = [
 
 LEVEL = 9  # zstd level: fixed, it is part of the plan's bytes
 PLANE_BLOCK = 2048  # a plane of at least this many bytes is a zstd block of its own
+MAX_COLUMNS = 255  # columns a frame can hold (their number is a byte)
 _COUNT = struct.Struct("<B")
 _COLUMN = struct.Struct("<BQ")  # width in bytes (0..8), number of values
 _HEADS: dict[int, struct.Struct] = {}
+_EIGHT = np.uint64(8)
 _local = threading.local()
 
 
@@ -206,14 +209,17 @@ def unpack_raw(content: bytes | memoryview, count: int, limit: int) -> list[np.n
         raise ValueError("packed columns: truncated")
     if end != len(content):
         raise ValueError("packed columns: trailing bytes")
-    # Every column's bytes into one [values, 8] array, plane by plane: one copy per column.
     raw = np.frombuffer(content, dtype=np.uint8)
-    wide = np.zeros((sum(lengths), 8), dtype=np.uint8)
-    pos, row, spans = head.size, 0, []
+    out, pos = [], head.size
     for width, n in zip(widths, lengths, strict=True):
-        if width:
-            wide[row : row + n, :width] = raw[pos : pos + width * n].reshape(width, n).T
-        spans.append((row, row + n))
-        pos, row = pos + width * n, row + n
-    values = wide.view("<u8").reshape(-1)
-    return [values[lo:hi] for lo, hi in spans]
+        if not width:
+            out.append(np.zeros(n, dtype=np.uint64))
+            continue
+        planes = raw[pos : pos + width * n].reshape(width, n)
+        values = planes[width - 1].astype(np.uint64)
+        for k in range(width - 2, -1, -1):  # whole planes, highest first: no strided copies
+            values <<= _EIGHT
+            values |= planes[k]
+        out.append(values)
+        pos += width * n
+    return out

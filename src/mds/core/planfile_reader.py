@@ -237,6 +237,7 @@ class PlanReader:
         self.dir_entries = self.dp + (version >= 3)
         self._dirs: dict[int, np.ndarray] = {}
         self._tables: dict[int, FileTable] = {}
+        self._decoded: dict[tuple[bytes, bool], FileTable] = {}  # the last table decoded
         # Version 4: the first chunk's file table, which later tables are compressed against;
         # read once per reader.
         self._dictionary: Any = None
@@ -296,18 +297,25 @@ class PlanReader:
         return data
 
     def _table(self, chunk: int) -> FileTable:
-        """The chunk's file table (version 3), read and checked once per chunk."""
+        """The chunk's file table (version 3 on), read and checked once per chunk. Its bytes
+        are read and checked for every chunk; a table with the bytes of one decoded before
+        (consecutive chunks that read the same files) is not decoded again."""
         table = self._tables.get(chunk)
         if table is None:
             data = self._entry(chunk, self.dp, "file table")
-            try:
-                dictionary = self._table_dictionary() if chunk and self.version >= 4 else None
-                table = decode_table(data, self.version, dictionary)
-            except (ValueError, TypeError, RecursionError) as exc:
-                raise self._fail(f"chunk {chunk}: corrupt file table ({exc})") from None
+            later = bool(chunk) and self.version >= 4  # compressed against the first table
+            key = (bytes(self._directory(chunk)[self.dp]["checksum"]), later)
+            table = self._decoded.get(key)
+            if table is None:
+                try:
+                    dictionary = self._table_dictionary() if later else None
+                    table = decode_table(data, self.version, dictionary)
+                except (ValueError, TypeError, RecursionError) as exc:
+                    raise self._fail(f"chunk {chunk}: corrupt file table ({exc})") from None
             if len(self._tables) > 16:
                 self._tables.clear()
             self._tables[chunk] = table
+            self._decoded = {key: table}
         return table
 
     def _table_dictionary(self) -> Any:

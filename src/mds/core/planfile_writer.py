@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mds.core import commit
-from mds.core.packed import compress, pack, zigzag
+from mds.core.packed import MAX_COLUMNS, compress, pack, zigzag
 from mds.core.planfile import (
     DIR_ENTRY,
     FORMAT_VERSION,
@@ -120,7 +120,12 @@ class PlanWriter:
             gaps[starts[per_row > 0]] = col[starts[per_row > 0]]
             values = zigzag(array[row, col].astype(np.int64))
             data = pack([per_row, gaps, values])
-        elif self.version >= 4 and array.ndim in (1, 2) and dtype.kind in "iu":
+        elif (
+            self.version >= 4
+            and array.ndim in (1, 2)
+            and dtype.kind in "iu"
+            and (array.ndim == 1 or array.shape[1] <= MAX_COLUMNS)
+        ):
             table = array if array.ndim == 2 else array[:, None]
             data = pack([zigzag(table[:, j].astype(np.int64)) for j in range(table.shape[1])])
             codec = "columns"
