@@ -9,8 +9,8 @@ the files hold the very same samples. Reported per case: bytes per planned sampl
 file, and of the parts of formats 3 and 4 (blocks, file tables, sections, footer); then the
 time of `PlanReader.rank_chunk(chunk, rank)` with the reader's caches emptied (what the executor
 pays when it starts a chunk: directory, file table, block, checksums, decoding; format 4's
-first file table, which later ones are compressed against, is read once per reader), the
-formats alternating read by read, over every (chunk, rank), `--repeat` rounds: the median
+first file table, which later ones are compressed against, is read once per reader, and
+kept), the formats alternating read by read, over every (chunk, rank), `--repeat` rounds: the median
 of each and their ratio; and the time per micro-batch of a rank's whole replay as
 PlanExecutor._slice does it (each chunk's block read at its first step, then every
 micro-batch's ids and fetch records sliced), rank by rank, alternating.
@@ -190,6 +190,7 @@ def read_times(paths: list[Path], repeat: int) -> list[list[float]]:
                 for reader, out in zip(readers, times, strict=True):
                     reader._dirs.clear()
                     reader._tables.clear()
+                    reader._decoded.clear()
                     t = time.perf_counter()
                     reader.rank_chunk(c, k)
                     out.append(time.perf_counter() - t)
@@ -214,6 +215,7 @@ def slice_times(paths: list[Path], repeat: int) -> list[list[float]]:
                 for reader, out in zip(readers, times, strict=True):
                     reader._dirs.clear()
                     reader._tables.clear()
+                    reader._decoded.clear()
                     t = time.perf_counter()
                     held = None
                     for step in range(reader.first_step, reader.steps):

@@ -4,23 +4,26 @@ Layout (all integers little-endian; docs/plan-format.md is the spec):
 
     header   b"MDSPLAN\\0" | u32 format version | u32 flags (0)
     chunks   per chunk: a directory of D + 1 entries (u64 offset, u64 size, 8-byte BLAKE2b),
-             one block per DP rank, then the chunk's file table. A block holds the
-             micro-batch sample counts [steps, M] (u8, u16 or u32, the chunk's
-             `count_width`) and one zstd frame of packed columns (core/packed.py): per
-             sample its file, its row and global id (both from the file's entry in the
-             table), its token count and byte range. The file table holds, once per chunk,
-             each file a block reads: source, file, first global id, manifest entry
+             one block per DP rank, then the chunk's file table. A block is one zstd frame
+             of packed columns (core/packed.py): the micro-batch sample counts [steps, M],
+             then per sample its file, its row and global id (both from the file's entry in
+             the table), its token count and byte range. The file table holds, once per
+             chunk, each file a block reads: source, file, first global id, manifest entry,
+             in one zstd frame; every table after the first chunk's is compressed with the
+             first as a dictionary (chunks mostly read the same files)
     sections arrays named in the footer (per-step stats, sparse per-step source counts,
              per-chunk source cursors), each a packed zstd frame
-    footer   UTF-8 JSON: config, sources, geometry, chunk list with directory checksums,
-             section offsets and checksums
+    footer   a zstd frame of UTF-8 JSON: config, sources, geometry, chunk list with directory
+             checksums, section offsets and checksums
     trailer  u64 footer offset | u64 footer size | 8-byte BLAKE2b of the footer | magic
 
 Every byte a reader uses is covered by a checksum chained from the footer, so a corrupt
 plan raises PlanError instead of returning wrong samples. No pickle: JSON and raw arrays.
-A rank's block and its chunk's file table are all replaying it needs: no index table and no
-manifest. Version-2 plans (blocks of fixed-width columns and their own file records, no
-file table, raw sections) are still read: core/planfile_v2.py is their codec.
+A rank's block and its chunk's file table (with the first chunk's) are all replaying it
+needs: no index table and no manifest. Version-3 plans (counts raw before a block's frame,
+file tables compressed alone, the footer plain JSON) are read by the same code; version-2
+plans (blocks of fixed-width columns and their own file records, no file table, raw
+sections) through core/planfile_v2.py.
 
 This module holds the layout's constants and the codec of a chunk's blocks; the writer is
 core/planfile_writer.py, the reader core/planfile_reader.py.
@@ -209,30 +212,39 @@ class FileTable:
         return [self.record(p) for p in range(len(self))]
 
     def record(self, p: int) -> tuple[int, int, dict[str, Any]]:
-        entry = self._entries[p]
-        if entry is None:
-            entry = self._entries[p] = self._parse(p)
-        return self.source[p], self.file[p], entry
+        return self.records_at([p])[0]
 
-    def _parse(self, p: int) -> dict[str, Any]:
-        """Entry p's JSON: scanned in place when the entries are ASCII (byte offsets are
-        then character offsets), else parsed alone."""
+    def records_at(self, positions: list[int]) -> list[tuple[int, int, dict[str, Any]]]:
+        """The records at `positions`, their entries parsed on first use."""
+        entries = self._entries
+        missing = [p for p in positions if entries[p] is None]
+        if missing:
+            self._parse(missing)
+        source, file = self.source, self.file
+        return [(source[p], file[p], entries[p]) for p in positions]
+
+    def _parse(self, positions: list[int]) -> None:
+        """Parse the entries at `positions`: scanned in place when the entries are ASCII
+        (byte offsets are then character offsets), else each parsed alone."""
         assert self._ends is not None
-        lo, hi = self._ends[p - 1] if p else 0, self._ends[p]
+        entries, ends = self._entries, self._ends
         if self._ascii is None:
             self._ascii = self._text.decode() if self._text.isascii() else ""
-        if self._ascii:
-            try:
-                entry, end = _SCAN(self._ascii, lo)
-            except StopIteration:
-                raise ValueError("file table: an entry is not JSON") from None
-            if end != hi:
-                raise ValueError("file table: an entry's length does not match it")
-        else:
-            entry = json.loads(self._text[lo:hi])
-        if type(entry) is not dict:
-            raise ValueError("file table: an entry is not an object")
-        return entry
+        text = self._ascii
+        for p in positions:
+            lo, hi = ends[p - 1] if p else 0, ends[p]
+            if text:
+                try:
+                    entry, end = _SCAN(text, lo)
+                except StopIteration:
+                    raise ValueError("file table: an entry is not JSON") from None
+                if end != hi:
+                    raise ValueError("file table: an entry's length does not match it")
+            else:
+                entry = json.loads(self._text[lo:hi])
+            if type(entry) is not dict:
+                raise ValueError("file table: an entry is not an object")
+            entries[p] = entry
 
 
 _SCAN = json.JSONDecoder().scan_once  # one JSON value at an offset: (value, end)
@@ -386,7 +398,7 @@ def _block(columns: list[np.ndarray], n: int, table: FileTable) -> tuple[np.ndar
     start = table.start[where]
     ids = (start[local] if len(start) > 1 else start.repeat(n)).view(np.uint64) + rel
     fetch = Fetch(
-        local, row, tokens, offset, length, files=[table.record(p) for p in where.tolist()]
+        local, row, tokens, offset, length, files=table.records_at(where.tolist())
     )
     return ids, fetch
 
