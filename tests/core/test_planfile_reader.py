@@ -16,10 +16,11 @@ from planfile_builders import (
     footer_json,
     footer_text,
     stored_footer,
+    write_plan,
     written_plan,
 )
 
-from mds.core.planfile import FETCH_COLUMNS, MAGIC, checksum
+from mds.core.planfile import FETCH_COLUMNS, MAGIC, Fetch, checksum
 from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 
@@ -285,3 +286,36 @@ def test_verify_sections_names_the_corrupt_one(plan) -> None:
     path.write_bytes(bytes(data))
     with PlanReader(path) as reader, pytest.raises(PlanError, match="section 'target': checksum"):
         reader.verify_sections()
+
+
+def test_a_table_with_the_previous_chunks_bytes_is_checked_but_not_decoded_again(tmp_path):
+    """Chunks that read the same files store byte-identical tables: the reader decodes the
+    first once, but still reads and checks each chunk's own bytes."""
+    files = [(0, f, {"path": f"d/{f}.parquet"}) for f in range(3)]
+    rng = np.random.default_rng(5)
+    chunks = []
+    for a in (0, 2, 4):
+        blocks = []
+        for _ in range(DP):
+            counts = rng.integers(1, 4, (2, MICRO))
+            ids = rng.integers(0, 1000, int(counts.sum())).astype(np.uint64)
+            zero = np.zeros(len(ids), np.int64)
+            blocks.append((counts, ids, Fetch(ids % 3, ids, ids % 7 + 1, zero, zero, files)))
+        chunks.append((a, a + 2, blocks))
+    path = tmp_path / "plan.mds"
+    write_plan(path, chunks)
+    with PlanReader(path) as r:
+        tables = [bytes(r._directory(c)[DP]["checksum"]) for c in range(3)]
+        assert tables[1] == tables[2]  # compressed against the first: equal bytes
+        for c, (_a, _b, blocks) in enumerate(chunks):
+            for rank, (_counts, ids, fetch) in enumerate(blocks):
+                got = r.rank_chunk(c, rank)
+                assert np.array_equal(got.ids, ids) and got.fetch.files == files
+                assert got.fetch.row.tolist() == fetch.row.tolist()
+    layout, _ = layout_of(path)
+    off, n, _ = struct.unpack_from("<QQ8s", path.read_bytes(), layout["chunks"][2][2] + 24 * DP)
+    flip(path, off + n - 1)
+    with PlanReader(path) as r:
+        r.rank_chunk(1, 0)
+        with pytest.raises(PlanError, match="chunk 2 file table: checksum mismatch"):
+            r.rank_chunk(2, 0)
