@@ -1,14 +1,16 @@
-"""Plan file size and the time to read one rank's block: format 3 against format 2, on the
-same plans.
+"""Plan file size and the time to read one rank's block: format 4 against formats 3 and 2,
+on the same plans.
 
 Each case is indexed and planned once (kept under build/bench-data/planfile); the plan is
-written by `mds plan` in format 3 and copied block by block into format 2 (PlanWriter's
-`version=2`: every block with its own fetch columns and file records, raw sections), so both
-files hold the very same samples. Reported per case: bytes per planned sample of each file,
-and of format 3's parts (blocks, file tables, sections); then the time of
-`PlanReader.rank_chunk(chunk, rank)` with the reader's caches emptied (what the executor
-pays when it starts a chunk: directory, file table, block, checksums, decoding), the two
-formats alternating read by read, over every (chunk, rank), `--repeat` rounds: the median
+written by `mds plan` in format 4 and copied block by block into formats 3 and 2
+(PlanWriter's `version`: format 2, every block with its own fetch columns and file records,
+raw sections; format 3, a file table per chunk compressed alone, the footer plain JSON), so
+the files hold the very same samples. Reported per case: bytes per planned sample of each
+file, and of the parts of formats 3 and 4 (blocks, file tables, sections, footer); then the
+time of `PlanReader.rank_chunk(chunk, rank)` with the reader's caches emptied (what the executor
+pays when it starts a chunk: directory, file table, block, checksums, decoding; format 4's
+first file table, which later ones are compressed against, is read once per reader, and
+kept), the formats alternating read by read, over every (chunk, rank), `--repeat` rounds: the median
 of each and their ratio; and the time per micro-batch of a rank's whole replay as
 PlanExecutor._slice does it (each chunk's block read at its first step, then every
 micro-batch's ids and fetch records sliced), rank by rank, alternating.
@@ -137,25 +139,28 @@ def make_plan(data: Path, name: str) -> Path:
     return plan
 
 
-def as_version_2(plan: Path, out: Path) -> None:
-    """The same plan in format 2: every block re-encoded, sections raw, the same footer."""
+def as_version(plan: Path, out: Path, version: int) -> None:
+    """The same plan in an older format: every block re-encoded, sections as that format
+    stores them, the same footer. Format 2: blocks with their own fixed-width columns and
+    file records, raw sections; format 3: per-chunk file tables, the footer plain JSON."""
     with PlanReader(plan) as r:
         footer = json.loads(r.footer_bytes)
         footer.pop("layout")
         writer = PlanWriter(
             out, out.with_suffix(".tmp"), dp_size=r.dp, micro_batches=r.micro,
-            id_width=r.id_width, version=2,
+            id_width=r.id_width, version=version,
         )  # fmt: skip
         for c, (a, b, *_rest) in enumerate(r.chunks):
             blocks = [r.rank_chunk(c, k) for k in range(r.dp)]
             writer.add_chunk(a, b, ChunkBlocks.of([(x.counts, x.ids, x.fetch) for x in blocks]))
         for name in sorted(r.sections):
-            writer.add_section(name, np.asarray(r.section(name)))
+            sparse = r.sections[name].get("codec") == "sparse"
+            writer.add_section(name, np.asarray(r.section(name)), sparse=sparse)
         writer.commit(footer)
 
 
 def parts(plan: Path) -> dict[str, int]:
-    """Bytes of a format-3 plan's blocks, file tables, and sections."""
+    """Bytes of a format-3 or -4 plan's blocks, file tables, sections and footer."""
     with PlanReader(plan) as r:
         blocks = tables = 0
         for c in range(len(r.chunks)):
@@ -164,7 +169,14 @@ def parts(plan: Path) -> dict[str, int]:
             tables += int(directory["size"][r.dp :].sum())
         sections = sum(int(m["size"]) for m in r.sections.values())
         samples = sum(len(r.rank_chunk(c, k).ids) for c in range(len(r.chunks)) for k in range(r.dp))
-    return {"blocks": blocks, "tables": tables, "sections": sections, "samples": samples}
+        footer = len(r._footer_stored)
+    return {
+        "blocks": blocks,
+        "tables": tables,
+        "sections": sections,
+        "footer": footer,
+        "samples": samples,
+    }
 
 
 def read_times(paths: list[Path], repeat: int) -> list[list[float]]:
@@ -178,6 +190,7 @@ def read_times(paths: list[Path], repeat: int) -> list[list[float]]:
                 for reader, out in zip(readers, times, strict=True):
                     reader._dirs.clear()
                     reader._tables.clear()
+                    reader._decoded.clear()
                     t = time.perf_counter()
                     reader.rank_chunk(c, k)
                     out.append(time.perf_counter() - t)
@@ -202,6 +215,7 @@ def slice_times(paths: list[Path], repeat: int) -> list[list[float]]:
                 for reader, out in zip(readers, times, strict=True):
                     reader._dirs.clear()
                     reader._tables.clear()
+                    reader._decoded.clear()
                     t = time.perf_counter()
                     held = None
                     for step in range(reader.first_step, reader.steps):
@@ -233,49 +247,67 @@ def main() -> None:
     results = []
     for name in args.cases:
         plan = make_plan(args.data, name)
-        old = plan.with_name("plan-v2.mds")
-        as_version_2(plan, old)
-        p = parts(plan)
+        v2, v3 = plan.with_name("plan-v2.mds"), plan.with_name("plan-v3.mds")
+        as_version(plan, v2, 2)
+        as_version(plan, v3, 3)
+        p, p3 = parts(plan), parts(v3)
         n = p["samples"]
         chunks = max(1, len(PlanReader(plan).chunks))
         repeat = max(3, args.repeat * 8 // chunks) if chunks > 8 else args.repeat
-        t2, t3 = read_times([old, plan], repeat)
-        s2, s3 = slice_times([old, plan], max(3, args.repeat // 2))
+        t2, t3, t4 = read_times([v2, v3, plan], repeat)
+        s2, s3, s4 = slice_times([v2, v3, plan], max(3, args.repeat // 2))
         results.append(
             {
                 "case": name,
                 "samples": n,
-                "v2_bytes": old.stat().st_size,
-                "v3_bytes": plan.stat().st_size,
-                **{f"v3_{k}": v for k, v in p.items() if k != "samples"},
-                "v2_read_ms": 1000 * statistics.median(t2),
-                "v3_read_ms": 1000 * statistics.median(t3),
+                "v2_bytes": v2.stat().st_size,
+                "v3_bytes": v3.stat().st_size,
+                "v4_bytes": plan.stat().st_size,
+                **{f"v3_{k}": v for k, v in p3.items() if k != "samples"},
+                **{f"v4_{k}": v for k, v in p.items() if k != "samples"},
                 "reads": len(t2),
-                "v2_slice_us": 1e6 * statistics.median(s2),
-                "v3_slice_us": 1e6 * statistics.median(s3),
+                **{f"v{k}_read_ms": 1000 * statistics.median(t) for k, t in ((2, t2), (3, t3), (4, t4))},
+                **{f"v{k}_slice_us": 1e6 * statistics.median(t) for k, t in ((2, s2), (3, s3), (4, s4))},
             }
         )
         print(json.dumps(results[-1]))
-    rows = [
-        "| case | samples | format 2 B/sample | format 3 B/sample | blocks | file tables "
-        "| sections | block read ms (2) | (3) | ratio 3/2 | step slice us (2) | (3) | ratio 3/2 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    sizes = [
+        "| case | samples | format 2 | format 3 | format 4 | blocks (3 / 4) | file tables "
+        "(3 / 4) | sections (3 / 4) | footer (3 / 4) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    reads = [
+        "| case | block read ms (2) | (3) | (4) | 3/2 | 4/2 | step slice us (2) | (3) | (4) "
+        "| 3/2 | 4/2 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         n = r["samples"]
-        rows.append(
+
+        def pair(part: str, r=r, n=n) -> str:
+            return f"{r[f'v3_{part}'] / n:.2f} / {r[f'v4_{part}'] / n:.2f}"
+
+        sizes.append(
             f"| {r['case']} | {n:,} | {r['v2_bytes'] / n:.2f} | {r['v3_bytes'] / n:.2f} "
-            f"| {r['v3_blocks'] / n:.2f} | {r['v3_tables'] / n:.2f} | {r['v3_sections'] / n:.2f} "
-            f"| {r['v2_read_ms']:.3f} | {r['v3_read_ms']:.3f} "
-            f"| {r['v3_read_ms'] / r['v2_read_ms']:.2f} "
-            f"| {r['v2_slice_us']:.2f} | {r['v3_slice_us']:.2f} "
-            f"| {r['v3_slice_us'] / r['v2_slice_us']:.2f} |"
+            f"| {r['v4_bytes'] / n:.2f} | {pair('blocks')} | {pair('tables')} "
+            f"| {pair('sections')} | {pair('footer')} |"
+        )
+        reads.append(
+            f"| {r['case']} | {r['v2_read_ms']:.3f} | {r['v3_read_ms']:.3f} "
+            f"| {r['v4_read_ms']:.3f} | {r['v3_read_ms'] / r['v2_read_ms']:.2f} "
+            f"| {r['v4_read_ms'] / r['v2_read_ms']:.2f} "
+            f"| {r['v2_slice_us']:.2f} | {r['v3_slice_us']:.2f} | {r['v4_slice_us']:.2f} "
+            f"| {r['v3_slice_us'] / r['v2_slice_us']:.2f} "
+            f"| {r['v4_slice_us'] / r['v2_slice_us']:.2f} |"
         )
     table = (
-        "Plan bytes per sample, format 2 vs 3 (same plans); the median time of one "
-        "rank_chunk read with cold caches, and of one micro-batch's slice when a rank replays "
-        "the plan (its blocks read as it goes), the formats alternated.\n\n"
-        + "\n".join(rows)
+        "Plan bytes per sample in formats 2, 3 and 4 (the same plans), and the parts of "
+        "formats 3 and 4 (the rest is the chunk directories):\n\n"
+        + "\n".join(sizes)
+        + "\n\nThe median time of one rank_chunk read with cold caches, and of one "
+        "micro-batch's slice when a rank replays the plan (its blocks read as it goes), the "
+        "formats alternated:\n\n"
+        + "\n".join(reads)
         + "\n"
     )
     write_report(args.out, "planfile", table, results)

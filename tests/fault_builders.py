@@ -9,7 +9,6 @@ from __future__ import annotations
 import builtins
 import errno
 import io
-import json
 import os
 import signal
 import struct
@@ -23,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 from builders import config_file, jsonl_bytes, snapshot, write_jsonl, write_parquet, write_zst
 from cli_helpers import mds
+from planfile_builders import footer_json
 
 REPO = Path(__file__).resolve().parents[1]
 MDS_BIN = REPO / ".venv" / "bin" / "mds"
@@ -162,9 +162,7 @@ def truncate(path: Path, size: int) -> None:
 
 
 def plan_layout(plan: Path) -> dict[str, Any]:
-    data = plan.read_bytes()
-    offset, size, _digest, _magic = struct.unpack("<QQ8s8s", data[-32:])
-    return json.loads(data[offset : offset + size])["layout"]
+    return footer_json(plan.read_bytes())["layout"]
 
 
 def block_span(plan: Path, chunk: int, rank: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from planfile_builders import footer_json
 
 from mds.core.planfile_reader import PlanReader
 from mds.planner.index.build import build_index
@@ -276,9 +277,7 @@ def raw_chunk_blocks(plan: Path) -> list[list[bytes]]:
     """The bytes of every (chunk, rank) block, parsed from the file by hand (not PlanReader):
     the trailer gives the footer, the footer's layout the chunk directories."""
     data = plan.read_bytes()
-    offset, size, _digest, magic = struct.unpack("<QQ8s8s", data[-32:])
-    assert magic == b"MDSPLAN\x00"
-    layout = json.loads(data[offset : offset + size])["layout"]
+    layout = footer_json(data)["layout"]
     dp = layout["dp_size"]
     out = []
     for chunk in layout["chunks"]:

@@ -6,10 +6,14 @@ A plain module (tests/conftest.py puts tests/ on sys.path): `from planfile_build
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from mds.core.packed import compress, decompress
 from mds.core.planfile import Fetch
 from mds.core.planfile_writer import PlanWriter
 
@@ -40,6 +44,26 @@ def fetch_of(ids: np.ndarray) -> Fetch:
 def with_fetch(block):
     """A (counts, ids) block completed with fetch records derived from the ids."""
     return block if len(block) == 3 else (*block, fetch_of(block[1]))
+
+
+def footer_text(data: bytes) -> tuple[int, bytes]:
+    """(offset, JSON) of the footer of a plan file's bytes, parsed by hand (not with
+    PlanReader): the trailer locates it, version 4 stores the JSON in a zstd frame."""
+    offset, size, _digest, magic = struct.unpack("<QQ8s8s", data[-32:])
+    assert magic == b"MDSPLAN\x00"
+    stored = data[offset : offset + size]
+    version = struct.unpack_from("<I", data, 8)[0]
+    return offset, decompress(stored, 1 << 30) if version >= 4 else stored
+
+
+def footer_json(data: bytes) -> dict[str, Any]:
+    """The parsed footer of a plan file's bytes (footer_text)."""
+    return json.loads(footer_text(data)[1])
+
+
+def stored_footer(text: bytes) -> bytes:
+    """Footer JSON as a version-4 plan stores it."""
+    return compress(text)
 
 
 def write_plan(path: Path, chunks, *, id_width=3, sections=None, footer=None, version=None):

@@ -441,8 +441,8 @@ def test_truncated_plan(root: Path, keep: float, why: str) -> None:
 
 def test_plan_from_a_newer_format_version(root: Path) -> None:
     plan = root / "plan.mds"
-    set_plan_version(plan, 4)
-    why = "plan format version 4 is newer than this mds supports (3); upgrade mds"
+    set_plan_version(plan, 5)
+    why = "plan format version 5 is newer than this mds supports (4); upgrade mds"
     one_error_line(mds("inspect", plan), f"{plan}: {why}")
     one_error_line(mds("verify", plan), f"{plan}: plan file: {why}")
     with pytest.raises(PlanError) as info:

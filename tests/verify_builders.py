@@ -12,6 +12,8 @@ import shutil
 import struct
 from pathlib import Path
 
+from planfile_builders import footer_json
+
 SOURCES = ["web", "books", "forum", "code", "wiki", "math"]
 
 
@@ -36,9 +38,7 @@ def copy_plan(pristine: Path, tmp_path: Path) -> Path:
 
 
 def layout(plan: Path) -> dict:
-    data = plan.read_bytes()
-    offset, size, _digest, _magic = struct.unpack("<QQ8s8s", data[-32:])
-    return json.loads(data[offset : offset + size])["layout"]
+    return footer_json(plan.read_bytes())["layout"]
 
 
 def block_span(plan: Path, chunk: int, rank: int) -> tuple[int, int]:

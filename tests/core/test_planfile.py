@@ -1,5 +1,5 @@
-"""The plan file's codecs: a chunk's blocks and file table (version 3), and version 2's
-fixed-width ids and blocks."""
+"""The plan file's codecs: a chunk's blocks and file table (versions 3 and 4), and version
+2's fixed-width ids and blocks."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from mds.core.planfile import (
     Fetch,
     checksum,
     decode_block,
+    decode_rank_block,
     decode_table,
     encode_chunk,
+    encode_table,
 )
 from mds.core.planfile_reader import PlanReader
 from mds.core.planfile_v2 import decode_ids, encode_chunk_v2, encode_fetch, encode_ids
@@ -49,6 +51,11 @@ def test_encode_is_little_endian_and_truncating(width):
     assert decode_ids(b"", width).tolist() == []
 
 
+def table_of(encoded):
+    """The file table of an encode_chunk result, as a plan's first chunk stores it."""
+    return decode_table(encode_table(encoded.table))
+
+
 def _random_blocks(rng, dp, top):
     blocks = []
     for _ in range(dp):
@@ -68,14 +75,13 @@ def test_encode_chunk_blocks_decode_to_what_was_encoded(seed, dp, top):
     blocks = _random_blocks(rng, dp, top)
     encoded = encode_chunk(blocks, 2, MICRO, 8)
     assert encoded == encode_chunk(ChunkBlocks.of(blocks), 2, MICRO, 8)
-    assert encoded.count_width == 1 and len(encoded.payloads) == dp + 1
+    assert encoded.count_width == 1 and len(encoded.payloads) == dp
     assert encoded.checksums == [checksum(p) for p in encoded.payloads]
-    table = decode_table(encoded.payloads[-1])
+    table = table_of(encoded)
     assert len(table) == len({(s, f) for *_, fetch in blocks for s, f, _e in fetch.files})
     for k, (counts, ids, fetch) in enumerate(blocks):
-        data = encoded.payloads[k]
-        assert data[: counts.size] == counts.astype("u1").tobytes()
-        got_ids, got = decode_block(memoryview(data)[counts.size :], len(ids), table)
+        got_counts, got_ids, got = decode_rank_block(encoded.payloads[k], 2, MICRO, table)
+        assert got_counts.tolist() == counts.tolist()
         assert got_ids.tolist() == ids.tolist()
         for name in FETCH_COLUMNS:
             assert getattr(got, name).tolist() == getattr(fetch, name).tolist(), name
@@ -91,9 +97,9 @@ def test_a_parquet_file_costs_no_row_column():
     row = np.array([5, 3, 0, 1])
     fetch = Fetch(file, row, np.array([7, 8, 9, 10]), np.zeros(4, int), np.zeros(4, int), files)
     encoded = encode_chunk([(np.array([[2, 2]]), ids, fetch)], 1, 2, 2)
-    table = decode_table(encoded.payloads[-1])
+    table = table_of(encoded)
     assert table.start.tolist() == [100, 250]
-    _files, _file, rel, back, *_ = unpack(memoryview(encoded.payloads[0])[2:], 7, 1 << 20)
+    _counts, _files, _file, rel, back, *_ = unpack(encoded.payloads[0], 8, 1 << 20)
     assert rel.tolist() == row.tolist() and back.tolist() == [0, 0, 0, 0]
 
 
@@ -163,15 +169,22 @@ def chunks(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(chunk=chunks())
-def test_blocks_round_trip_through_the_chunk_encoding(chunk):
+@given(chunk=chunks(), version=st.sampled_from([3, 4]))
+def test_blocks_round_trip_through_the_chunk_encoding(chunk, version):
+    """Version 4 (the counts in the block's frame, the table's content compressed by the
+    writer) and version 3 (the counts raw before the frame, the table a payload)."""
     steps, micro, blocks = chunk
-    encoded = encode_chunk(blocks, steps, micro, 8)
-    table = decode_table(encoded.payloads[-1])
+    encoded = encode_chunk(blocks, steps, micro, 8, version)
+    table = table_of(encoded) if version == 4 else decode_table(encoded.payloads[-1], 3)
     head = steps * micro * encoded.count_width
     for k, (counts, ids, fetch) in enumerate(blocks):
-        assert encoded.payloads[k][:head] == counts.astype(f"<u{encoded.count_width}").tobytes()
-        got_ids, got = decode_block(memoryview(encoded.payloads[k])[head:], len(ids), table)
+        if version == 4:
+            got_counts, got_ids, got = decode_rank_block(encoded.payloads[k], steps, micro, table)
+            assert got_counts.tolist() == counts.tolist()
+        else:
+            raw_counts = counts.astype(f"<u{encoded.count_width}").tobytes()
+            assert encoded.payloads[k][:head] == raw_counts
+            got_ids, got = decode_block(memoryview(encoded.payloads[k])[head:], len(ids), table)
         assert got_ids.tolist() == ids.tolist()
         for name in FETCH_COLUMNS:
             assert getattr(got, name).tolist() == np.asarray(getattr(fetch, name)).tolist()

@@ -34,6 +34,7 @@ from fuzzing import DEEP, Tally, edit, paths_of, watchdog
 from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
+from planfile_builders import footer_json, footer_text, stored_footer
 
 from mds.core.planfile import MAGIC, RankChunk, checksum
 from mds.core.planfile_reader import PlanReader
@@ -153,7 +154,9 @@ class Original:
         self.path = path
         self.data = data = path.read_bytes()
         self.footer_offset, self.footer_size, _, _ = TRAILER.unpack(data[-TRAILER.size :])
-        self.footer: dict[str, Any] = json.loads(data[self.footer_offset : -TRAILER.size])
+        # The footer's JSON (the file stores it in a zstd frame): what the footer tests edit.
+        self.footer_text = footer_text(data)[1]
+        self.footer: dict[str, Any] = json.loads(self.footer_text)
         self.contents = read_all(path)
         self.regions = regions_of(data)  # (name, start, end exclusive)
         # Strategies over this file, built once (building them per example is the slow part).
@@ -169,7 +172,7 @@ class Original:
 def regions_of(data: bytes) -> tuple[tuple[str, int, int], ...]:
     """Byte ranges of every structure in the file, parsed by hand (not with PlanReader)."""
     offset, size, _, _ = TRAILER.unpack(data[-TRAILER.size :])
-    layout = json.loads(data[offset : offset + size])["layout"]
+    layout = footer_json(data)["layout"]
     dp = layout["dp_size"]
     out = [
         ("header", 0, 16),
@@ -278,7 +281,9 @@ def apply_ops(data: bytes, ops: list[tuple]) -> bytes:
 
 
 def with_footer(data: bytes, offset: int, footer: bytes, *, rechecksum: bool = True) -> bytes:
-    """`data` up to `offset`, then `footer` and a trailer: valid for it, or the old one."""
+    """`data` up to `offset`, then the footer JSON `footer` as stored (a zstd frame) and a
+    trailer: valid for it, or the old one."""
+    footer = stored_footer(footer)
     trailer = (
         TRAILER.pack(offset, len(footer), checksum(footer), MAGIC)
         if rechecksum
@@ -360,11 +365,11 @@ NUMBER = re.compile(rb"-?\d+")
 def test_spliced_footer_numbers_fail_the_footer_checksum(original, scratch, data):
     """A number in the footer replaced by a huge or negative one, trailer left as written (a
     stale footer size, or the size of the new footer): the footer checksum catches it."""
-    footer = original.data[original.footer_offset : len(original.data) - TRAILER.size]
+    footer = original.footer_text
     spans = [m.span() for m in NUMBER.finditer(footer)]
     start, end = data.draw(st.sampled_from(spans))
     value = data.draw(st.sampled_from([-1, -(1 << 63), 1 << 40, 1 << 64, 10**40, 0]))
-    new = footer[:start] + str(value).encode() + footer[end:]
+    new = stored_footer(footer[:start] + str(value).encode() + footer[end:])
     fixed_size = data.draw(st.booleans())
     trailer = original.data[-TRAILER.size :]
     if fixed_size:  # the trailer claims the new size, but keeps the old checksum
@@ -372,7 +377,7 @@ def test_spliced_footer_numbers_fail_the_footer_checksum(original, scratch, data
     scratch.write_bytes(original.data[: original.footer_offset] + new + trailer)
     test = "footer_text"
     result = outcome(scratch, test)
-    if new != footer:
+    if new != stored_footer(footer):
         assert isinstance(result, MdsError), result
 
 
@@ -405,7 +410,7 @@ def test_forged_footers_are_refused_or_consistent(original, scratch, data):
 def test_forged_footer_bytes_are_refused_or_consistent(original, scratch, data):
     """Byte edits inside the footer (broken JSON, invalid UTF-8, other types) with a
     recomputed trailer checksum."""
-    footer = original.data[original.footer_offset : len(original.data) - TRAILER.size]
+    footer = original.footer_text
     positions = st.integers(0, len(footer) - 1)
     raw = data.draw(
         st.one_of(

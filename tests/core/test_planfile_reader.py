@@ -9,9 +9,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from planfile_builders import DP, MICRO, fetch_of, written_plan
+from planfile_builders import (
+    DP,
+    MICRO,
+    fetch_of,
+    footer_json,
+    footer_text,
+    stored_footer,
+    write_plan,
+    written_plan,
+)
 
-from mds.core.planfile import FETCH_COLUMNS, MAGIC, checksum
+from mds.core.planfile import FETCH_COLUMNS, MAGIC, Fetch, checksum
 from mds.core.planfile_reader import PlanReader
 from mds.errors import PlanError
 
@@ -21,10 +30,11 @@ def plan(tmp_path):
     return written_plan(tmp_path)
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 def test_round_trip(tmp_path, version):
     """A plan reads back as written; a version-2 plan (fixed-width columns, file records in
-    every block, raw sections) still reads, to the same samples."""
+    every block, raw sections) and a version-3 one (file tables on their own, the footer
+    plain JSON) still read, to the same samples."""
     path, chunks, sections, footer_bytes = written_plan(tmp_path, version)
     assert not path.with_suffix(".tmp").exists()  # renamed into place
     with PlanReader(path) as r:
@@ -54,7 +64,8 @@ def test_round_trip(tmp_path, version):
     layout = json.loads(footer_bytes)["layout"]
     assert set(layout["sections"]) == set(sections)
     codecs = {meta.get("codec") for meta in layout["sections"].values()}
-    assert codecs == ({None} if version == 2 else {"zstd"})
+    # Version 4 packs integer sections by column; a float one stays byte planes.
+    assert codecs == {2: {None}, 3: {"zstd"}, 4: {"zstd", "columns"}}[version]
 
 
 def read_all(path):
@@ -80,8 +91,7 @@ def flip(path: Path, offset: int) -> None:
 
 def layout_of(path):
     data = path.read_bytes()
-    offset, size, _, _ = struct.unpack("<QQ8s8s", data[-32:])
-    return json.loads(data[offset : offset + size])["layout"], offset
+    return footer_json(data)["layout"], footer_text(data)[0]
 
 
 def test_flipped_byte_in_a_rank_block(plan):
@@ -109,6 +119,18 @@ def test_flipped_byte_in_a_section(plan):
     layout, _ = layout_of(path)
     flip(path, layout["sections"]["target"]["offset"] + 5)
     assert "section 'target': checksum mismatch" in error_of(path)
+
+
+def test_flipped_byte_in_the_first_file_table_fails_every_chunk(plan):
+    """Later chunks' file tables are compressed against the first chunk's: a flipped byte in
+    it is caught when any chunk is read, never decoded into other records."""
+    path = plan[0]
+    layout, _ = layout_of(path)
+    off, n, _ = struct.unpack_from("<QQ8s", path.read_bytes(), layout["chunks"][0][2] + 24 * DP)
+    flip(path, off + n // 2)
+    with PlanReader(path) as r:
+        with pytest.raises(PlanError, match="chunk 0 file table: checksum mismatch"):
+            r.rank_chunk(2, 1)
 
 
 def test_flipped_byte_in_the_footer(plan):
@@ -143,7 +165,7 @@ def error_with_version(path: Path, version: int) -> str:
 
 def test_newer_version(plan):
     msg = error_with_version(plan[0], 99)
-    assert "plan format version 99 is newer than this mds supports (3)" in msg and "upgrade" in msg
+    assert "plan format version 99 is newer than this mds supports (4)" in msg and "upgrade" in msg
 
 
 def test_version_one_says_to_re_plan(plan):
@@ -206,10 +228,10 @@ def test_step_rank_and_chunk_outside_the_plan(plan):
 def rewrite_footer(path: Path, change) -> None:
     """Replace the footer with `change(footer)` and a valid checksum (a crafted file)."""
     data = path.read_bytes()
-    offset, size, _, _ = struct.unpack("<QQ8s8s", data[-32:])
-    footer = json.loads(data[offset : offset + size])
+    offset, text = footer_text(data)
+    footer = json.loads(text)
     change(footer)
-    new = json.dumps(footer).encode()
+    new = stored_footer(json.dumps(footer).encode())
     path.write_bytes(
         data[:offset] + new + struct.pack("<QQ8s8s", offset, len(new), checksum(new), MAGIC)
     )
@@ -264,3 +286,36 @@ def test_verify_sections_names_the_corrupt_one(plan) -> None:
     path.write_bytes(bytes(data))
     with PlanReader(path) as reader, pytest.raises(PlanError, match="section 'target': checksum"):
         reader.verify_sections()
+
+
+def test_a_table_with_the_previous_chunks_bytes_is_checked_but_not_decoded_again(tmp_path):
+    """Chunks that read the same files store byte-identical tables: the reader decodes the
+    first once, but still reads and checks each chunk's own bytes."""
+    files = [(0, f, {"path": f"d/{f}.parquet"}) for f in range(3)]
+    rng = np.random.default_rng(5)
+    chunks = []
+    for a in (0, 2, 4):
+        blocks = []
+        for _ in range(DP):
+            counts = rng.integers(1, 4, (2, MICRO))
+            ids = rng.integers(0, 1000, int(counts.sum())).astype(np.uint64)
+            zero = np.zeros(len(ids), np.int64)
+            blocks.append((counts, ids, Fetch(ids % 3, ids, ids % 7 + 1, zero, zero, files)))
+        chunks.append((a, a + 2, blocks))
+    path = tmp_path / "plan.mds"
+    write_plan(path, chunks)
+    with PlanReader(path) as r:
+        tables = [bytes(r._directory(c)[DP]["checksum"]) for c in range(3)]
+        assert tables[1] == tables[2]  # compressed against the first: equal bytes
+        for c, (_a, _b, blocks) in enumerate(chunks):
+            for rank, (_counts, ids, fetch) in enumerate(blocks):
+                got = r.rank_chunk(c, rank)
+                assert np.array_equal(got.ids, ids) and got.fetch.files == files
+                assert got.fetch.row.tolist() == fetch.row.tolist()
+    layout, _ = layout_of(path)
+    off, n, _ = struct.unpack_from("<QQ8s", path.read_bytes(), layout["chunks"][2][2] + 24 * DP)
+    flip(path, off + n - 1)
+    with PlanReader(path) as r:
+        r.rank_chunk(1, 0)
+        with pytest.raises(PlanError, match="chunk 2 file table: checksum mismatch"):
+            r.rank_chunk(2, 0)

@@ -8,14 +8,15 @@ import struct
 
 import numpy as np
 import pytest
-from planfile_builders import DP, fetch_of, with_fetch, write_plan, written_plan
+from planfile_builders import DP, MICRO, fetch_of, with_fetch, write_plan, written_plan
 
+from mds.core.packed import decompress
 from mds.core.planfile import (
     FETCH_COLUMNS,
     FORMAT_VERSION,
     MAGIC,
     checksum,
-    decode_block,
+    decode_rank_block,
     decode_table,
     encode_chunk,
 )
@@ -35,8 +36,9 @@ def test_file_layout_follows_the_spec(plan):
     assert data[:8] == MAGIC
     assert struct.unpack_from("<II", data, 8) == (FORMAT_VERSION, 0)
     offset, size, digest, magic = struct.unpack("<QQ8s8s", data[-32:])
-    assert magic == MAGIC and data[offset : offset + size] == footer_bytes
-    assert digest == checksum(footer_bytes)
+    stored = data[offset : offset + size]  # the footer's JSON in a zstd frame
+    assert magic == MAGIC and decompress(stored, 1 << 20) == footer_bytes
+    assert digest == checksum(stored)
     assert offset + size + 32 == len(data)
     layout = json.loads(footer_bytes)["layout"]
     a, b, dir_offset, dir_sum, width = layout["chunks"][0]
@@ -52,9 +54,8 @@ def test_file_layout_follows_the_spec(plan):
     assert table.records == [(1, 10 + f, {"path": f"d/f{f}.jsonl", "size": f}) for f in range(3)]
     counts, ids = chunks[0][2][0]
     off, n, _ = entries[0]
-    assert data[off : off + counts.size] == counts.astype("u1").tobytes()
-    got_ids, fetch = decode_block(data[off + counts.size : off + n], len(ids), table)
-    assert got_ids.tolist() == ids.tolist()
+    got_counts, got_ids, fetch = decode_rank_block(data[off : off + n], 4, MICRO, table)
+    assert got_counts.tolist() == counts.tolist() and got_ids.tolist() == ids.tolist()
     assert all(
         getattr(fetch, c).tolist() == getattr(fetch_of(ids), c).tolist() for c in FETCH_COLUMNS
     )
@@ -123,3 +124,35 @@ def test_abort_removes_the_temporary_file(tmp_path):
     writer.abort()
     assert not (tmp_path / "p.tmp").exists() and not path.exists()
     writer.abort()  # idempotent
+
+
+def test_integer_sections_are_packed_by_column(tmp_path):
+    """Version 4 stores a 1-d or 2-d integer section as zigzag columns: extremes of every
+    width, unsigned values above 2^63, no columns or no rows read back exactly."""
+    sections = {
+        "wide": np.array([[0, 2**63 - 1, -(2**63)], [5, -1, 7]], dtype=np.int64),
+        "unsigned": np.array([2**64 - 1, 0, 3], dtype=np.uint64),
+        "narrow": np.zeros((3, 0), dtype=np.int32),
+        "empty": np.zeros((0, 4), dtype=np.int16),
+    }
+    path = tmp_path / "p.mds"
+    block = (np.array([[1, 0]]), np.array([9], dtype=np.uint64))
+    write_plan(path, [(0, 1, [block] * DP)], sections=sections)
+    with PlanReader(path) as r:
+        for name, array in sections.items():
+            assert r.sections[name]["codec"] == "columns"
+            got = r.section(name)
+            assert got.dtype == array.dtype and got.shape == array.shape
+            assert np.array_equal(got, array)
+
+
+def test_a_section_of_more_columns_than_a_frame_holds_is_byte_planes(tmp_path):
+    """A frame holds at most 255 columns: a wider integer section (a cursor of 1024
+    sources) is stored as byte planes."""
+    wide = np.arange(3 * 300, dtype=np.int64).reshape(3, 300)
+    path = tmp_path / "p.mds"
+    block = (np.array([[1, 0]]), np.array([9], dtype=np.uint64))
+    write_plan(path, [(0, 1, [block] * DP)], sections={"wide": wide})
+    with PlanReader(path) as r:
+        assert r.sections["wide"]["codec"] == "zstd"
+        assert np.array_equal(r.section("wide"), wide)

@@ -5,7 +5,8 @@ Each column is stored at the fewest whole bytes that hold its largest value, as 
 (every value's lowest byte, then every value's next byte, ...), so zstd sees runs of alike
 bytes: the high planes of small or sorted values, the zeros of a sparse one. The frame is
 made at a fixed level, single-threaded, with its content size: the same columns give the
-same bytes. A reader refuses a frame whose declared size exceeds what the caller expects, so
+same bytes. A plane of at least PLANE_BLOCK bytes gets a zstd block of its own, so its own
+entropy code: the low byte of a row number and the high byte of a token count differ. A reader refuses a frame whose declared size exceeds what the caller expects, so
 a forged plan cannot make it allocate more than its own bytes justify.
 """
 
@@ -18,11 +19,29 @@ from collections.abc import Sequence
 import numpy as np
 import zstandard
 
-__all__ = ["LEVEL", "frame_limit", "pack", "unpack", "unzigzag", "zigzag"]
+__all__ = [
+    "LEVEL",
+    "MAX_COLUMNS",
+    "PLANE_BLOCK",
+    "compress",
+    "decompress",
+    "frame_limit",
+    "pack",
+    "pack_raw",
+    "raw_dictionary",
+    "unpack",
+    "unpack_raw",
+    "unzigzag",
+    "zigzag",
+]
 
 LEVEL = 9  # zstd level: fixed, it is part of the plan's bytes
+PLANE_BLOCK = 2048  # a plane of at least this many bytes is a zstd block of its own
+MAX_COLUMNS = 255  # columns a frame can hold (their number is a byte)
 _COUNT = struct.Struct("<B")
 _COLUMN = struct.Struct("<BQ")  # width in bytes (0..8), number of values
+_HEADS: dict[int, struct.Struct] = {}
+_EIGHT = np.uint64(8)
 _local = threading.local()
 
 
@@ -43,6 +62,14 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
+def _dict_decompressor(dictionary: zstandard.ZstdCompressionDict) -> zstandard.ZstdDecompressor:
+    """A decompressor with `dictionary` loaded, kept for the next frame of the same one."""
+    held = getattr(_local, "ddict", None)
+    if held is None or held[0] is not dictionary:
+        held = _local.ddict = (dictionary, zstandard.ZstdDecompressor(dict_data=dictionary))
+    return held[1]
+
+
 def zigzag(x: np.ndarray) -> np.ndarray:
     """Signed int64 to uint64, small magnitudes to small values: 0, -1, 1, -2 -> 0, 1, 2, 3."""
     x = np.asarray(x, dtype=np.int64)
@@ -59,8 +86,38 @@ def _width(values: np.ndarray) -> int:
     return (peak.bit_length() + 7) // 8
 
 
-def compress(raw: bytes) -> bytes:
-    return _compressor().compress(raw)
+def raw_dictionary(content: bytes) -> zstandard.ZstdCompressionDict:
+    """`content` as a zstd raw-content dictionary: earlier bytes a frame may copy from."""
+    return zstandard.ZstdCompressionDict(content, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def compress(
+    raw: bytes,
+    dictionary: zstandard.ZstdCompressionDict | None = None,
+    blocks: Sequence[bytes] = (),
+) -> bytes:
+    """One zstd frame of `raw` (or of the concatenated `blocks`, each ending a zstd block),
+    at LEVEL, with its content size, copying from `dictionary` if given."""
+    if dictionary is None:
+        cctx = _compressor()
+    else:
+        cctx = zstandard.ZstdCompressor(
+            level=LEVEL,
+            dict_data=dictionary,
+            write_content_size=True,
+            write_checksum=False,
+            write_dict_id=False,
+            threads=0,
+        )
+    if not blocks:
+        return cctx.compress(raw)
+    cobj = cctx.compressobj(size=sum(len(b) for b in blocks))
+    out = []
+    for block in blocks:
+        out.append(cobj.compress(block))
+        out.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
+    out.append(cobj.flush())
+    return b"".join(out)
 
 
 def frame_limit(stored: int) -> int:
@@ -69,7 +126,11 @@ def frame_limit(stored: int) -> int:
     return max(2048 * stored, 8 << 20)
 
 
-def decompress(data: bytes | memoryview, limit: int) -> bytes:
+def decompress(
+    data: bytes | memoryview,
+    limit: int,
+    dictionary: zstandard.ZstdCompressionDict | None = None,
+) -> bytes:
     """The frame's content; ValueError if it is not one zstd frame of at most `limit` bytes
     (its declared content size is checked before anything is allocated)."""
     try:
@@ -79,7 +140,8 @@ def decompress(data: bytes | memoryview, limit: int) -> bytes:
     if size < 0 or size > limit:
         raise ValueError("zstd frame of unknown or too large size")
     try:
-        raw = _decompressor().decompress(data)
+        dctx = _decompressor() if dictionary is None else _dict_decompressor(dictionary)
+        raw = dctx.decompress(data)
     except zstandard.ZstdError as exc:
         raise ValueError(f"bad zstd frame ({exc})") from None
     if len(raw) != size:
@@ -87,8 +149,9 @@ def decompress(data: bytes | memoryview, limit: int) -> bytes:
     return raw
 
 
-def pack(columns: Sequence[np.ndarray]) -> bytes:
-    """One zstd frame holding `columns` (non-negative integers, each of any length)."""
+def pack_raw(columns: Sequence[np.ndarray]) -> list[bytes]:
+    """The content of a pack() frame, as the parts it is compressed in: the head and the
+    small planes run together, each plane of at least PLANE_BLOCK bytes on its own."""
     head = [_COUNT.pack(len(columns))]
     planes = []
     for column in columns:
@@ -96,34 +159,67 @@ def pack(columns: Sequence[np.ndarray]) -> bytes:
         width = _width(values)
         head.append(_COLUMN.pack(width, len(values)))
         if width:
-            planes.append(values.view(np.uint8).reshape(-1, 8)[:, :width].T.tobytes())
-    return compress(b"".join(head + planes))
+            planes.extend(values.view(np.uint8).reshape(-1, 8)[:, :width].T)
+    parts, run = [], [b"".join(head)]
+    for plane in planes:
+        if len(plane) >= PLANE_BLOCK:
+            parts.append(b"".join(run))
+            parts.append(plane.tobytes())
+            run = []
+        else:
+            run.append(plane.tobytes())
+    if run:
+        parts.append(b"".join(run))
+    return [part for part in parts if part]
+
+
+def pack(columns: Sequence[np.ndarray]) -> bytes:
+    """One zstd frame holding `columns` (non-negative integers, each of any length)."""
+    parts = pack_raw(columns)
+    return compress(parts[0], blocks=parts) if len(parts) > 1 else compress(parts[0])
 
 
 def unpack(data: bytes | memoryview, count: int, limit: int) -> list[np.ndarray]:
     """The `count` uint64 columns of a pack() frame of at most `limit` bytes, each of at
     most `limit` bytes unpacked; ValueError for anything malformed."""
-    raw = memoryview(decompress(data, limit))
-    if len(raw) < _COUNT.size or _COUNT.unpack_from(raw)[0] != count:
+    return unpack_raw(decompress(data, limit), count, limit)
+
+
+def _head(count: int) -> struct.Struct:
+    """The struct of a frame's head for `count` columns: the count, each column's shape."""
+    head = _HEADS.get(count)
+    if head is None:
+        head = _HEADS[count] = struct.Struct("<B" + "BQ" * count)
+    return head
+
+
+def unpack_raw(content: bytes | memoryview, count: int, limit: int) -> list[np.ndarray]:
+    """The `count` uint64 columns of a pack() frame's content; ValueError if malformed."""
+    if len(content) < _COUNT.size or content[0] != count:
         raise ValueError("packed columns: wrong number of columns")
-    pos, shapes = _COUNT.size + count * _COLUMN.size, []
-    if pos > len(raw):
+    head = _head(count)
+    if head.size > len(content):
         raise ValueError("packed columns: truncated header")
-    for k in range(count):
-        width, n = _COLUMN.unpack_from(raw, _COUNT.size + k * _COLUMN.size)
-        if width > 8 or n * 8 > limit:
-            raise ValueError("packed columns: bad column width or length")
-        shapes.append((width, n))
-    out = []
-    for width, n in shapes:
-        if pos + width * n > len(raw):
-            raise ValueError("packed columns: truncated")
-        planes = np.frombuffer(raw[pos : pos + width * n], dtype=np.uint8).reshape(width, n)
-        values = planes[0].astype(np.uint64) if width else np.zeros(n, dtype=np.uint64)
-        for k in range(1, width):  # whole planes at a time: no strided byte copies
-            values |= planes[k].astype(np.uint64) << np.uint64(8 * k)
+    fields = head.unpack_from(content)
+    widths, lengths = fields[1::2], fields[2::2]
+    if max(widths, default=0) > 8 or 8 * max(lengths, default=0) > limit:
+        raise ValueError("packed columns: bad column width or length")
+    end = head.size + sum(w * n for w, n in zip(widths, lengths, strict=True))
+    if end > len(content):
+        raise ValueError("packed columns: truncated")
+    if end != len(content):
+        raise ValueError("packed columns: trailing bytes")
+    raw = np.frombuffer(content, dtype=np.uint8)
+    out, pos = [], head.size
+    for width, n in zip(widths, lengths, strict=True):
+        if not width:
+            out.append(np.zeros(n, dtype=np.uint64))
+            continue
+        planes = raw[pos : pos + width * n].reshape(width, n)
+        values = planes[width - 1].astype(np.uint64)
+        for k in range(width - 2, -1, -1):  # whole planes, highest first: no strided copies
+            values <<= _EIGHT
+            values |= planes[k]
         out.append(values)
         pos += width * n
-    if pos != len(raw):
-        raise ValueError("packed columns: trailing bytes")
     return out

@@ -28,8 +28,10 @@ from mds.core.planfile import (
     RankChunk,
     checksum,
     decode_block,
+    decode_rank_block,
     decode_table,
     plan_id_of,
+    table_dictionary,
 )
 from mds.core.planfile_v2 import decode_fetch, decode_ids
 from mds.errors import PlanError, SourceDataError
@@ -60,6 +62,18 @@ def _sparse(data: bytes, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -
         if int(col.max()) >= cols:
             raise ValueError("column out of range")
         out[row * cols + col] = unzigzag(values)
+    return out.reshape(shape)
+
+
+def _columns(data: bytes, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """A section of integer columns (a 1-d array: one), each packed zigzag."""
+    rows, cols = shape[0], shape[1] if len(shape) == 2 else 1
+    columns = unpack(data, cols, 8 * rows * cols + 64 * cols + 64)
+    if any(len(c) != rows for c in columns):
+        raise ValueError("columns do not match the shape")
+    out = np.empty((rows, cols), dtype=dtype)
+    for j, column in enumerate(columns):
+        out[:, j] = unzigzag(column).astype(dtype)
     return out.reshape(shape)
 
 
@@ -116,7 +130,7 @@ class PlanReader:
     def _replaced(self) -> bool:
         """Whether the plan object now differs from the one opened: another size, or another
         footer (which holds the checksums of everything else)."""
-        footer = getattr(self, "footer_bytes", None)
+        footer = getattr(self, "_footer_stored", None)
         try:
             now = self._open_object()
         except SourceDataError:
@@ -189,8 +203,11 @@ class PlanReader:
         data = self._read(offset, size)
         if checksum(data) != digest:
             raise self._bad("plan footer checksum mismatch (corrupt file)")
-        self.footer_bytes = data
+        self._footer_stored = data
         try:
+            if version >= 4:  # a zstd frame of the JSON
+                data = decompress(data, min(frame_limit(size), _MAX_FOOTER))
+            self.footer_bytes = data
             self.footer = json.loads(data)
             layout = self.footer["layout"]
             self.dp = int(layout["dp_size"])
@@ -227,6 +244,10 @@ class PlanReader:
         self.dir_entries = self.dp + (version >= 3)
         self._dirs: dict[int, np.ndarray] = {}
         self._tables: dict[int, FileTable] = {}
+        self._decoded: dict[tuple[bytes, bool], FileTable] = {}  # the last table decoded
+        # Version 4: the first chunk's file table, which later tables are compressed against;
+        # read once per reader.
+        self._dictionary: Any = None
 
     @property
     def steps(self) -> int:
@@ -283,18 +304,34 @@ class PlanReader:
         return data
 
     def _table(self, chunk: int) -> FileTable:
-        """The chunk's file table (version 3), read and checked once per chunk."""
+        """The chunk's file table (version 3 on), read and checked once per chunk. Its bytes
+        are read and checked for every chunk; a table with the bytes of one decoded before
+        (consecutive chunks that read the same files) is not decoded again."""
         table = self._tables.get(chunk)
         if table is None:
             data = self._entry(chunk, self.dp, "file table")
-            try:
-                table = decode_table(data)
-            except (ValueError, TypeError, RecursionError) as exc:
-                raise self._fail(f"chunk {chunk}: corrupt file table ({exc})") from None
+            later = bool(chunk) and self.version >= 4  # compressed against the first table
+            key = (bytes(self._directory(chunk)[self.dp]["checksum"]), later)
+            table = self._decoded.get(key)
+            if table is None:
+                try:
+                    dictionary = self._table_dictionary() if later else None
+                    table = decode_table(data, self.version, dictionary)
+                except (ValueError, TypeError, RecursionError) as exc:
+                    raise self._fail(f"chunk {chunk}: corrupt file table ({exc})") from None
             if len(self._tables) > 16:
                 self._tables.clear()
             self._tables[chunk] = table
+            self._decoded = {key: table}
         return table
+
+    def _table_dictionary(self) -> Any:
+        """The first chunk's table content as a zstd dictionary, read and checked once."""
+        if self._dictionary is None:
+            data = self._entry(0, self.dp, "file table")
+            content = decompress(data, frame_limit(len(data)))
+            self._dictionary = table_dictionary(content)
+        return self._dictionary
 
     def rank_chunk(self, chunk: int, rank: int) -> RankChunk:
         """The samples of `rank` in `chunk`, checksum-verified."""
@@ -304,6 +341,15 @@ class PlanReader:
             raise PlanError(f"{self.path}: chunk {chunk} does not exist")
         a, b, _, _, width = self.chunks[chunk]
         data = self._entry(chunk, rank, f"rank {rank}")
+        if self.version >= 4:
+            table = self._table(chunk)
+            try:
+                counts, ids, fetch = decode_rank_block(data, b - a, self.micro, table)
+            except (ValueError, TypeError) as exc:
+                raise self._fail(f"chunk {chunk} rank {rank}: corrupt block ({exc})") from None
+            if self.id_width < 8 and int(ids.max(initial=0)) >> (8 * self.id_width):
+                raise self._fail(f"chunk {chunk} rank {rank}: corrupt block (id out of range)")
+            return RankChunk(a, counts, ids, fetch)
         head = (b - a) * self.micro * width
         if head > len(data):
             raise self._fail(f"chunk {chunk} rank {rank}: corrupt block")
@@ -368,6 +414,8 @@ class PlanReader:
                 return np.ascontiguousarray(planes.T).view(dtype).reshape(shape)
             if codec == "sparse" and len(shape) == 2 and dtype.kind in "iu":
                 return _sparse(data, shape, dtype, nbytes)
+            if codec == "columns" and len(shape) in (1, 2) and dtype.kind in "iu":
+                return _columns(data, shape, dtype, nbytes)
             raise ValueError(f"unknown codec {codec!r}")
         except (ValueError, TypeError) as exc:
             raise self._fail(f"section {name!r}: corrupt shape or data ({exc})") from None

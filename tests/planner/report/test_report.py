@@ -173,7 +173,7 @@ def test_header(sample):
     h = sample["report"]["header"]
     assert (h["steps"], h["dp_size"], h["micro_batches"]) == (64, 4, 2)
     assert (h["samples_per_step"], h["tokens_per_step"], h["capacity"]) == (32, None, CAPACITY)
-    assert (h["seed"], h["chunk_steps"], h["chunks"], h["format_version"]) == (1234, 16, 4, 3)
+    assert (h["seed"], h["chunk_steps"], h["chunks"], h["format_version"]) == (1234, 16, 4, 4)
     assert h["plan_id"] == sample["summary"].plan_id
     assert h["index_fingerprint"] == sample["manifest"].fingerprint
     assert h["cost"]["origin"] == "model"
