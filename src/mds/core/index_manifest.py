@@ -19,13 +19,16 @@ from mds.errors import DataChangedError, IndexFormatError, PlanError
 
 __all__ = [
     "FORMAT",
+    "HISTORY",
     "MANIFEST",
     "VERSION",
     "IndexManifest",
     "index_fingerprint",
+    "history_name",
     "index_sources",
     "plan_manifest",
     "read_manifest",
+    "read_manifest_of",
     "read_table_bytes",
     "table_checksum",
     "table_damage",
@@ -34,6 +37,9 @@ __all__ = [
 FORMAT = "mds-index"
 VERSION = 1
 MANIFEST = "manifest.json"
+# Manifests of earlier builds of the index, kept so plans made from them still verify:
+# history/<32 hex of the index fingerprint>.json (docs/index-format.md).
+HISTORY = "history"
 # The source formats and payload kinds an index may name (the executor's readers read all).
 FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron", "webdataset")
 PAYLOAD_KINDS = ("token_ids", "text", "image_text")
@@ -234,10 +240,36 @@ def _check(data: Any, where: Path) -> None:
         raise IndexFormatError(f"{where}: manifest has no `fingerprint`")
 
 
+def history_name(fingerprint: str) -> str:
+    """Where, relative to the index, the manifest of the index `fingerprint` is kept once a
+    re-index replaced it (an unusable fingerprint names no file)."""
+    digest = fingerprint.removeprefix("blake2b:")
+    if len(digest) != 32 or not all(c in "0123456789abcdef" for c in digest):
+        return ""
+    return f"{HISTORY}/{digest}.json"
+
+
+def read_manifest_of(directory: str | Path, fingerprint: Any) -> IndexManifest:
+    """The manifest of the index `fingerprint` in `directory`: the one an earlier build's
+    re-index kept under history/ (its tables are kept beside the current ones), else
+    manifest.json, whatever it holds. One manifest is parsed either way."""
+    name = history_name(fingerprint) if isinstance(fingerprint, str) else ""
+    kept = Path(directory) / name
+    if name and kept.is_file():
+        older = _load(kept, Path(directory))
+        if older.fingerprint == fingerprint:
+            return older
+    return read_manifest(directory)
+
+
 def read_manifest(directory: str | Path) -> IndexManifest:
     """Load and validate `directory/manifest.json`."""
     directory = Path(directory)
-    where = directory / MANIFEST
+    return _load(directory / MANIFEST, directory)
+
+
+def _load(where: Path, directory: Path) -> IndexManifest:
+    """Load and validate the manifest file `where` of the index in `directory`."""
     try:
         data = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -289,7 +321,7 @@ def plan_manifest(
             f"directory as {recorded['path']!r}); if the plan or the index moved, pass {option} "
             "with the index directory"
         )
-    manifest = read_manifest(index_dir)
+    manifest = read_manifest_of(index_dir, recorded.get("fingerprint"))
     if manifest.fingerprint != recorded.get("fingerprint"):
         raise DataChangedError(
             f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "

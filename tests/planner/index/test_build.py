@@ -260,8 +260,10 @@ def test_rewritten_file_is_the_only_one_rescanned(root: Path, scanned: list[str]
     assert [f["first_row"] for f in files] == [0, 4, 10]
     assert [f["rows"] for f in files] == [4, 6, 4]
     assert _table(root / "index", "forum").equals(old_forum)
-    # Exactly one table per source remains: the old web table was collected.
-    assert len(list((root / "index/sources").iterdir())) == 5
+    # One table per source, and the old web table, which the replaced manifest (kept
+    # under history/ for plans made from it) still names.
+    assert len(list((root / "index/sources").iterdir())) == 6
+    assert len(list((root / "index/history").iterdir())) == 1
 
 
 def test_same_size_rewrite_is_detected(root: Path, scanned: list[str]) -> None:
@@ -538,8 +540,9 @@ def test_output_with_a_manifest_of_another_tool(root: Path, tmp_path: Path, mani
 
 
 def test_tables_mds_did_not_write_survive_every_re_index(root: Path, tmp_path: Path) -> None:
-    """Only tables a previous manifest named are removed when no longer needed: a file under
-    `sources/` that no manifest named (a user's, or a crashed run's) is never deleted."""
+    """Only tables a previous manifest named are removed when no longer needed (history.py
+    tests when): a file under `sources/` that no manifest named (a user's, or a crashed
+    run's) is never deleted."""
     out = tmp_path / "idx"
     (out / "sources").mkdir(parents=True)
     (out / "sources/notes.parquet").write_bytes(b"keep me")
@@ -549,7 +552,7 @@ def test_tables_mds_did_not_write_survive_every_re_index(root: Path, tmp_path: P
     _build(root, output=out)
     second = _manifest(out)
     old = {s["table"] for s in first["sources"]} - {s["table"] for s in second["sources"]}
-    assert old and not any((out / rel).exists() for rel in old)
+    assert old and all((out / rel).exists() for rel in old)  # the kept manifest names them
     assert all((out / s["table"]).exists() for s in second["sources"])
     assert (out / "sources/notes.parquet").read_bytes() == b"keep me"
 
@@ -788,10 +791,16 @@ def _tiny_corpus(root: Path, n: int) -> None:
 
 
 def _tree(directory: Path) -> dict[str, bytes]:
+    """The index as a full build makes it: what the manifest names, without history/ and
+    the tables only the replaced manifests kept there name."""
+    named = {s["table"] for s in read_manifest(directory).sources}
     return {
-        p.relative_to(directory).as_posix(): p.read_bytes()
+        rel: p.read_bytes()
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and not p.name.startswith(".")
+        if p.is_file()
+        and not p.name.startswith(".")
+        and not (rel := p.relative_to(directory).as_posix()).startswith("history/")
+        and (not rel.startswith("sources/") or rel in named)
     }
 
 

@@ -27,6 +27,7 @@ from mds.core import commit, storage
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.discover import discover
+from mds.planner.index.history import HISTORY, keep_previous, prune_local
 from mds.planner.index.object_output import (
     check_object_output,
     previous_objects,
@@ -298,10 +299,12 @@ def _build_locked(
     counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
     mark = len(commit.written())
+    saved = None  # the previous manifest's copy under history/, once made
     try:
         output.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output, every=True)
         clean_stale_temps(output / TABLES, every=True)
+        clean_stale_temps(output / HISTORY, every=True)
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
             hints = _hints(discovered, old_by_name, config.fingerprint, listed)
@@ -437,6 +440,8 @@ def _build_locked(
             "sources": entries,
         }
         try:
+            # plans made from the index being replaced keep verifying against it
+            saved = keep_previous(output, previous, manifest["fingerprint"])
             write_manifest(
                 output / MANIFEST,
                 manifest,
@@ -448,11 +453,16 @@ def _build_locked(
         # an interrupt just after the manifest's rename: the new index is in place, whole
         if os.fspath(output / MANIFEST) not in commit.written()[mark:]:
             writer.rollback()
+            if saved is not None:
+                saved.unlink(missing_ok=True)
             if created_dir:
                 shutil.rmtree(output, ignore_errors=True)
         raise
-    owned = {str(e["table"]) for e in previous.sources} if previous else set()
-    collect_garbage(output, {e["table"] for e in entries}, owned)
+    live = {e["table"] for e in entries}
+    # the previous manifest's tables stay while history/ keeps it (it always does now);
+    # tables go once no kept manifest names them
+    gone, named = prune_local(output, live)
+    collect_garbage(output, live | named, gone)
     summary.fingerprint = manifest["fingerprint"]
     summary.seconds = clock() - started
     return summary

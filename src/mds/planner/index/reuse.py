@@ -15,6 +15,7 @@ from typing import Any
 
 from mds.core import storage
 from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
+from mds.core.index_manifest import HISTORY
 from mds.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.planner.index.config import SourceSpec
 from mds.planner.index.discover import DataFile, is_index_dir
@@ -157,7 +158,7 @@ def previous_index(output: Path) -> IndexManifest | None:
             if not table_intact(previous.path / entry["table"], entry["table_checksum"]):
                 entry["files"] = []  # damaged table: none of its rows is reused, all rescanned
         return previous
-    if any(p for p in output.iterdir() if not is_temp(p) and p.name != TABLES):
+    if any(p for p in output.iterdir() if not is_temp(p) and p.name not in (TABLES, HISTORY)):
         raise not_an_index(output)
     return None
 

@@ -93,20 +93,21 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
                 result = VerifyResult(plan, full)  # type: ignore[arg-type]
                 result.add("plan file", "plan", str(exc), "")
                 return result
-        where = index
-        if where is None:
-            try:
-                with PlanReader(local) as reader:
-                    where = str(plan_index(reader.footer).get("path", "")) or None
-            except PlanError:
-                where = None
+        where, fingerprint = index, None
+        try:
+            with PlanReader(local) as reader:
+                recorded = plan_index(reader.footer)
+            fingerprint = recorded.get("fingerprint")
+            where = where if where is not None else str(recorded.get("path", "")) or None
+        except PlanError:
+            pass
         if where is not None and index is None and is_url(plan) and not os.path.isabs(where):
             from mds.core.storage import parent_url, resolve_under
 
             where = resolve_under(parent_url(str(plan)), str(where))  # beside the plan object
         copy = where
         if where is not None and is_url(where):
-            copy = download_index(str(where), Path(tmp) / "index")
+            copy = download_index(str(where), Path(tmp) / "index", fingerprint)
         result = verify_plan(
             local, index=copy, full=full, data_root=data_root, _place=plan if is_url(plan) else None
         )
