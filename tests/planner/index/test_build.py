@@ -850,3 +850,33 @@ def test_a_file_rewritten_with_its_old_size_and_mtime_back_keeps_its_fingerprint
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # any move of the mtime: read
     build_index(config, tmp_path / "index", workers=1)
     assert scanned == ["d/f001.jsonl"]
+
+
+def test_an_unchanged_file_costs_one_stat_and_no_pool_task(tmp_path: Path, monkeypatch) -> None:
+    """Discovery's stat of a local file is the one its reuse is decided by: an unchanged
+    file is not stat-ed again, and only new or changed files go to the workers."""
+    from mds.planner.index import reuse
+
+    root = tmp_path / "data"
+    _tiny_corpus(root, 30)
+    config = load_config(root / "mds.toml")
+    build_index(config, tmp_path / "index", workers=1)
+    (root / "d/f030.jsonl").write_text('{"tokens": [7, 7]}\n')
+    stats: list[str] = []
+    sent: list[str] = []
+    signature, batch = reuse.stat_signature, build.fingerprint_batch
+    monkeypatch.setattr(reuse, "stat_signature", lambda p: (stats.append(str(p)), signature(p))[1])
+    monkeypatch.setattr(
+        build,
+        "fingerprint_batch",
+        lambda files, *a: (sent.extend(f.rel for f in files), batch(files, *a))[1],
+    )
+    summary = build_index(config, tmp_path / "index", workers=1)
+    assert stats == [] and sent == ["d/f030.jsonl"]
+    assert summary.sources[0].files_scanned == 1
+    assert _tree(tmp_path / "index") == _tree(_full(config, tmp_path / "full"))
+
+
+def _full(config, out: Path) -> Path:
+    build_index(config, out, workers=1)
+    return out

@@ -42,6 +42,7 @@ from mds.planner.index.reuse import (
     IndexedFile,
     fingerprint_batch,
     previous_index,
+    recorded_fingerprint,
     resolve_tokenizer,
     reused_files,
     source_payload,
@@ -282,7 +283,8 @@ def _hints(discovered, old_by_name: dict, mode: str, listed: dict) -> list[Hint]
             for e in (old or {}).get("files", [])
             if str(e.get("fingerprint", "")).startswith(f"{mode}:")
         }
-        hints.extend((listed.get(f.rel), before.get(f.rel)) for f in files)
+        # a local file's (size, mtime_ns) from discovery's stat, an object's from the listing
+        hints.extend((listed.get(f.rel, f.signature), before.get(f.rel)) for f in files)
     return hints
 
 
@@ -309,14 +311,27 @@ def _build_locked(
             all_files = [f for _, files in discovered for f in files]
             hints = _hints(discovered, old_by_name, config.fingerprint, listed)
             pool.check_visible(_seen_by_workers(config, discovered))
-            # Few files are still shared among the workers: each hashes a few MiB.
-            per = max(1, min(FINGERPRINT_BATCH, -(-len(all_files) // max(pool.workers, 1))))
+            # An unchanged file keeps its recorded fingerprint here; the others are hashed
+            # by the workers. Few files are still shared among them: each hashes a few MiB.
+            fps: list = [
+                recorded_fingerprint(f, config.fingerprint, *h)
+                for f, h in zip(all_files, hints, strict=True)
+            ]
+            todo = [i for i, fp in enumerate(fps) if fp is None]
+            per = max(1, min(FINGERPRINT_BATCH, -(-len(todo) // max(pool.workers, 1))))
             host = socket.gethostname()
             batches = [
-                (all_files[i : i + per], config.fingerprint, host, hints[i : i + per])
-                for i in range(0, len(all_files), per)
+                (
+                    [all_files[i] for i in todo[k : k + per]],
+                    config.fingerprint,
+                    host,
+                    [hints[i] for i in todo[k : k + per]],
+                )
+                for k in range(0, len(todo), per)
             ]
-            fps = [fp for chunk in pool.map(fingerprint_batch, batches) for fp in chunk]
+            hashed = [fp for chunk in pool.map(fingerprint_batch, batches) for fp in chunk]
+            for i, fp in zip(todo, hashed, strict=True):
+                fps[i] = fp
             plans: list[tuple[SourceSpec, str, list[IndexedFile]]] = []
             pos = 0
             for spec, files in discovered:

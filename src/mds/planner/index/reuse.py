@@ -28,6 +28,7 @@ __all__ = [
     "IndexedFile",
     "fingerprint_batch",
     "fingerprint_file",
+    "recorded_fingerprint",
     "not_an_index",
     "previous_index",
     "resolve_tokenizer",
@@ -68,20 +69,33 @@ def fingerprint_file(
     costs a stat (a local root) or nothing beyond the listing (an object store)."""
     listed, before = hint
     size, mtime = listed if listed is not None else stat_signature(f.path)
-    if (
-        before is not None
-        and f.companion is None
-        and mtime != 0  # a store that gives no modification time proves nothing
-        and before[:2] == (size, mtime)
-        and before[2].startswith(f"{mode}:")
-    ):
-        return size, mtime, before[2], size
+    known = recorded_fingerprint(f, mode, (size, mtime), before)
+    if known is not None:
+        return known
     fp = fingerprint(f.path, mode)
     nbytes = size
     if f.companion is not None:
         fp = f"{fp}+{fingerprint(f.companion, mode).split(':', 1)[1]}"
         nbytes += stat_signature(f.companion)[0]
     return size, mtime, fp, nbytes
+
+
+def recorded_fingerprint(
+    f: DataFile, mode: str, listed: tuple[int, int] | None, before: tuple[int, int, str] | None
+) -> tuple[int, int, str, int] | None:
+    """fingerprint_file's answer for a file whose size and mtime (`listed`: from a listing
+    or discovery's stat) are the ones the previous index recorded (`before`), without
+    reading it; None when the file must be fingerprinted."""
+    if (
+        listed is not None
+        and before is not None
+        and f.companion is None
+        and listed[1] != 0  # a store that gives no modification time proves nothing
+        and before[:2] == listed
+        and before[2].startswith(f"{mode}:")
+    ):
+        return listed[0], listed[1], before[2], listed[0]
+    return None
 
 
 def fingerprint_batch(
