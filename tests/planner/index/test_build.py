@@ -880,3 +880,28 @@ def test_an_unchanged_file_costs_one_stat_and_no_pool_task(tmp_path: Path, monke
 def _full(config, out: Path) -> Path:
     build_index(config, out, workers=1)
     return out
+
+
+def test_an_unchanged_source_keeps_its_table_unread(root: Path, tmp_path: Path, monkeypatch) -> None:
+    """A re-index reads and writes the table of a source that changed, and no other: an
+    unchanged source's entry and table are the previous index's; the bytes are a full
+    index's all the same."""
+    _build(root)
+    write_parquet(root / "web/part-00001.parquet", web_part(1, rows=6, offset=5))
+    read: list[str] = []
+    written: list[str] = []
+    reading, writing = source_table.read_table, publish.TableWriter.write_table
+    monkeypatch.setattr(
+        source_table, "read_table", lambda p, *a: (read.append(Path(p).name), reading(p, *a))[1]
+    )
+    monkeypatch.setattr(
+        publish.TableWriter,
+        "write_table",
+        lambda self, name, frame: (written.append(name), writing(self, name, frame))[1],
+    )
+    summary = _build(root)
+    assert [p.split("-")[0] for p in read] == ["web"] and written == ["web"]
+    assert [s.files_scanned for s in summary.sources] == [1, 0, 0, 0, 0]
+    monkeypatch.undo()
+    _build(root, output=tmp_path / "full")
+    assert _tree(root / "index") == _tree(tmp_path / "full")

@@ -42,11 +42,13 @@ from mds.planner.index.reuse import (
     IndexedFile,
     fingerprint_batch,
     previous_index,
+    recorded_counts,
     recorded_fingerprint,
     resolve_tokenizer,
     reused_files,
     source_payload,
     spec_key,
+    unchanged_source,
 )
 from mds.planner.index.scan import ScanContext
 from mds.planner.index.source_table import (
@@ -390,9 +392,29 @@ def _build_locked(
 
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)
+            fmt = files[0].data.format
+            if unchanged_source(spec, fmt, key, files, old):
+                # its table and counts as they are: neither read nor written again
+                assert old is not None
+                counts.append((files, *recorded_counts(old), None))
+                entries.append(
+                    {
+                        "name": spec.name,
+                        "format": fmt,
+                        **{k: old[k] for k in ("table", "table_checksum")},
+                        "spec_key": key,
+                        "length": spec.length.describe(),
+                        "payload": source_payload(spec, fmt),
+                        **{k: old[k] for k in ("keep", "rows", "tokens", "length_stats")},
+                    }
+                )
+                summary.sources.append(
+                    SourceSummary(spec.name, fmt, len(files), 0, old["rows"], old["tokens"],
+                                  spec.length.exact, 0)
+                )  # fmt: skip
+                continue
             dropped = _dropped(spec, files, new_parts[si], old)
             parts = new_parts.pop(si) + reused_rows(previous, old, files)
-            fmt = files[0].data.format
             table = assemble(spec, fmt, files, parts)
             del parts
             if table.height == 0:

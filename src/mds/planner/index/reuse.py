@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mds.core import storage
 from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
 from mds.core.index_manifest import HISTORY
@@ -35,7 +37,9 @@ __all__ = [
     "reused_files",
     "row_group_located",
     "source_payload",
+    "recorded_counts",
     "spec_key",
+    "unchanged_source",
 ]
 
 FINGERPRINT_BATCH = 256  # files fingerprinted per pool task
@@ -223,3 +227,38 @@ def reused_files(
             reuse = by_stat.get((*key, mtime))
         planned.append(IndexedFile(f, size, mtime, fp, nbytes, reuse))
     return planned
+
+
+def unchanged_source(
+    spec: SourceSpec, fmt: str, key: str, files: list[IndexedFile], old: dict | None
+) -> bool:
+    """Whether a source's table and file entries would come out as the previous index has
+    them: the same settings, and the same files in the same order, each reused whole with
+    the path, size, mtime and fingerprint recorded. Its table is then kept as it is.
+    (Image-text sources, whose entries carry counts of dropped samples, are rebuilt.)"""
+    if old is None or spec.images is not None or old.get("spec_key") != key:
+        return False
+    if not all(k in old for k in ("keep", "tokens", "length_stats")):
+        return False  # an entry this mds would not have written: rebuilt
+    before = old["files"]
+    if old.get("format") != fmt or len(before) != len(files):
+        return False
+    for i, (f, entry) in enumerate(zip(files, before, strict=True)):
+        if not (
+            f.reuse == i == entry.get("id")
+            and f.data.rel == entry["path"]
+            and f.size == entry.get("size")
+            and f.mtime_ns == entry.get("mtime_ns")
+            and f.fingerprint == entry.get("fingerprint")
+        ):
+            return False
+    return True
+
+
+def recorded_counts(old: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first rows, rows, tokens) of each file of a previous manifest's source entry."""
+    files = old["files"]
+    return tuple(  # type: ignore[return-value]
+        np.fromiter((int(e[k]) for e in files), dtype=np.int64, count=len(files))
+        for k in ("first_row", "rows", "tokens")
+    )
