@@ -115,3 +115,19 @@ def test_skip_and_exclude_need_a_parent(old, tmp_path):
         mds("plan", "sample_data/mds.toml", "--index", index, "-o", tmp_path / "x.mds", "--skip-steps", "1:2"),
         "give --from PLAN --at-step K",
     )
+
+
+def test_a_re_plan_with_an_exclude_list_parses_the_index_manifest_once(old, tmp_path, monkeypatch):
+    """The list is resolved against the manifest that is then planned from (every parse
+    ends in index_manifest._check)."""
+    from mds.core import index_manifest
+
+    index, plan = old
+    listed = tmp_path / "bad.csv"
+    listed.write_text("source,row\nweb,3\n")
+    checked = []
+    check = index_manifest._check
+    monkeypatch.setattr(index_manifest, "_check", lambda d, w: (checked.append(w), check(d, w))[1])
+    shown = mds(*base(index, tmp_path / "new.mds", plan), "--at-step", "10", "--exclude", listed)
+    assert shown.exit_code == 0, shown.output
+    assert len(checked) == 1

@@ -194,6 +194,25 @@ def test_mds_verify_checks_a_plan_and_an_index_in_object_storage(world):
     one_error_line(mds("verify", f"{prefix}/none.mds"), f"{prefix}/none.mds: missing")
 
 
+def test_a_plan_verifies_against_its_index_in_a_store_after_a_re_index(world):
+    """The re-index of a grown corpus keeps the replaced manifest and its tables under the
+    prefix: `mds verify` copies those for the plan made before it, which still verifies."""
+    top, store, _url = world
+    prefix = f"s3://{BUCKET}/indexes/grown"
+    target = f"{prefix}/plan.mds"
+    assert mds("index", top / "s3.toml", "-o", prefix).exit_code == 0
+    assert mds("plan", top / "s3.toml", "-o", target, "--index", prefix).exit_code == 0
+    store.put("corpus/web/part-9.parquet", store.get("corpus/web/part-1.parquet"))
+    try:
+        out = mds("index", top / "s3.toml", "-o", prefix)
+        assert out.exit_code == 0, out.output
+        out = mds("verify", target, "--json")
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["ok"]
+    finally:
+        store.delete("corpus/web/part-9.parquet")
+
+
 def test_config_keys_name_an_index_in_object_storage(world):
     """[index] output and [plan] index take a URL as they take a directory: `mds index` and
     `mds plan` then need no -o/--index to find it."""

@@ -177,7 +177,11 @@ def test_objects_under_sources_that_no_manifest_named_survive(world):
         assert {k: objects.get(k) for k in mine} == mine
 
 
-def test_a_re_index_of_a_changed_corpus_removes_only_the_stale_tables(world, tmp_path):
+def test_a_re_index_of_a_changed_corpus_keeps_the_replaced_index_and_touches_nothing_else(
+    world, tmp_path
+):
+    """The replaced manifest is kept under history/ with its tables (plans made from it
+    still verify); which tables go, and when, is tests/planner/index/test_history.py's."""
     prefix = world.prefix()
     index = world.url(f"{prefix}/index")
     config = world.config(world.corpus(f"{prefix}/corpus"))
@@ -192,8 +196,9 @@ def test_a_re_index_of_a_changed_corpus_removes_only_the_stale_tables(world, tmp
     new = _tables(_manifest(world, f"{prefix}/index"))
     assert old and new and not old & new
     objects = world.objects(f"{prefix}/index")
-    assert set(objects) == {f"{prefix}/index/manifest.json", *mine} | {
-        f"{prefix}/index/{t}" for t in new
+    (kept,) = [k for k in objects if k.startswith(f"{prefix}/index/history/")]
+    assert set(objects) == {f"{prefix}/index/manifest.json", kept, *mine} | {
+        f"{prefix}/index/{t}" for t in new | old
     }
     assert {k: objects[k] for k in mine} == mine
     out = mds("plan", config, "--index", index, "-o", tmp_path / "p.mds")  # checks every table

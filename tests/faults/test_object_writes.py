@@ -293,12 +293,11 @@ def test_index_interrupted_during_the_manifest_copy_is_the_new_index(world, s3, 
     now = s3.get(f"{INDEX}/manifest.json")
     assert now != manifest
     new_named = {s["table"] for s in json.loads(now)["sources"]}
-    stale = left_tables(s3, new_named)
-    assert len(stale) == 2 and all(k.removeprefix(f"{INDEX}/") in named for k in stale)
-    assert stderr_line(proc) == (
-        f"interrupted: the new index was written whole at {url}; 2 table objects it no "
-        f"longer names were left under {url}/{TABLES}/"
-    )
+    # the old tables stay beside the replaced manifest, kept under history/
+    kept = left_tables(s3, new_named)
+    assert len(kept) == 2 and all(k.removeprefix(f"{INDEX}/") in named for k in kept)
+    assert [k for k in keys(s3, f"{INDEX}/history/")] != []
+    assert stderr_line(proc) == f"interrupted: the new index was written whole at {url}"
     assert temporaries(keys(s3, f"{INDEX}/")) == []
     out = mds("plan", world / "mds.toml", "--index", url, "-o", tmp_path / "p.mds")
     assert out.exit_code == 0, out.output  # the new index is whole
@@ -336,12 +335,10 @@ def test_a_re_index_leaves_the_temporaries_of_uploads_in_flight(world, s3):
     out = mds(*index_args(world, url))
     assert out.exit_code == 0, out.output
     assert s3.get(other) == b"in flight"
-    assert (
-        left_tables(
-            s3, {s["table"] for s in json.loads(s3.get(f"{INDEX}/manifest.json"))["sources"]}
-        )
-        == []
-    )
+    named = {s["table"] for s in json.loads(s3.get(f"{INDEX}/manifest.json"))["sources"]}
+    for key in keys(s3, f"{INDEX}/history/"):  # the replaced manifest, kept with its tables
+        named |= {s["table"] for s in json.loads(s3.get(key))["sources"]}
+    assert left_tables(s3, named) == []
 
 
 # --- GCS ---------------------------------------------------------------------------------------

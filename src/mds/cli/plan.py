@@ -194,7 +194,9 @@ def plan_command(
 
     exclusion = None
     if exclude is not None:
-        exclusion = _exclusion(exclude, cfg.index, exclude_missing)
+        if manifest is None and isinstance(target, Path) and not is_url(cfg.index):
+            manifest = _manifest_or_none(cfg.index)  # parsed once: here, and for planning
+        exclusion = _exclusion(exclude, cfg.index, exclude_missing, manifest)
 
     keep_freed_memory()  # with one worker this process plans every chunk (src/mds/planner/runtime/malloc.py)
     spec = EngineSpec(cfg.engine, cfg.address).override(engine, address)
@@ -282,9 +284,10 @@ def parse_skips(texts: list[str], at_step: int | None) -> list[tuple[int, int]]:
     return ranges
 
 
-def _exclusion(path: Path, index, missing: str):
-    """The exclude list resolved against the plan's index: (source, row) and (file, ...)
-    entries by the planner, content_hash entries through content_hash_rows."""
+def _exclusion(path: Path, index, missing: str, manifest=None):
+    """The exclude list resolved against the plan's index (`manifest`, if read already):
+    (source, row) and (file, ...) entries by the planner, content_hash entries through
+    content_hash_rows."""
     from mds.core.storage import is_url
     from mds.errors import ConfigError
     from mds.planner.index.tables import read_manifest
@@ -295,7 +298,7 @@ def _exclusion(path: Path, index, missing: str):
     found = read_exclude_list(path)
     if found.hashes:
         found.rows.extend(content_hash_rows(Path(index), found.hashes, missing))
-    ids, given, _ = resolve_entries(found, read_manifest(index), missing)
+    ids, given, _ = resolve_entries(found, manifest or read_manifest(index), missing)
     return Exclusion(ids, given, path.name, found.digest, found.entries)
 
 

@@ -21,14 +21,17 @@ from mds.errors import DataChangedError, IndexFormatError, PlanError
 
 __all__ = [
     "FORMAT",
+    "HISTORY",
     "MANIFEST",
     "VERSION",
     "IndexManifest",
     "index_fingerprint",
+    "history_name",
     "index_sources",
     "missing_index",
     "plan_manifest",
     "read_manifest",
+    "read_manifest_of",
     "read_table_bytes",
     "table_checksum",
     "table_damage",
@@ -37,6 +40,9 @@ __all__ = [
 FORMAT = "mds-index"
 VERSION = 1
 MANIFEST = "manifest.json"
+# Manifests of earlier builds of the index, kept so plans made from them still verify:
+# history/<32 hex of the index fingerprint>.json (docs/index-format.md).
+HISTORY = "history"
 # The source formats and payload kinds an index may name (the executor's readers read all).
 FORMATS = ("parquet", "jsonl", "jsonl.zst", "arrow", "megatron", "webdataset")
 PAYLOAD_KINDS = ("token_ids", "text", "image_text")
@@ -237,10 +243,36 @@ def _check(data: Any, where: Path) -> None:
         raise IndexFormatError(f"{where}: manifest has no `fingerprint`")
 
 
+def history_name(fingerprint: str) -> str:
+    """Where, relative to the index, the manifest of the index `fingerprint` is kept once a
+    re-index replaced it (an unusable fingerprint names no file)."""
+    digest = fingerprint.removeprefix("blake2b:")
+    if len(digest) != 32 or not all(c in "0123456789abcdef" for c in digest):
+        return ""
+    return f"{HISTORY}/{digest}.json"
+
+
+def read_manifest_of(directory: str | Path, fingerprint: Any) -> IndexManifest:
+    """The manifest of the index `fingerprint` in `directory`: the one an earlier build's
+    re-index kept under history/ (its tables are kept beside the current ones), else
+    manifest.json, whatever it holds. One manifest is parsed either way."""
+    name = history_name(fingerprint) if isinstance(fingerprint, str) else ""
+    kept = Path(directory) / name
+    if name and kept.is_file():
+        older = _load(kept, Path(directory))
+        if older.fingerprint == fingerprint:
+            return older
+    return read_manifest(directory)
+
+
 def read_manifest(directory: str | Path) -> IndexManifest:
     """Load and validate `directory/manifest.json`."""
     directory = Path(directory)
-    where = directory / MANIFEST
+    return _load(directory / MANIFEST, directory)
+
+
+def _load(where: Path, directory: Path) -> IndexManifest:
+    """Load and validate the manifest file `where` of the index in `directory`."""
     try:
         data = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -270,12 +302,13 @@ def plan_manifest(
     footer: dict[str, Any],
     index: str | Path | None = None,
     option: str = "--index",
-    copy: Callable[[str], Path] | None = None,
+    copy: Callable[[str, Any], Path] | None = None,
 ) -> IndexManifest:
     """The index a plan was made from (`index`, else the path its footer names), checked
     against the fingerprint the plan recorded; `option` is how the caller names `index`.
-    An index in object storage is read through `copy` (URL -> a local copy of it; the
-    planner's download_index), and refused without it."""
+    An index in object storage is read through `copy` ((URL, fingerprint) -> a local copy
+    of it, with the manifest a re-index kept for that fingerprint; the planner's
+    download_index), and refused without it."""
     from mds.core import storage
 
     try:
@@ -286,7 +319,8 @@ def plan_manifest(
     if storage.is_url(index_dir) and copy is not None:
         if not index and not storage.exists(f"{index_dir}/{MANIFEST}"):
             raise IndexFormatError(missing_index(plan, index_dir, recorded["path"], option))
-        manifest = read_manifest(copy(index_dir))
+        fingerprint = recorded.get("fingerprint")
+        manifest = read_manifest_of(copy(index_dir, fingerprint), fingerprint)
         if manifest.fingerprint != recorded.get("fingerprint"):
             raise DataChangedError(
                 f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one "
@@ -302,7 +336,7 @@ def plan_manifest(
         )
     if not index and not (index_dir / MANIFEST).is_file():
         raise IndexFormatError(missing_index(plan, index_dir, recorded["path"], option))
-    manifest = read_manifest(index_dir)
+    manifest = read_manifest_of(index_dir, recorded.get("fingerprint"))
     if manifest.fingerprint != recorded.get("fingerprint"):
         raise DataChangedError(
             f"{index_dir}: index fingerprint {manifest.fingerprint} differs from the one the plan "

@@ -260,8 +260,10 @@ def test_rewritten_file_is_the_only_one_rescanned(root: Path, scanned: list[str]
     assert [f["first_row"] for f in files] == [0, 4, 10]
     assert [f["rows"] for f in files] == [4, 6, 4]
     assert _table(root / "index", "forum").equals(old_forum)
-    # Exactly one table per source remains: the old web table was collected.
-    assert len(list((root / "index/sources").iterdir())) == 5
+    # One table per source, and the old web table, which the replaced manifest (kept
+    # under history/ for plans made from it) still names.
+    assert len(list((root / "index/sources").iterdir())) == 6
+    assert len(list((root / "index/history").iterdir())) == 1
 
 
 def test_same_size_rewrite_is_detected(root: Path, scanned: list[str]) -> None:
@@ -538,8 +540,9 @@ def test_output_with_a_manifest_of_another_tool(root: Path, tmp_path: Path, mani
 
 
 def test_tables_mds_did_not_write_survive_every_re_index(root: Path, tmp_path: Path) -> None:
-    """Only tables a previous manifest named are removed when no longer needed: a file under
-    `sources/` that no manifest named (a user's, or a crashed run's) is never deleted."""
+    """Only tables a previous manifest named are removed when no longer needed (history.py
+    tests when): a file under `sources/` that no manifest named (a user's, or a crashed
+    run's) is never deleted."""
     out = tmp_path / "idx"
     (out / "sources").mkdir(parents=True)
     (out / "sources/notes.parquet").write_bytes(b"keep me")
@@ -549,7 +552,7 @@ def test_tables_mds_did_not_write_survive_every_re_index(root: Path, tmp_path: P
     _build(root, output=out)
     second = _manifest(out)
     old = {s["table"] for s in first["sources"]} - {s["table"] for s in second["sources"]}
-    assert old and not any((out / rel).exists() for rel in old)
+    assert old and all((out / rel).exists() for rel in old)  # the kept manifest names them
     assert all((out / s["table"]).exists() for s in second["sources"])
     assert (out / "sources/notes.parquet").read_bytes() == b"keep me"
 
@@ -788,10 +791,16 @@ def _tiny_corpus(root: Path, n: int) -> None:
 
 
 def _tree(directory: Path) -> dict[str, bytes]:
+    """The index as a full build makes it: what the manifest names, without history/ and
+    the tables only the replaced manifests kept there name."""
+    named = {s["table"] for s in read_manifest(directory).sources}
     return {
-        p.relative_to(directory).as_posix(): p.read_bytes()
+        rel: p.read_bytes()
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and not p.name.startswith(".")
+        if p.is_file()
+        and not p.name.startswith(".")
+        and not (rel := p.relative_to(directory).as_posix()).startswith("history/")
+        and (not rel.startswith("sources/") or rel in named)
     }
 
 
@@ -841,3 +850,58 @@ def test_a_file_rewritten_with_its_old_size_and_mtime_back_keeps_its_fingerprint
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # any move of the mtime: read
     build_index(config, tmp_path / "index", workers=1)
     assert scanned == ["d/f001.jsonl"]
+
+
+def test_an_unchanged_file_costs_one_stat_and_no_pool_task(tmp_path: Path, monkeypatch) -> None:
+    """Discovery's stat of a local file is the one its reuse is decided by: an unchanged
+    file is not stat-ed again, and only new or changed files go to the workers."""
+    from mds.planner.index import reuse
+
+    root = tmp_path / "data"
+    _tiny_corpus(root, 30)
+    config = load_config(root / "mds.toml")
+    build_index(config, tmp_path / "index", workers=1)
+    (root / "d/f030.jsonl").write_text('{"tokens": [7, 7]}\n')
+    stats: list[str] = []
+    sent: list[str] = []
+    signature, batch = reuse.stat_signature, build.fingerprint_batch
+    monkeypatch.setattr(reuse, "stat_signature", lambda p: (stats.append(str(p)), signature(p))[1])
+    monkeypatch.setattr(
+        build,
+        "fingerprint_batch",
+        lambda files, *a: (sent.extend(f.rel for f in files), batch(files, *a))[1],
+    )
+    summary = build_index(config, tmp_path / "index", workers=1)
+    assert stats == [] and sent == ["d/f030.jsonl"]
+    assert summary.sources[0].files_scanned == 1
+    assert _tree(tmp_path / "index") == _tree(_full(config, tmp_path / "full"))
+
+
+def _full(config, out: Path) -> Path:
+    build_index(config, out, workers=1)
+    return out
+
+
+def test_an_unchanged_source_keeps_its_table_unread(root: Path, tmp_path: Path, monkeypatch) -> None:
+    """A re-index reads and writes the table of a source that changed, and no other: an
+    unchanged source's entry and table are the previous index's; the bytes are a full
+    index's all the same."""
+    _build(root)
+    write_parquet(root / "web/part-00001.parquet", web_part(1, rows=6, offset=5))
+    read: list[str] = []
+    written: list[str] = []
+    reading, writing = source_table.read_table, publish.TableWriter.write_table
+    monkeypatch.setattr(
+        source_table, "read_table", lambda p, *a: (read.append(Path(p).name), reading(p, *a))[1]
+    )
+    monkeypatch.setattr(
+        publish.TableWriter,
+        "write_table",
+        lambda self, name, frame: (written.append(name), writing(self, name, frame))[1],
+    )
+    summary = _build(root)
+    assert [p.split("-")[0] for p in read] == ["web"] and written == ["web"]
+    assert [s.files_scanned for s in summary.sources] == [1, 0, 0, 0, 0]
+    monkeypatch.undo()
+    _build(root, output=tmp_path / "full")
+    assert _tree(root / "index") == _tree(tmp_path / "full")

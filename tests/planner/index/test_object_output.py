@@ -4,6 +4,7 @@ S3 and GCS servers in tests/core/test_storage_outputs.py and tests/faults/)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,19 @@ def _objects(store, prefix: str) -> dict[str, bytes]:
     return {k[len(prefix) + 1 :]: store.get(k) for k in keys}
 
 
+def _index(store, prefix: str) -> dict[str, bytes]:
+    """The objects of the index under `prefix` as a full build makes them: the manifest and
+    the tables it names, without history/ and the tables only kept manifests name."""
+    objects = _objects(store, prefix)
+    named = {s["table"] for s in json.loads(objects["manifest.json"])["sources"]}
+    return {
+        k: v
+        for k, v in objects.items()
+        if not k.startswith("history/")
+        and not (k.startswith("sources/") and k.endswith(".parquet") and k not in named)
+    }
+
+
 def _server(kind: str):
     if kind == "s3":
         from s3_store import s3_server
@@ -110,17 +124,22 @@ def test_a_re_index_in_a_store_reads_and_uploads_only_what_changed(
             spy.setattr(storage, "stat", lambda p: (read.append(f"stat {p}"), stat(p))[1])
             build_index(cfg, store.url("idx"), workers=1)
         assert sorted(read) == [store.url("data/a/f2.jsonl"), store.url("data/a/f9.jsonl")]
-        # source b's table is in place already: only a's new table and the manifest go up
-        assert len(sent) == 2 and sent[-1] == store.url("idx/manifest.json")
-        assert "/sources/a-" in sent[0]
+        # source b's table is in place already: only a's new table, the replaced manifest
+        # (kept under history/ for the plans made from it) and the manifest go up
+        assert len(sent) == 3 and sent[-1] == store.url("idx/manifest.json")
+        assert "/sources/a-" in sent[0] and "/history/" in sent[1]
         build_index(config(store.url("data")), store.url("full"), workers=1)
-        assert _objects(store, "idx") == _objects(store, "full")
+        assert _index(store, "idx") == _objects(store, "full")
+        # the replaced manifest and its tables stay
+        (kept,) = [k for k in _objects(store, "idx") if k.startswith("history/") and k != "history/"]
+        old = json.loads(store.get(f"idx/{kept}"))
+        assert all(s["table"] in _objects(store, "idx") for s in old["sources"])
         # a table object in place whose bytes differ is not reused: its files are rescanned
         # and the table is sent again
         table = next(k for k in _objects(store, "idx") if k.startswith("sources/b-"))
         store.put(f"idx/{table}", b"damaged")
         build_index(cfg, store.url("idx"), workers=1)
-        assert _objects(store, "idx") == _objects(store, "full")
+        assert _index(store, "idx") == _objects(store, "full")
         # the listing's modification time is the one a stat of the object gives
         listed = {k: m for k, _, m in storage.list_object_infos(store.url("data"))}
         assert listed["a/f9.jsonl"] == storage.stat(store.url("data/a/f9.jsonl")).st_mtime_ns

@@ -161,3 +161,46 @@ def test_worker_processes_plan_the_same_bytes(parent, tmp_path):
     build_plan(config, one, parent=old, at_step=4, exclusion=exclusion_of(listed, config))
     build_plan(config, two, parent=old, at_step=4, exclusion=exclusion_of(listed, config), workers=2)
     assert one.read_bytes() == two.read_bytes()
+
+
+@pytest.mark.slow
+def test_spawned_workers_of_a_re_plan_load_the_index_once(parent, tmp_path, monkeypatch):
+    """Where workers are spawned (no fork), a re-plan's are started once its parent has
+    given the config its exclusions: each worker's Planner, made by the pool's initializer
+    from that config, is the one every chunk is planned with (no second load per worker)."""
+    from mds.planner.plan import build as plan_mod
+
+    config, old = parent
+    listed = tmp_path / "bad.csv"
+    bad = sorted({i for ids in step_ids(old, 12, 14).values() for i in ids})
+    pl.DataFrame(named(config, bad), schema=["source", "row"], orient="row").write_csv(listed)
+    started: list[tuple] = []  # (run, config) each pool's workers load the index with
+    runs: list[str] = []  # the run each planned chunk names
+    real_open = plan_mod.open_engine
+
+    def counting_open(*args, **kwargs):
+        started.append(kwargs.get("initargs"))
+        pool = real_open(*args, **kwargs)
+        real_map = pool.map
+
+        def map(fn, units, **kw):
+            def noted():
+                for unit in units:
+                    runs.append(unit[0])
+                    yield unit
+
+            return real_map(fn, noted(), **kw)
+
+        pool.map = map
+        return pool
+
+    monkeypatch.setattr(plan_mod, "fork_shares_memory", lambda: False)
+    monkeypatch.setattr(plan_mod, "open_engine", counting_open)
+    one, two = tmp_path / "one.mds", tmp_path / "two.mds"
+    build_plan(config, one, parent=old, at_step=4, exclusion=exclusion_of(listed, config))
+    assert started == [] and runs == []
+    build_plan(config, two, parent=old, at_step=4, exclusion=exclusion_of(listed, config), workers=2)
+    assert one.read_bytes() == two.read_bytes()
+    ((run, given),) = started  # one pool ...
+    assert given.excluded  # ... started with the exclusions ...
+    assert runs and set(runs) == {run}  # ... whose run every chunk names: no worker reloads

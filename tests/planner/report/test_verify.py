@@ -75,3 +75,28 @@ def test_each_index_table_is_read_once(pristine, monkeypatch):
     monkeypatch.setattr(builtins, "open", counting_open)
     assert verify_plan(pristine / "plan.mds").ok
     assert sorted(opened) == sorted(tables)
+
+
+def test_a_plan_still_verifies_after_its_index_is_re_indexed(pristine, tmp_path):
+    """A re-index of a grown corpus keeps the replaced manifest and its tables (history/):
+    the plan made before it verifies against the files it used, and one whose kept
+    manifest is gone says which index it was made from."""
+    import shutil
+
+    from mds.planner.index.build import build_index
+    from mds.planner.index.config import load_config
+
+    work = tmp_path / "w"
+    shutil.copytree(pristine, work, symlinks=True)
+    shutil.copy2(work / "data/web/part-00002.parquet", work / "data/web/part-00003.parquet")
+    before = json.loads((work / "index/manifest.json").read_text())["fingerprint"]
+    after = build_index(load_config(work / "data/mds.toml"), work / "index", workers=1)
+    assert after.fingerprint != before
+    result = verify_plan(work / "plan.mds")
+    assert result.ok, result.first_failure
+    assert check(result, "index fingerprint").detail == before
+    assert check(result, "source web: files").detail.startswith("3 files, ")  # not 4
+    shutil.rmtree(work / "index/history")
+    result = verify_plan(work / "plan.mds")
+    assert not result.ok
+    assert f"differs from the plan's {before}" in result.first_failure.detail

@@ -119,6 +119,11 @@ def test_index_rebuilt_from_changed_data(work):
     with open(forum, "a", encoding="utf-8") as f:
         f.write(json.dumps({"text": "one more post", "lang": "en", "score": 3}) + "\n")
     build_index(load_config(work / "data" / "mds.toml"), work / "index", workers=1)
+    # the plan is checked against the index it was made from (kept under history/), whose
+    # file the new line changed
+    name, detail = failure(verify_plan(work / "plan.mds"))
+    assert name == "source forum: files" and "forum.jsonl" in detail
+    shutil.rmtree(work / "index" / "history")  # without it, the index in place is compared
     result = verify_plan(work / "plan.mds")
     name, detail = failure(result)
     assert name == "index fingerprint"

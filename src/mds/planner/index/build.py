@@ -27,6 +27,7 @@ from mds.core import commit, storage
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.discover import discover
+from mds.planner.index.history import HISTORY, keep_previous, prune_local
 from mds.planner.index.object_output import (
     check_object_output,
     previous_objects,
@@ -41,10 +42,13 @@ from mds.planner.index.reuse import (
     IndexedFile,
     fingerprint_batch,
     previous_index,
+    recorded_counts,
+    recorded_fingerprint,
     resolve_tokenizer,
     reused_files,
     source_payload,
     spec_key,
+    unchanged_source,
 )
 from mds.planner.index.scan import ScanContext
 from mds.planner.index.source_table import (
@@ -281,7 +285,8 @@ def _hints(discovered, old_by_name: dict, mode: str, listed: dict) -> list[Hint]
             for e in (old or {}).get("files", [])
             if str(e.get("fingerprint", "")).startswith(f"{mode}:")
         }
-        hints.extend((listed.get(f.rel), before.get(f.rel)) for f in files)
+        # a local file's (size, mtime_ns) from discovery's stat, an object's from the listing
+        hints.extend((listed.get(f.rel, f.signature), before.get(f.rel)) for f in files)
     return hints
 
 
@@ -298,22 +303,37 @@ def _build_locked(
     counts: list[tuple] = []  # ... which are written from these, one entry at a time
     summary = IndexSummary(path=str(output), fingerprint="")
     mark = len(commit.written())
+    saved = None  # the previous manifest's copy under history/, once made
     try:
         output.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(output, every=True)
         clean_stale_temps(output / TABLES, every=True)
+        clean_stale_temps(output / HISTORY, every=True)
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
             hints = _hints(discovered, old_by_name, config.fingerprint, listed)
             pool.check_visible(_seen_by_workers(config, discovered))
-            # Few files are still shared among the workers: each hashes a few MiB.
-            per = max(1, min(FINGERPRINT_BATCH, -(-len(all_files) // max(pool.workers, 1))))
+            # An unchanged file keeps its recorded fingerprint here; the others are hashed
+            # by the workers. Few files are still shared among them: each hashes a few MiB.
+            fps: list = [
+                recorded_fingerprint(f, config.fingerprint, *h)
+                for f, h in zip(all_files, hints, strict=True)
+            ]
+            todo = [i for i, fp in enumerate(fps) if fp is None]
+            per = max(1, min(FINGERPRINT_BATCH, -(-len(todo) // max(pool.workers, 1))))
             host = socket.gethostname()
             batches = [
-                (all_files[i : i + per], config.fingerprint, host, hints[i : i + per])
-                for i in range(0, len(all_files), per)
+                (
+                    [all_files[i] for i in todo[k : k + per]],
+                    config.fingerprint,
+                    host,
+                    [hints[i] for i in todo[k : k + per]],
+                )
+                for k in range(0, len(todo), per)
             ]
-            fps = [fp for chunk in pool.map(fingerprint_batch, batches) for fp in chunk]
+            hashed = [fp for chunk in pool.map(fingerprint_batch, batches) for fp in chunk]
+            for i, fp in zip(todo, hashed, strict=True):
+                fps[i] = fp
             plans: list[tuple[SourceSpec, str, list[IndexedFile]]] = []
             pos = 0
             for spec, files in discovered:
@@ -372,9 +392,29 @@ def _build_locked(
 
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)
+            fmt = files[0].data.format
+            if unchanged_source(spec, fmt, key, files, old):
+                # its table and counts as they are: neither read nor written again
+                assert old is not None
+                counts.append((files, *recorded_counts(old), None))
+                entries.append(
+                    {
+                        "name": spec.name,
+                        "format": fmt,
+                        **{k: old[k] for k in ("table", "table_checksum")},
+                        "spec_key": key,
+                        "length": spec.length.describe(),
+                        "payload": source_payload(spec, fmt),
+                        **{k: old[k] for k in ("keep", "rows", "tokens", "length_stats")},
+                    }
+                )
+                summary.sources.append(
+                    SourceSummary(spec.name, fmt, len(files), 0, old["rows"], old["tokens"],
+                                  spec.length.exact, 0)
+                )  # fmt: skip
+                continue
             dropped = _dropped(spec, files, new_parts[si], old)
             parts = new_parts.pop(si) + reused_rows(previous, old, files)
-            fmt = files[0].data.format
             table = assemble(spec, fmt, files, parts)
             del parts
             if table.height == 0:
@@ -437,6 +477,8 @@ def _build_locked(
             "sources": entries,
         }
         try:
+            # plans made from the index being replaced keep verifying against it
+            saved = keep_previous(output, previous, manifest["fingerprint"])
             write_manifest(
                 output / MANIFEST,
                 manifest,
@@ -448,11 +490,16 @@ def _build_locked(
         # an interrupt just after the manifest's rename: the new index is in place, whole
         if os.fspath(output / MANIFEST) not in commit.written()[mark:]:
             writer.rollback()
+            if saved is not None:
+                saved.unlink(missing_ok=True)
             if created_dir:
                 shutil.rmtree(output, ignore_errors=True)
         raise
-    owned = {str(e["table"]) for e in previous.sources} if previous else set()
-    collect_garbage(output, {e["table"] for e in entries}, owned)
+    live = {e["table"] for e in entries}
+    # the previous manifest's tables stay while history/ keeps it (it always does now);
+    # tables go once no kept manifest names them
+    gone, named = prune_local(output, live)
+    collect_garbage(output, live | named, gone)
     summary.fingerprint = manifest["fingerprint"]
     summary.seconds = clock() - started
     return summary

@@ -16,7 +16,7 @@ import json
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mds.core.index_manifest import FORMAT as INDEX_FORMAT
@@ -43,12 +43,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class DataFile:
-    """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx."""
+    """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx.
+    `signature`: (size, mtime_ns) from the stat discovery made of it, if it made one (a
+    re-index then needs no second stat of an unchanged file)."""
 
     path: Path
     rel: str
     format: str
     companion: Path | None = None
+    signature: tuple[int, int] | None = field(default=None, compare=False)
 
 
 MANIFEST_HEAD = 1 << 20  # bytes of a manifest.json read to tell whether it is an mds index's
@@ -95,13 +98,20 @@ def _kind(path: Path) -> str | None:
     return "not a regular file"
 
 
-def _file_or_dir(path: Path | str) -> str | None:
-    """ "file" or "dir" (after symlinks), else None, in one stat."""
+def _file_or_dir(path: Path | str, seen: dict[str, tuple[int, int, bool]]) -> str | None:
+    """ "file" or "dir" (after symlinks), else None, in one lstat (and a stat for a
+    symlink); a file's (size, mtime_ns, is a symlink) goes to `seen`."""
     try:
-        mode = os.stat(path).st_mode
+        st = os.lstat(path)
+        link = stat.S_ISLNK(st.st_mode)
+        if link:
+            st = os.stat(path)
     except OSError:
         return None
-    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else None
+    if stat.S_ISREG(st.st_mode):
+        seen[os.fspath(path)] = (st.st_size, st.st_mtime_ns, link)
+        return "file"
+    return "dir" if stat.S_ISDIR(st.st_mode) else None
 
 
 class _Resolver:
@@ -112,10 +122,11 @@ class _Resolver:
     def __init__(self) -> None:
         self._dirs: dict[str, str] = {}
 
-    def __call__(self, path: Path | str) -> str:
+    def __call__(self, path: Path | str, link: bool | None = None) -> str:
+        """`link`: whether `path` is a symlink, when a stat of it said so already."""
         text = os.fspath(path)
         directory, name = os.path.split(text)
-        if name in ("", ".", "..") or os.path.islink(text):
+        if name in ("", ".", "..") or (os.path.islink(text) if link is None else link):
             return os.path.realpath(text)
         parent = self._dirs.get(directory)
         if parent is None:
@@ -153,9 +164,12 @@ class _Excluded:
         return None
 
 
-def _expand_dir(directory: Path, skip: _Excluded) -> list[Path]:
+def _expand_dir(
+    directory: Path, skip: _Excluded, seen: dict[str, tuple[int, int, bool]]
+) -> list[Path]:
     """A directory's data files: its listing, decided by `directory_files` (index/layout.py)
-    as an object prefix's is; files inside an mds index are not listed."""
+    as an object prefix's is; files inside an mds index are not listed. What the stat of
+    each file said goes to `seen` (as in _file_or_dir; whether it is a symlink unknown)."""
     entries = []
     for p in sorted(directory.rglob("*")):
         try:
@@ -164,6 +178,7 @@ def _expand_dir(directory: Path, skip: _Excluded) -> list[Path]:
             continue
         if stat.S_ISREG(st.st_mode) and skip.index_of(p.parent) is None:
             entries.append((p.relative_to(directory).as_posix(), st.st_size))
+            seen[str(p)] = (st.st_size, st.st_mtime_ns, None)  # type: ignore[assignment]
     files = Listing(entries)
 
     def read(rel: str) -> bytes:
@@ -185,11 +200,19 @@ def _check_explicit(full: Path, pattern: str, where: str, skip: _Excluded) -> No
         raise SourceDataError(f"{where}{full}: {kind}, not a regular file; mds reads only files")
 
 
-def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = None) -> list[Path]:
+def _expand(
+    pattern: str,
+    root: Path,
+    where: str = "",
+    skip: _Excluded | None = None,
+    seen: dict[str, tuple[int, int, bool]] | None = None,
+) -> list[Path]:
     """The files `pattern` names. A name that exists is that file or directory, even with
     glob characters in it (`data[1].parquet`); so is a Megatron prefix whose .idx or .bin
-    exists; only otherwise is a pattern with glob characters a glob."""
+    exists; only otherwise is a pattern with glob characters a glob. `seen` collects what
+    the stats made on the way said of the files (see _file_or_dir)."""
     skip = skip or _Excluded(root, ())
+    seen = {} if seen is None else seen
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
     # A Megatron prefix: `name` for `name.idx` + `name.bin` (either half names the pair,
     # so a missing half is reported as such rather than as "matches no files").
@@ -209,7 +232,7 @@ def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = 
             else [os.path.join(root, g) for g in glob.glob(pattern, root_dir=root, recursive=True)]
         )
         for g in sorted(found):
-            kind = _file_or_dir(g)
+            kind = _file_or_dir(g, seen)
             # A regular file is never an index itself: only its directories need a look
             # (asked once per directory: index_of caches its answers by the string).
             if kind is not None and skip.index_of(os.path.dirname(g) if kind == "file" else g) is None:
@@ -219,7 +242,7 @@ def _expand(pattern: str, root: Path, where: str = "", skip: _Excluded | None = 
                     dirs.add(m)
     out: list[Path] = []
     for match in matches:
-        out.extend(_expand_dir(match, skip) if match in dirs else [match])
+        out.extend(_expand_dir(match, skip, seen) if match in dirs else [match])
     if not out and literal and full.is_dir():
         raise ConfigError(
             f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
@@ -250,27 +273,35 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     resolve = _Resolver()
     inside = os.path.join(str(root), "")  # the root with one trailing separator
     found: dict[str, DataFile] = {}
+    seen: dict[str, tuple[int, int, bool]] = {}
     for pattern in spec.paths:
-        matches = _expand(pattern, root, where, skip)
+        matches = _expand(pattern, root, where, skip, seen)
         if not matches:
             raise ConfigError(f"{where}`path` {pattern!r} matches no files under {root}")
         for match in matches:
-            fmt = spec.format or detect_format(match.name)
+            text = os.fspath(match)  # a Path's string is made anew each time it is asked
+            fmt = spec.format or detect_format(text.rpartition(os.sep)[2])
             if fmt is None:
                 raise ConfigError(
                     f"{where}cannot tell the format of {match} from its name; set `format`"
                 )
             companion = None
+            known = seen.get(text)
             if fmt == "megatron":
                 match, companion = _megatron_pair(match, where)
-            resolved = resolve(match)
+                text, known = os.fspath(match), None
+            resolved = resolve(text, None if known is None else known[2])
             if not resolved.startswith(inside):
                 raise ConfigError(
                     f"{where}{match} is outside the data root {root}; set [index] `root`"
                 )
             rel = resolved[len(inside) :].replace(os.sep, "/")
             found[resolved] = DataFile(
-                Path(resolved), rel, fmt, companion.resolve() if companion else None
+                match if resolved == text else Path(resolved),  # one Path a file
+                rel,
+                fmt,
+                companion.resolve() if companion else None,
+                None if known is None else known[:2],
             )
     return one_format(found.values(), where, "files")
 

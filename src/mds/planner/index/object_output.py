@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mds.core import commit, storage
 from mds.errors import ConfigError, IndexFormatError, Interrupted
 from mds.planner.index.config import IndexConfig
 from mds.planner.index.discover import MANIFEST_HEAD, is_index_manifest
+from mds.planner.index.history import HISTORY, manifest_tables, prune
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.reuse import not_an_index
 from mds.planner.index.tables import MANIFEST, TABLES, read_manifest
@@ -43,6 +44,7 @@ class Prefix:
     present: set[str]  # table objects there, named or not (temporaries aside)
     had_index: bool  # a manifest.json of ours was there
     manifest: bytes | None = None  # its bytes, when they parse as an index this mds reads
+    history: list[tuple[str, int]] = field(default_factory=list)  # (key, mtime_ns) of history/
 
 
 def previous_objects(url: str) -> Prefix:
@@ -55,13 +57,22 @@ def previous_objects(url: str) -> Prefix:
     from mds.planner.runtime.object_lock import lock_url
 
     own_lock = relative_key(lock_url(url), url)  # inside the prefix for a whole bucket
-    keys = [key for key, _size in storage.list_objects(url) if key != own_lock]
+    infos = [(key, mtime) for key, _size, mtime in storage.list_object_infos(url)]
+    keys = [key for key, _mtime in infos if key != own_lock]
     present = {k for k in keys if k.startswith(f"{TABLES}/") and not commit.is_temp_name(k)}
+    history = [
+        (k, m)
+        for k, m in infos
+        if k.startswith(f"{HISTORY}/") and k.endswith(".json") and not commit.is_temp_name(k)
+    ]
     manifest_url = f"{url}/{MANIFEST}"
     if MANIFEST not in keys:
-        if any(k.split("/", 1)[0] != TABLES and not commit.is_temp_name(k) for k in keys):
+        if any(
+            k.split("/", 1)[0] not in (TABLES, HISTORY) and not commit.is_temp_name(k)
+            for k in keys
+        ):
             raise not_an_index(url)
-        return Prefix(set(), present, False)
+        return Prefix(set(), present, False, history=history)
     if not is_index_manifest(head(manifest_url, MANIFEST_HEAD)):
         raise not_an_index(url)
     data = storage.get_bytes(manifest_url)
@@ -74,9 +85,9 @@ def previous_objects(url: str) -> Prefix:
                 raise IndexFormatError(
                     str(exc).replace(str(Path(tmp) / MANIFEST), manifest_url)
                 ) from None
-            return Prefix(set(), present, True)
+            return Prefix(set(), present, True, history=history)
     named = {str(e["table"]) for e in previous.sources if TABLE_NAME.fullmatch(str(e["table"]))}
-    return Prefix(named, present, True, data)
+    return Prefix(named, present, True, data, history)
 
 
 def seed_previous(local: Path, url: str, previous: Prefix) -> dict[str, str]:
@@ -121,26 +132,51 @@ def upload_index(
 ) -> None:
     """Upload the index in the directory `local` under the prefix `url`: the tables first
     (named by their content, so a table of the index in place is never changed; one in
-    `kept`, {table: checksum} copied whole from the prefix, is not sent again), the
-    manifest last, each one object (upload.put_file: never a partial one). Readers see the
-    old manifest or the new one, and a failed or interrupted upload leaves the old index
-    valid; an interrupt says what it left (Interrupted). Then the tables the old manifest
-    named and the new one does not are removed: nothing else under the prefix, which mds
-    did not write. `previous`: what the prefix held before the build; `held`: its lock
-    object, checked before the manifest is written and before tables are removed."""
+    `kept`, {table: checksum} copied whole from the prefix, is not sent again), then the
+    manifest it replaces under history/ (the build kept it in `local`), the manifest last,
+    each one object (upload.put_file: never a partial one). Readers see the old manifest
+    or the new one, and a failed or interrupted upload leaves the old index valid; an
+    interrupt says what it left (Interrupted). Then the history manifests beyond the newest
+    HISTORY_KEEP are removed, and the tables only they named: nothing else under the
+    prefix, which mds did not write. `previous`: what the prefix held before the build;
+    `held`: its lock object, checked before the manifest is written and before anything
+    is removed."""
     manifest = read_manifest(local)
     checksums = {str(e["table"]): str(e["table_checksum"]) for e in manifest.sources}
     live = set(checksums)
     kept = kept or {}
     mark = len(commit.written())  # what this build puts in place is noted after it
-    stale = sorted(previous.named - live)
+    there = {k for k, _ in previous.history}
+    added = sorted(
+        f"{HISTORY}/{p.name}"
+        for p in (local / HISTORY).glob("*.json")
+        if f"{HISTORY}/{p.name}" not in there and not commit.is_temp_name(p.name)
+    )
+    # the previous manifest's tables stay: history/ keeps it (the build copied it there)
+    saved = set(previous.named)
+    stale: list[str] = []
     try:
         for rel in sorted(live):
             if kept.get(rel) != checksums[rel]:
                 upload.put_file(local / rel, f"{url}/{rel}")
+        for rel in added:
+            upload.put_file(local / rel, f"{url}/{rel}")
         held.check()
         upload.put_file(local / MANIFEST, f"{url}/{MANIFEST}")
         held.check()
+        newest = max((m for _, m in previous.history), default=0) + 1
+        retained, dropped = prune([*previous.history, *((k, newest) for k in added)])
+        gone: set[str] = set()
+        for rel in dropped:
+            gone |= manifest_tables(storage.get_bytes(f"{url}/{rel}"))
+        if gone - live - saved:
+            for rel in retained:
+                saved = saved | manifest_tables(storage.get_bytes(f"{url}/{rel}"))
+        stale = sorted(
+            set(stale) | {t for t in gone - live - saved if TABLE_NAME.fullmatch(t)}
+        )
+        for rel in dropped:
+            storage.delete(f"{url}/{rel}")
         while stale:
             storage.delete(f"{url}/{stale[0]}")
             stale.pop(0)

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mds.core import storage
 from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
+from mds.core.index_manifest import HISTORY
 from mds.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.planner.index.config import SourceSpec
 from mds.planner.index.discover import DataFile, is_index_dir
@@ -27,13 +30,16 @@ __all__ = [
     "IndexedFile",
     "fingerprint_batch",
     "fingerprint_file",
+    "recorded_fingerprint",
     "not_an_index",
     "previous_index",
     "resolve_tokenizer",
     "reused_files",
     "row_group_located",
     "source_payload",
+    "recorded_counts",
     "spec_key",
+    "unchanged_source",
 ]
 
 FINGERPRINT_BATCH = 256  # files fingerprinted per pool task
@@ -67,20 +73,33 @@ def fingerprint_file(
     costs a stat (a local root) or nothing beyond the listing (an object store)."""
     listed, before = hint
     size, mtime = listed if listed is not None else stat_signature(f.path)
-    if (
-        before is not None
-        and f.companion is None
-        and mtime != 0  # a store that gives no modification time proves nothing
-        and before[:2] == (size, mtime)
-        and before[2].startswith(f"{mode}:")
-    ):
-        return size, mtime, before[2], size
+    known = recorded_fingerprint(f, mode, (size, mtime), before)
+    if known is not None:
+        return known
     fp = fingerprint(f.path, mode)
     nbytes = size
     if f.companion is not None:
         fp = f"{fp}+{fingerprint(f.companion, mode).split(':', 1)[1]}"
         nbytes += stat_signature(f.companion)[0]
     return size, mtime, fp, nbytes
+
+
+def recorded_fingerprint(
+    f: DataFile, mode: str, listed: tuple[int, int] | None, before: tuple[int, int, str] | None
+) -> tuple[int, int, str, int] | None:
+    """fingerprint_file's answer for a file whose size and mtime (`listed`: from a listing
+    or discovery's stat) are the ones the previous index recorded (`before`), without
+    reading it; None when the file must be fingerprinted."""
+    if (
+        listed is not None
+        and before is not None
+        and f.companion is None
+        and listed[1] != 0  # a store that gives no modification time proves nothing
+        and before[:2] == listed
+        and before[2].startswith(f"{mode}:")
+    ):
+        return listed[0], listed[1], before[2], listed[0]
+    return None
 
 
 def fingerprint_batch(
@@ -157,7 +176,7 @@ def previous_index(output: Path) -> IndexManifest | None:
             if not table_intact(previous.path / entry["table"], entry["table_checksum"]):
                 entry["files"] = []  # damaged table: none of its rows is reused, all rescanned
         return previous
-    if any(p for p in output.iterdir() if not is_temp(p) and p.name != TABLES):
+    if any(p for p in output.iterdir() if not is_temp(p) and p.name not in (TABLES, HISTORY)):
         raise not_an_index(output)
     return None
 
@@ -208,3 +227,38 @@ def reused_files(
             reuse = by_stat.get((*key, mtime))
         planned.append(IndexedFile(f, size, mtime, fp, nbytes, reuse))
     return planned
+
+
+def unchanged_source(
+    spec: SourceSpec, fmt: str, key: str, files: list[IndexedFile], old: dict | None
+) -> bool:
+    """Whether a source's table and file entries would come out as the previous index has
+    them: the same settings, and the same files in the same order, each reused whole with
+    the path, size, mtime and fingerprint recorded. Its table is then kept as it is.
+    (Image-text sources, whose entries carry counts of dropped samples, are rebuilt.)"""
+    if old is None or spec.images is not None or old.get("spec_key") != key:
+        return False
+    if not all(k in old for k in ("keep", "tokens", "length_stats")):
+        return False  # an entry this mds would not have written: rebuilt
+    before = old["files"]
+    if old.get("format") != fmt or len(before) != len(files):
+        return False
+    for i, (f, entry) in enumerate(zip(files, before, strict=True)):
+        if not (
+            f.reuse == i == entry.get("id")
+            and f.data.rel == entry["path"]
+            and f.size == entry.get("size")
+            and f.mtime_ns == entry.get("mtime_ns")
+            and f.fingerprint == entry.get("fingerprint")
+        ):
+            return False
+    return True
+
+
+def recorded_counts(old: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first rows, rows, tokens) of each file of a previous manifest's source entry."""
+    files = old["files"]
+    return tuple(  # type: ignore[return-value]
+        np.fromiter((int(e[k]) for e in files), dtype=np.int64, count=len(files))
+        for k in ("first_row", "rows", "tokens")
+    )

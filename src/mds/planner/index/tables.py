@@ -18,8 +18,10 @@ from mds.core.index_manifest import (
     MANIFEST,
     VERSION,
     IndexManifest,
+    history_name,
     index_fingerprint,
     read_manifest,
+    read_manifest_of,
     read_table_bytes,
     table_checksum,
     table_damage,
@@ -158,11 +160,13 @@ def write_manifest(path: Path, manifest: dict[str, Any], files: list[Iterable[di
         out.write("".join(buffer).encode("ascii"))
 
 
-def download_index(url: str, local: Path) -> Path:
+def download_index(url: str, local: Path, fingerprint: str | None = None) -> Path:
     """Copy the index under the prefix `url` to the directory `local`: the manifest first
     (the commit point: it names the tables of one complete index), then the tables it
     names, each checked against its checksum as it arrives, so a damaged one is named by
-    its URL rather than by the temporary copy."""
+    its URL rather than by the temporary copy. `fingerprint`: the index a plan was made
+    from; when a re-index replaced it, its manifest kept under history/ and its tables
+    are copied instead (read_manifest_of then finds it)."""
     from mds.core import storage
 
     local.mkdir(parents=True)
@@ -175,6 +179,11 @@ def download_index(url: str, local: Path) -> Path:
         manifest = read_manifest(local)
     except IndexFormatError as exc:
         raise IndexFormatError(str(exc).replace(str(local / MANIFEST), manifest_url)) from None
+    kept = history_name(fingerprint) if fingerprint else ""
+    if kept and manifest.fingerprint != fingerprint and storage.exists(f"{url}/{kept}"):
+        (local / kept).parent.mkdir()
+        (local / kept).write_bytes(storage.get_bytes(f"{url}/{kept}"))
+        manifest = read_manifest_of(local, fingerprint)
     for entry in manifest.sources:
         rel = str(entry["table"])
         data = storage.get_bytes(f"{url}/{rel}")

@@ -340,28 +340,21 @@ def _build_locked(
         workers = min(workers, chunks) if workers else workers
     # Local workers are forked once this process has loaded the index, and share its pages;
     # where fork is not available they are spawned now and load the index while this
-    # process does. Ray workers load it with their first chunk.
+    # process does (a re-plan's, once its parent has given the config its exclusions, so
+    # that each loads it once). Ray workers load it with their first chunk.
     fork = engine.kind == "local" and workers > 1 and fork_shares_memory()
-    pool = (
-        open_engine(
-            engine, workers, processes=True, initializer=_init_local_worker, initargs=(run, config)
-        )
-        if engine.kind != "local" or (workers > 1 and not fork)
-        else None
-    )
+    spawned = engine.kind != "local" or (workers > 1 and not fork)
+    pool = _spawn(engine, workers, run, config) if spawned and parent is None else None
     failed = True
     global _WORKER
     try:
-        if pool is not None and not storage.is_url(config.index):
-            # Ray workers load the index themselves: each node must see it, checked first.
-            pool.check_visible([(f"index {config.index}", str(Path(config.index) / MANIFEST))])
         planner = Planner(config, manifest)
         planner.index_place = index_place
         if parent is not None:
             assert at_step is not None
             _derive(planner, storage.as_place(parent), at_step, exclusion, skipped, place or output)
-            if planner.config.excluded:  # workers started with the config make theirs anew
-                run = uuid.uuid4().hex
+            if spawned:
+                pool = _spawn(engine, workers, run, planner.config)
         if fork:
             _WORKER = (run, planner)  # what every forked worker starts with
             pool = open_engine(
@@ -386,6 +379,21 @@ def _build_locked(
         workers=used,
         notice=notice,
     )
+
+
+def _spawn(engine: EngineSpec, workers, run: str, config: PlanConfig) -> Engine:
+    """Worker processes (or Ray tasks) that each make the run's Planner from `config` once;
+    each must see a local index, checked first."""
+    pool = open_engine(
+        engine, workers, processes=True, initializer=_init_local_worker, initargs=(run, config)
+    )
+    if not storage.is_url(config.index):
+        try:
+            pool.check_visible([(f"index {config.index}", str(Path(config.index) / MANIFEST))])
+        except BaseException:
+            pool.close(wait=False)
+            raise
+    return pool
 
 
 def _derive(planner: Planner, parent, at_step: int, exclusion, skipped, output) -> None:

@@ -73,24 +73,25 @@ def plan_index(
     return plan_manifest(plan, footer, index, option, copy=_index_copy)
 
 
-_COPIES: dict[str, tuple[Any, Path]] = {}
+_COPIES: dict[tuple[str, Any], tuple[Any, Path]] = {}
 
 
-def _index_copy(url: str) -> Path:
-    """A local copy of the index under `url`, kept (and removed at exit) with its temporary
-    directory, as the tables are read lazily."""
+def _index_copy(url: str, fingerprint: Any = None) -> Path:
+    """A local copy of the index under `url` (as it was at `fingerprint`, where a re-index
+    kept that one), kept (and removed at exit) with its temporary directory, as the tables
+    are read lazily."""
     import tempfile
 
-    url = url.rstrip("/")
-    if url not in _COPIES:
+    key = (url.rstrip("/"), fingerprint)
+    if key not in _COPIES:
         tmp = tempfile.TemporaryDirectory(prefix="mds-index-")
-        _COPIES[url] = (tmp, download_index(url, Path(tmp.name) / "index"))
-    return _COPIES[url][1]
+        _COPIES[key] = (tmp, download_index(key[0], Path(tmp.name) / "index", fingerprint))
+    return _COPIES[key][1]
 
 
 def index_place(manifest: IndexManifest) -> str:
     """Where an index lies, for reports: the URL of one copied from object storage."""
-    for url, (_tmp, local) in _COPIES.items():
+    for (url, _fingerprint), (_tmp, local) in _COPIES.items():
         if local == manifest.path:
             return url
     return str(manifest.path)

@@ -94,13 +94,15 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
                 result = VerifyResult(plan, full)  # type: ignore[arg-type]
                 result.add("plan file", "plan", str(exc), "")
                 return result
-        where = recorded = index
-        if where is None:
-            try:
-                with PlanReader(local) as reader:
-                    where = recorded = str(plan_index(reader.footer).get("path", "")) or None
-            except PlanError:
-                where = None
+        where, fingerprint, recorded_path = index, None, index
+        try:
+            with PlanReader(local) as reader:
+                recorded = plan_index(reader.footer)
+            fingerprint = recorded.get("fingerprint")
+            if where is None:
+                where = recorded_path = str(recorded.get("path", "")) or None
+        except PlanError:
+            pass
         if where is not None and index is None and is_url(plan) and not os.path.isabs(where):
             from mds.core.storage import parent_url, resolve_under
 
@@ -108,8 +110,8 @@ def _verify_copies(plan, *, index, full, data_root) -> VerifyResult:
         copy = where
         if where is not None and is_url(where):
             if index is None and not exists(f"{where}/{MANIFEST}"):
-                raise IndexFormatError(missing_index(plan, where, recorded))
-            copy = download_index(str(where), Path(tmp) / "index")
+                raise IndexFormatError(missing_index(plan, where, recorded_path))
+            copy = download_index(str(where), Path(tmp) / "index", fingerprint)
         result = verify_plan(
             local, index=copy, full=full, data_root=data_root, _place=plan if is_url(plan) else None
         )

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from mds.core.datacheck import entry_paths, file_problem, holds_none
-from mds.core.index_manifest import facts_problem, payload_problem
+from mds.core.index_manifest import facts_problem, payload_problem, read_manifest_of
 from mds.core.storage import MOVED_HINT, given_root, is_url, plan_data_root, relocated
 from mds.core.tokenizer import index_tokenizer_path
 from mds.errors import ConfigError, MdsError
-from mds.planner.index.tables import IndexManifest, index_fingerprint, read_manifest
+from mds.planner.index.tables import IndexManifest, index_fingerprint
 from mds.planner.report.verify_fetch import IndexTables
 from mds.planner.report.verify_result import VerifyResult, count, first_of
 
@@ -38,7 +38,8 @@ def verify_index(
     once, for this check and the fetch records') when the manifest could be read."""
     assert result.index is not None
     try:
-        manifest = read_manifest(result.index)
+        # the plan's own index, kept under history/ if a re-index has replaced it since
+        manifest = read_manifest_of(result.index, plan_index(footer or {}).get("fingerprint"))
     except MdsError as exc:
         result.add("index manifest", "index", str(exc), "")
         return None
