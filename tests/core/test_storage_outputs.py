@@ -209,6 +209,9 @@ def test_a_plan_verifies_against_its_index_in_a_store_after_a_re_index(world):
         out = mds("verify", target, "--json")
         assert out.exit_code == 0, out.output
         assert json.loads(out.stdout)["ok"]
+        out = mds("inspect", target, "--step", "1", "--json")  # reports read the old index too
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["step"] == 1
     finally:
         store.delete("corpus/web/part-9.parquet")
 
