@@ -24,10 +24,11 @@ import numpy as np
 from mds.core.planfile import RankChunk
 from mds.errors import PlanError
 
-__all__ = ["Later", "Lookahead"]
+__all__ = ["Later", "Lookahead", "narrowed"]
 
 BYTES_PER_TOKEN = 4
 _PAYLOAD_HEADER = 112  # a kept array's bytes beyond its tokens (`_payload_bytes`)
+_U16 = int(np.iinfo(np.uint16).max)
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
 MAX_LATER = 256  # later rows taken with one decode at most
 FIRST_LATER = 16  # ... and with the first fetch's decodes; the cap doubles each fetch
@@ -277,9 +278,9 @@ class Lookahead:
     def keep(self, index: list[int], payloads: list[Any]) -> None:
         """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts.
 
-        Rows read from Parquet pages are views of one array, which lives while any of them
-        does (with this step's rows and the rows not kept): it is counted whole, with the
-        first of its rows kept, until the last is let go."""
+        Rows that are views of one array (read from Parquet pages, or copied out of a
+        decode by `narrowed`) keep it alive while any of them does: it is counted whole,
+        with the first of its rows kept, until the last is let go."""
         kept, arrays, left = self._kept, self._arrays, self.max_bytes - self.nbytes
         for g, payload in zip(index, payloads, strict=True):
             if type(payload) is np.ndarray:
@@ -319,6 +320,36 @@ class Lookahead:
 
     def _drop(self, g: int) -> None:
         self.nbytes -= self._freed(self._kept.pop(g))
+
+
+def narrowed(payloads: list[Any]) -> list[Any]:
+    """`payloads` (a read's rows, this step's and those read ahead) with the integer rows
+    that are views of a larger array replaced by views of one array per such array holding
+    only them, as uint16 where every value of that array fits (token ids of a vocabulary
+    under 65,536), else at their width. The decode is then freed at once, not when the
+    last row read ahead is used; batches widen token ids to int64 whatever their width
+    (`batch.compact`)."""
+    by_owner: dict[int, list[int]] = {}
+    for k, payload in enumerate(payloads):
+        if type(payload) is np.ndarray and type(payload.base) is np.ndarray:
+            if payload.dtype.kind in "iu" and payload.ndim == 1:
+                by_owner.setdefault(id(payload.base), []).append(k)
+    if not by_owner:
+        return payloads
+    out = list(payloads)
+    for ks in by_owner.values():
+        owner = payloads[ks[0]].base
+        rows = [payloads[k] for k in ks]
+        dtype = owner.dtype
+        if dtype.itemsize > 2 and owner.size and 0 <= owner.min() and owner.max() <= _U16:
+            dtype = np.dtype(np.uint16)
+        values = np.concatenate(rows, dtype=dtype, casting="unsafe")
+        if values.nbytes >= owner.nbytes:
+            continue  # no smaller than what it would keep
+        cuts = np.cumsum([len(r) for r in rows]).tolist()
+        for k, lo, hi in zip(ks, [0, *cuts[:-1]], cuts, strict=True):
+            out[k] = values[lo:hi]
+    return out
 
 
 def _payload_bytes(payload: Any) -> int:
