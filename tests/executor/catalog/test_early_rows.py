@@ -244,7 +244,7 @@ def test_rows_of_a_decode_are_copied_out_narrow_where_their_values_fit():
 
     decode = np.arange(1000, dtype=np.int32) * 60  # values up to 59,940: fit uint16
     wide = np.array([5, 70_000, 9, 11], dtype=np.int32)
-    rows = [decode[10:20], decode[500:510], "text", wide[0:1], decode[900:901]]
+    rows = [decode[10:20], decode[500:510], "text", wide[1:2], decode[900:901]]
     out = narrowed(rows)
     for got, want in zip(out, rows, strict=True):
         if isinstance(want, str):
@@ -254,7 +254,7 @@ def test_rows_of_a_decode_are_copied_out_narrow_where_their_values_fit():
     assert {out[k].dtype for k in (0, 1, 4)} == {np.dtype(np.uint16)}
     assert out[0].base is out[1].base is out[4].base  # one array of those rows alone
     assert out[0].base.nbytes == 21 * 2 and out[0].base is not decode
-    # a value of that decode needs 4 bytes: its row is copied out at its width
+    # its value needs 4 bytes: the row is copied out at its width
     assert out[3].dtype == np.int32 and out[3].base is not wide
     whole = np.array([70_000, 2, 3], dtype=np.int32)
     assert narrowed([whole[0:3]])[0].base is whole  # no smaller than the decode: kept as is

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -325,28 +326,35 @@ class Lookahead:
 def narrowed(payloads: list[Any]) -> list[Any]:
     """`payloads` (a read's rows, this step's and those read ahead) with the integer rows
     that are views of a larger array replaced by views of one array per such array holding
-    only them, as uint16 where every value of that array fits (token ids of a vocabulary
-    under 65,536), else at their width. The decode is then freed at once, not when the
-    last row read ahead is used; batches widen token ids to int64 whatever their width
+    only them, as uint16 where all their values fit (token ids of a vocabulary under
+    65,536), else at their width. The decode is then freed at once, not when the last row
+    read ahead is used; batches widen token ids to int64 whatever their width
     (`batch.compact`)."""
-    by_owner: dict[int, list[int]] = {}
-    for k, payload in enumerate(payloads):
-        if type(payload) is np.ndarray and type(payload.base) is np.ndarray:
-            if payload.dtype.kind in "iu" and payload.ndim == 1:
+    first = payloads[0] if payloads else None
+    owner = first.base if type(first) is np.ndarray else None
+    if type(owner) is np.ndarray and all(
+        type(p) is np.ndarray and p.base is owner for p in payloads
+    ):
+        groups = [list(range(len(payloads)))]  # the common case: one decode's rows
+    else:
+        by_owner: dict[int, list[int]] = {}
+        for k, payload in enumerate(payloads):
+            if type(payload) is np.ndarray and type(payload.base) is np.ndarray:
                 by_owner.setdefault(id(payload.base), []).append(k)
-    if not by_owner:
-        return payloads
+        groups = list(by_owner.values())
     out = list(payloads)
-    for ks in by_owner.values():
+    for ks in groups:
         owner = payloads[ks[0]].base
         rows = [payloads[k] for k in ks]
-        dtype = owner.dtype
-        if dtype.itemsize > 2 and owner.size and 0 <= owner.min() and owner.max() <= _U16:
-            dtype = np.dtype(np.uint16)
-        values = np.concatenate(rows, dtype=dtype, casting="unsafe")
+        if owner.dtype.kind not in "iu" or any(r.ndim != 1 for r in rows[:1]):
+            continue
+        values = np.concatenate(rows)
+        if values.dtype.itemsize > 2 and values.size and 0 <= values.min():
+            if values.max() <= _U16:
+                values = values.astype(np.uint16)
         if values.nbytes >= owner.nbytes:
             continue  # no smaller than what it would keep
-        cuts = np.cumsum([len(r) for r in rows]).tolist()
+        cuts = list(accumulate(len(r) for r in rows))
         for k, lo, hi in zip(ks, [0, *cuts[:-1]], cuts, strict=True):
             out[k] = values[lo:hi]
     return out

@@ -39,8 +39,8 @@ __all__ = ["GIVE_BACK_EVERY", "SourceCatalog"]
 # Freed memory is handed back to the system (`freed_memory`, about a millisecond) every this
 # many fetches, or once the rows read ahead grew by this many bytes: against the holes that
 # decodes freed between rows kept leave.
-GIVE_BACK_EVERY = 32
-GIVE_BACK_BYTES = 4 << 20
+GIVE_BACK_EVERY = 128
+GIVE_BACK_BYTES = 8 << 20
 
 
 class SourceCatalog:
