@@ -1,7 +1,8 @@
 """Freed memory handed back to the system (`give_back`): glibc's malloc keeps freed blocks in
 each thread's arena, and holes between blocks that live on (rows read ahead) stay in the
 process's RSS; `malloc_trim(0)` returns the free pages of every arena, holes included.
-pyarrow's pool gives back what the calling thread's heap keeps (`release_unused`).
+pyarrow's pool gives back what the calling thread's heap keeps (`release_unused`: pages
+read from the calling thread are decompressed there).
 
 A call costs about a millisecond here (a ~120 MB heap), so callers space them out."""
 

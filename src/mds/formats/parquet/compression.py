@@ -13,10 +13,6 @@ from mds.formats.parquet.thrift import Truncated, Unsupported, varint
 
 __all__ = ["PREFIX_DECODERS", "decompress"]
 
-# Pages are decompressed into malloc's memory, not pyarrow's default pool: mimalloc keeps
-# what each reading thread freed (~10 MB here) where `malloc_trim` returns it
-# (`core.freed_memory`).
-_POOL = pa.system_memory_pool()
 _LENGTH_BYTES = 5  # snappy's uncompressed length: a 32-bit ULEB128 varint
 
 
@@ -27,7 +23,7 @@ def decompress(body, size: int, codec: str | None) -> memoryview:
         data = memoryview(body)
     else:
         try:
-            data = memoryview(pa.decompress(body, decompressed_size=size, codec=codec, memory_pool=_POOL))
+            data = memoryview(pa.decompress(body, decompressed_size=size, codec=codec))
         except (pa.ArrowException, OSError) as exc:  # e.g. an LZ4 framing we do not expect
             raise Unsupported(f"cannot decompress a page: {exc}") from None
     if len(data) != size:
@@ -144,9 +140,7 @@ def _snappy_elements(elements: bytes, size: int) -> memoryview:
         return memoryview(b"")
     stream = _uvarint_bytes(size) + elements
     try:
-        return memoryview(
-            pa.decompress(stream, decompressed_size=size, codec="snappy", memory_pool=_POOL)
-        )
+        return memoryview(pa.decompress(stream, decompressed_size=size, codec="snappy"))
     except (pa.ArrowException, OSError) as exc:  # pyarrow raises a plain OSError for these
         raise Unsupported(f"corrupt snappy data: {exc}") from None
 
