@@ -346,7 +346,7 @@ def narrowed(payloads: list[Any]) -> list[Any]:
     for ks in groups:
         owner = payloads[ks[0]].base
         rows = [payloads[k] for k in ks]
-        if owner.dtype.kind not in "iu" or any(r.ndim != 1 for r in rows[:1]):
+        if owner.dtype.kind not in "iu" or rows[0].ndim != 1:
             continue
         values = np.concatenate(rows)
         if values.dtype.itemsize > 2 and values.size and 0 <= values.min():

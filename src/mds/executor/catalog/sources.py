@@ -34,7 +34,7 @@ from mds.executor.catalog.reads import SampleReads
 from mds.executor.catalog.recheck import DataChecks, Pins
 from mds.executor.catalog.tokens import ESTIMATED, TokenIds, Tokenize
 
-__all__ = ["GIVE_BACK_EVERY", "SourceCatalog"]
+__all__ = ["SourceCatalog"]
 
 # Freed memory is handed back to the system (`freed_memory`, about a millisecond) every this
 # many fetches, or once the rows read ahead grew by this many bytes: against the holes that
@@ -111,6 +111,7 @@ class SourceCatalog:
             self.ahead.clear()
         self.files.reset()
         self.reads.reset()
+        self._fetches = self._kept_low = 0  # a new process: its first fetch hands back too
 
     def close(self) -> None:
         self.reads.close()
