@@ -89,10 +89,12 @@ def make_data(root: Path, n: int, steps: int, python: str, rows: int = ROWS) -> 
 
 def plan_order(plan: Path, limit: int | None = None) -> list[list[tuple[int, int]]]:
     """(source, row) of every sample, step by step, as the executor hands them out (of the
-    first `limit` steps only, if given)."""
+    first `limit` steps only, if given; kept beside the plan)."""
     out = plan.with_suffix(".order.json")
     if out.exists():
-        return json.loads(out.read_text())
+        steps = json.loads(out.read_text())
+        if limit is None or len(steps) >= limit:  # else made for fewer steps: made again
+            return steps if limit is None else steps[:limit]
     from itertools import islice
 
     from mds.executor import PlanExecutor

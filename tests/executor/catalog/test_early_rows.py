@@ -237,3 +237,24 @@ def test_the_first_fetch_takes_few_rows_ahead_and_the_cap_doubles(plan):
         caps.append(min(len(later), len(every[every > k])))
         assert len(later) <= min(MAX_LATER, FIRST_LATER << k)
     assert caps[0] <= FIRST_LATER
+
+
+def test_rows_of_a_decode_are_copied_out_narrow_where_their_values_fit():
+    from mds.executor.catalog.early_rows import narrowed
+
+    decode = np.arange(1000, dtype=np.int32) * 60  # values up to 59,940: fit uint16
+    wide = np.array([5, 70_000, 9, 11], dtype=np.int32)
+    rows = [decode[10:20], decode[500:510], "text", wide[1:2], decode[900:901]]
+    out = narrowed(rows)
+    for got, want in zip(out, rows, strict=True):
+        if isinstance(want, str):
+            assert got is want
+            continue
+        assert np.array_equal(got.astype(np.int64), want.astype(np.int64))
+    assert {out[k].dtype for k in (0, 1, 4)} == {np.dtype(np.uint16)}
+    assert out[0].base is out[1].base is out[4].base  # one array of those rows alone
+    assert out[0].base.nbytes == 21 * 2 and out[0].base is not decode
+    # its value needs 4 bytes: the row is copied out at its width
+    assert out[3].dtype == np.int32 and out[3].base is not wide
+    whole = np.array([70_000, 2, 3], dtype=np.int32)
+    assert narrowed([whole[0:3]])[0].base is whole  # no smaller than the decode: kept as is

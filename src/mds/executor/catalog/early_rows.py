@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -24,10 +25,11 @@ import numpy as np
 from mds.core.planfile import RankChunk
 from mds.errors import PlanError
 
-__all__ = ["Later", "Lookahead"]
+__all__ = ["Later", "Lookahead", "narrowed"]
 
 BYTES_PER_TOKEN = 4
 _PAYLOAD_HEADER = 112  # a kept array's bytes beyond its tokens (`_payload_bytes`)
+_U16 = int(np.iinfo(np.uint16).max)
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
 MAX_LATER = 256  # later rows taken with one decode at most
 FIRST_LATER = 16  # ... and with the first fetch's decodes; the cap doubles each fetch
@@ -277,9 +279,9 @@ class Lookahead:
     def keep(self, index: list[int], payloads: list[Any]) -> None:
         """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts.
 
-        Rows read from Parquet pages are views of one array, which lives while any of them
-        does (with this step's rows and the rows not kept): it is counted whole, with the
-        first of its rows kept, until the last is let go."""
+        Rows that are views of one array (read from Parquet pages, or copied out of a
+        decode by `narrowed`) keep it alive while any of them does: it is counted whole,
+        with the first of its rows kept, until the last is let go."""
         kept, arrays, left = self._kept, self._arrays, self.max_bytes - self.nbytes
         for g, payload in zip(index, payloads, strict=True):
             if type(payload) is np.ndarray:
@@ -319,6 +321,43 @@ class Lookahead:
 
     def _drop(self, g: int) -> None:
         self.nbytes -= self._freed(self._kept.pop(g))
+
+
+def narrowed(payloads: list[Any]) -> list[Any]:
+    """`payloads` (a read's rows, this step's and those read ahead) with the integer rows
+    that are views of a larger array replaced by views of one array per such array holding
+    only them, as uint16 where all their values fit (token ids of a vocabulary under
+    65,536), else at their width. The decode is then freed at once, not when the last row
+    read ahead is used; batches widen token ids to int64 whatever their width
+    (`batch.compact`)."""
+    first = payloads[0] if payloads else None
+    owner = first.base if type(first) is np.ndarray else None
+    if type(owner) is np.ndarray and all(
+        type(p) is np.ndarray and p.base is owner for p in payloads
+    ):
+        groups = [list(range(len(payloads)))]  # the common case: one decode's rows
+    else:
+        by_owner: dict[int, list[int]] = {}
+        for k, payload in enumerate(payloads):
+            if type(payload) is np.ndarray and type(payload.base) is np.ndarray:
+                by_owner.setdefault(id(payload.base), []).append(k)
+        groups = list(by_owner.values())
+    out = list(payloads)
+    for ks in groups:
+        owner = payloads[ks[0]].base
+        rows = [payloads[k] for k in ks]
+        if owner.dtype.kind not in "iu" or rows[0].ndim != 1:
+            continue
+        values = np.concatenate(rows)
+        if values.dtype.itemsize > 2 and values.size and 0 <= values.min():
+            if values.max() <= _U16:
+                values = values.astype(np.uint16)
+        if values.nbytes >= owner.nbytes:
+            continue  # no smaller than what it would keep
+        cuts = list(accumulate(len(r) for r in rows))
+        for k, lo, hi in zip(ks, [0, *cuts[:-1]], cuts, strict=True):
+            out[k] = values[lo:hi]
+    return out
 
 
 def _payload_bytes(payload: Any) -> int:

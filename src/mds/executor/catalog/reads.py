@@ -21,7 +21,7 @@ from mds.core import storage
 from mds.core.object_ranges import RangeFile, prefetch
 from mds.core.planfile import RankChunk
 from mds.errors import MdsError, PlanError, SourceDataError
-from mds.executor.catalog.early_rows import Later, Lookahead
+from mds.executor.catalog.early_rows import Later, Lookahead, narrowed
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources, Source
 from mds.executor.catalog.recheck import DataChecks, ObjectRead
@@ -266,6 +266,8 @@ class SampleReads:
                 )
             else:
                 out = reader.fetch(rows, offsets, lengths)
+            if later is not None and len(later):
+                out = narrowed(out)
             # after the read: a file rewritten before or while it was read shows here, and
             # its bytes are not handed on (an object's are checked by `recheck_objects`)
             self.checks.recheck(s, fid, entry, reader)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mds.core import freed_memory
 from mds.core.planfile import RankChunk
 from mds.errors import ConfigError
 from mds.executor.catalog import tokens
@@ -34,6 +35,12 @@ from mds.executor.catalog.recheck import DataChecks, Pins
 from mds.executor.catalog.tokens import ESTIMATED, TokenIds, Tokenize
 
 __all__ = ["SourceCatalog"]
+
+# Freed memory is handed back to the system (`freed_memory`, about a millisecond) every this
+# many fetches, or once the rows read ahead grew by this many bytes: against the holes that
+# decodes freed between rows kept leave.
+GIVE_BACK_EVERY = 128
+GIVE_BACK_BYTES = 8 << 20
 
 
 class SourceCatalog:
@@ -74,6 +81,8 @@ class SourceCatalog:
         self.ahead = Lookahead(ahead, next_block=next_block) if ahead else None
         self.files = OpenFiles(self.plan, self.checks, max_open_files, self.budget)
         self.reads = SampleReads(self.plan, self.checks, self.files, self.ahead, read_threads)
+        self._fetches = 0  # since the start
+        self._kept_low = 0  # the fewest bytes of rows read ahead since the last hand-back
 
     @property
     def names(self) -> list[str]:
@@ -102,12 +111,28 @@ class SourceCatalog:
             self.ahead.clear()
         self.files.reset()
         self.reads.reset()
+        self._fetches = self._kept_low = 0  # a new process: its first fetch hands back too
 
     def close(self) -> None:
         self.reads.close()
         if self.ahead is not None:
             self.ahead.clear()
         self.files.close()
+
+    def _give_back(self) -> None:
+        """Hand freed memory back to the system (`freed_memory`) after the first fetch (which
+        opens the files), every GIVE_BACK_EVERY fetches, and once the rows read ahead grew
+        by GIVE_BACK_BYTES since the last time: the decodes that take them leave holes."""
+        self._fetches += 1
+        kept = self.ahead.nbytes if self.ahead is not None else 0
+        self._kept_low = min(self._kept_low, kept)
+        if (
+            self._fetches == 1
+            or self._fetches % GIVE_BACK_EVERY == 0
+            or kept - self._kept_low >= GIVE_BACK_BYTES
+        ):
+            freed_memory.give_back()
+            self._kept_low = kept
 
     def check_files(self, block: RankChunk, full: bool, lo: int = 0, hi: int | None = None) -> None:
         """Check (and pin) the files samples [lo, hi) of `block` read that this process has
@@ -126,4 +151,5 @@ class SourceCatalog:
         rank's later samples need from a block-coded file (see `Lookahead`). `step`: the
         step they are of, named by the error if a file changed."""
         payloads = self.reads.payloads(block, lo, hi, step)
+        self._give_back()
         return self.tokens.of_samples(block, lo, hi, payloads)
