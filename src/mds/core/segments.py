@@ -17,6 +17,7 @@ from mds.errors import PlanError
 
 __all__ = [
     "OnlineFacts",
+    "first_segment",
     "online_facts",
     "run_facts",
     "segment_path",
@@ -47,6 +48,18 @@ def segment_path(plan: str | os.PathLike, k: int) -> Any:
         return str(plan) if storage.is_url(plan) else Path(plan)
     stem, suffix = _split(plan)
     out = f"{stem}.w{k:05d}{suffix}"
+    return out if storage.is_url(plan) else Path(out)
+
+
+def first_segment(plan: str | os.PathLike, k: int) -> Any:
+    """Segment 0 of the run whose segment k is `plan` (the inverse of `segment_path`)."""
+    if k == 0:
+        return str(plan) if storage.is_url(plan) else Path(plan)
+    stem, suffix = _split(plan)
+    mark = f".w{k:05d}"
+    if not stem.endswith(mark):
+        raise PlanError(f"{plan}: window {k} of an online run is named STEM{mark}{suffix}")
+    out = stem[: -len(mark)] + suffix
     return out if storage.is_url(plan) else Path(out)
 
 
