@@ -55,12 +55,13 @@ def first_segment(plan: str | os.PathLike, k: int) -> Any:
     """Segment 0 of the run whose segment k is `plan` (the inverse of `segment_path`)."""
     if k == 0:
         return str(plan) if storage.is_url(plan) else Path(plan)
-    stem, suffix = _split(plan)
-    mark = f".w{k:05d}"
-    if not stem.endswith(mark):
+    text, mark = str(plan), f".w{k:05d}"
+    head, found, tail = text.rpartition(mark)
+    first = head + tail
+    if not found or str(segment_path(first, k)) != text:
+        _, suffix = _split(plan)
         raise PlanError(f"{plan}: window {k} of an online run is named STEM{mark}{suffix}")
-    out = stem[: -len(mark)] + suffix
-    return out if storage.is_url(plan) else Path(out)
+    return first if storage.is_url(plan) else Path(first)
 
 
 def signals_path(plan: str | os.PathLike) -> Any:
