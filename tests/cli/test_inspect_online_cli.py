@@ -80,9 +80,11 @@ def test_terminal(run):
     out = mds("inspect", segment_path(run, 1)).stdout
     assert "online mixing: per window of 4 steps" in out
     assert "33.33%" in out and "2.500" in out  # window 0: planned share, mean loss of `mid`
-    assert "windows 4-4: not planned yet" in out
+    assert "window 4: not planned yet" in out
     assert "planned weight over windows 0-3" in out
     assert f"signals: {signals_path(run)}" in out.replace("\n", "")
+    section = out[out.index("online mixing") : out.index("over steps")]
+    assert max(len(line) for line in section.splitlines()) <= 80  # the runner's 80 columns
 
 
 def test_without_a_log_and_with_the_first_segment_only(run, tmp_path):
@@ -110,7 +112,7 @@ def test_html(run, tmp_path):
     result = mds("inspect", segment_path(run, 3), "--html", page)
     assert result.exit_code == 0, result.output
     text = page.read_text(encoding="utf-8")
-    assert "<h2>Online mixing</h2>" in text and "windows 4-4 not planned yet" in text
+    assert "<h2>Online mixing</h2>" in text and "window 4 not planned yet" in text
     assert "weight per window" in text and "signal: mean loss per source per window" in text
     assert text.count("not planned yet</td>") == 3  # one cell per source of window 4
     if find_chromium() is None:

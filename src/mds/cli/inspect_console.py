@@ -10,6 +10,7 @@ from mds.cli.inspect_text import (
     band_text,
     bar,
     cost_text,
+    missing_windows,
     number,
     percent,
     sparkline,
@@ -255,10 +256,10 @@ def _print_online(o: dict[str, Any]) -> None:
             ),
         )
     console.print(table)
-    if o["written"] < o["windows"]:
+    missing = missing_windows(o)
+    if missing is not None:
         console.print(
-            f"windows {o['written']}-{o['windows'] - 1}: not planned yet (their segments are "
-            "written as the run reaches them)"
+            f"{missing}: not planned yet (segments are written as the run reaches them)"
         )
     console.print(
         f"signals: {_esc(o['signals'])}, {o['signal_windows']} windows"

@@ -8,7 +8,14 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from mds.cli.inspect_text import band_text, cost_text, number, percent, step_geometry
+from mds.cli.inspect_text import (
+    band_text,
+    cost_text,
+    missing_windows,
+    number,
+    percent,
+    step_geometry,
+)
 from mds.cli.svg import PALETTE, bar_chart, line_chart, stacked_area_chart
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
@@ -194,11 +201,7 @@ def _online(o: dict[str, Any]) -> list[str]:
         "<h2>Online mixing</h2>",
         f'<p class="note">{o["windows"]} windows of {o["window_steps"]} steps; '
         f"{o['written']} segments written"
-        + (
-            f"; windows {o['written']}-{o['windows'] - 1} not planned yet"
-            if o["written"] < o["windows"]
-            else ""
-        )
+        + (f"; {missing} not planned yet" if (missing := missing_windows(o)) else "")
         + "; signals: "
         + (
             f"<code>{_e(o['signals'])}</code>, {o['signal_windows']} windows"
