@@ -92,6 +92,7 @@ bench: setup
 	$(BIN)/python bench/bench_trace.py --out build/bench
 	$(BIN)/python bench/bench_exclude.py --out build/bench
 	$(BIN)/python bench/bench_planfile.py --out build/bench
+	$(BIN)/python bench/bench_online.py --out build/bench
 
 # Kill-and-resume soak: SIGKILL the 2-rank training example at SOAK_KILLS seeded random
 # moments and check that the final model trained on exactly the plan's samples.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mds.core.segments import online_facts, segment_path, signals_path
+from mds.core.segments import first_segment, online_facts, segment_path, signals_path
 from mds.errors import PlanError
 
 
@@ -17,6 +17,14 @@ def test_names_beside_the_plan():
     assert signals_path("run/plan.mds") == Path("run/plan.signals.json")
     assert segment_path("s3://b/run/plan.mds", 1) == "s3://b/run/plan.w00001.mds"
     assert signals_path("s3://b/run/plan.mds") == "s3://b/run/plan.signals.json"
+
+
+def test_first_segment_inverts_segment_path():
+    for plan in ("run/plan.mds", "run/plan", "s3://b/run/plan.mds"):
+        for k in (0, 1, 12):
+            assert first_segment(segment_path(plan, k), k) == segment_path(plan, 0)
+    with pytest.raises(PlanError, match=r"window 2 of an online run is named STEM\.w00002\.mds"):
+        first_segment("run/plan.w00003.mds", 2)
 
 
 def test_facts_of_a_segment_and_of_a_damaged_one():

@@ -132,9 +132,14 @@ def _report(
             from mds.planner.report.step import step_report
 
             return step_report(reader, step, ranks, index)
+        from mds.planner.report.online import online_report
         from mds.planner.report.plan import plan_report
 
-        return plan_report(reader, index)
+        report = plan_report(reader, index)
+        online = online_report(reader, index)
+        if online is not None:  # a segment of an online-mixed run
+            report["online"] = online
+        return report
 
 
 def _index_report(path: Path | str) -> dict[str, Any]:

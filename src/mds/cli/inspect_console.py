@@ -10,6 +10,7 @@ from mds.cli.inspect_text import (
     band_text,
     bar,
     cost_text,
+    missing_windows,
     number,
     percent,
     sparkline,
@@ -226,7 +227,57 @@ def print_plan(report: dict[str, Any]) -> None:
         _print_vision(report["vision"])
     if report.get("cp") is not None:
         _print_cp(report["cp"])
+    if report.get("online") is not None:
+        _print_online(report["online"])
     _print_charts(report)
+
+
+def _print_online(o: dict[str, Any]) -> None:
+    """Per window: each source's planned weight, realised share and mean loss; the windows
+    not planned yet; and the planned weights over the windows as sparklines."""
+    names, rows = o["sources"], o["per_window"]
+    table = _table(
+        f"online mixing: per window of {o['window_steps']} steps, planned / realized "
+        f"(shares of {o['share_unit']}) / mean loss",
+        "window",
+        "steps",
+        *names,
+    )
+    for w in rows:
+        if not w["written"]:
+            continue
+        loss = w["mean_loss"] or [None] * len(names)
+        table.add_row(
+            str(w["window"]),
+            f"{w['start']}-{w['end'] - 1}",
+            *(
+                f"{percent(p)} / {percent(r)} / {number(m, '.3f')}"
+                for p, r, m in zip(w["planned"], w["realized"], loss, strict=True)
+            ),
+        )
+    console.print(table)
+    missing = missing_windows(o)
+    if missing is not None:
+        console.print(
+            f"{missing}: not planned yet (segments are written as the run reaches them)"
+        )
+    console.print(
+        f"signals: {_esc(o['signals'])}, {o['signal_windows']} windows"
+        if o["signals"]
+        else "signals: no signal log beside the plan"
+    )
+    written = [w for w in rows if w["written"]]
+    if len(written) > 1:
+        label = max(len(n) for n in names)
+        width = max(8, min(SPARK_WIDTH, console.width - label - 20))
+        console.print(f"planned weight over windows 0-{len(written) - 1}")
+        for i, n in enumerate(names):
+            values = [w["planned"][i] for w in written]
+            lo, hi = min(values), max(values)
+            console.print(
+                f"{n:<{label}}  {sparkline(values, lo, hi, width)}  {percent(lo)} - {percent(hi)}",
+                soft_wrap=True,
+            )
 
 
 CP_LAYOUT_NAMES = {"mds": "mds", "headtail": "head-tail everywhere", "contiguous": "contiguous"}

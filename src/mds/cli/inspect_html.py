@@ -8,7 +8,14 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from mds.cli.inspect_text import band_text, cost_text, number, percent, step_geometry
+from mds.cli.inspect_text import (
+    band_text,
+    cost_text,
+    missing_windows,
+    number,
+    percent,
+    step_geometry,
+)
 from mds.cli.svg import PALETTE, bar_chart, line_chart, stacked_area_chart
 from mds.planner.runtime.atomic import atomic_path, cannot_write
 
@@ -179,7 +186,74 @@ def _plan_body(r: dict[str, Any]) -> list[str]:
         out.extend(_vision(r["vision"]))
     if r.get("cp") is not None:
         out.extend(_cp(r["cp"]))
+    if r.get("online") is not None:
+        out.extend(_online(r["online"]))
     out.extend(_charts(r))
+    return out
+
+
+def _online(o: dict[str, Any]) -> list[str]:
+    """Weights over the windows, planned (solid) and realised (dashed) per source, the mean
+    losses that moved them, and a table per window; windows not planned yet are named."""
+    names, rows = o["sources"], o["per_window"]
+    written = [w for w in rows if w["written"]]
+    out = [
+        "<h2>Online mixing</h2>",
+        f'<p class="note">{o["windows"]} windows of {o["window_steps"]} steps; '
+        f"{o['written']} segments written"
+        + (f"; {missing} not planned yet" if (missing := missing_windows(o)) else "")
+        + "; signals: "
+        + (
+            f"<code>{_e(o['signals'])}</code>, {o['signal_windows']} windows"
+            if o["signals"]
+            else "no signal log beside the plan"
+        )
+        + "</p>",
+    ]
+    charts = []
+    colors = [PALETTE[i % len(PALETTE)] for i in range(len(names))]
+    if written:
+        xs = _steps_x(written)
+        lines = []
+        for i, (n, c) in enumerate(zip(names, colors, strict=True)):
+            lines.append({"label": f"{n} planned", "values": _held(written, "planned", i),
+                          "color": c, "width": 2.0, "front": True})  # fmt: skip
+            lines.append({"label": f"{n} realized", "values": _held(written, "realized", i),
+                          "color": c, "dashed": "4 3"})  # fmt: skip
+        hi = max(v for line in lines for v in line["values"])
+        charts.append(
+            line_chart(f"weight per window (share of {o['share_unit']}); dashed: realized",
+                       xs, lines, 0.0, min(1.0, hi * 1.15) or 1.0, y_title="share (%)",
+                       percent=True)
+        )  # fmt: skip
+    signalled = [w for w in rows if w["mean_loss"] is not None and None not in w["mean_loss"]]
+    if signalled:
+        xs = _steps_x(signalled)
+        lines = [
+            {"label": n, "values": _held(signalled, "mean_loss", i), "color": c, "width": 2.0}
+            for i, (n, c) in enumerate(zip(names, colors, strict=True))
+        ]
+        lo = min(v for line in lines for v in line["values"])
+        hi = max(v for line in lines for v in line["values"])
+        charts.append(
+            line_chart("signal: mean loss per source per window", xs, lines, min(0.0, lo),
+                       hi * 1.05 if hi > 0 else 1.0, y_title="mean loss")
+        )  # fmt: skip
+    if charts:
+        out += ['<div class="charts">', *charts, "</div>"]
+    table = []
+    for w in rows:
+        if not w["written"]:
+            table.append([w["window"], f"{w['start']}-{w['end'] - 1}"] + ["not planned yet"] * len(names))
+            continue
+        loss = w["mean_loss"] or [None] * len(names)
+        table.append(
+            [w["window"], f"{w['start']}-{w['end'] - 1}"]
+            + [f"{percent(p)} / {percent(r)} / {number(m, '.3f')}"
+               for p, r, m in zip(w["planned"], w["realized"], loss, strict=True)]
+        )  # fmt: skip
+    out.append("<h3>Per window: planned / realized / mean loss</h3>")
+    out.append(_table(["window", "steps", *names], table))
     return out
 
 
@@ -374,6 +448,16 @@ def _mix_charts(r: dict[str, Any], xs: list[float]) -> list[str]:
                            y_title=y_title),
         stacked_area_chart(f"target mix (share of {unit})", xs, target, y_title=y_title),
     ]  # fmt: skip
+
+
+def _steps_x(windows: list[dict[str, Any]]) -> list[float]:
+    """Each window's first and last step: a value held over a window is drawn flat."""
+    return [float(x) for w in windows for x in (w["start"], w["end"] - 1)]
+
+
+def _held(windows: list[dict[str, Any]], key: str, i: int) -> list[float]:
+    """Source i's `key` per window, twice (at the window's first and last step)."""
+    return [w[key][i] for w in windows for _ in range(2)]
 
 
 def _step_body(r: dict[str, Any], unit: str | None = None) -> list[str]:

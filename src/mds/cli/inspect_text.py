@@ -15,6 +15,7 @@ __all__ = [
     "bar",
     "cost_text",
     "cost_unit",
+    "missing_windows",
     "number",
     "percent",
     "resample",
@@ -63,6 +64,15 @@ def step_geometry(h: dict[str, Any]) -> tuple[str, str]:
     held = f"steps {first:,}-{end - 1:,}" if end - first > 1 else f"step {first:,}"
     value = f"{end - first:,} ({held}) x {h['dp_size']} x {h['micro_batches']}"
     return "steps x dp ranks x micro-batches", value
+
+
+def missing_windows(online: dict[str, Any]) -> str | None:
+    """The windows of an online run whose segments are not written yet, in words; None
+    when every one is."""
+    first, last = online["written"], online["windows"] - 1
+    if first > last:
+        return None
+    return f"window {first}" if first == last else f"windows {first}-{last}"
 
 
 def percent(x: float | None) -> str:

@@ -17,6 +17,7 @@ from mds.errors import PlanError
 
 __all__ = [
     "OnlineFacts",
+    "first_segment",
     "online_facts",
     "run_facts",
     "segment_path",
@@ -48,6 +49,19 @@ def segment_path(plan: str | os.PathLike, k: int) -> Any:
     stem, suffix = _split(plan)
     out = f"{stem}.w{k:05d}{suffix}"
     return out if storage.is_url(plan) else Path(out)
+
+
+def first_segment(plan: str | os.PathLike, k: int) -> Any:
+    """Segment 0 of the run whose segment k is `plan` (the inverse of `segment_path`)."""
+    if k == 0:
+        return str(plan) if storage.is_url(plan) else Path(plan)
+    text, mark = str(plan), f".w{k:05d}"
+    head, found, tail = text.rpartition(mark)
+    first = head + tail
+    if not found or str(segment_path(first, k)) != text:
+        _, suffix = _split(plan)
+        raise PlanError(f"{plan}: window {k} of an online run is named STEM{mark}{suffix}")
+    return first if storage.is_url(plan) else Path(first)
 
 
 def signals_path(plan: str | os.PathLike) -> Any:
