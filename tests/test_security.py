@@ -93,6 +93,17 @@ ALLOWED = {
         "importlib.import_module",
     ): "`mds calibrate --model module:function` runs the user's own model code on purpose, "
     "named on their command line as with `python -m`; never taken from a config, index or plan",
+    (
+        "src/mds/planner/plan/policy_callable.py",
+        "importlib.import_module",
+    ): "an online-mixing policy `package.module:function` is the user's own code, importable in "
+    "their environment and named on purpose in their plan config (docs/online-mixing.md); "
+    "never taken from an index, a plan or a signal log",
+    (
+        "src/mds/executor/online.py",
+        "import subprocess",
+    ): "rank 0 runs `python -m mds plan` as an argument list (no shell) so planning stays out "
+    "of the training process; its arguments are the run's own paths and numbers",
 }
 # numpy.load without allow_pickle=True cannot unpickle; only the keyword is forbidden.
 HARMLESS_WITHOUT_KEYWORD = {"numpy.load"}

@@ -19,7 +19,7 @@ from mds.formats.megatron import check_bin, read_index
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 SCRIPT = SAMPLE / "generate.py"
-NOT_GENERATED = {"generate.py", "mds.toml", "new-mix.toml", "vlm.toml"}
+NOT_GENERATED = {"generate.py", "mds.toml", "new-mix.toml", "online.toml", "vlm.toml"}
 MAX_LEN = 4096
 
 
