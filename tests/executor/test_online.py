@@ -418,6 +418,12 @@ def test_the_log_beside_a_plan_in_an_object_store_resumes_on_another_node(
         assert sorted(x["Key"] for x in listed if not x["Key"].endswith("/")) == [
             "run/plan.mds", "run/plan.signals.json", "run/plan.w00001.mds", "run/plan.w00002.mds"
         ]  # no temporary left
+        from mds.core.planfile_reader import PlanReader
+        from mds.planner.report.online import online_report
+
+        with PlanReader(url) as reader:  # mds inspect's online view finds the log in the store
+            report = online_report(reader)
+        assert report["signals"] == signals_path(url) and report["signal_windows"] == 3
 
 
 def test_the_loader_with_workers_walks_the_segments_and_resumes_exactly(finished, tmp_path):

@@ -63,7 +63,7 @@ def online_report(reader: PlanReader, index: str | Path | None = None) -> dict[s
 def _signals(first: Any) -> tuple[SignalLog | None, Any]:
     """The signal log beside segment 0 and its path, (None, None) when there is none."""
     path = signals_path(first)
-    if storage.is_url(path) or not Path(path).exists():
+    if not storage.exists(path):
         return None, None
     return SignalLog.read(path), path
 
