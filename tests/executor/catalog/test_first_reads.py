@@ -1,0 +1,95 @@
+"""The first steps' files made ready ahead of their reads: the batches are those of a run
+without it, from the start and resumed at any step; it asks the kernel for at most its
+window of bytes ahead of the reads and holds none of the memory budget; a run starts it
+once, and a seek again."""
+
+from __future__ import annotations
+
+import pytest
+from catalog_helpers import digests
+from executor_builders import batch_digest
+
+from mds.errors import ConfigError
+from mds.executor import PlanExecutor
+from mds.executor.catalog import first_reads as first_reads_module
+from mds.executor.catalog.first_reads import FirstReads
+
+
+@pytest.mark.parametrize("read_ahead", [0, 1])
+def test_batches_and_resumes_are_the_same_with_and_without_first_reads(many_files, read_ahead):
+    for rank in range(2):
+        plain = digests(many_files, rank, read_ahead=read_ahead, first_reads=0)
+        with PlanExecutor(many_files, rank, read_ahead=read_ahead) as ex:
+            assert [batch_digest(b) for b in ex] == plain
+        assert ex._catalog.first.asked > 0  # the footers were parsed, the chunks asked for
+        for step in range(ex.steps):
+            for first_reads in (0, 16):
+                with PlanExecutor(
+                    many_files, rank, read_ahead=read_ahead, first_reads=first_reads
+                ) as ex:
+                    ex.seek(step)
+                    resumed = [batch_digest(b) for b in ex]
+                assert resumed == plain[step * ex.micro_batches :], (rank, step, first_reads)
+
+
+def test_the_window_bounds_the_bytes_asked_ahead_and_no_budget_is_held(many_files, monkeypatch):
+    """Bytes asked of the kernel and not yet read never exceed the window; the memory
+    budget accounts the same bytes at its peak as without first reads (it holds none)."""
+    seen: list[tuple[int, int]] = []
+    real_wait = FirstReads._wait
+
+    def wait(self, run, nbytes):
+        ok = real_wait(self, run, nbytes)
+        if ok:
+            seen.append((self.ahead + nbytes, self.window))
+        return ok
+
+    monkeypatch.setattr(FirstReads, "_wait", wait)
+    peaks = []
+    for first_reads in (0, 16):
+        with PlanExecutor(
+            many_files, 0, read_ahead=0, read_threads=1, first_reads=first_reads
+        ) as ex:
+            if first_reads:
+                ex._catalog.first.window = 3000  # two or three of these files' chunks
+            for _batch in ex:
+                pass
+            budget = ex._catalog.files.blocks.budget
+            peaks.append(budget.peak)
+            assert budget.peak <= budget.total
+    assert seen and all(ahead <= window for ahead, window in seen)
+    assert peaks[0] == peaks[1]
+
+
+def test_a_run_starts_first_reads_once_and_a_seek_again(many_files, monkeypatch):
+    starts: list[int] = []
+    real_start = FirstReads.start
+
+    def start(self, block, lo, hi):
+        starts.append(block.step_start)
+        return real_start(self, block, lo, hi)
+
+    monkeypatch.setattr(FirstReads, "start", start)
+    with PlanExecutor(many_files, 0, read_ahead=0) as ex:
+        for _batch in ex:
+            pass
+        assert len(starts) == 1
+        ex.seek(5)
+        next(iter(ex))
+        assert len(starts) == 2
+
+
+def test_a_full_window_gives_up_when_the_reads_stop(many_files, monkeypatch):
+    """A run left alone (its window full, no read coming) does not keep its threads: they
+    give up, so a process can end without closing the executor."""
+    monkeypatch.setattr(first_reads_module, "_PATIENCE", 0.05)
+    with PlanExecutor(many_files, 0, read_ahead=0) as ex:
+        first = ex._catalog.first
+        first.ahead = first.window  # as if every byte of the window were asked and unread
+        assert not first._wait(first._run, 1)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_first_reads_must_be_a_count_of_steps(many_files, value):
+    with pytest.raises(ConfigError, match="first_reads="):
+        PlanExecutor(many_files, 0, first_reads=value)
