@@ -5,6 +5,11 @@ once, and a seek again."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from catalog_helpers import digests
 from executor_builders import batch_digest
@@ -15,24 +20,47 @@ from mds.executor.catalog import first_reads as first_reads_module
 from mds.executor.catalog.first_reads import FirstReads
 
 
+@pytest.fixture(scope="module")
+def many_sources(tmp_path_factory) -> Path:
+    """Forty one-file Parquet sources and a plan of 4 samples a step: a step reads a few of
+    them, the next steps others."""
+    from catalog_helpers import plan_of
+
+    root = tmp_path_factory.mktemp("forty")
+    rng = np.random.default_rng(12)
+    (root / "d").mkdir()
+    sources = []
+    for f in range(40):
+        rows = [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(2, 40, 30)]
+        pq.write_table(pa.table({"t": rows}), root / "d" / f"f{f:02d}.parquet")
+        sources.append({"name": f"s{f:02d}", "path": f"d/f{f:02d}.parquet", "tokens": "t"})
+        sources[-1]["weight"] = 1
+    return plan_of(root, sources, dp_size=1, micro_batches=1, steps=40, samples_per_step=4)[1]
+
+
 @pytest.mark.parametrize("read_ahead", [0, 1])
-def test_batches_and_resumes_are_the_same_with_and_without_first_reads(many_files, read_ahead):
-    for rank in range(2):
-        plain = digests(many_files, rank, read_ahead=read_ahead, first_reads=0)
-        with PlanExecutor(many_files, rank, read_ahead=read_ahead) as ex:
+def test_batches_and_resumes_are_the_same_with_and_without_first_reads(
+    many_files, many_sources, read_ahead
+):
+    for plan, rank in ((many_files, 0), (many_files, 1), (many_sources, 0)):
+        plain = digests(plan, rank, read_ahead=read_ahead, first_reads=0)
+        with PlanExecutor(plan, rank, read_ahead=read_ahead) as ex:
             assert [batch_digest(b) for b in ex] == plain
-        assert ex._catalog.first.asked > 0  # the footers were parsed, the chunks asked for
-        for step in range(ex.steps):
+        if plan == many_sources:
+            assert ex._catalog.first.asked > 0  # footers parsed, chunks asked for
+        for step in range(0, ex.steps, 3 if plan == many_sources else 1):
             for first_reads in (0, 16):
                 with PlanExecutor(
-                    many_files, rank, read_ahead=read_ahead, first_reads=first_reads
+                    plan, rank, read_ahead=read_ahead, first_reads=first_reads
                 ) as ex:
                     ex.seek(step)
                     resumed = [batch_digest(b) for b in ex]
                 assert resumed == plain[step * ex.micro_batches :], (rank, step, first_reads)
 
 
-def test_the_window_bounds_the_bytes_asked_ahead_and_no_budget_is_held(many_files, monkeypatch):
+def test_the_window_bounds_the_bytes_asked_ahead_and_no_budget_is_held(
+    many_sources, monkeypatch
+):
     """Bytes asked of the kernel and not yet read never exceed the window; the memory
     budget accounts the same bytes at its peak as without first reads (it holds none)."""
     seen: list[tuple[int, int]] = []
@@ -48,7 +76,7 @@ def test_the_window_bounds_the_bytes_asked_ahead_and_no_budget_is_held(many_file
     peaks = []
     for first_reads in (0, 16):
         with PlanExecutor(
-            many_files, 0, read_ahead=0, read_threads=1, first_reads=first_reads
+            many_sources, 0, read_ahead=0, read_threads=1, first_reads=first_reads
         ) as ex:
             if first_reads:
                 ex._catalog.first.window = 3000  # two or three of these files' chunks

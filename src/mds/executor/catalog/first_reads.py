@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_STEPS", "THREADS", "FirstReads"]
 
 DEFAULT_STEPS = 16  # steps whose files are read ahead at a start or a seek
 THREADS = 2  # threads reading them (file reads and footer parses in flight at once)
-_POLL = 0.002  # seconds between looks while the window is full
+_POLL = 0.1  # seconds between looks at the clock while the window is full
 _PATIENCE = 2.0  # seconds a full window waits for the reads to move before giving up
 _ADVISE = hasattr(os, "posix_fadvise")
 
@@ -55,8 +55,10 @@ class FirstReads:
         self._pool: ThreadPoolExecutor | None = None
         self._run = 0  # bumped by each start and stop: a thread of an older run gives up
         self._lock = threading.Lock()
-        self._asked: dict[tuple[int, int], int] = {}  # file -> bytes asked, not yet read
-        self.ahead = 0  # their sum
+        self._moved = threading.Condition(self._lock)  # bytes left the window, or a stop
+        # file -> (bytes asked, not yet read; its first sample's place in the block)
+        self._asked: dict[tuple[int, int], tuple[int, int]] = {}
+        self.ahead = 0  # bytes asked, not yet read
         # (block's first step, sample after the last fetch, whether that was its last)
         self._next: tuple[int, int, bool] | None = None
         self.asked = 0  # bytes asked of the kernel (for tests and reports)
@@ -70,9 +72,25 @@ class FirstReads:
         fresh = last is None or (block.step_start, lo) != last[:2]
         if fresh and last is not None and last[2] and lo == 0:
             fresh = block.step_start <= last[0]  # the next chunk's block: going on
+            if not fresh:
+                self._passed(None)  # what was asked was of the block before
         self._next = (block.step_start, hi, hi == len(block.ids))
         if fresh and self.steps > 0 and hi > lo:
             self.start(block, lo, hi)
+        elif self._asked:
+            self._passed(hi)
+
+    def _passed(self, sample: int | None) -> None:
+        """The reads went past block sample `sample` (None: past the block): files first
+        planned before it and not read (their rows came from rows read early) leave the
+        window."""
+        with self._moved:
+            for file, (n, first) in list(self._asked.items()):
+                if sample is None or first < sample:
+                    del self._asked[file]
+                    self.ahead -= n
+                    self.reached_bytes += n
+            self._moved.notify_all()
 
     def start(self, block: RankChunk, lo: int, hi: int) -> None:
         """Read ahead the files of block samples from `hi` on (those of [lo, hi) are being
@@ -98,10 +116,11 @@ class FirstReads:
         if self.stride > 1 and lo < len(micro):
             picked = picked[(micro[picked] - micro[lo]) % self.stride == 0]
         rec = block.fetch
+        picked = picked[~np.isin(rec.file[picked], rec.file[lo:hi])]  # being read now
         files = rec.file[picked]
-        first = np.unique(files, return_index=True)[1]
+        first = np.sort(np.unique(files, return_index=True)[1])
         out = []
-        for f in files[np.sort(first)].tolist():
+        for f, at in zip(files[first].tolist(), picked[first].tolist(), strict=True):
             sid, fid, entry = rec.files[f]
             try:
                 s = self.plan.source_of(sid)
@@ -110,19 +129,19 @@ class FirstReads:
             if s.fmt != "parquet":
                 continue
             rows = rec.row[picked[files == f]].astype(np.int64)
-            out.append((s, fid, entry, rows))
+            out.append((s, fid, entry, rows, at))
         return out
 
     def _read_files(self, run: int, files: list[tuple]) -> None:
-        for s, fid, entry, rows in files:
+        for s, fid, entry, rows, at in files:
             if run != self._run:
                 return
             try:
-                self._read_file(run, s, fid, entry, rows)
+                self._read_file(run, s, fid, entry, rows, at)
             except (MdsError, OSError, ValueError, KeyError, IndexError):
                 continue  # left to the read, which names the problem in its step
 
-    def _read_file(self, run: int, s, fid: int, entry: Any, rows: np.ndarray) -> None:
+    def _read_file(self, run: int, s, fid: int, entry: Any, rows: np.ndarray, at: int) -> None:
         """Parse one file's footer into the metadata cache and ask the kernel for the chunks
         of the row groups its rows are in."""
         path, _companion = self.plan.paths(entry, f"{s.name} files[{fid}]")
@@ -148,7 +167,7 @@ class FirstReads:
             os.close(fd)
         with self._lock:
             if run == self._run:
-                self._asked[(s.sid, fid)] = self._asked.get((s.sid, fid), 0) + nbytes
+                self._asked[(s.sid, fid)] = (nbytes, at)
                 self.ahead += nbytes
                 self.asked += nbytes
 
@@ -157,31 +176,34 @@ class FirstReads:
         ended, or if the reads have not moved for `_PATIENCE` seconds (a run left alone)."""
         if nbytes > self.window:
             return False
-        since, seen = time.monotonic(), self.reached_bytes
-        while run == self._run:
-            if self.ahead + nbytes <= self.window:
-                return True
-            if self.reached_bytes != seen:
-                since, seen = time.monotonic(), self.reached_bytes
-            elif time.monotonic() - since > _PATIENCE:
-                return False
-            time.sleep(_POLL)
+        with self._moved:
+            since, seen = time.monotonic(), self.reached_bytes
+            while run == self._run:
+                if self.ahead + nbytes <= self.window:
+                    return True
+                if self.reached_bytes != seen:
+                    since, seen = time.monotonic(), self.reached_bytes
+                elif time.monotonic() - since > _PATIENCE:
+                    return False
+                self._moved.wait(_POLL)
         return False
 
     def reached(self, sid: int, fid: int) -> None:
         """A read of file (sid, fid) begins: what was asked of it leaves the window."""
         if not self._asked:
             return
-        with self._lock:
-            n = self._asked.pop((sid, fid), 0)
+        with self._moved:
+            n = self._asked.pop((sid, fid), (0, 0))[0]
             self.ahead -= n
             self.reached_bytes += n
+            self._moved.notify_all()
 
     def stop(self) -> None:
         """End the run: its threads stop at their next file."""
-        with self._lock:
+        with self._moved:
             self._run += 1
             self._asked, self.ahead = {}, 0
+            self._moved.notify_all()
 
     def close(self) -> None:
         self.stop()
@@ -196,4 +218,5 @@ class FirstReads:
         self._run += 1
         self._asked, self.ahead = {}, 0
         self._lock = threading.Lock()
+        self._moved = threading.Condition(self._lock)
         self._next = None
