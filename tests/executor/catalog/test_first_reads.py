@@ -14,6 +14,7 @@ import pytest
 from catalog_helpers import digests
 from executor_builders import batch_digest
 
+from mds.core import metacache
 from mds.errors import ConfigError
 from mds.executor import PlanExecutor
 from mds.executor.catalog import first_reads as first_reads_module
@@ -121,3 +122,27 @@ def test_a_full_window_gives_up_when_the_reads_stop(many_files, monkeypatch):
 def test_first_reads_must_be_a_count_of_steps(many_files, value):
     with pytest.raises(ConfigError, match="first_reads="):
         PlanExecutor(many_files, 0, first_reads=value)
+
+
+@pytest.mark.slow
+def test_objects_footers_are_fetched_ahead_and_the_batches_are_the_same(
+    many_sources, monkeypatch
+):
+    """Of objects in a store (moto's S3 server), the footers of the first steps' files are
+    fetched ahead (no chunk is asked of any kernel), and the batches and a resume are those
+    of a run without it."""
+    from s3_store import s3_server
+
+    with s3_server(monkeypatch) as store:
+        store.upload(many_sources.parent / "d", "forty/d")
+        kwargs = dict(data_root=store.url("forty"), read_ahead=0)
+        plain = digests(many_sources, 0, first_reads=0, **kwargs)
+        metacache.clear()
+        with PlanExecutor(many_sources, 0, **kwargs) as ex:
+            assert [batch_digest(b) for b in ex] == plain
+        first = ex._catalog.first
+        assert first.footers > 0 and first.asked == 0
+        metacache.clear()
+        with PlanExecutor(many_sources, 0, **kwargs) as ex:
+            ex.seek(7)
+            assert [batch_digest(b) for b in ex] == plain[7:]

@@ -6,15 +6,17 @@ A run over many sources opens a new file at almost every sample of its first ste
 open parses a footer, and each first read fetches a column chunk, one file after another on
 the thread building the step (from a cold page cache, one disk read at a time). Here
 `THREADS` threads go ahead of the steps, in the order the steps will read the files: each
-Parquet footer is parsed into the metadata cache (the reader's open finds it there), and the
-column chunks of the row groups the file's rows are in are asked of the kernel
-(`posix_fadvise(WILLNEED)`: it reads them into the page cache in the background, many at
-once, and a read then copies them from memory). No byte is held by the process: the bytes
+Parquet footer is parsed into the metadata cache (the reader's open finds it there; an
+object's is fetched, by as many threads as a step has range requests in flight,
+`object_ranges.REQUESTS`, instead of one round trip after another as each file is first
+opened), and a local file's column chunks of the row groups its rows are in are asked of
+the kernel (`posix_fadvise(WILLNEED)`: it reads them into the page cache in the background,
+many at once, and a read then copies them from memory). No byte is held by the process: the bytes
 asked for and not yet read are bounded by `window` (a quarter of the block cache's share of
 the memory budget, 64 MiB at most), so a run's first steps cannot flood the page cache.
 
-Nothing here changes what is read, only when the kernel fetches it. Objects (s3://, gs://)
-are left to each step's concurrent range requests (`object_ranges.prefetch`); a problem (a
+Nothing here changes what is read, only when it is fetched. An object's column chunks are
+left to each step's concurrent range requests (`object_ranges.prefetch`); a problem (a
 missing file, a damaged footer) is left to the read, which raises it in its step, in file
 order.
 """
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from mds.core import storage
+from mds.core.object_ranges import REQUESTS
 from mds.core.planfile import RankChunk
 from mds.errors import MdsError
 from mds.executor.catalog.plan_sources import PlanSources
@@ -61,6 +64,7 @@ class FirstReads:
         self.ahead = 0  # bytes asked, not yet read
         # (block's first step, sample after the last fetch, whether that was its last)
         self._next: tuple[int, int, bool] | None = None
+        self.footers = 0  # footers parsed or found cached (for tests and reports)
         self.asked = 0  # bytes asked of the kernel (for tests and reports)
         self.reached_bytes = 0  # ... of which the reads have come to
 
@@ -101,10 +105,12 @@ class FirstReads:
         if not files:
             return
         run = self._run
+        # an object's footer is a round trip: as many in flight as a step's range requests
+        threads = REQUESTS if storage.is_url(self.plan.root) else THREADS
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="mds-first-reads")
-        for part in range(THREADS):
-            self._pool.submit(self._read_files, run, files[part::THREADS])
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mds-first-reads")
+        for part in range(threads):
+            self._pool.submit(self._read_files, run, files[part::threads])
 
     def _files(self, block: RankChunk, lo: int, hi: int) -> list[tuple]:
         """(source, file id, record, rows) of the Parquet files samples [hi, ...) read, in
@@ -145,11 +151,12 @@ class FirstReads:
         """Parse one file's footer into the metadata cache and ask the kernel for the chunks
         of the row groups its rows are in."""
         path, _companion = self.plan.paths(entry, f"{s.name} files[{fid}]")
-        if storage.is_url(path):
-            return
         column = str(s.payload.get("column") or s.payload.get("text") or "")
-        found = footer_meta(path, str(entry["path"]))
-        if found is None or not _ADVISE:
+        found = footer_meta(path, str(path) if storage.is_url(path) else str(entry["path"]))
+        if found is not None:
+            with self._lock:
+                self.footers += 1
+        if found is None or storage.is_url(path) or not _ADVISE:
             return
         _key, meta = found
         starts = meta.starts

@@ -87,10 +87,11 @@ def _footer(source: pa.NativeFile) -> pq.FileMetaData | None:
 
 
 def footer_meta(path: Path, display: str) -> tuple[tuple, _ParquetMeta] | None:
-    """(version key, parsed footer) of a local Parquet file, as a reader opening it finds
-    them: from the metadata cache, else parsed now and kept there. None where that cannot
-    be done (the reader's own open then names the problem). Lets a file's footer be parsed
-    before its first read asks for it (`first_reads`)."""
+    """(version key, parsed footer) of a Parquet file or object, as a reader opening it
+    finds them: from the metadata cache, else parsed now and kept there. None where that
+    cannot be done (the reader's own open then names the problem). Lets a file's footer be
+    parsed (an object's fetched: one or two range requests) before its first read asks for
+    it (`first_reads`)."""
     try:
         key = _version("parquet-footer", path, display)
     except SourceDataError:
