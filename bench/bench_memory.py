@@ -133,7 +133,12 @@ def default_budget() -> int:
     from mds.executor import PlanExecutor
 
     params = inspect.signature(PlanExecutor.__init__).parameters
-    return (params.get("memory_bytes") or params["cache_bytes"]).default
+    default = (params.get("memory_bytes") or params["cache_bytes"]).default
+    if default is None:  # memory_bytes=None: the catalog's own default
+        from mds.executor.catalog.budget import DEFAULT_MEMORY
+
+        return DEFAULT_MEMORY
+    return default
 
 
 def child_mds(plan: Path, workers: int, steps: int, budget: int | None) -> dict:
