@@ -146,3 +146,23 @@ def test_objects_footers_are_fetched_ahead_and_the_batches_are_the_same(
         with PlanExecutor(many_sources, 0, **kwargs) as ex:
             ex.seek(7)
             assert [batch_digest(b) for b in ex] == plain[7:]
+
+
+def test_a_worker_building_every_other_micro_batch_starts_first_reads_once(
+    many_sources, monkeypatch
+):
+    """A DataLoader worker's fetches skip the micro-batches the others build: that is going
+    on, not a seek, so its first reads start once, not at every fetch."""
+    starts: list[int] = []
+    real_start = FirstReads.start
+
+    def start(self, block, lo, hi):
+        starts.append(lo)
+        return real_start(self, block, lo, hi)
+
+    monkeypatch.setattr(FirstReads, "start", start)
+    with PlanExecutor(many_sources, 0, read_ahead=0) as ex:
+        ex.build_every(2)
+        for pos in range(1, ex.total, 2):
+            ex.compact_at(pos)
+    assert len(starts) == 1

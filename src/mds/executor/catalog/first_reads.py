@@ -62,7 +62,7 @@ class FirstReads:
         # file -> (bytes asked, not yet read; its first sample's place in the block)
         self._asked: dict[tuple[int, int], tuple[int, int]] = {}
         self.ahead = 0  # bytes asked, not yet read
-        # (block's first step, sample after the last fetch, whether that was its last)
+        # (block's first step, sample after the last fetch, whether it was near its end)
         self._next: tuple[int, int, bool] | None = None
         self.footers = 0  # footers parsed or found cached (for tests and reports)
         self.asked = 0  # bytes asked of the kernel (for tests and reports)
@@ -73,12 +73,16 @@ class FirstReads:
         block, or from the end of the one before), the run starts here (the first fetch, or
         a seek), and the files of the steps after it are read ahead."""
         last = self._next
-        fresh = last is None or (block.step_start, lo) != last[:2]
-        if fresh and last is not None and last[2] and lo == 0:
-            fresh = block.step_start <= last[0]  # the next chunk's block: going on
-            if not fresh:
-                self._passed(None)  # what was asked was of the block before
-        self._next = (block.step_start, hi, hi == len(block.ids))
+        # going on: from where the last fetch ended, past the micro-batches other workers
+        # build in between (`stride`), in this block or from the end of the one before
+        gap = 4 * (hi - lo) * self.stride + 64
+        fresh = last is None or not (
+            (block.step_start == last[0] and 0 <= lo - last[1] <= gap)
+            or (block.step_start > last[0] and last[2] and lo <= gap)
+        )
+        if not fresh and block.step_start != last[0]:  # type: ignore[index]
+            self._passed(None)  # what was asked was of the block before
+        self._next = (block.step_start, hi, len(block.ids) - hi <= gap)
         if fresh and self.steps > 0 and hi > lo:
             self.start(block, lo, hi)
         elif self._asked:
