@@ -86,7 +86,7 @@ class FirstReads:
         if fresh and self.steps > 0 and hi > lo:
             self.start(block, lo, hi)
         elif self._asked:
-            self._passed(hi)
+            self._passed(lo)
 
     def _passed(self, sample: int | None) -> None:
         """The reads went past block sample `sample` (None: past the block): files first
