@@ -69,8 +69,9 @@ class PlanExecutor:
     memory_bytes). `read_threads`: threads that read a
     step's files side by side (1: the building thread alone; 2, the default, pays where a
     core is free, see docs/executor.md); batches are the same. `first_reads`: steps whose
-    files are read ahead at a start or a seek (Parquet footers parsed, column chunks read
-    within the memory budget, by two threads; 0: none); batches are the same.
+    files are made ready at a start or a seek (Parquet footers parsed or fetched ahead, a
+    local file's chunks asked of the kernel; 0: none; default 16 for data in object
+    storage, 0 for local files, where it was slower); batches are the same.
 
     Besides iteration, it offers the positional interface of `mds.executor.replay.Replay`
     (`cursor`, `mark_delivered`, `compact_at`, ...), through which `PlanLoader` and
@@ -92,7 +93,7 @@ class PlanExecutor:
         max_open_files: int = 64,
         read_ahead: int = 1,
         read_threads: int = 2,
-        first_reads: int = 16,
+        first_reads: int | None = None,
         cp_rank: int | None = None,
         cp_size: int | None = None,
         parent_plan: str | os.PathLike | None = None,

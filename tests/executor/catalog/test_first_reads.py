@@ -45,7 +45,7 @@ def test_batches_and_resumes_are_the_same_with_and_without_first_reads(
 ):
     for plan, rank in ((many_files, 0), (many_files, 1), (many_sources, 0)):
         plain = digests(plan, rank, read_ahead=read_ahead, first_reads=0)
-        with PlanExecutor(plan, rank, read_ahead=read_ahead) as ex:
+        with PlanExecutor(plan, rank, read_ahead=read_ahead, first_reads=16) as ex:
             assert [batch_digest(b) for b in ex] == plain
         if plan == many_sources:
             assert ex._catalog.first.asked > 0  # footers parsed, chunks asked for
@@ -99,7 +99,7 @@ def test_a_run_starts_first_reads_once_and_a_seek_again(many_files, monkeypatch)
         return real_start(self, block, lo, hi)
 
     monkeypatch.setattr(FirstReads, "start", start)
-    with PlanExecutor(many_files, 0, read_ahead=0) as ex:
+    with PlanExecutor(many_files, 0, read_ahead=0, first_reads=16) as ex:
         for _batch in ex:
             pass
         assert len(starts) == 1
@@ -112,10 +112,15 @@ def test_a_full_window_gives_up_when_the_reads_stop(many_files, monkeypatch):
     """A run left alone (its window full, no read coming) does not keep its threads: they
     give up, so a process can end without closing the executor."""
     monkeypatch.setattr(first_reads_module, "_PATIENCE", 0.05)
-    with PlanExecutor(many_files, 0, read_ahead=0) as ex:
+    with PlanExecutor(many_files, 0, read_ahead=0, first_reads=16) as ex:
         first = ex._catalog.first
         first.ahead = first.window  # as if every byte of the window were asked and unread
         assert not first._wait(first._run, 1)
+
+
+def test_first_reads_are_on_for_objects_and_off_for_local_files_by_default(many_files):
+    with PlanExecutor(many_files, 0) as ex:
+        assert ex._catalog.first.steps == 0
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])
@@ -161,7 +166,7 @@ def test_a_worker_building_every_other_micro_batch_starts_first_reads_once(
         return real_start(self, block, lo, hi)
 
     monkeypatch.setattr(FirstReads, "start", start)
-    with PlanExecutor(many_sources, 0, read_ahead=0) as ex:
+    with PlanExecutor(many_sources, 0, read_ahead=0, first_reads=16) as ex:
         ex.build_every(2)
         for pos in range(1, ex.total, 2):
             ex.compact_at(pos)
