@@ -81,6 +81,7 @@ bench: setup
 	$(BIN)/python bench/bench_memory.py --out build/bench
 	$(BIN)/python bench/bench_recheck.py --out build/bench
 	$(BIN)/python bench/bench_storage.py --out build/bench
+	$(BIN)/python bench/bench_first_reads.py --out build/bench
 	$(BIN)/python bench/bench_calibrate.py --out build/bench
 	$(BIN)/python bench/bench_real_model.py --out build/bench
 	$(BIN)/python bench/bench_engine.py --out build/bench

@@ -6,7 +6,9 @@ Cases (one Parquet file per source, token lists of 64 to 511 int32 ids, 64 sampl
   b: 64 sources x 2,048 rows
   c: 1024 sources x 2,048 rows
 Every cell is the median of `--repeat` fresh child processes, mds and Mosaic runs
-alternating, each after every file of the case was read once (from the page cache): peak
+alternating, each after every file of the case was read once (from the page cache; with
+`--cold`, after every file was dropped from it instead, as far as an unprivileged process
+can: `posix_fadvise(DONTNEED)`, so the first reads come from disk): peak
 RSS above the imports (main process; with workers, the workers' anonymous RSS above the
 parent's at the imports, sampled every 16 steps, its largest sum, reported separately), construction time, the first 16 steps, and the
 steady ms/step of the steps after them. The data, plans and Mosaic shards are made by
@@ -44,6 +46,18 @@ KEYS = ("start_ms", "first16_ms", "step_ms", "rss_mb", "workers_rss_mb")
 
 
 # --- children ---------------------------------------------------------------------------
+
+
+def cold(root: Path) -> None:
+    """Drop every file of a data set from the page cache (the clean pages the kernel lets
+    go of on `POSIX_FADV_DONTNEED`), so a run reads them from disk."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def status_mb(path: Path, field: str) -> int:
@@ -180,6 +194,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="memory_bytes (or cache_bytes)")
     ap.add_argument("--no-peer", action="store_true", help="measure mds alone")
     ap.add_argument("--quick", action="store_true", help="cases b and c, 128 steps, 1 run")
+    ap.add_argument("--cold", action="store_true", help="drop the files from the page cache")
     a = ap.parse_args()
     if a.quick:
         a.cases, a.steps, a.repeat = "bc", 128, 1
@@ -198,14 +213,16 @@ def main() -> None:
             run_child(peer, ["--child-write-mosaic", str(root)])
         extra = "-" if a.budget is None else str(a.budget)
         for workers in a.workers:
-            row: dict = {"case": case, "sources": n, "rows": rows, "workers": workers}
+            row: dict = {"case": case + (" cold" if a.cold else ""), "sources": n}
+            row.update({"rows": rows, "workers": workers})
             runs: dict[str, list[dict]] = {"mds": [], "mosaic": []}
+            prepare = cold if a.cold else warm
             for _ in range(a.repeat):  # alternating, so drift hits both sides alike
-                warm(root)
+                prepare(root)
                 args = [str(plan), str(workers), str(a.steps)]
                 runs["mds"].append(run_child(sys.executable, ["--child-mds", *args, extra], __file__))
                 if peer:
-                    warm(root)
+                    prepare(root)
                     runs["mosaic"].append(
                         run_child(peer, ["--child-mosaic", *args, str(rows)], __file__)
                     )

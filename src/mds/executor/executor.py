@@ -69,7 +69,10 @@ class PlanExecutor:
     from the blocks it decodes (default half of memory_bytes; 0: neither; at most
     memory_bytes). `read_threads`: threads that read a
     step's files side by side (1: the building thread alone; 2, the default, pays where a
-    core is free, see docs/executor.md); batches are the same.
+    core is free, see docs/executor.md); batches are the same. `first_reads`: steps whose
+    files are made ready at a start or a seek (Parquet footers parsed or fetched ahead, a
+    local file's chunks asked of the kernel; 0, the default: none, since it was not
+    clearly faster, see docs/executor.md); batches are the same.
 
     Besides iteration, it offers the positional interface of `mds.executor.replay.Replay`
     (`cursor`, `mark_delivered`, `compact_at`, ...), through which `PlanLoader` and
@@ -91,6 +94,7 @@ class PlanExecutor:
         max_open_files: int = 64,
         read_ahead: int = 1,
         read_threads: int = 2,
+        first_reads: int = 0,
         cp_rank: int | None = None,
         cp_size: int | None = None,
         parent_plan: str | os.PathLike | None = None,
@@ -110,6 +114,7 @@ class PlanExecutor:
             max_open_files=max_open_files,
             read_ahead=read_ahead,
             read_threads=read_threads,
+            first_reads=first_reads,
             cp_rank=cp_rank,
             cp_size=cp_size,
             parent_plan=parent_plan,
@@ -183,6 +188,7 @@ class PlanExecutor:
             max_open_files=args["max_open_files"],
             read_threads=_integer(args["read_threads"], "read_threads"),
             next_block=self._next_block,
+            first_reads=args["first_reads"],
         )
         self.source_names = self._catalog.names
         # the plan's image geometry ([vision]), or None: micro-batches then carry images

@@ -437,3 +437,27 @@ def test_rows_read_page_by_page_are_pyarrows_and_no_read_holds_the_whole_chunk(
         for r, v in zip([*ask.tolist(), *again.tolist()], [*got, *got_again], strict=True):
             assert group[r] is not None and None not in group[r]
             assert v.dtype == np.int32 and v.tolist() == group[r]
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_a_small_chunk_read_for_its_first_rows_reads_only_the_pages_that_hold_them(
+    tmp_path, version
+):
+    """A chunk that fits the buffer is read whole when the values asked reach its second
+    half, but page by page, up to the page of the last value asked, when they all lie in
+    its first half (a file's first read of a few rows); the rows are the same."""
+    rng = np.random.default_rng(5)
+    rows = [rng.integers(0, 70_000, 50).tolist() for _ in range(400)]
+    path = tmp_path / "t.parquet"
+    table = pa.table({"t": pa.array(rows, pa.list_(pa.int32()))})
+    pq.write_table(table, path, data_page_size=4096, data_page_version=version)
+    meta = pq.read_metadata(path)
+    lay = _layout(meta, table)
+    size = meta.row_group(0).column(0).total_compressed_size
+    starts = np.arange(400, dtype=np.int64) * 50
+    counts = np.full(400, 50, dtype=np.int64)
+    for ask, whole in (([3, 7], False), ([3, 390], True)):
+        source = _Counted(path)
+        got = parquet_pages.read_rows(source, lay, 0, starts[ask], counts[ask])
+        assert [v.tolist() for v in got] == [rows[r] for r in ask]
+        assert (sum(source.reads) >= size) == whole, (ask, sum(source.reads), size)

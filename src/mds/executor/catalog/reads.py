@@ -22,6 +22,7 @@ from mds.core.object_ranges import RangeFile, prefetch
 from mds.core.planfile import RankChunk
 from mds.errors import MdsError, PlanError, SourceDataError
 from mds.executor.catalog.early_rows import Later, Lookahead, narrowed
+from mds.executor.catalog.first_reads import FirstReads
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources, Source
 from mds.executor.catalog.recheck import DataChecks, ObjectRead
@@ -55,9 +56,10 @@ class SampleReads:
         files: OpenFiles,
         ahead: Lookahead | None,
         read_threads: int,
+        first: FirstReads | None = None,
     ):
         self.plan, self.checks, self.files, self.ahead = plan, checks, files, ahead
-        self.read_threads = read_threads
+        self.read_threads, self.first = read_threads, first
         self._pool: ThreadPoolExecutor | None = None
 
     def reset(self) -> None:
@@ -255,6 +257,8 @@ class SampleReads:
         `_where` and page groups `_pinned` worked out for these samples."""
         where, pages = pinned if pinned is not None else (self._where(block, s, now, later), None)
         rows, offsets, lengths = where
+        if self.first is not None:
+            self.first.reached(s.sid, fid)
         reader = self.files.acquire(s, fid, entry)
         try:
             if s.fmt == "arrow" and reader.object is None:

@@ -28,6 +28,7 @@ from mds.errors import ConfigError
 from mds.executor.catalog import tokens
 from mds.executor.catalog.budget import budget
 from mds.executor.catalog.early_rows import Lookahead
+from mds.executor.catalog.first_reads import FirstReads
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources
 from mds.executor.catalog.reads import SampleReads
@@ -41,6 +42,7 @@ __all__ = ["SourceCatalog"]
 # decodes freed between rows kept leave.
 GIVE_BACK_EVERY = 128
 GIVE_BACK_BYTES = 8 << 20
+_FIRST_WINDOW = 64 << 20  # most bytes asked ahead of the first steps' reads (`first_reads`)
 
 
 class SourceCatalog:
@@ -63,6 +65,7 @@ class SourceCatalog:
         max_open_files: int = 64,
         read_threads: int = 2,
         next_block: Callable[[RankChunk], RankChunk | None] | None = None,
+        first_reads: int = 0,
     ):
         if not isinstance(max_open_files, int) or max_open_files < 1:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
@@ -80,7 +83,15 @@ class SourceCatalog:
         ahead = self.budget.ahead
         self.ahead = Lookahead(ahead, next_block=next_block) if ahead else None
         self.files = OpenFiles(self.plan, self.checks, max_open_files, self.budget)
-        self.reads = SampleReads(self.plan, self.checks, self.files, self.ahead, read_threads)
+        if isinstance(first_reads, bool) or not isinstance(first_reads, int) or first_reads < 0:
+            raise ConfigError(f"first_reads={first_reads!r} must be an integer >= 0 (steps)")
+        # bytes asked ahead of the first steps' reads: a quarter of the block cache's share,
+        # 64 MiB at most
+        window = min(_FIRST_WINDOW, self.files.block_bytes // 4)
+        self.first = FirstReads(self.plan, first_reads, window)
+        self.reads = SampleReads(
+            self.plan, self.checks, self.files, self.ahead, read_threads, self.first
+        )
         self._fetches = 0  # since the start
         self._kept_low = 0  # the fewest bytes of rows read ahead since the last hand-back
 
@@ -93,6 +104,7 @@ class SourceCatalog:
         those (`Lookahead`)."""
         if self.ahead is not None:
             self.ahead.stride = stride
+        self.first.stride = stride
 
     def checked_files(self) -> tuple[set[tuple[int, int]], Pins]:
         """The files this process checked and the versions pinned at their checks, for a
@@ -109,11 +121,13 @@ class SourceCatalog:
         descriptors)."""
         if self.ahead is not None:
             self.ahead.clear()
+        self.first.forget()
         self.files.reset()
         self.reads.reset()
         self._fetches = self._kept_low = 0  # a new process: its first fetch hands back too
 
     def close(self) -> None:
+        self.first.close()
         self.reads.close()
         if self.ahead is not None:
             self.ahead.clear()
@@ -150,6 +164,7 @@ class SourceCatalog:
         truncated. One reader call per file: its rows are read together, with the rows this
         rank's later samples need from a block-coded file (see `Lookahead`). `step`: the
         step they are of, named by the error if a file changed."""
+        self.first.follow(block, lo, hi)
         payloads = self.reads.payloads(block, lo, hi, step)
         self._give_back()
         return self.tokens.of_samples(block, lo, hi, payloads)

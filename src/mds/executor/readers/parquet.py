@@ -34,7 +34,7 @@ from mds.executor.readers.base import row_starts as _row_starts
 from mds.executor.readers.base import too_large as _too_large
 from mds.formats.parquet import pages as parquet_pages
 
-__all__ = ["ParquetImageTextReader", "ParquetReader"]
+__all__ = ["ParquetImageTextReader", "ParquetReader", "footer_meta"]
 
 
 # Rows holding under 1/_SPARSE of a row group's values are read from its pages, at most
@@ -84,6 +84,38 @@ def _footer(source: pa.NativeFile) -> pq.FileMetaData | None:
         return parse(pa.py_buffer(tail[len(tail) - 8 - n : len(tail) - 8]))
     except (OSError, ValueError, pa.ArrowException):
         return None
+
+
+def footer_meta(path: Path, display: str) -> tuple[tuple, _ParquetMeta] | None:
+    """(version key, parsed footer) of a Parquet file or object, as a reader opening it
+    finds them: from the metadata cache, else parsed now and kept there. None where that
+    cannot be done (the reader's own open then names the problem). Lets a file's footer be
+    parsed (an object's fetched: one or two range requests) before its first read asks for
+    it (`first_reads`)."""
+    try:
+        key = _version("parquet-footer", path, display)
+    except SourceDataError:
+        return None
+    meta = metacache.get(key)
+    if meta is None:
+        try:
+            source = storage.open_input(path)
+        except OSError:
+            return None
+        try:
+            footer = _footer(source)
+        finally:
+            source.close()
+        if footer is None:
+            return None
+        meta = _ParquetMeta(footer)
+        try:
+            if _version("parquet-footer", path, display) != key:
+                return None  # changed while read: left to the reader's open
+        except SourceDataError:
+            return None
+        metacache.put(key, meta, meta.nbytes)
+    return key, meta
 
 
 class _ParquetMeta:

@@ -57,6 +57,7 @@ _DTYPES = {("INT32", "int32"): np.dtype("<i4"), ("INT64", "int64"): np.dtype("<i
 WHOLE_CHUNK = 4 << 20  # a column chunk up to this size is read in one request (default)
 _HEADER_READ = 256  # a page header's first read; a longer header is read again, whole
 _CHECKED_PAGES = 4096  # data pages of a row group remembered as full (16-24 bytes each)
+_SHORT = 2  # values asked within the first 1/_SHORT of a chunk: read page by page
 _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to pyarrow
 
 
@@ -229,7 +230,8 @@ def read_rows(
     file descriptor of a local file, or an object's reader (`read_at`, as ranges.RangeFile:
     its errors are raised as they come). A chunk of at most `most` bytes is read at once,
     a larger one page by page: only the pages holding the values asked, their headers and
-    the dictionary page are read, never the whole chunk."""
+    the dictionary page are read, never the whole chunk. So is any chunk whose values asked
+    all lie in its first half (`_short`)."""
     chunk = lay.chunk(group)
     starts = np.asarray(starts, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
@@ -289,8 +291,9 @@ def _decode(
     source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndarray, most: int
 ):
     """The values of ranges [starts, ends) concatenated, reading the pages that hold them
-    (and the headers of those before), the whole chunk at once if at most `most` bytes."""
-    data = _whole(source, chunk, most)
+    (and the headers of those before), the whole chunk at once if at most `most` bytes and
+    the values asked reach past its first half (`_SHORT`)."""
+    data = None if _short(chunk, ends) else _whole(source, chunk, most)
 
     def part(pos: int, n: int, body: bool = False) -> memoryview:
         if pos + n > chunk.size:
@@ -354,6 +357,13 @@ def _decode(
             raise Unsupported(f"page type {kind}")
     assert out is not None
     return out
+
+
+def _short(chunk: Chunk, ends: np.ndarray) -> bool:
+    """Whether the values asked all lie in the chunk's first 1/_SHORT: then its pages are
+    read one by one up to the last of them, not the whole chunk (a file's first read, of a
+    few rows, reads about what it uses; pages after the last value asked are never read)."""
+    return int(ends.max()) * _SHORT <= chunk.num_values
 
 
 def _wanted(starts: np.ndarray, ends: np.ndarray, first: int, n: int) -> bool:

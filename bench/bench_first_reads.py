@@ -1,0 +1,169 @@
+"""Benchmark `first_reads` on an object store whose requests have latency: many small
+Parquet sources in an S3-protocol server (moto's, as the tests start it) behind the tests'
+fault proxy (tests/fault_proxy.py) with a "delay" rule on every request (default 20 ms, a
+same-region S3 first byte), replayed by rank 0 with `first_reads=16` (on) and 0 (off, the
+default).
+
+Each run is a fresh child process (cold metadata cache, cold block cache), the two
+settings alternating; the table gives per setting the median of `--repeat` runs of the
+construction, the first 16 steps and the steady ms/step of the `--steps` steps after them,
+and the ratio off / on of the first 16 steps. The data and plan are bench_peers.py's
+builders (`--sources` x `--rows`, 64 samples a step) under build/bench-data/first_reads/.
+Timings are reported, never asserted.
+
+Usage: python bench/bench_first_reads.py [--out build/bench] [--repeat 3] [--delay-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+from bench_peers import make_data, median, run_child  # noqa: E402
+from report import write_report  # noqa: E402
+
+FIRST = 16  # steps counted as start-up
+BUCKET = "bench"
+KEYS = ("start_ms", "first16_ms", "step_ms")
+ENV = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def child(plan: Path, url: str, first_reads: int, steps: int) -> dict:
+    """One run: construction, the first FIRST steps, then `steps` more (mean ms)."""
+    from mds.executor import PlanExecutor
+
+    t0 = time.perf_counter()
+    ex = PlanExecutor(plan, 0, data_root=url, verify="none", first_reads=first_reads)
+    it = iter(ex)
+    t1 = time.perf_counter()
+    for _ in range(FIRST):
+        next(it)
+    t2 = time.perf_counter()
+    for _ in range(steps):
+        next(it)
+    t3 = time.perf_counter()
+    ex.close()
+    return {
+        "start_ms": 1000 * (t1 - t0),
+        "first16_ms": 1000 * (t2 - t1),
+        "step_ms": 1000 * (t3 - t2) / steps,
+    }
+
+
+def serve():
+    """moto's S3 server on 127.0.0.1 with the bucket; the server and its endpoint."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    return server, f"http://{host}:{port}"
+
+
+def upload(endpoint: str, directory: Path, prefix: str) -> str:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    for path in sorted(directory.rglob("*.parquet")):
+        key = f"{prefix}/{path.relative_to(directory).as_posix()}"
+        client.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        plan, url, first, steps = sys.argv[2:6]
+        result = child(Path(plan), url, int(first), int(steps))
+        print(json.dumps(result))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("build/bench"))
+    ap.add_argument("--data", type=Path, default=Path("build/bench-data/first_reads"))
+    ap.add_argument("--sources", type=int, default=256)
+    ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=32, help="steady steps timed after the first 16")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--delay-ms", type=float, default=20.0, help="added to every request")
+    a = ap.parse_args()
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        print("bench_first_reads: moto[server] is not installed (make setup installs it); skipped")
+        return
+    from fault_proxy import FaultProxy
+
+    root = a.data / f"{a.sources}x{a.rows}"
+    plan = make_data(root, a.sources, FIRST + a.steps, sys.executable, rows=a.rows).resolve()
+    os.environ.update(ENV)
+    server, endpoint = serve()
+    proxy = None
+    try:
+        url = upload(endpoint, root, "data")
+
+        proxy = FaultProxy(endpoint)
+        threading.Thread(target=proxy.server.serve_forever, args=(0.05,), daemon=True).start()
+        for method in ("GET", "HEAD"):
+            proxy.add(method, "*", "delay", seconds=a.delay_ms / 1000)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        settings = {"16 (on)": "16", "0 (off, the default)": "0"}
+        runs: dict[str, list[dict]] = {s: [] for s in settings}
+        requests: dict[str, int] = {}
+        for _ in range(a.repeat):
+            for name, value in settings.items():
+                before = len(proxy.log)
+                result = run_child(
+                    sys.executable,
+                    ["--child", str(plan), url, value, str(a.steps)],
+                    script=__file__,
+                )
+                requests[name] = len(proxy.log) - before
+                print(name, result, flush=True)
+                runs[name].append(result)
+    finally:
+        if proxy is not None:
+            proxy.clear()
+            proxy.server.shutdown()
+            proxy.server.server_close()
+        server.stop()
+    med = {name: median(rs, KEYS) for name, rs in runs.items()}
+    on, off = med["16 (on)"], med["0 (off, the default)"]
+    lines = [
+        f"{a.sources} sources x {a.rows} rows in moto's S3 server behind a proxy adding "
+        f"{a.delay_ms:g} ms to every request; rank 0, 64 samples a step; medians of "
+        f"{a.repeat} fresh processes, settings alternating.",
+        "",
+        "| first_reads | start ms | first 16 steps ms | steady ms/step | requests a run |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, m in med.items():
+        if "error" in m:
+            lines.append(f"| {name} | error: {m['error']} | | | |")
+            continue
+        lines.append(
+            f"| {name} | {m['start_ms']:.0f} | {m['first16_ms']:.0f} | {m['step_ms']:.1f} "
+            f"| {requests[name]} |"
+        )
+    if "error" not in on and "error" not in off:
+        lines += ["", f"first 16 steps, off / on: {off['first16_ms'] / on['first16_ms']:.2f}"]
+    text = "\n".join(lines)
+    write_report(a.out, "first_reads", text, {"runs": runs, "medians": med})
+
+
+if __name__ == "__main__":
+    main()
