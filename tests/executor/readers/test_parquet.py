@@ -501,3 +501,55 @@ def test_a_read_the_budget_can_never_hold_names_the_file_row_and_budget(
     unit = "a page and the rows asked of row group 0" if page_reads == "on" else "row group 0"
     assert text.startswith("t.parquet row 5: reading it decodes " + unit) or unit in text
     assert "memory_bytes=4096" in text and text.endswith("raise memory_bytes")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    from s3_store import s3_server
+
+    with pytest.MonkeyPatch.context() as patch, s3_server(patch) as server:
+        yield server
+
+
+def _object_texts(s3, key: str, texts: list[str]) -> str:
+    """A Parquet file of `texts` put at `key`; its URL."""
+    import io
+
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": texts}), out, row_group_size=2)
+    s3.put(key, out.getvalue())
+    return s3.url(key)
+
+
+def test_an_objects_first_open_is_one_metadata_and_one_footer_request(s3, monkeypatch):
+    """Opening an object's reader costs one HEAD (size and version, which key the footer
+    cache and are what the catalog re-checks) and one suffix-range GET for the footer; a
+    second open (footer cached) only the HEAD, and a rewritten object is parsed afresh."""
+    from fault_proxy import fault_proxy
+
+    url = _object_texts(s3, "first_open/a.parquet", ["a", "b", "c"])
+    metacache.clear()
+    with fault_proxy(s3, monkeypatch) as proxy:
+
+        def opened() -> tuple[list, list]:
+            before = len(proxy.log)
+            reader = parquet_reader.ParquetReader(url, "text", "text", LRU(max_items=8), url)
+            reader.close()
+            methods = [m for m, *_ in proxy.log[before:]]
+            return [m for m in methods if m == "HEAD"], [m for m in methods if m == "GET"]
+
+        assert opened() == (["HEAD"], ["GET"])
+        assert opened() == (["HEAD"], [])  # the footer came from the cache
+        pins = parquet_reader.ParquetReader(url, "text", "text", LRU(max_items=8), url)
+        pinned = pins.object.version
+        pins.close()
+        _object_texts(s3, "first_open/a.parquet", ["a", "b", "c", "d", "e"])
+        assert opened() == (["HEAD"], ["GET"])  # another version: its own footer
+        reader = parquet_reader.ParquetReader(url, "text", "text", LRU(max_items=8), url)
+        assert reader.object.version != pinned  # what the catalog compares with its pin
+        assert reader.starts[-1] == 5
+        reader.close()
+        before = len(proxy.log)
+        assert parquet_reader.footer_meta(url, url)[1].starts[-1] == 5
+        assert [m for m, *_ in proxy.log[before:]] == ["HEAD"]  # shared with the reader's
+    metacache.clear()
