@@ -298,8 +298,11 @@ def test_a_plan_object_replaced_while_read_is_named_as_replaced(world, other):
     store.put("replaced/plan.mds", original)
     url = store.url("replaced/plan.mds")
     with PlanReader(url) as plan:
-        if other == "another plan":
-            replacement = (top / "local.mds").read_bytes()
+        if other == "another plan":  # a longer plan of the same data: another size
+            longer = top / "replaced-longer.mds"
+            index = ("--index", top / "local-index")
+            assert mds("plan", top / "local.toml", "-o", longer, "--steps", "40", *index).exit_code == 0
+            replacement = longer.read_bytes()
             assert len(replacement) != len(original)
         else:
             replacement = _replaced_same_size(original)

@@ -118,7 +118,7 @@ def test_a_full_window_gives_up_when_the_reads_stop(many_files, monkeypatch):
         assert not first._wait(first._run, 1)
 
 
-def test_first_reads_are_off_by_default(many_files):
+def test_first_reads_are_off_by_default_for_local_files(many_files):
     with PlanExecutor(many_files, 0) as ex:
         assert ex._catalog.first.steps == 0
 
@@ -143,7 +143,8 @@ def test_objects_footers_are_fetched_ahead_and_the_batches_are_the_same(
         kwargs = dict(data_root=store.url("forty"), read_ahead=0)
         plain = digests(many_sources, 0, first_reads=0, **kwargs)
         metacache.clear()
-        with PlanExecutor(many_sources, 0, first_reads=16, **kwargs) as ex:
+        with PlanExecutor(many_sources, 0, **kwargs) as ex:  # on by default for objects
+            assert ex._catalog.first.steps == 16
             assert [batch_digest(b) for b in ex] == plain
         first = ex._catalog.first
         assert first.footers > 0 and first.asked == 0

@@ -38,7 +38,9 @@ from mds.errors import MdsError
 from mds.executor.catalog.plan_sources import PlanSources
 from mds.executor.readers.parquet import footer_meta
 
-__all__ = ["THREADS", "FirstReads"]
+__all__ = ["DEFAULT_STEPS", "THREADS", "FirstReads"]
+
+DEFAULT_STEPS = 16  # steps whose files are made ready at a start or a seek (objects)
 
 THREADS = 2  # threads reading them (file reads and footer parses in flight at once)
 _POLL = 0.1  # seconds between looks at the clock while the window is full

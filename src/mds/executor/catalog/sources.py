@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from mds.core import freed_memory
+from mds.core import freed_memory, storage
 from mds.core.planfile import RankChunk
 from mds.errors import ConfigError
 from mds.executor.catalog import tokens
 from mds.executor.catalog.budget import budget
 from mds.executor.catalog.early_rows import Lookahead
-from mds.executor.catalog.first_reads import FirstReads
+from mds.executor.catalog.first_reads import DEFAULT_STEPS, FirstReads
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources
 from mds.executor.catalog.reads import SampleReads
@@ -65,7 +65,7 @@ class SourceCatalog:
         max_open_files: int = 64,
         read_threads: int = 2,
         next_block: Callable[[RankChunk], RankChunk | None] | None = None,
-        first_reads: int = 0,
+        first_reads: int | None = None,
     ):
         if not isinstance(max_open_files, int) or max_open_files < 1:
             raise ConfigError(f"max_open_files={max_open_files!r} must be an integer >= 1")
@@ -83,6 +83,8 @@ class SourceCatalog:
         ahead = self.budget.ahead
         self.ahead = Lookahead(ahead, next_block=next_block) if ahead else None
         self.files = OpenFiles(self.plan, self.checks, max_open_files, self.budget)
+        if first_reads is None:  # round trips dominate objects' first reads; local ones are CPU
+            first_reads = DEFAULT_STEPS if storage.is_url(self.plan.root) else 0
         if isinstance(first_reads, bool) or not isinstance(first_reads, int) or first_reads < 0:
             raise ConfigError(f"first_reads={first_reads!r} must be an integer >= 0 (steps)")
         # bytes asked ahead of the first steps' reads: a quarter of the block cache's share,
