@@ -352,11 +352,16 @@ class OnlineExecutor:
         """Why segment t on disk is not window t of this run as its log makes it (missing,
         another window, config, signals or number of ranks, or the child of another plan
         than segment t-1); None when it is."""
+        return self._examine(t)[0]
+
+    def _examine(self, t: int) -> tuple[str | None, OnlineFacts | None]:
+        """`_problem(t)`, and the online facts of segment t's footer where it was read."""
+        facts = None
         path = segment_path(self.plan, t)
         if not storage.exists(path):
-            return "missing"
+            return "missing", facts
         if t > 0 and not storage.exists(segment_path(self.plan, t - 1)):
-            return f"segment {t - 1} is missing"
+            return f"segment {t - 1} is missing", facts
         try:
             with PlanReader(path) as reader:
                 facts = online_facts(reader.footer, path)
@@ -365,24 +370,24 @@ class OnlineExecutor:
                 with PlanReader(segment_path(self.plan, t - 1)) as reader:
                     parent = reader.plan_id
         except MdsError as exc:
-            return str(exc)
+            return str(exc), facts
         if facts is None or facts.window != t:
-            return f"not window {t} of an online run"
+            return f"not window {t} of an online run", facts
         if facts.config_digest != self.facts0.config_digest:
-            return "planned from another config"
+            return "planned from another config", facts
         used = facts.signal_windows
         if used > len(self.log.windows) or facts.signal_digest != self.log.digest(used):
-            return "planned from other signals than this run's log"
+            return "planned from other signals than this run's log", facts
         if dp != self._dp_of(t):
-            return f"planned for dp_size {dp}, the run has {self._dp_of(t)} there"
+            return f"planned for dp_size {dp}, the run has {self._dp_of(t)} there", facts
         if t > 0 and lineage.get("parent") != parent:
-            return f"continues another plan than segment {t - 1}"
-        return None
+            return f"continues another plan than segment {t - 1}", facts
+        return None, facts
 
     def _open(self, t: int) -> tuple[PlanExecutor, OnlineFacts]:
         """Segment t's executor and facts, its footer checked against this run and its log."""
         path = segment_path(self.plan, t)
-        problem = self._problem(t)
+        problem, facts = self._examine(t)
         if problem is not None:
             raise PlanError(f"{path}: {problem}; move it away to have it planned again")
         if self._job_dp is not None and self._job_dp != self._dp_of(t):
@@ -391,9 +396,7 @@ class OnlineExecutor:
                 f"({path}) is planned for {self._dp_of(t)}: an online run changes its number "
                 "of ranks at a window's first step; load_state_dict() a checkpoint saved there"
             )
-        with PlanReader(path) as reader:
-            facts = online_facts(reader.footer, path)
-        assert facts is not None  # _problem read it
+        assert facts is not None  # _examine read it
         ex = PlanExecutor(path, **self._exec_args, _online_segment=True)
         ex.mesh = self.mesh  # shared() finds the reading peer and the peers' parts by it
         return ex, facts
