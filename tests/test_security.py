@@ -100,7 +100,7 @@ ALLOWED = {
     "their environment and named on purpose in their plan config (docs/online-mixing.md); "
     "never taken from an index, a plan or a signal log",
     (
-        "src/mds/executor/online.py",
+        "src/mds/executor/online_segments.py",
         "import subprocess",
     ): "rank 0 runs `python -m mds plan` as an argument list (no shell) so planning stays out "
     "of the training process; its arguments are the run's own paths and numbers",

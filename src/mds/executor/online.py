@@ -5,9 +5,10 @@ current window trains.
 Each segment is an ordinary plan replayed by a PlanExecutor; a segment is re-planned from
 the one before at its first step, so the hand-over between them is the one of
 handover.py. A window's reported sums are reduced over the DP ranks when iteration crosses
-its end, the one point every rank passes alike. Planning runs in a subprocess (`python -m mds plan ... --segment K`) started
-by DP rank 0, so this module imports neither polars nor the planner, and training never
-waits on planning unless a segment is late. The log lives beside the plan (a file or an
+its end, the one point every rank passes alike. Planning runs in a subprocess
+(`python -m mds plan ... --segment K`, online_segments.py) started by DP rank 0, so this
+module imports neither polars nor the planner, and training never waits on planning unless
+a segment is late. The log lives beside the plan (a file or an
 object), so ranks on several nodes need no shared disk. The state is the position in the
 current segment, the log (past `state_windows` windows: its length, digest and last
 windows, checked against the log on resume) and this rank's sums of the unfinished window.
@@ -22,9 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from mds.core.signal_log import SignalLog, WindowSignal, window_signal
 from mds.errors import ConfigError, MdsError, PlanError
 from mds.executor.executor import PlanExecutor
 from mds.executor.mesh import DEFAULT_ORDER, MeshPosition, mesh_position, torchrun_rank
+from mds.executor.online_segments import SegmentPlanning, segment_problem
 from mds.executor.signals import Group
 
 __all__ = ["ONLINE_STATE_FORMAT", "ONLINE_STATE_VERSION", "OnlineExecutor", "OnlineLoader"]
@@ -45,20 +45,6 @@ __all__ = ["ONLINE_STATE_FORMAT", "ONLINE_STATE_VERSION", "OnlineExecutor", "Onl
 ONLINE_STATE_FORMAT = "mds-online-state"
 ONLINE_STATE_VERSION = 1
 LOG_REF_FORMAT = "mds-signals-ref"  # a state's log past `state_windows` windows
-
-
-def _failure(output: str, code: int) -> str:
-    """The one-line reason of a failed `mds plan --json`: its error's message, else the
-    last line it printed (a traceback's), else its exit status."""
-    start = output.find('{\n')
-    start = start if start >= 0 else output.find("{")
-    if start >= 0:
-        try:
-            return str(json.JSONDecoder().raw_decode(output[start:])[0]["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    lines = [x.strip() for x in output.splitlines() if x.strip()]
-    return lines[-1] if lines else f"exit status {code}"
 
 
 class OnlineExecutor:
@@ -118,8 +104,6 @@ class OnlineExecutor:
                 f"processes in `group`, which has {self._group.size}: pass group=None (the "
                 "default group) after torch.distributed.init_process_group"
             )
-        self._command = list(command) if command is not None else [sys.executable, "-m", "mds"]
-        self._plan_args = list(plan_args)
         self._exec_args = {"dp_rank": dp_rank, "dp_size": dp_size, **kwargs}
         self._job_dp = dp_size
         with PlanReader(self.plan) as reader:
@@ -136,9 +120,13 @@ class OnlineExecutor:
             )
         self.facts0: OnlineFacts = facts
         # the geometry segment 0 was planned with, which `mds plan` overrides may have set
-        self._geometry = ["--steps", str(facts.steps), "--micro-batches", str(micro)]
+        geometry = ["--steps", str(facts.steps), "--micro-batches", str(micro)]
         if train.get("samples_per_step") is not None:
-            self._geometry += ["--samples-per-step", str(train["samples_per_step"])]
+            geometry += ["--samples-per-step", str(train["samples_per_step"])]
+        self._planning = SegmentPlanning(
+            command if command is not None else [sys.executable, "-m", "mds"],
+            self.config, self.plan, geometry, plan_args,
+        )
         self.source_names = names
         self.windows = facts.windows
         self.steps = facts.steps
@@ -147,8 +135,6 @@ class OnlineExecutor:
         self._share_log()
         self._sums: dict[int, np.ndarray] = {}  # window -> [loss sums..., counts...], this rank
         self._next_close = 0  # the first window whose sums are not reduced yet
-        self._planning: tuple[int, subprocess.Popen, Any] | None = None
-        self._failed: dict[int, str] = {}
         self.window = 0
         self.facts = facts
         # opened on first use: a job resumed on another number of ranks opens the segment
@@ -266,15 +252,15 @@ class OnlineExecutor:
 
     def _kick(self) -> None:
         """On rank 0, start planning the next segment that is missing (or stale), once the
-        log holds its signals (one subprocess at a time); note a finished one's failure for
-        the boundary."""
+        log holds its signals (one subprocess at a time); a finished one's failure is kept
+        for the boundary."""
         if not self._group.leader:
             return
-        self._reap(block=False)
-        if self._planning is not None:
+        self._planning.reap(block=False)
+        if self._planning.window is not None:
             return
         for t in (self.window + 1, self.window + 2):
-            if t >= self.windows or t in self._failed:
+            if t >= self.windows or t in self._planning.failed:
                 continue
             if self._problem(t) is None:
                 continue
@@ -283,29 +269,8 @@ class OnlineExecutor:
             return
 
     def _start(self, t: int) -> None:
-        path = self.signals
-        self.log.write(path)  # the signals and the number of ranks the segment is planned from
-        cmd = [*self._command, "plan", str(self.config), "-o", str(self.plan),
-               "--segment", str(t), "--signals", str(path), *self._geometry,
-               "--dp-size", str(self._dp_of(t)), *self._plan_args, "--json"]
-        out = tempfile.TemporaryFile()  # --json: a summary, or {"error": {...}}
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._planning = (t, proc, out)
-
-    def _reap(self, block: bool) -> None:
-        """Collect the planning subprocess if it is done (or wait for it, with `block`)."""
-        if self._planning is None:
-            return
-        t, proc, out = self._planning
-        if block:
-            proc.wait()
-        elif proc.poll() is None:
-            return
-        self._planning = None
-        if proc.returncode != 0:
-            out.seek(0)
-            self._failed[t] = _failure(out.read().decode(errors="replace"), proc.returncode)
-        out.close()
+        self.log.write(self.signals)  # the signals and ranks the segment is planned from
+        self._planning.start(t, self.signals, self._dp_of(t))
 
     def _ready(self, t: int) -> None:
         """Segment t is on disk for every rank, or every rank raises rank 0's reason."""
@@ -322,11 +287,12 @@ class OnlineExecutor:
     def _make(self, t: int) -> str | None:
         """On rank 0: wait for segment t (planning it now if nobody started it); the reason
         it is missing, or None. A usable segment t is taken at once, whatever is planning."""
-        if self._planning is not None and self._planning[0] == t:
-            self._reap(block=True)
-        elif t not in self._failed and self._problem(t) is not None:
-            self._reap(block=True)  # another segment planning: one subprocess at a time
-            if t not in self._failed and self._problem(t) is not None:
+        planning, failed = self._planning, self._planning.failed
+        if planning.window == t:
+            planning.reap(block=True)
+        elif t not in failed and self._problem(t) is not None:
+            planning.reap(block=True)  # another segment planning: one subprocess at a time
+            if t not in failed and self._problem(t) is not None:
                 if len(self.log.windows) < t - 1:
                     k = len(self.log.windows)
                     return (
@@ -334,10 +300,10 @@ class OnlineExecutor:
                         f"the log holds {k} windows"
                     )
                 self._start(t)
-                self._reap(block=True)
-        if t in self._failed:
+                planning.reap(block=True)
+        if t in failed:
             return (
-                f"planning window {t} ({segment_path(self.plan, t)}) failed: {self._failed[t]}; "
+                f"planning window {t} ({segment_path(self.plan, t)}) failed: {failed[t]}; "
                 f"the run stops at step {self.facts0.bounds(t)[0]}, where its segments end"
             )
         return None
@@ -356,33 +322,7 @@ class OnlineExecutor:
 
     def _examine(self, t: int) -> tuple[str | None, OnlineFacts | None]:
         """`_problem(t)`, and the online facts of segment t's footer where it was read."""
-        facts = None
-        path = segment_path(self.plan, t)
-        if not storage.exists(path):
-            return "missing", facts
-        if t > 0 and not storage.exists(segment_path(self.plan, t - 1)):
-            return f"segment {t - 1} is missing", facts
-        try:
-            with PlanReader(path) as reader:
-                facts = online_facts(reader.footer, path)
-                dp, lineage = reader.dp, reader.footer.get("lineage") or {}
-            if t > 0:
-                with PlanReader(segment_path(self.plan, t - 1)) as reader:
-                    parent = reader.plan_id
-        except MdsError as exc:
-            return str(exc), facts
-        if facts is None or facts.window != t:
-            return f"not window {t} of an online run", facts
-        if facts.config_digest != self.facts0.config_digest:
-            return "planned from another config", facts
-        used = facts.signal_windows
-        if used > len(self.log.windows) or facts.signal_digest != self.log.digest(used):
-            return "planned from other signals than this run's log", facts
-        if dp != self._dp_of(t):
-            return f"planned for dp_size {dp}, the run has {self._dp_of(t)} there", facts
-        if t > 0 and lineage.get("parent") != parent:
-            return f"continues another plan than segment {t - 1}", facts
-        return None, facts
+        return segment_problem(self.plan, t, self.facts0, self.log, self._dp_of(t))
 
     def _open(self, t: int) -> tuple[PlanExecutor, OnlineFacts]:
         """Segment t's executor and facts, its footer checked against this run and its log."""
@@ -433,8 +373,8 @@ class OnlineExecutor:
     @property
     def planning_window(self) -> int | None:
         """The window whose segment rank 0's subprocess is planning now, if any."""
-        self._reap(block=False)
-        return self._planning[0] if self._planning is not None else None
+        self._planning.reap(block=False)
+        return self._planning.window
 
     @property
     def micro_batches(self) -> int:
@@ -619,7 +559,7 @@ class OnlineExecutor:
     def close(self) -> None:
         """Close the segment's executor; a planning subprocess is waited for (it writes
         nothing half-done either way)."""
-        self._reap(block=True)
+        self._planning.reap(block=True)
         if self._inner is not None:
             self._inner.close()
 
