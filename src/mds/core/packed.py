@@ -12,6 +12,7 @@ a forged plan cannot make it allocate more than its own bytes justify.
 
 from __future__ import annotations
 
+import operator
 import struct
 import threading
 from collections.abc import Sequence
@@ -203,14 +204,14 @@ def unpack_raw(content: bytes | memoryview, count: int, limit: int) -> list[np.n
     widths, lengths = fields[1::2], fields[2::2]
     if max(widths, default=0) > 8 or 8 * max(lengths, default=0) > limit:
         raise ValueError("packed columns: bad column width or length")
-    end = head.size + sum(w * n for w, n in zip(widths, lengths, strict=True))
+    end = head.size + sum(map(operator.mul, widths, lengths))
     if end > len(content):
         raise ValueError("packed columns: truncated")
     if end != len(content):
         raise ValueError("packed columns: trailing bytes")
     # Every column's values in one buffer, viewed as a row of 8 bytes per value: a column's
     # planes are copied into their bytes at once, where shifting plane by plane costs two
-    # passes per plane (the columns of a small block: 12 us -> 6).
+    # passes per plane (the eight columns of a block of 128 samples: 16 us -> 13).
     total = sum(lengths)
     values = np.zeros(total, dtype="<u8")
     bytes8 = values.view(np.uint8).reshape(total, 8)
