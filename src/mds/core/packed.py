@@ -42,6 +42,7 @@ MAX_COLUMNS = 255  # columns a frame can hold (their number is a byte)
 _COUNT = struct.Struct("<B")
 _COLUMN = struct.Struct("<BQ")  # width in bytes (0..8), number of values
 _HEADS: dict[int, struct.Struct] = {}
+_EIGHT = np.uint64(8)
 _local = threading.local()
 
 
@@ -209,18 +210,17 @@ def unpack_raw(content: bytes | memoryview, count: int, limit: int) -> list[np.n
         raise ValueError("packed columns: truncated")
     if end != len(content):
         raise ValueError("packed columns: trailing bytes")
-    # Every column's values in one buffer, viewed as a row of 8 bytes per value: a column's
-    # planes are copied into their bytes at once, where shifting plane by plane costs two
-    # passes per plane (the eight columns of a block of 128 samples: 16 us -> 13).
-    total = sum(lengths)
-    values = np.zeros(total, dtype="<u8")
-    bytes8 = values.view(np.uint8).reshape(total, 8)
     raw = np.frombuffer(content, dtype=np.uint8)
-    out, pos, at = [], head.size, 0
+    out, pos = [], head.size
     for width, n in zip(widths, lengths, strict=True):
-        if width:
-            bytes8[at : at + n, :width] = raw[pos : pos + width * n].reshape(width, n).T
-            pos += width * n
-        out.append(values[at : at + n])
-        at += n
+        if not width:
+            out.append(np.zeros(n, dtype=np.uint64))
+            continue
+        planes = raw[pos : pos + width * n].reshape(width, n)
+        values = planes[width - 1].astype(np.uint64)
+        for k in range(width - 2, -1, -1):  # whole planes, highest first: no strided copies
+            values <<= _EIGHT
+            values |= planes[k]
+        out.append(values)
+        pos += width * n
     return out
