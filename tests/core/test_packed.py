@@ -37,20 +37,16 @@ def test_unpack_inverts_pack(columns):
     )
 )
 def test_small_frames_scattered_decode_as_plane_by_plane(columns):
-    """A small frame's one-scatter decode gives what the plane-by-plane decode gives, for a
-    shape seen for the first time and again (its byte positions then kept)."""
+    """A small frame's one-scatter decode gives what the plane-by-plane decode gives."""
     content = b"".join(pack_raw([np.array(c, dtype=np.uint64) for c in columns]))
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(packed, "SMALL_FRAME", 0)
+        m.setattr(packed, "SMALL_PLANE", 0)
         planes = unpack_raw(content, len(columns), 1 << 20)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(packed, "SMALL_FRAME", 1 << 30)
         m.setattr(packed, "SMALL_PLANE", 1 << 30)
-        first = unpack_raw(memoryview(content), len(columns), 1 << 20)
-        again = unpack_raw(content, len(columns), 1 << 20)
-    assert [c.tolist() for c in planes] == columns
-    assert [c.tolist() for c in first] == [c.tolist() for c in again] == columns
-    assert all(c.dtype == np.dtype("<u8") for c in first)
+        scattered = unpack_raw(memoryview(content), len(columns), 1 << 20)
+    assert [c.tolist() for c in planes] == [c.tolist() for c in scattered] == columns
+    assert all(c.dtype == np.dtype("<u8") for c in scattered)
 
 
 @settings(max_examples=60, deadline=None)
