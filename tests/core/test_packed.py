@@ -9,7 +9,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mds.core.packed import frame_limit, pack, unpack, unzigzag, zigzag
+from mds.core import packed
+from mds.core.packed import frame_limit, pack, pack_raw, unpack, unpack_raw, unzigzag, zigzag
 
 COLUMN = st.lists(
     st.one_of(st.integers(0, 255), st.integers(0, 2**40), st.integers(0, 2**64 - 1)), max_size=40
@@ -25,6 +26,27 @@ def test_unpack_inverts_pack(columns):
     out = unpack(data, len(arrays), 1 << 20)
     assert [o.tolist() for o in out] == columns
     assert all(o.dtype == np.dtype("<u8") for o in out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    columns=st.lists(
+        st.lists(st.one_of(st.integers(0, 2**16), st.integers(0, 2**64 - 1)), max_size=300),
+        min_size=1,
+        max_size=9,
+    )
+)
+def test_small_frames_scattered_decode_as_plane_by_plane(columns):
+    """A small frame's one-scatter decode gives what the plane-by-plane decode gives."""
+    content = b"".join(pack_raw([np.array(c, dtype=np.uint64) for c in columns]))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(packed, "SMALL_PLANE", 0)
+        planes = unpack_raw(content, len(columns), 1 << 20)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(packed, "SMALL_PLANE", 1 << 30)
+        scattered = unpack_raw(memoryview(content), len(columns), 1 << 20)
+    assert [c.tolist() for c in planes] == [c.tolist() for c in scattered] == columns
+    assert all(c.dtype == np.dtype("<u8") for c in scattered)
 
 
 @settings(max_examples=60, deadline=None)

@@ -35,6 +35,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -310,7 +311,7 @@ def _table_content(content: bytes, limit: int) -> FileTable:
     source, file, start, length = unpack_raw(
         memoryview(content)[_TABLE_HEAD.size : end], 4, limit
     )
-    ends = np.cumsum(length).tolist()
+    ends = list(accumulate(length.tolist()))
     if not (len(source) == len(file) == len(start) == len(length)) or (
         (ends[-1] if ends else 0) != len(content) - end
     ):

@@ -39,6 +39,7 @@ from mds.errors import PlanError, SourceDataError
 __all__ = ["PlanReader"]
 
 _MAX_FOOTER = 1 << 30
+_DIR_SLOT = struct.Struct("<QQ8s")  # a directory entry (DIR_ENTRY) as plain values
 _SECTION_DTYPE = re.compile(r"[<>|=]?[biuf][1248]")
 
 
@@ -242,7 +243,7 @@ class PlanReader:
         self.version = version
         # Version 3: each chunk's directory ends with its file table's entry.
         self.dir_entries = self.dp + (version >= 3)
-        self._dirs: dict[int, np.ndarray] = {}
+        self._dirs: dict[int, tuple[bytes, list[tuple[int, int, bytes]]]] = {}
         self._tables: dict[int, FileTable] = {}
         self._decoded: dict[tuple[bytes, bool], FileTable] = {}  # the last table decoded
         # Version 4: the first chunk's file table, which later tables are compressed against;
@@ -283,23 +284,28 @@ class PlanReader:
         return lo
 
     def _directory(self, chunk: int) -> np.ndarray:
-        directory = self._dirs.get(chunk)
-        if directory is None:
+        """The chunk's directory as DIR_ENTRY records."""
+        return np.frombuffer(self._slots(chunk)[0], dtype=DIR_ENTRY)
+
+    def _slots(self, chunk: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
+        """The chunk's directory, read and checked once: its bytes and its entries as
+        (offset, size, checksum) tuples (a numpy record's fields cost a microsecond each)."""
+        held = self._dirs.get(chunk)
+        if held is None:
             _a, _b, offset, digest, _w = self.chunks[chunk]
             data = self._read(offset, self.dir_entries * DIR_ENTRY.itemsize)
             if checksum(data) != digest:
                 raise self._bad(f"chunk {chunk}: directory checksum mismatch (corrupt file)")
-            directory = np.frombuffer(data, dtype=DIR_ENTRY)
+            held = (data, list(_DIR_SLOT.iter_unpack(data)))
             if len(self._dirs) > 256:
                 self._dirs.clear()
-            self._dirs[chunk] = directory
-        return directory
+            self._dirs[chunk] = held
+        return held
 
     def _entry(self, chunk: int, k: int, what: str) -> bytes:
-        entry = self._directory(chunk)[k]
-        data = self._read(int(entry["offset"]), int(entry["size"]))
-        # An "S8" field drops trailing NUL bytes on read; pad it back to the stored 8 bytes.
-        if checksum(data) != bytes(entry["checksum"]).ljust(8, b"\0"):
+        offset, size, digest = self._slots(chunk)[1][k]
+        data = self._read(offset, size)
+        if checksum(data) != digest:
             raise self._bad(f"chunk {chunk} {what}: checksum mismatch (corrupt file)")
         return data
 
@@ -311,7 +317,7 @@ class PlanReader:
         if table is None:
             data = self._entry(chunk, self.dp, "file table")
             later = bool(chunk) and self.version >= 4  # compressed against the first table
-            key = (bytes(self._directory(chunk)[self.dp]["checksum"]), later)
+            key = (self._slots(chunk)[1][self.dp][2], later)
             table = self._decoded.get(key)
             if table is None:
                 try:
