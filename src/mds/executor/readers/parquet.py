@@ -95,14 +95,15 @@ def _object_key(url: str, version: tuple) -> tuple:
     return (url, "parquet-footer", *version)
 
 
-def footer_meta(path: Path, display: str) -> tuple[tuple, _ParquetMeta] | None:
+def footer_meta(path: Path, display: str, owner: Any = None) -> tuple[tuple, _ParquetMeta] | None:
     """(version key, parsed footer) of a Parquet file or object, as a reader opening it
     finds them: from the metadata cache, else parsed now and kept there. None where that
     cannot be done (the reader's own open then names the problem). Lets a file's footer be
     parsed (an object's fetched: one or two range requests) before its first read asks for
-    it (`first_reads`)."""
+    it (`first_reads`). An object's handle is kept (by `owner`) for its check and open
+    (`object_ranges.keep_open`)."""
     if storage.is_url(path):
-        return _object_footer_meta(str(path))
+        return _object_footer_meta(str(path), owner)
     try:
         key = _version("parquet-footer", path, display)
     except SourceDataError:
@@ -129,9 +130,10 @@ def footer_meta(path: Path, display: str) -> tuple[tuple, _ParquetMeta] | None:
     return key, meta
 
 
-def _object_footer_meta(url: str) -> tuple[tuple, _ParquetMeta] | None:
+def _object_footer_meta(url: str, owner: Any = None) -> tuple[tuple, _ParquetMeta] | None:
     """`footer_meta` of an object: one metadata request (the version, which keys the
-    cache) and, if not cached, one suffix-range request for the footer."""
+    cache) and, if not cached, one suffix-range request for the footer. The handle is kept
+    for the file's check and open, which then ask nothing more of the store."""
     try:
         source = storage.open_input(url)
     except SourceDataError:
@@ -142,13 +144,17 @@ def _object_footer_meta(url: str) -> tuple[tuple, _ParquetMeta] | None:
         if meta is None:
             footer = _footer(source)
             if footer is None:
+                source.close()
                 return None
             meta = _ParquetMeta(footer)
             metacache.put(key, meta, meta.nbytes)
     except SourceDataError:
-        return None
-    finally:
         source.close()
+        return None
+    except BaseException:
+        source.close()
+        raise
+    ranges.keep_open(url, source, owner)
     return key, meta
 
 
