@@ -40,9 +40,11 @@ __all__ = [
     "RangeFile",
     "counters",
     "drop_kept",
+    "in_request_pool",
     "keep_open",
     "parallel",
     "prefetch",
+    "request_pool",
     "take_kept",
 ]
 
@@ -347,18 +349,31 @@ if hasattr(os, "register_at_fork"):
 
 def parallel(read: Callable[[Any], Any], items: list) -> list:
     """`read` of every item, up to REQUESTS at a time (a store answers requests in
-    parallel; their latency, not the bandwidth, bounds a step's scattered reads). The
-    pool is made per process: a forked DataLoader worker has none of its parent's threads."""
-    global _pool
+    parallel; their latency, not the bandwidth, bounds a step's scattered reads)."""
     if len(items) <= 1:
         return [read(item) for item in items]
+    return list(request_pool().map(read, items))
+
+
+_POOL_NAME = "mds-range"
+
+
+def request_pool() -> ThreadPoolExecutor:
+    """The REQUESTS threads that make this process's range requests. Made per process: a
+    forked DataLoader worker has none of its parent's threads."""
+    global _pool
     pool = _pool
     if pool is None or pool[0] != os.getpid():
         with _pool_lock:
             if _pool is None or _pool[0] != os.getpid():
-                _pool = (os.getpid(), ThreadPoolExecutor(REQUESTS, thread_name_prefix="mds-range"))
+                _pool = (os.getpid(), ThreadPoolExecutor(REQUESTS, thread_name_prefix=_POOL_NAME))
             pool = _pool
-    return list(pool[1].map(read, items))
+    return pool[1]
+
+
+def in_request_pool() -> bool:
+    """Whether this thread is one of `request_pool`'s (which must not wait on the pool)."""
+    return threading.current_thread().name.startswith(_POOL_NAME)
 
 
 def _runs(blocks: list[int]) -> list[tuple[int, int]]:
