@@ -1,17 +1,23 @@
 """Benchmark `first_reads` on an object store whose requests have latency: many small
 Parquet sources in an S3-protocol server (moto's, as the tests start it) behind the tests'
 fault proxy (tests/fault_proxy.py) with a "delay" rule on every request (default 20 ms, a
-same-region S3 first byte), replayed by rank 0 with `first_reads=16` (on) and 0 (off, the
-default).
+same-region S3 first byte), replayed by rank 0 with `first_reads=16` (on, the default for
+objects) and 0 (off), with the start-up file check `--verify` (default "stat", the
+executor's default).
 
-Each run is a fresh child process (cold metadata cache, cold block cache), the two
-settings alternating; the table gives per setting the median of `--repeat` runs of the
+Each run is a fresh child process (cold metadata cache, cold block cache), the settings
+alternating; the table gives per setting the median of `--repeat` runs of the
 construction, the first 16 steps and the steady ms/step of the `--steps` steps after them,
-and the ratio off / on of the first 16 steps. The data and plan are bench_peers.py's
-builders (`--sources` x `--rows`, 64 samples a step) under build/bench-data/first_reads/.
-Timings are reported, never asserted.
+the requests of a run (HEAD and GET), and the ratio off / on of the first 16 steps. The data
+and plan are bench_peers.py's builders (`--sources` x `--rows`, 64 samples a step; one row
+group a file) under build/bench-data/first_reads/: `--sources 4 --rows 32768` gives row
+groups too large for the memory budget to decode whole, read from their pages.
+`--baseline SRC` runs every setting with the mds package under SRC too (another checkout's
+`src`), alternating with this one: before/after in one run. Timings are reported, never
+asserted.
 
 Usage: python bench/bench_first_reads.py [--out build/bench] [--repeat 3] [--delay-ms 20]
+       [--verify stat|none|full] [--sources 256 --rows 2048] [--baseline ../main/src]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -28,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from bench_peers import make_data, median, run_child  # noqa: E402
+from bench_peers import make_data, median  # noqa: E402
 from report import write_report  # noqa: E402
 
 FIRST = 16  # steps counted as start-up
@@ -42,12 +49,12 @@ ENV = {
 }
 
 
-def child(plan: Path, url: str, first_reads: int, steps: int) -> dict:
+def child(plan: Path, url: str, first_reads: int, steps: int, verify: str) -> dict:
     """One run: construction, the first FIRST steps, then `steps` more (mean ms)."""
     from mds.executor import PlanExecutor
 
     t0 = time.perf_counter()
-    ex = PlanExecutor(plan, 0, data_root=url, verify="none", first_reads=first_reads)
+    ex = PlanExecutor(plan, 0, data_root=url, verify=verify, first_reads=first_reads)
     it = iter(ex)
     t1 = time.perf_counter()
     for _ in range(FIRST):
@@ -86,10 +93,24 @@ def upload(endpoint: str, directory: Path, prefix: str) -> str:
     return f"s3://{BUCKET}/{prefix}"
 
 
+def run_child(args: list[str], src: str | None) -> dict:
+    """This script with `args` in a fresh process, importing mds from `src` if given (else
+    the installed one); its last JSON line."""
+    path = [str(HERE)] if src is None else [src, str(HERE)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        plan, url, first, steps = sys.argv[2:6]
-        result = child(Path(plan), url, int(first), int(steps))
+        plan, url, first, steps, verify = sys.argv[2:7]
+        result = child(Path(plan), url, int(first), int(steps), verify)
         print(json.dumps(result))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,6 +121,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32, help="steady steps timed after the first 16")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--delay-ms", type=float, default=20.0, help="added to every request")
+    ap.add_argument("--verify", default="stat", choices=("stat", "none", "full"))
+    ap.add_argument("--first-reads", default="16,0", help="settings to run, comma-separated")
+    ap.add_argument("--baseline", help="the src directory of the code to compare with")
+    ap.add_argument("--src", help="the src directory of the code measured (default: installed)")
     a = ap.parse_args()
     try:
         import moto.server  # noqa: F401
@@ -113,6 +138,14 @@ def main() -> None:
     os.environ.update(ENV)
     server, endpoint = serve()
     proxy = None
+    codes = {"this": a.src} if a.baseline is None else {"before": a.baseline, "after": a.src}
+    settings = [
+        (code, value)
+        for value in a.first_reads.split(",")
+        for code in codes
+    ]
+    runs: dict[tuple, list[dict]] = {s: [] for s in settings}
+    requests: dict[tuple, dict[str, int]] = {}
     try:
         url = upload(endpoint, root, "data")
 
@@ -121,48 +154,60 @@ def main() -> None:
         for method in ("GET", "HEAD"):
             proxy.add(method, "*", "delay", seconds=a.delay_ms / 1000)
         os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
-        settings = {"16 (on)": "16", "0 (off, the default)": "0"}
-        runs: dict[str, list[dict]] = {s: [] for s in settings}
-        requests: dict[str, int] = {}
         for _ in range(a.repeat):
-            for name, value in settings.items():
+            for code, value in settings:
                 before = len(proxy.log)
                 result = run_child(
-                    sys.executable,
-                    ["--child", str(plan), url, value, str(a.steps)],
-                    script=__file__,
+                    ["--child", str(plan), url, value, str(a.steps), a.verify], codes[code]
                 )
-                requests[name] = len(proxy.log) - before
-                print(name, result, flush=True)
-                runs[name].append(result)
+                methods = [m for m, *_ in proxy.log[before:]]
+                requests[(code, value)] = {m: methods.count(m) for m in ("HEAD", "GET")}
+                print(code, value, result, requests[(code, value)], flush=True)
+                runs[(code, value)].append(result)
     finally:
         if proxy is not None:
             proxy.clear()
             proxy.server.shutdown()
             proxy.server.server_close()
         server.stop()
-    med = {name: median(rs, KEYS) for name, rs in runs.items()}
-    on, off = med["16 (on)"], med["0 (off, the default)"]
+    med = {s: median(rs, KEYS) for s, rs in runs.items()}
     lines = [
         f"{a.sources} sources x {a.rows} rows in moto's S3 server behind a proxy adding "
-        f"{a.delay_ms:g} ms to every request; rank 0, 64 samples a step; medians of "
-        f"{a.repeat} fresh processes, settings alternating.",
+        f"{a.delay_ms:g} ms to every request; rank 0, 64 samples a step, verify="
+        f"{a.verify!r}; medians of {a.repeat} fresh processes, settings alternating.",
         "",
-        "| first_reads | start ms | first 16 steps ms | steady ms/step | requests a run |",
-        "|---|---:|---:|---:|---:|",
+        "| code | first_reads | start ms | first 16 steps ms | steady ms/step "
+        "| requests a run (HEAD + GET) |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for name, m in med.items():
+    for (code, value), m in med.items():
         if "error" in m:
-            lines.append(f"| {name} | error: {m['error']} | | | |")
+            lines.append(f"| {code} | {value} | error: {m['error']} | | | |")
             continue
+        n = requests[(code, value)]
         lines.append(
-            f"| {name} | {m['start_ms']:.0f} | {m['first16_ms']:.0f} | {m['step_ms']:.1f} "
-            f"| {requests[name]} |"
+            f"| {code} | {value} | {m['start_ms']:.0f} | {m['first16_ms']:.0f} "
+            f"| {m['step_ms']:.1f} | {n['HEAD'] + n['GET']} ({n['HEAD']} + {n['GET']}) |"
         )
-    if "error" not in on and "error" not in off:
-        lines += ["", f"first 16 steps, off / on: {off['first16_ms'] / on['first16_ms']:.2f}"]
+    lines.append("")
+    for code in codes:
+        on, off = med.get((code, "16"), {"error": 1}), med.get((code, "0"), {"error": 1})
+        if "error" not in on and "error" not in off:
+            ratio = off["first16_ms"] / on["first16_ms"]
+            lines.append(f"{code}: first 16 steps, off / on: {ratio:.2f}")
+    if a.baseline is not None:
+        for value in a.first_reads.split(","):
+            b, n = med[("before", value)], med[("after", value)]
+            if "error" not in b and "error" not in n:
+                ratio = b["first16_ms"] / n["first16_ms"]
+                lines.append(f"first_reads={value}: first 16 steps, before / after: {ratio:.2f}")
     text = "\n".join(lines)
-    write_report(a.out, "first_reads", text, {"runs": runs, "medians": med})
+    data = {
+        "runs": {f"{c} {v}": r for (c, v), r in runs.items()},
+        "medians": {f"{c} {v}": m for (c, v), m in med.items()},
+        "requests": {f"{c} {v}": n for (c, v), n in requests.items()},
+    }
+    write_report(a.out, "first_reads", text, data)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,34 @@ def test_a_failed_span_is_raised_only_when_read(store):
     kept.close()
 
 
+def test_a_kept_handle_serves_the_next_open_once(store, monkeypatch):
+    """A handle kept open (by a file's first reads or check) is the next RangeFile's, which
+    then asks the store nothing; `take_kept` with an owner takes only that owner's; one kept
+    too long, or dropped by its owner, is closed, not used."""
+    from fault_proxy import fault_proxy
+
+    from mds.core import storage
+
+    store.put("ranges/kept", b"k" * 100)
+    url = store.url("ranges/kept")
+    with fault_proxy(store, monkeypatch) as proxy:
+        handle = storage.open_input(url)
+        ranges.keep_open(url, handle, "first reads")
+        assert ranges.take_kept(url, "another") is None  # not its own: left kept
+        before = len(proxy.log)
+        f = ranges.RangeFile(url, None)
+        assert f._file is handle and f.size == 100 and len(proxy.log) == before
+        f.close()
+        assert ranges.take_kept(url) is None  # taken once
+        ranges.keep_open(url, storage.open_input(url), "first reads")
+        ranges.drop_kept("first reads")
+        assert ranges.take_kept(url) is None
+        monkeypatch.setattr(ranges, "KEEP_SECONDS", 0.0)
+        old = storage.open_input(url)
+        ranges.keep_open(url, old, None)
+        assert ranges.take_kept(url) is None and old.closed  # too old: asked again
+
+
 @pytest.fixture(scope="module")
 def plans(store, tmp_path_factory):
     """Parquet sources of many small row groups, local and as objects, one plan."""

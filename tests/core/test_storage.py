@@ -13,6 +13,7 @@ from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest, open_executor
 from plan_builders import REPO
 
+from mds.core import storage
 from mds.core.storage import DATA_ROOT_ENV, given_root
 from mds.errors import ConfigError, DataChangedError
 
@@ -169,3 +170,35 @@ def test_the_storage_page_names_every_knob():
         assert name in page
     for command in ("verify", "index"):
         assert "--data-root" in mds(command, "--help").output
+
+
+class _Opened:
+    """An open object's handle as pyarrow gives it: its size and the metadata of its open."""
+
+    def __init__(self, **meta: bytes):
+        self.meta = meta
+
+    def size(self) -> int:
+        return 10
+
+    def metadata(self) -> dict:
+        return self.meta
+
+
+@pytest.mark.parametrize(
+    ("meta", "mtime_ns"),
+    [
+        ({"Last-Modified": b"2026-12-07T03:45:01Z"}, 1796615101 * 10**9),
+        ({"updated": b"2026-12-07T03:45:04.997163+00:00"}, 1796615104997163000),
+        ({"updated": b"2026-12-07T03:45:04.123456789Z"}, 1796615104123456789),
+        ({"updated": b"2026-12-07T03:45:04.5Z"}, 1796615104500000000),
+        ({"ETag": b'"abc"'}, None),
+        ({"Last-Modified": b"Mon, 07 Dec 2026 03:45:01 GMT"}, None),
+    ],
+)
+def test_an_opened_objects_stat_is_parsed_from_its_metadata(meta, mtime_ns):
+    got = storage.opened_stat(_Opened(**meta), "s3://b/k")
+    if mtime_ns is None:  # not a time this parses: the check asks the store (`stat`)
+        assert got is None
+    else:
+        assert (got.st_size, got.st_mtime_ns) == (10, mtime_ns)

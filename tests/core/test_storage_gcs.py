@@ -18,6 +18,7 @@ from store_corpus import (
     write_corpus,
 )
 
+from mds.core import storage
 from mds.core.storage import DATA_ROOT_ENV
 from mds.errors import DataChangedError, PlanError, SourceDataError
 from mds.executor import PlanExecutor
@@ -56,6 +57,17 @@ def test_an_index_and_a_plan_in_gcs(world):
     out = mds("plan", top / "gs.toml", "-o", target, "--index", prefix)
     assert out.exit_code == 0, out.output
     assert replay(target, 1) == replay(top / "local.mds", 1)
+
+
+def test_a_gcs_objects_open_gives_the_size_and_mtime_a_stat_gives(world):
+    """The start-up check takes them from the open the reader then uses (`updated`, to the
+    fraction of a second GCS keeps)."""
+    _top, _store, url = world
+    for key in ("forum/forum.jsonl", "web/part-1.parquet"):
+        handle = storage.open_input(f"{url}/{key}")
+        st, got = storage.stat(f"{url}/{key}"), storage.opened_stat(handle, f"{url}/{key}")
+        handle.close()
+        assert (got.st_size, got.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
 
 def test_a_missing_or_changed_gcs_object_is_an_error_naming_it(world):

@@ -18,10 +18,14 @@ from s3_store import BUCKET, free_port, s3_server, silent_server
 from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
 import mds.executor.readers.parquet as parquet_reader
+from mds.core import object_ranges as ranges
+from mds.core import storage
 from mds.core.planfile_reader import PlanReader
 from mds.core.storage import DATA_ROOT_ENV
 from mds.errors import DataChangedError, Interrupted, PlanError, SourceDataError
 from mds.executor import PlanExecutor
+from mds.executor.catalog.plan_sources import PlanSources
+from mds.executor.catalog.recheck import RECHECK_ENV, DataChecks
 from mds.formats.parquet import pages as parquet_pages
 
 CONFIG = corpus_config(
@@ -158,6 +162,98 @@ def test_a_missing_object_is_an_error_naming_it(world):
         one_error_line(mds("verify", top / "s3.mds"), "web/part-1.parquet: missing")
     finally:
         store.put(key, original)
+
+
+def _checked_objects(top) -> tuple[PlanSources, object, list[str]]:
+    """Rank 0's first block of the objects' plan, its sources and the URLs it reads."""
+    with PlanReader(top / "s3.mds") as reader:
+        plan = PlanSources(reader.footer, top / "s3.mds", None)
+        block = reader.rank_chunk(0, 0)
+    files = block.fetch.files
+    urls = [str(plan.paths(files[f][2], "f")[0]) for f in np.unique(block.fetch.file).tolist()]
+    return plan, block, sorted(set(urls))
+
+
+def _touched(plan: PlanSources, block, urls: list[str]) -> list[str]:
+    """The objects put back by another test: another mtime than their records, so the
+    check reads their content fingerprint too (an open and a GET)."""
+    records = {str(plan.paths(e, "f")[0]): e for _s, _f, e in block.fetch.files}
+    return [u for u in urls if storage.stat(u).st_mtime_ns != records[u]["mtime_ns"]]
+
+
+def test_an_objects_open_gives_the_size_and_mtime_a_stat_gives(world):
+    _top, _store, url = world
+    for key in ("forum/forum.jsonl", "web/part-1.parquet"):
+        handle = storage.open_input(f"{url}/{key}")
+        st, got = storage.stat(f"{url}/{key}"), storage.opened_stat(handle, f"{url}/{key}")
+        handle.close()
+        assert (got.st_size, got.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def test_a_files_check_and_its_open_share_one_metadata_request(world, monkeypatch):
+    """The start-up check takes an object's size and mtime (and the version it pins) from
+    one open, all of a step's objects opened at once, and the reader's open takes that
+    handle: one HEAD a file for both, where there were three."""
+    top, store, _url = world
+    plan, block, urls = _checked_objects(top)
+    touched = _touched(plan, block, urls)
+    with fault_proxy(store, monkeypatch) as proxy:
+        checks = DataChecks(plan, owner="catalog")
+        checks.check_files(block, full=False)
+        heads = sorted(key for method, key, *_ in proxy.log if method == "HEAD")
+        assert heads == sorted(u.removeprefix(f"s3://{BUCKET}/") for u in urls + touched)
+        before = len(proxy.log)
+        for u in urls:
+            f = ranges.RangeFile(u, None)
+            assert any(f.version in pins for pins in checks.pins.values())
+            f.close()
+        assert len(proxy.log) == before  # the opens took the check's handles
+
+
+def test_a_check_takes_the_handles_its_first_reads_kept(world, monkeypatch):
+    """Handles the same catalog's first reads kept serve the check with no request (the
+    re-checks after each fetch ask the store again); another catalog's, or any with the
+    re-checks off, do not."""
+    top, store, _url = world
+    plan, block, urls = _checked_objects(top)
+    touched = len(_touched(plan, block, urls))
+    with fault_proxy(store, monkeypatch) as proxy:
+        cases = (("mine", "1", 0), ("other", "1", len(urls)), ("mine", "0", len(urls)))
+        for owner, rechecks, requests in cases:
+            monkeypatch.setenv(RECHECK_ENV, rechecks)
+            for u in urls:
+                ranges.keep_open(u, storage.open_input(u), owner)
+            before = len(proxy.log)
+            DataChecks(plan, owner="mine").check_files(block, full=False)
+            assert [m for m, *_ in proxy.log[before:]].count("HEAD") == requests + touched
+            ranges.drop_kept("mine")
+            ranges.drop_kept("other")
+
+
+def test_a_check_through_a_kept_handle_refuses_only_what_the_store_has_now(world):
+    """A handle kept by the first reads shows the object as it was then: a change it does
+    not show is refused by the re-check of what is read (the version pinned is the
+    handle's), and a change it shows that was undone since is looked at again, not
+    refused."""
+    top, store, _url = world
+    plan, block, urls = _checked_objects(top)
+    target = next(u for u in urls if u.endswith("web/part-0.parquet"))  # as indexed
+    key = target.removeprefix(f"s3://{BUCKET}/")
+    original = store.get(key)
+    sid, fid, entry = next(e for e in block.fetch.files if str(plan.paths(e[2], "f")[0]) == target)
+    try:
+        ranges.keep_open(target, storage.open_input(target), "mine")  # sees it as indexed
+        store.put(key, original + b"x")
+        checks = DataChecks(plan, owner="mine")
+        checks.check_files(block, full=False)
+        with pytest.raises(DataChangedError, match="part-0.parquet changed after it was checked"):
+            checks.recheck(plan.sources[sid], fid, entry, [(0, target)])
+        ranges.keep_open(target, storage.open_input(target), "mine")  # sees it grown
+        store.put(key, original)
+        DataChecks(plan, owner="mine").check_files(block, full=False)  # looked at again
+    finally:
+        store.put(key, original)
+        ranges.drop_kept("mine")
 
 
 def test_a_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch):

@@ -130,12 +130,19 @@ def entry_paths(
 
 
 def file_problem(
-    root: Path | str, item: Any, full: bool, where: str, content: bool = False
+    root: Path | str,
+    item: Any,
+    full: bool,
+    where: str,
+    content: bool = False,
+    known: dict[str, tuple[int, int] | MdsError] | None = None,
 ) -> str | None:
     """Why the file of manifest entry `item` under `root` is not the indexed one, or None:
     `full` compares content fingerprints alone; otherwise size and mtime, with the content
     fingerprint where the mtime differs, or always (`content`: a relocated root, where a copy
-    keeps names, sizes and mtimes whatever its bytes are)."""
+    keeps names, sizes and mtimes whatever its bytes are). `known`: (size, mtime_ns) by
+    path, or the error asking for them raised, as the caller just had them from the store
+    (an object's open), not asked again."""
     try:
         path, companion = entry_paths(root, item, where)
     except ValueError as exc:
@@ -144,7 +151,7 @@ def file_problem(
     try:
         if full:
             return _content_problem(path, companion, item, rel)
-        return _stat_problem(path, companion, item, rel, content)
+        return _stat_problem(path, companion, item, rel, content, known or {})
     except MdsError as exc:  # unreadable or missing: SourceDataError from the fingerprint helpers
         for where, name in ((path, rel), (companion, item.get("index_path"))):
             if where is not None and str(exc).startswith(f"{where}: "):
@@ -160,17 +167,30 @@ def file_problem(
 
 
 def _stat_problem(
-    path: Any, companion: Any, item: dict, rel: str, content: bool = False
+    path: Any,
+    companion: Any,
+    item: dict,
+    rel: str,
+    content: bool = False,
+    known: dict[str, tuple[int, int] | MdsError] | None = None,
 ) -> str | None:
     """Size, then mtime; a file whose only difference is its mtime (touched, copied without
     keeping times, synced from object storage) is checked by its content fingerprint, so
     data that moved passes and data that changed fails naming the file. `content`: the
-    fingerprint is checked whatever the mtime."""
-    size, mtime = stat_signature(path)
+    fingerprint is checked whatever the mtime. `known`: see `file_problem`."""
+    known = known or {}
+
+    def signature(p: Any) -> tuple[int, int]:
+        got = known.get(str(p))
+        if isinstance(got, MdsError):
+            raise got
+        return got or stat_signature(p)
+
+    size, mtime = signature(path)
     if size != item.get("size"):
         return f"{rel}: size changed ({item.get('size')} -> {size} bytes)"
     if companion is not None:
-        stat_signature(companion)  # no recorded stat: its content is checked by --full
+        signature(companion)  # no recorded stat: its content is checked by --full
     if mtime != item.get("mtime_ns"):
         problem = _content_problem(path, companion, item, rel)
         if problem is not None:

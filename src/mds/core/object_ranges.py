@@ -7,6 +7,10 @@ first asks each reader which spans it will read (`spans`), fetches all of them t
 (`prefetch`: every object's spans, up to `REQUESTS` requests in flight), and the readers
 then decode from those staged bytes. Staged bytes live until the fetch ends (`unstage`);
 what a reader reads beyond them is one request, as before.
+
+An object's open is a metadata request (its size and version). A file's first reads or its
+start-up check open it and keep the handle (`keep_open`) for the check and the reader that
+open the object next (`take_kept`), so they share one request.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import bisect
 import io
 import os
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,14 +31,21 @@ from mds.errors import SourceDataError
 
 __all__ = [
     "HOLE",
+    "KEEP_SECONDS",
+    "KEPT",
     "MAX_REQUEST",
     "RANGE_BLOCK",
     "REQUESTS",
     "Counters",
     "RangeFile",
     "counters",
+    "drop_kept",
+    "in_request_pool",
+    "keep_open",
     "parallel",
     "prefetch",
+    "request_pool",
+    "take_kept",
 ]
 
 RANGE_BLOCK = 256 << 10  # unit of JSONL range reads, kept in the block cache
@@ -56,6 +69,57 @@ class Counters:
 counters = Counters()
 _counted = threading.Lock()
 
+# Handles opened (one metadata request each: size, version, mtime) by a file's first reads or
+# its check, kept for the check and the reader's open that come next (`keep_open`), tagged
+# with their owner (an executor's catalog); one kept longer than KEEP_SECONDS is not used.
+KEPT = 1024
+KEEP_SECONDS = 30.0
+# url -> (pid, when, owner, open handle)
+_kept: OrderedDict[str, tuple[int, float, Any, Any]] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def keep_open(url: str, handle: Any, owner: Any = None) -> None:
+    """Keep `handle`, an open pyarrow file of the object `url`, for the next RangeFile of
+    `url` (or `take_kept`), which then makes no metadata request of its own. At most KEPT
+    are kept, the oldest closed first."""
+    drop = []
+    with _kept_lock:
+        old = _kept.pop(url, None)
+        if old is not None and old[3] is not handle:
+            drop.append(old[3])
+        _kept[url] = (os.getpid(), time.monotonic(), owner, handle)
+        while len(_kept) > KEPT:
+            drop.append(_kept.popitem(last=False)[1][3])
+    for h in drop:
+        h.close()
+
+
+def take_kept(url: str, owner: Any = None) -> Any | None:
+    """The handle kept for `url` (no longer kept), if it is this process's, at most
+    KEEP_SECONDS old and, given an `owner`, kept by it; else None."""
+    with _kept_lock:
+        kept = _kept.get(url)
+        if kept is None or (owner is not None and kept[2] is not owner):
+            return None
+        del _kept[url]
+    if kept[0] != os.getpid():
+        return None
+    if time.monotonic() - kept[1] > KEEP_SECONDS:
+        kept[3].close()
+        return None
+    return kept[3]
+
+
+def drop_kept(owner: Any) -> None:
+    """Close the handles `owner` kept that no open took."""
+    with _kept_lock:
+        urls = [url for url, kept in _kept.items() if kept[2] is owner]
+        handles = [_kept.pop(url) for url in urls]
+    for pid, _when, _owner, h in handles:
+        if pid == os.getpid():  # a parent's are not this process's to close
+            h.close()
+
 
 class RangeFile:
     """Byte ranges of one object.
@@ -69,7 +133,7 @@ class RangeFile:
 
     def __init__(self, url: str, blocks: Any):
         self.url, self._blocks = url, blocks
-        self._file = open_input(url)
+        self._file = take_kept(url) or open_input(url)  # a handle kept for this open
         try:
             self.size = int(self._file.size())
             # the version this handle was opened at, and the requests made through it: the
@@ -274,9 +338,9 @@ _pool_lock = threading.Lock()  # the threads reading a step's files may both mak
 
 
 def _new_locks_in_child() -> None:
-    global _pool_lock, _counted
+    global _pool_lock, _counted, _kept_lock
     # a lock another thread held at fork stays held in the child
-    _pool_lock, _counted = threading.Lock(), threading.Lock()
+    _pool_lock, _counted, _kept_lock = threading.Lock(), threading.Lock(), threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -285,18 +349,31 @@ if hasattr(os, "register_at_fork"):
 
 def parallel(read: Callable[[Any], Any], items: list) -> list:
     """`read` of every item, up to REQUESTS at a time (a store answers requests in
-    parallel; their latency, not the bandwidth, bounds a step's scattered reads). The
-    pool is made per process: a forked DataLoader worker has none of its parent's threads."""
-    global _pool
+    parallel; their latency, not the bandwidth, bounds a step's scattered reads)."""
     if len(items) <= 1:
         return [read(item) for item in items]
+    return list(request_pool().map(read, items))
+
+
+_POOL_NAME = "mds-range"
+
+
+def request_pool() -> ThreadPoolExecutor:
+    """The REQUESTS threads that make this process's range requests. Made per process: a
+    forked DataLoader worker has none of its parent's threads."""
+    global _pool
     pool = _pool
     if pool is None or pool[0] != os.getpid():
         with _pool_lock:
             if _pool is None or _pool[0] != os.getpid():
-                _pool = (os.getpid(), ThreadPoolExecutor(REQUESTS, thread_name_prefix="mds-range"))
+                _pool = (os.getpid(), ThreadPoolExecutor(REQUESTS, thread_name_prefix=_POOL_NAME))
             pool = _pool
-    return list(pool[1].map(read, items))
+    return pool[1]
+
+
+def in_request_pool() -> bool:
+    """Whether this thread is one of `request_pool`'s (which must not wait on the pool)."""
+    return threading.current_thread().name.startswith(_POOL_NAME)
 
 
 def _runs(blocks: list[int]) -> list[tuple[int, int]]:

@@ -9,9 +9,11 @@ same plan.
 
 from __future__ import annotations
 
+import calendar
 import functools
 import os
 import posixpath
+import re
 import secrets
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "object_key",
     "object_version",
     "open_input",
+    "opened_stat",
     "parent_url",
     "plan_data_root",
     "read_exact",
@@ -313,6 +316,29 @@ def object_version(handle: Any, url: str) -> tuple:
     return ("object", size, bytes(tag).decode("ascii", "replace"))
 
 
+# The modification time an open's metadata gives: S3's Last-Modified (whole seconds, as the
+# HEAD's header has it) or GCS's `updated` (RFC 3339, with a fraction of a second).
+_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?:Z|[+-]00:?00)")
+
+
+def opened_stat(handle: Any, url: str) -> ObjectStat | None:
+    """The size and mtime `stat` gives of an object, from what its open (one metadata
+    request) returned: the same request serves the start-up check and the reader. None
+    where the store's answer has no time this parses (then `stat` asks)."""
+    try:
+        meta = handle.metadata()
+        size = int(handle.size())
+    except OSError as exc:
+        raise failure(url, "stat", exc) from None
+    raw = meta.get("Last-Modified") or meta.get("updated")
+    found = _TIME.fullmatch(bytes(raw).decode("ascii", "replace").strip()) if raw else None
+    if found is None:
+        return None
+    *fields, fraction = found.groups()
+    seconds = calendar.timegm(tuple(int(f) for f in fields))
+    return ObjectStat(size, seconds * 10**9 + int((fraction or "").ljust(9, "0")))
+
+
 def version(url: str) -> tuple:
     """The `object_version` of the object `url` now (one metadata request)."""
     handle = open_input(url)
@@ -334,8 +360,9 @@ def exists(path: str | os.PathLike) -> bool:
     return True
 
 
-def open_input(path: str | os.PathLike) -> Any:
-    """A pyarrow random-access file: reads of an object are byte-range requests."""
+def open_input(path: str | os.PathLike, what: str = "open") -> Any:
+    """A pyarrow random-access file: reads of an object are byte-range requests. An object's
+    open is one metadata request; `what` it is for names it in a failure's message."""
     import pyarrow as pa
 
     if not is_url(path):
@@ -343,7 +370,7 @@ def open_input(path: str | os.PathLike) -> Any:
     try:
         return filesystem(str(path)).open_input_file(object_key(str(path)))
     except OSError as exc:
-        raise failure(str(path), "open", exc) from None
+        raise failure(str(path), what, exc) from None
 
 
 def list_objects(url: str) -> list[tuple[str, int]]:

@@ -553,3 +553,74 @@ def test_an_objects_first_open_is_one_metadata_and_one_footer_request(s3, monkey
         assert parquet_reader.footer_meta(url, url)[1].starts[-1] == 5
         assert [m for m, *_ in proxy.log[before:]] == ["HEAD"]  # shared with the reader's
     metacache.clear()
+
+
+def _large_object(s3, tmp_path: Path, key: str, seed: int):
+    """One row group of 3,000 token lists in pages of about 4 KB, as a file and an object;
+    the rows, their offsets and lengths, and the object's URL."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(0, 900, k).tolist() for k in rng.integers(1, 60, 3000)]
+    path = tmp_path / f"{seed}.parquet"
+    table = pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))})
+    pq.write_table(table, path, row_group_size=3000, data_page_size=4096)
+    offsets, lengths = _located(path, rows)
+    s3.put(key, path.read_bytes())
+    return rows, offsets, lengths, s3.url(key)
+
+
+@pytest.fixture
+def large_groups(monkeypatch):
+    """Every row group counts as too large to fetch whole (read from its pages), a 16 KB
+    reading buffer (chunks larger than it read page by page), pieces of 2 KB: the
+    ReadAhead objects made are collected."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    monkeypatch.setattr(parquet_reader.ParquetReader, "_large", lambda self, i: True)
+    monkeypatch.setattr(parquet_pages, "WHOLE_CHUNK", 16 << 10)
+    monkeypatch.setattr(parquet_reader, "_MIN_PIECE", 2048)
+    made: list = []
+    real = parquet_reader.ReadAhead
+
+    def collected(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(parquet_reader, "ReadAhead", collected)
+    return made
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_objects_large_row_group_is_read_with_its_pages_asked_ahead(
+    s3, tmp_path, monkeypatch, large_groups, seed
+):
+    """Rows of an object's row group too large to fetch whole come from its pages, asked
+    for ahead by several requests in flight (within the reading buffer) instead of one
+    request per header and page: the same rows as pyarrow's, and as the serial reads', on a
+    first read (pages found as read) and a second (pages the first one found)."""
+    rows, offsets, lengths, url = _large_object(s3, tmp_path, f"large/{seed}.parquet", seed)
+    rng = np.random.default_rng(seed)
+    asks = [np.sort(rng.choice(3000, k, replace=False)) for k in (40, 7, 300)]
+    metacache.clear()
+    for serial in (False, True):
+        if serial:  # one request per header and page read, in turn
+            monkeypatch.setattr(parquet_reader.ParquetReader, "_read_ahead", lambda *a: None)
+        reader = parquet_reader.ParquetReader(url, "token_ids", "tokens", LRU(1 << 20), url)
+        for ask in asks:
+            got = reader.fetch(ask, offsets[ask], lengths[ask], rent=True)
+            assert_payloads_equal(got, [rows[i] for i in ask])
+        reader.close()
+    assert len(large_groups) == len(asks)
+    assert all(0 < a.requests and a.peak <= 16 << 10 for a in large_groups)
+
+
+def test_an_object_gone_while_its_pages_are_read_is_one_line_naming_it(
+    s3, tmp_path, large_groups
+):
+    rows, offsets, lengths, url = _large_object(s3, tmp_path, "large/gone.parquet", 3)
+    metacache.clear()
+    reader = parquet_reader.ParquetReader(url, "token_ids", "tokens", LRU(1 << 20), url)
+    s3.delete("large/gone.parquet")
+    ask = np.array([5, 1500, 2900])
+    with pytest.raises(SourceDataError, match=r"^s3://mds-test/large/gone\.parquet: ") as info:
+        reader.fetch(ask, offsets[ask], lengths[ask])
+    assert "\n" not in str(info.value) and large_groups
+    reader.close()

@@ -53,8 +53,9 @@ class FirstReads:
     the metadata cache, column chunks asked of the kernel, at most `window` bytes ahead of
     the reads (`reached`)."""
 
-    def __init__(self, plan: PlanSources, steps: int, window: int):
+    def __init__(self, plan: PlanSources, steps: int, window: int, owner: Any = None):
         self.plan, self.steps, self.window = plan, steps, window
+        self.owner = owner  # keeps the objects' handles for their checks (`footer_meta`)
         self.stride = 1
         self._pool: ThreadPoolExecutor | None = None
         self._run = 0  # bumped by each start and stop: a thread of an older run gives up
@@ -157,7 +158,8 @@ class FirstReads:
         of the row groups its rows are in."""
         path, _companion = self.plan.paths(entry, f"{s.name} files[{fid}]")
         column = str(s.payload.get("column") or s.payload.get("text") or "")
-        found = footer_meta(path, str(path) if storage.is_url(path) else str(entry["path"]))
+        shown = str(path) if storage.is_url(path) else str(entry["path"])
+        found = footer_meta(path, shown, self.owner)
         if found is not None:
             with self._lock:
                 self.footers += 1

@@ -26,10 +26,10 @@ from mds.core.datacheck import (
     identity_change,
     stat_identity,
 )
-from mds.core.object_ranges import RangeFile, parallel
+from mds.core.object_ranges import RangeFile, keep_open, parallel, take_kept
 from mds.core.planfile import RankChunk
 from mds.core.storage import MOVED_HINT
-from mds.errors import DataChangedError
+from mds.errors import DataChangedError, PlanError, SourceDataError
 from mds.executor.catalog.plan_sources import PlanSources, Source
 from mds.executor.readers import FileReader
 
@@ -57,7 +57,7 @@ class DataChecks:
     """The files this process checked, the versions pinned at their checks, and the files
     found changed since (each raises its error again on every later open or read)."""
 
-    def __init__(self, plan: PlanSources):
+    def __init__(self, plan: PlanSources, owner: Any = None):
         self.plan = plan
         self.rechecks = os.environ.get(RECHECK_ENV, "").strip() != "0"
         self.checked: set[tuple[int, int]] = set()  # (source id, file) already checked
@@ -67,6 +67,9 @@ class DataChecks:
         self.pins: Pins = {}
         self._changed: dict[tuple[int, int], str] = {}  # files found changed: their error
         self.step: int | None = None  # the step being read, for messages
+        # whose kept object handles a check may take (`object_ranges.keep_open`): the first
+        # reads' of the same catalog
+        self.owner = owner
 
     def restore(self, checked: set[tuple[int, int]], pins: Pins) -> None:
         """Take over another process's `checked` and `pins` (copies)."""
@@ -78,44 +81,119 @@ class DataChecks:
         this process has not checked yet, against the records the plan copied from the index:
         start-up I/O follows what is read first, not the corpus's files or the whole chunk.
         Under a relocated root each file's content fingerprint is checked too. The version
-        each file has is pinned first: what is read of it later must be that version."""
+        each file has is pinned first: what is read of it later must be that version. Objects
+        are opened all at once first (`_open_objects`), then checked in order."""
         plan = self.plan
         files = block.fetch.files
         used = np.unique(block.fetch.file[lo:hi]).tolist() if hi != lo else []
-        for sid, fid, entry in (files[f] for f in used):
-            s = plan.source_of(sid)
-            plan.same_record(s, fid, entry)
-            if (sid, fid) in self.checked:
-                continue
-            where = f"{s.name} files[{fid}]"
-            if self.rechecks:
-                self.pins[(sid, fid)] = self._versions_now(entry, where)
-            problem = file_problem(plan.root, entry, full, where, content=plan.relocated)
-            if (
-                problem is not None
-                and problem.endswith(": missing")
-                and holds_none(plan.root, (entry for _s, _f, entry in block.fetch.files))
-            ):
-                raise DataChangedError(
-                    f"the data root {plan.root} ({plan.root_origin()}) holds none of the indexed "
-                    f"files (source {s.name!r}: {problem}); if the plan or the data moved, or "
-                    f"the root is mistyped: {MOVED_HINT}"
-                )
-            if problem is not None:
-                raise DataChangedError(
-                    f"source {s.name!r}: {problem}; the data changed since it was indexed "
-                    "(re-index and re-plan, or restore the file)"
-                )
-            self.checked.add((sid, fid))
+        entries = [files[f] for f in used]
+        opened = self._open_objects(entries)
+        try:
+            for sid, fid, entry in entries:
+                s = plan.source_of(sid)
+                plan.same_record(s, fid, entry)
+                if (sid, fid) in self.checked:
+                    continue
+                where = f"{s.name} files[{fid}]"
+                problem, seen_before = self._check(sid, fid, entry, full, where, opened)
+                if problem is not None and seen_before:
+                    # seen through a handle the first reads opened earlier: look again, so a
+                    # refusal is of the file as it is now
+                    problem, _ = self._check(sid, fid, entry, full, where, {})
+                if (
+                    problem is not None
+                    and problem.endswith(": missing")
+                    and holds_none(plan.root, (entry for _s, _f, entry in block.fetch.files))
+                ):
+                    raise DataChangedError(
+                        f"the data root {plan.root} ({plan.root_origin()}) holds none of the "
+                        f"indexed files (source {s.name!r}: {problem}); if the plan or the data "
+                        f"moved, or the root is mistyped: {MOVED_HINT}"
+                    )
+                if problem is not None:
+                    raise DataChangedError(
+                        f"source {s.name!r}: {problem}; the data changed since it was indexed "
+                        "(re-index and re-plan, or restore the file)"
+                    )
+                self.checked.add((sid, fid))
+        finally:
+            for handle, _before in opened.values():
+                if not isinstance(handle, SourceDataError):
+                    handle.close()
 
-    def _versions_now(self, entry: Any, where: str) -> list[tuple | None]:
+    def _open_objects(self, entries: list) -> dict[str, tuple[Any, bool]]:
+        """Open handles of the objects (and companions) of the unchecked `entries` (or the
+        error opening one raised), by URL, and whether each was opened before this check:
+        with the re-checks on (which compare what is read with the store's version after
+        each fetch), the handles this catalog's first reads kept a few seconds before (no
+        request); the rest opened now, all at once (one metadata request each, in flight
+        together). Nothing for local files."""
+        if not storage.is_url(self.plan.root):
+            return {}
+        urls = []
+        for sid, fid, entry in entries:
+            try:
+                s = self.plan.source_of(sid)
+                urls += [
+                    str(p)
+                    for p in self.plan.paths(entry, f"{s.name} files[{fid}]")
+                    if p is not None and (sid, fid) not in self.checked
+                ]
+            except (PlanError, ValueError):  # raised by the check, in order
+                continue
+        opened: dict[str, tuple[Any, bool]] = {}
+        fresh = []
+        for url in dict.fromkeys(urls):
+            kept = take_kept(url, self.owner) if self.rechecks and self.owner is not None else None
+            if kept is not None:
+                opened[url] = (kept, True)
+            else:
+                fresh.append(url)
+        for url, handle in zip(fresh, parallel(_open_object, fresh), strict=True):
+            opened[url] = (handle, False)
+        return opened
+
+    def _check(
+        self, sid: int, fid: int, entry: Any, full: bool, where: str, opened: dict
+    ) -> tuple[str | None, bool]:
+        """Pin a file's version (re-checks on) and compare it with its record
+        (`file_problem`): the problem or None, and whether an object was seen through a
+        handle opened before the check (`_open_objects`)."""
+        plan = self.plan
+        known: dict[str, Any] = {}
+        seen_before = False
+        if self.rechecks or storage.is_url(plan.root):
+            versions, seen_before = self._versions_now(entry, where, known, opened)
+            if self.rechecks:
+                self.pins[(sid, fid)] = versions
+        problem = file_problem(plan.root, entry, full, where, content=plan.relocated, known=known)
+        return problem, seen_before
+
+    def _versions_now(
+        self, entry: Any, where: str, known: dict[str, Any], opened: dict
+    ) -> tuple[list[tuple | None], bool]:
         """The versions of a file and its companion now (None: cannot be had; the check
-        names the problem)."""
+        names the problem), and whether one was seen before the check. An object's version,
+        size and mtime (into `known`, for the check) come from its open, taken from
+        `opened` (else opened now), whose handle is then kept for the reader's open
+        (`object_ranges.keep_open`): one metadata request, or none, for the check, the pin
+        and the open."""
         try:
             path, companion = self.plan.paths(entry, where)
         except ValueError:
-            return [None, None]
-        return [file_identity(path), file_identity(companion) if companion else None]
+            return [None, None], False
+        versions: list[tuple | None] = [None, None]
+        seen_before = False
+        for k, p in enumerate((path, companion)):
+            if p is None:
+                continue
+            if not storage.is_url(p):
+                versions[k] = file_identity(p)
+                continue
+            handle, before = opened.pop(str(p), None) or (_open_object(str(p)), False)
+            seen_before |= before
+            versions[k] = _object_now(str(p), handle, known, self.owner)
+        return versions, seen_before
 
     def raise_if_changed(self, key: tuple[int, int]) -> None:
         """DataChangedError again for a file (source id, file) found changed before."""
@@ -221,3 +299,32 @@ class DataChecks:
         for error in parallel(check, todo):
             if error is not None:
                 raise error
+
+
+def _open_object(url: str) -> Any:
+    """An open pyarrow file of object `url` (one metadata request), or the error opening it
+    raised (named as a stat's, which the check is)."""
+    try:
+        return storage.open_input(url, "stat")
+    except SourceDataError as exc:
+        return exc
+
+
+def _object_now(url: str, handle: Any, known: dict, owner: Any) -> tuple | None:
+    """The version of object `url` from `handle`, its size and mtime (or the error opening
+    it raised) into `known` for the check; the handle is kept (by `owner`) for the reader's
+    open. None where there is no version."""
+    if isinstance(handle, SourceDataError):
+        known[url] = handle  # the check raises it, or names the object missing
+        return None
+    try:
+        version = storage.object_version(handle, url)
+        st = storage.opened_stat(handle, url)
+    except SourceDataError as exc:
+        handle.close()
+        known[url] = exc
+        return None
+    if st is not None:
+        known[url] = (st.st_size, st.st_mtime_ns)
+    keep_open(url, handle, owner)
+    return version

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from mds.core import freed_memory, storage
+from mds.core.object_ranges import drop_kept
 from mds.core.planfile import RankChunk
 from mds.errors import ConfigError
 from mds.executor.catalog import tokens
@@ -77,7 +78,10 @@ class SourceCatalog:
         self.plan = PlanSources(footer, plan_path, data_root)
         tokens.bind(self.plan, tokenize, estimated)
         self.tokens = TokenIds(self.plan)
-        self.checks = DataChecks(self.plan)
+        # object handles opened by the first reads or a check are kept, with this tag, for
+        # the check and the open that come next (`object_ranges.keep_open`)
+        self._kept = object()
+        self.checks = DataChecks(self.plan, owner=self._kept)
         # the cache's share bounds both kinds of decoded data kept between steps: a quarter
         # for rows read ahead (`Lookahead`), the rest for whole blocks (row groups, frames)
         ahead = self.budget.ahead
@@ -90,7 +94,7 @@ class SourceCatalog:
         # bytes asked ahead of the first steps' reads: a quarter of the block cache's share,
         # 64 MiB at most
         window = min(_FIRST_WINDOW, self.files.block_bytes // 4)
-        self.first = FirstReads(self.plan, first_reads, window)
+        self.first = FirstReads(self.plan, first_reads, window, owner=self._kept)
         self.reads = SampleReads(
             self.plan, self.checks, self.files, self.ahead, read_threads, self.first
         )
@@ -130,6 +134,7 @@ class SourceCatalog:
 
     def close(self) -> None:
         self.first.close()
+        drop_kept(self._kept)
         self.reads.close()
         if self.ahead is not None:
             self.ahead.clear()

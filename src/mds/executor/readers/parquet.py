@@ -19,6 +19,7 @@ from mds.core import metacache, storage
 from mds.core import object_ranges as ranges
 from mds.core.lru import LRU
 from mds.core.memory_budget import MemoryBudget, Reservation, TooLarge
+from mds.core.object_read_ahead import ReadAhead
 from mds.errors import SourceDataError
 from mds.executor.readers.base import ColumnReader, Handle, ImageText, Payload
 from mds.executor.readers.base import TextBlock as _TextBlock
@@ -55,6 +56,11 @@ _LARGE = 8
 # placed): reserved as this (or the group's uncompressed size, if less) plus three times
 # the values.
 _PAGE = 2 << 20
+
+# An object's row group read from its pages with its requests made ahead (`_read_ahead`):
+# the thread's buffer is cut into _PIECES requests in flight at once, of _MIN_PIECE bytes at
+# least.
+_PIECES, _MIN_PIECE = 8, 64 << 10
 
 # Parsed footers take about 4-9 times their serialized size in memory (measured with
 # pyarrow 26 on 0.5-47 KB footers); they are counted at 9 times plus a fixed 4 KiB.
@@ -95,14 +101,15 @@ def _object_key(url: str, version: tuple) -> tuple:
     return (url, "parquet-footer", *version)
 
 
-def footer_meta(path: Path, display: str) -> tuple[tuple, _ParquetMeta] | None:
+def footer_meta(path: Path, display: str, owner: Any = None) -> tuple[tuple, _ParquetMeta] | None:
     """(version key, parsed footer) of a Parquet file or object, as a reader opening it
     finds them: from the metadata cache, else parsed now and kept there. None where that
     cannot be done (the reader's own open then names the problem). Lets a file's footer be
     parsed (an object's fetched: one or two range requests) before its first read asks for
-    it (`first_reads`)."""
+    it (`first_reads`). An object's handle is kept (by `owner`) for its check and open
+    (`object_ranges.keep_open`)."""
     if storage.is_url(path):
-        return _object_footer_meta(str(path))
+        return _object_footer_meta(str(path), owner)
     try:
         key = _version("parquet-footer", path, display)
     except SourceDataError:
@@ -129,9 +136,10 @@ def footer_meta(path: Path, display: str) -> tuple[tuple, _ParquetMeta] | None:
     return key, meta
 
 
-def _object_footer_meta(url: str) -> tuple[tuple, _ParquetMeta] | None:
+def _object_footer_meta(url: str, owner: Any = None) -> tuple[tuple, _ParquetMeta] | None:
     """`footer_meta` of an object: one metadata request (the version, which keys the
-    cache) and, if not cached, one suffix-range request for the footer."""
+    cache) and, if not cached, one suffix-range request for the footer. The handle is kept
+    for the file's check and open, which then ask nothing more of the store."""
     try:
         source = storage.open_input(url)
     except SourceDataError:
@@ -142,13 +150,17 @@ def _object_footer_meta(url: str) -> tuple[tuple, _ParquetMeta] | None:
         if meta is None:
             footer = _footer(source)
             if footer is None:
+                source.close()
                 return None
             meta = _ParquetMeta(footer)
             metacache.put(key, meta, meta.nbytes)
     except SourceDataError:
-        return None
-    finally:
         source.close()
+        return None
+    except BaseException:
+        source.close()
+        raise
+    ranges.keep_open(url, source, owner)
     return key, meta
 
 
@@ -362,9 +374,21 @@ class ParquetReader(ColumnReader):
             need = page + 3 * int(lengths[pick].sum()) * lay.dtype.itemsize
             row = int(rows[pick][np.argmax(lengths[pick])])
             with self._reserve(need, i, row, "a page and the rows asked of row group"):
-                values = parquet_pages.fetch_rows(
-                    source, lay, i, rows[pick], offsets[pick], lengths[pick], self.display, most
-                )
+                ahead = self._read_ahead(lay, i, offsets[pick], lengths[pick], most)
+                try:
+                    values = parquet_pages.fetch_rows(
+                        ahead or source,
+                        lay,
+                        i,
+                        rows[pick],
+                        offsets[pick],
+                        lengths[pick],
+                        self.display,
+                        most,
+                    )
+                finally:
+                    if ahead is not None:
+                        ahead.close()
             if values is not None:  # else decoded whole below, where problems are named
                 for k, v in zip(pick.tolist(), values, strict=True):
                     out[k] = v
@@ -376,6 +400,21 @@ class ParquetReader(ColumnReader):
             for k, v in zip(rest.tolist(), self._decoded(rows[rest], keep), strict=True):
                 out[k] = v
         return out
+
+    def _read_ahead(
+        self, lay: parquet_pages.Layout, i: int, offsets, lengths, most: int
+    ) -> ReadAhead | None:
+        """For an object's row group too large to be fetched whole (`spans` stages none of
+        it), its pages' requests made ahead of the page reads, several at once, within the
+        reading thread's buffer (`most`): `object_read_ahead`. None for a file, or a group
+        whose chunk is staged."""
+        chunk = lay.chunk(i)
+        if self.object is None or chunk is None or not self._large(i):
+            return None
+        ends = offsets + lengths
+        planned = parquet_pages.planned_reads(lay, i, offsets, ends, most)
+        piece = min(most, max(_MIN_PIECE, most // _PIECES))
+        return ReadAhead(self.object, planned, most, piece, more=chunk.start + chunk.size)
 
     def _decoded(self, rows: np.ndarray, keep: bool) -> list[Payload]:
         """`ColumnReader.fetch`: rows from decoded row groups; the reservations of groups

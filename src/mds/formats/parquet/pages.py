@@ -445,3 +445,43 @@ def _values(encoding: int, data: memoryview, starts, ends, dictionary, dtype, n:
         return dictionary.take(indices)  # raises on an index past the end
     except IndexError:
         raise Unsupported("dictionary index out of range") from None
+
+
+def planned_reads(
+    lay: Layout, group: int, starts: np.ndarray, ends: np.ndarray, most: int = WHOLE_CHUNK
+) -> list[tuple[int, int]]:
+    """The byte ranges (file offsets, in order) that `read_rows` of values [starts, ends) of
+    row group `group` will read, as far as they can be told before reading: the whole
+    chunk where it is read at once; else the pages before the first one an earlier read
+    noted (the dictionary), the noted pages (`Layout.checked`) that hold a value asked,
+    and from the end of the noted pages on, the share of the rest of the chunk the values
+    asked reach (by their count, with a margin). A read object's pages can then be asked
+    for together (`object_read_ahead`)."""
+    chunk = lay.chunk(group)
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if chunk is None or not len(ends):
+        return []
+    base, need = chunk.start, int(ends.max())
+    if not _short(chunk, ends) and chunk.size <= most:
+        return [(base, base + chunk.size)]
+    checked = lay.checked(group)
+    out: list[tuple[int, int]] = []
+    pos = first = 0
+    while first < need and pos < chunk.size:
+        known = checked.get(pos)
+        if known is None:  # the dictionary page, or the pages after the noted ones
+            later = [at for at in checked if at > pos]
+            if not later:
+                break
+            out.append((pos, min(later)))
+            pos = min(later)
+            continue
+        after, n = known
+        if _wanted(starts, ends, first, n):  # its header's read may go past a short page
+            out.append((pos, min(chunk.size, max(after, pos + _HEADER_READ))))
+        pos, first = after, first + n
+    if first < need and pos < chunk.size:
+        share = (need - first) / max(1, chunk.num_values - first)
+        guess = int((chunk.size - pos) * min(1.0, share * 1.125)) + 4 * _HEADER_READ
+        out.append((pos, min(chunk.size, pos + guess)))
+    return [(base + lo, base + hi) for lo, hi in out]
