@@ -60,13 +60,14 @@ _CHECKED_PAGES = 4096  # data pages of a row group remembered as full (16-24 byt
 _SHORT = 2  # values asked within the first 1/_SHORT of a chunk: read page by page
 _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to pyarrow
 # Codecs whose v1 data pages are decompressed only through the last value asked (`_prefix`),
-# where the values asked lie in a page's first 1/share (measured on 1 MB pages of token
-# ids: gzip, 0.2 against 5.0 ms for a page's levels, and in proportion beyond; zstd, 0.14
-# against 0.2 ms, its stream decoding a block at a time; and all of a page holding no
-# value asked, only its levels being read). Not snappy: its prefix is found by walking its
-# elements in Python (~0.1 us each), which cost more than decompressing the whole page in
-# native code (140 against 62 us through the levels of a 1 MB page of token ids).
-_PREFIX_CODECS = {"gzip": 1, "zstd": 4}
+# where the values asked lie in a page's first 1/share, and a page holding no value
+# asked only through its levels. Measured on 1 MB pages of token ids: gzip, 0.2 against 5.0
+# ms for a page's levels (Python's zlib decodes more slowly than pyarrow's whole page, so
+# not past the half); zstd, 0.14 against 0.2 ms, its stream decoded a block at a time. Not
+# snappy: its prefix is found by walking its elements in Python (~0.1 us each), which cost
+# more than decompressing the whole page in native code (140 against 62 us through the
+# levels of a 1 MB page of token ids).
+_PREFIX_CODECS = {"gzip": 2, "zstd": 4}
 
 
 class Source(Protocol):
