@@ -169,6 +169,8 @@ def test_other_types_are_left_to_pyarrow(tmp_path, type_, value):
         {"data_page_size": 4096},
         {"data_page_size": 4096, "data_page_version": "2.0", "compression": "zstd"},
         {"use_dictionary": False, "compression": "none"},
+        {"data_page_size": 4096, "compression": "gzip"},  # v1 pages read partway
+        {"data_page_size": 4096, "compression": "zstd"},
     ],
 )
 def test_damaged_pages_give_none_or_rows_of_the_asked_lengths(tmp_path, writer):
