@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from mds.errors import ConfigError, SourceDataError
 from mds.formats.parquet import pages as parquet_pages
-from mds.formats.parquet.thrift import Unsupported
+from mds.formats.parquet.thrift import (
+    DATA_PAGE,
+    DATA_PAGE_V2,
+    Unsupported,
+    field_int,
+    field_struct,
+    page_fields,
+)
 
 WRITERS = st.fixed_dictionaries(
     {
@@ -162,6 +169,8 @@ def test_other_types_are_left_to_pyarrow(tmp_path, type_, value):
         {"data_page_size": 4096},
         {"data_page_size": 4096, "data_page_version": "2.0", "compression": "zstd"},
         {"use_dictionary": False, "compression": "none"},
+        {"data_page_size": 4096, "compression": "gzip"},  # v1 pages read partway
+        {"data_page_size": 4096, "compression": "zstd"},
     ],
 )
 def test_damaged_pages_give_none_or_rows_of_the_asked_lengths(tmp_path, writer):
@@ -461,3 +470,95 @@ def test_a_small_chunk_read_for_its_first_rows_reads_only_the_pages_that_hold_th
         got = parquet_pages.read_rows(source, lay, 0, starts[ask], counts[ask])
         assert [v.tolist() for v in got] == [rows[r] for r in ask]
         assert (sum(source.reads) >= size) == whole, (ask, sum(source.reads), size)
+
+
+# --- v1 data pages decompressed only through the last value asked (`_prefix`) ---
+
+
+def _page_firsts(path, meta: pq.FileMetaData, group: int) -> list[tuple[int, int]]:
+    """(first value, values) of each data page of row group `group`'s chunk of column 0."""
+    chunk = parquet_pages.footer.chunk(meta, group, 0)
+    data = memoryview(path.read_bytes())[chunk.start : chunk.start + chunk.size]
+    pos = first = 0
+    out = []
+    while pos < chunk.size:
+        fields, size = page_fields(data, pos)
+        kind = field_int(fields, 1)
+        if kind in (DATA_PAGE, DATA_PAGE_V2):
+            n = field_int(field_struct(fields, 5 if kind == DATA_PAGE else 8), 1)
+            out.append((first, n))
+            first += n
+        pos += size + field_int(fields, 3)
+    return out
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    compression=st.sampled_from(["none", "snappy", "zstd", "gzip"]),
+    use_dictionary=st.booleans(),
+    data_page_size=st.sampled_from([256, 4096, 1 << 16]),
+    vocab=st.sampled_from([2, 300, 70_000]),
+    sorted_values=st.booleans(),
+    n_rows=st.integers(1, 300),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_pages_decompressed_through_the_last_value_asked_give_the_whole_pages_rows(
+    tmp_path, monkeypatch, compression, use_dictionary, data_page_size, vocab, sorted_values,
+    n_rows, seed, data,
+):
+    """Rows at the start, middle and end of pages, and random ones, read with v1 pages
+    decompressed only as far as needed (every codec that has a prefix decoder, not only
+    those the reader uses it for) are the rows of whole pages and pyarrow's, byte for
+    byte; and the prefix is taken, not always declined."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 120, n_rows)
+    values = rng.integers(0, vocab, int(lengths.sum()))
+    if sorted_values:  # RLE runs among the bit-packed ones
+        values = np.sort(values)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32()))
+    path = tmp_path / "p.parquet"
+    pq.write_table(
+        pa.table({"t": lists}),
+        path,
+        compression=compression,
+        use_dictionary=use_dictionary,
+        data_page_size=data_page_size,
+        data_page_version="1.0",
+    )
+    meta = pq.read_metadata(path)
+    table = pq.read_table(path)
+    lay = _layout(meta, table)
+    starts = np.cumsum(lengths) - lengths
+    # the rows holding each page's first, middle and last value, and a few drawn
+    at = [v for f, n in _page_firsts(path, meta, 0) for v in (f, f + n // 2, f + n - 1)]
+    rows = np.searchsorted(starts, at, side="right") - 1
+    drawn = data.draw(st.lists(st.integers(0, n_rows - 1), max_size=6))
+    asks = [[int(r)] for r in rows] + [drawn] * bool(drawn) + [rows[:3].tolist()]
+    prefixes = []
+    real = parquet_pages._prefix
+
+    def counted(*args):
+        got = real(*args)
+        prefixes.append(got is not None)
+        return got
+
+    monkeypatch.setattr(parquet_pages, "_prefix", counted)
+    with open(path, "rb") as fh:
+        for ask in asks:
+            ask = np.array(ask, dtype=np.int64)
+            whole = []
+            for codecs in [{}, dict.fromkeys([None, "snappy", "zstd", "gzip"], 1)]:
+                monkeypatch.setattr(parquet_pages, "_PREFIX_CODECS", codecs)
+                lay._checked.clear()  # pages skipped as known full would not be decoded
+                got = parquet_pages.read_rows(fh.fileno(), lay, 0, starts[ask], lengths[ask])
+                assert got is not None
+                whole = whole or got
+                for r, v, w in zip(ask.tolist(), got, whole, strict=True):
+                    want = table.column("t")[r].values.to_numpy()
+                    assert v.dtype == want.dtype and v.tobytes() == want.tobytes()
+                    assert v.tobytes() == w.tobytes()
+    event("prefix taken" if any(prefixes) else "prefix never taken")

@@ -11,7 +11,7 @@ import zstandard
 
 from mds.formats.parquet.thrift import Truncated, Unsupported, varint
 
-__all__ = ["PREFIX_DECODERS", "decompress"]
+__all__ = ["PREFIX_DECODERS", "decompress", "levels_end"]
 
 _LENGTH_BYTES = 5  # snappy's uncompressed length: a 32-bit ULEB128 varint
 
@@ -29,6 +29,16 @@ def decompress(body, size: int, codec: str | None) -> memoryview:
     if len(data) != size:
         raise Unsupported("page size differs from its header")
     return data.cast("B") if data.format != "B" else data
+
+
+def levels_end(out) -> int:
+    """Bytes the level sections of a v1 page take, as far as `out` (its start) tells."""
+    if len(out) < 4:
+        return 4
+    rep_end = 8 + int.from_bytes(out[:4], "little")
+    if len(out) < rep_end:
+        return rep_end
+    return rep_end + int.from_bytes(out[rep_end - 4 : rep_end], "little")
 
 
 # Each prefix decoder takes the start of a page body and `need`, which maps the output so

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from mds.errors import SourceDataError
 from mds.formats.parquet import footer, page_reads, rle
-from mds.formats.parquet.compression import PREFIX_DECODERS, decompress
+from mds.formats.parquet.compression import PREFIX_DECODERS, decompress, levels_end
 from mds.formats.parquet.footer import Chunk
 from mds.formats.parquet.thrift import (
     DATA_PAGE,
@@ -292,16 +292,6 @@ def _v1_levels(body: _Body, page: _Page, codec: str | None) -> tuple[memoryview,
 def _decompress(body: bytes, page: _Page, codec: str | None) -> memoryview:
     """The whole page, decompressed."""
     return decompress(body, page.uncompressed_size, codec)
-
-
-def levels_end(out) -> int:
-    """Bytes the level sections of a v1 page take, as far as `out` (its start) tells."""
-    if len(out) < 4:
-        return 4
-    rep_end = 8 + int.from_bytes(out[:4], "little")
-    if len(out) < rep_end:
-        return rep_end
-    return rep_end + int.from_bytes(out[rep_end - 4 : rep_end], "little")
 
 
 def _read_prefix(body: _Body, decode, page_size: int) -> memoryview:
