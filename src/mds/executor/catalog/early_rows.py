@@ -30,9 +30,9 @@ __all__ = ["Later", "Lookahead"]
 BYTES_PER_TOKEN = 4
 _PAYLOAD_HEADER = 112  # a kept array's bytes beyond its tokens (`_payload_bytes`)
 # A row kept of a read's RowSlices (`Lookahead.keep`): its dict entry, key and code; and
-# the read's values array beyond its values.
+# the read's values beyond their bytes: the array object and its entry in `_slices`.
 _SLICE_ROW = 112
-_SLICES_HEADER = 128
+_SLICES_HEADER = 256
 # A kept row's code: (id of its read's values << 2 * _BOUND) | (its first value << _BOUND) |
 # the end of its values, so taking it costs integer operations and one slice.
 _BOUND = 40
