@@ -300,8 +300,8 @@ class Lookahead:
         Rows of a RowSlices (read from Parquet pages) keep its values alive while any of
         them is kept: they are counted whole, with the first of its rows kept, until the
         last is let go; each row kept costs a dict entry and an integer saying where its
-        values are, no array of its own until it is taken. Any other array
-        kept holds only its own bytes (a view is copied)."""
+        values are, no array of its own until it is taken. Any other array kept holds only
+        its own bytes (a view is copied)."""
         left = self.max_bytes - self.nbytes
         if isinstance(payloads, RowSlices):
             values = payloads.values
