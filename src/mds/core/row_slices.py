@@ -45,9 +45,9 @@ class RowSlices(Sequence):
                 arrays.append(rows.values)
                 starts[where], ends[where] = rows.starts + at, rows.ends + at
                 at += len(rows.values)
-            else:
+            elif len(rows):
                 lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-                got = cls.of_lengths(np.concatenate(rows) if rows else np.zeros(0), lengths)
+                got = cls.of_lengths(np.concatenate(rows), lengths)
                 arrays.append(got.values)
                 starts[where], ends[where] = got.starts + at, got.ends + at
                 at += len(got.values)
