@@ -67,7 +67,7 @@ def compact(
     extra: dict[str, Any] = {}
     if vision is not None:
         tokens, extra = _with_images(tokens, vision, truncate_to)
-    lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
     # int64 whatever each sample's integer type (a Parquet int32 list, a Megatron uint16 .bin)
     ids = np.concatenate(tokens, dtype=np.int64) if tokens else np.zeros(0, dtype=np.int64)
     if narrow and len(ids) and _INT32.min <= ids.min() and ids.max() <= _INT32.max:

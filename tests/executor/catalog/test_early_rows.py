@@ -16,6 +16,7 @@ import mds.executor.readers.parquet as parquet_reader
 import mds.formats.parquet.pages as parquet_pages
 from mds.core.lru import LRU
 from mds.core.planfile_reader import PlanReader
+from mds.core.row_slices import RowSlices
 from mds.errors import SourceDataError
 from mds.executor.catalog.early_rows import FIRST_LATER, MAX_LATER, Lookahead
 
@@ -108,10 +109,10 @@ def test_a_later_rows_problem_is_raised_at_its_own_step(plan, monkeypatch, read_
     step, path, row = _bad_row_at_a_later_step(plan)
     real = parquet_reader.ParquetReader.fetch
 
-    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None, rent=False):
+    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None, rent=False, **kw):
         if str(self.path).endswith(path) and row in np.asarray(file_rows).tolist():
             raise SourceDataError(f"{path} row {row}: unreadable")
-        return real(self, file_rows, offsets, lengths, keep, pages, rent)
+        return real(self, file_rows, offsets, lengths, keep, pages, rent, **kw)
 
     monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
     expected = uninterrupted(plan, 0)
@@ -141,41 +142,56 @@ def test_rows_kept_stay_within_the_budget(plan, monkeypatch):
 
 
 def _held(ahead: Lookahead) -> int:
-    """Bytes the kept payloads really hold: each array once (a view holds its whole base)."""
-    arrays, rest = {}, 0
-    for payload, *_ in ahead._kept.values():
-        if isinstance(payload, np.ndarray):
-            owner = payload.base if isinstance(payload.base, np.ndarray) else payload
-            arrays[id(owner)] = owner.nbytes
-            rest += lookahead_module._PAYLOAD_HEADER
-        else:  # a line of text
+    """Bytes the kept payloads really hold: each read's RowSlices once, with a dict entry a
+    row kept of it; an array or a line of text by itself."""
+    slices, rest = {}, 0
+    for kept in ahead._kept.values():
+        if type(kept) is int:
+            values = ahead._slices[kept >> 2 * lookahead_module._BOUND][0]
+            slices[id(values)] = values.nbytes + lookahead_module._SLICES_HEADER
+            rest += lookahead_module._SLICE_ROW
+        else:
+            payload = kept[0]
+            assert not isinstance(payload, np.ndarray) or payload.base is None
             rest += lookahead_module._payload_bytes(payload)
-    return sum(arrays.values()) + rest
+    return sum(slices.values()) + rest
 
 
-def test_views_of_one_array_count_the_whole_array_until_the_last_is_let_go():
-    """Rows read from Parquet pages are views of one array: this step's rows, the kept rows
+def test_rows_of_one_read_count_its_array_until_the_last_is_let_go():
+    """Rows read from Parquet pages come as one RowSlices: this step's rows, the kept rows
     and any refused ones. What is kept is counted as what stays in memory."""
-    header = lookahead_module._PAYLOAD_HEADER
+    row, whole = lookahead_module._SLICE_ROW, lookahead_module._SLICES_HEADER
     ahead = Lookahead(max_bytes=10_000)
-    read = np.arange(1000, dtype=np.int32)  # 4000 bytes: 10 rows of 100 values
-    rows = [read[k * 100 : (k + 1) * 100] for k in range(10)]
-    own = np.arange(50, dtype=np.int64)  # a copy of its own: counted by itself
-    ahead.keep([5, 6, 7, 8], [rows[2], rows[3], own, rows[9]])  # rows 0-1: this step's
-    assert ahead.nbytes == _held(ahead) == 4000 + own.nbytes + 4 * header
+    read = RowSlices.of_lengths(np.arange(1000, dtype=np.int32), np.full(10, 100))
+    later = read[2:5]  # rows 0-1: this step's
+    size = read.values.nbytes + whole  # 4000 bytes of values
+    own = np.arange(50, dtype=np.int64)  # an array of its own: counted by itself
+    ahead.keep([5, 6, 8], later)
+    ahead.keep([7], [own])
+    assert ahead.nbytes == _held(ahead) == size + own.nbytes + 112 + 3 * row
     out: list = [None] * 2
-    assert ahead.take(0, 5, 7, out).tolist() == [] and out[0] is rows[2]
-    assert ahead.nbytes == _held(ahead) == 4000 + own.nbytes + 2 * header  # row 9 holds it all
+    assert ahead.take(0, 5, 7, out).tolist() == []
+    assert np.array_equal(out[0], np.arange(200, 300)) and out[0].base is read.values
+    assert ahead.nbytes == _held(ahead) == size + own.nbytes + 112 + row  # row 8 holds it
     ahead.take(0, 7, 9, out)
-    assert ahead.nbytes == _held(ahead) == 0 and not ahead._arrays
-    # An array that does not fit is not kept, even for a row that alone would fit.
+    assert out[0] is own and np.array_equal(out[1], np.arange(400, 500))
+    assert ahead.nbytes == _held(ahead) == 0 and not ahead._slices
+    # An array that does not fit is not kept, even for a row that alone would fit; a view
+    # kept is copied, not to hold the array it is a view of.
     small = Lookahead(max_bytes=3000)
-    small.keep([0, 1], [rows[0], own])
+    small.keep([0], read[0:1])
     assert list(small._kept) == [] and small.nbytes == 0
+    small.keep([1], [read.values[:10]])
+    assert small._kept[1][0].base is None and small.nbytes == _held(small) == 40 + 112
+    # Rows kept past the budget's end are refused, the first ones kept.
+    five = read[0:5]
+    tight = Lookahead(max_bytes=size + 3 * row)
+    tight.keep([0, 1, 2, 3, 4], five)
+    assert sorted(tight._kept) == [0, 1, 2] and tight.nbytes == _held(tight) == tight.max_bytes
     # Dropped rows (a seek, another worker's micro-batches) let the array go as well.
-    ahead.keep([20, 21], [rows[0], rows[1]])
+    ahead.keep([20, 21], read[0:2])
     ahead.take(0, 22, 23, [None])
-    assert ahead.nbytes == 0 and not ahead._arrays and not ahead._kept
+    assert ahead.nbytes == 0 and not ahead._slices and not ahead._kept
 
 
 @pytest.mark.parametrize("stride", [2, 3])
@@ -237,24 +253,3 @@ def test_the_first_fetch_takes_few_rows_ahead_and_the_cap_doubles(plan):
         caps.append(min(len(later), len(every[every > k])))
         assert len(later) <= min(MAX_LATER, FIRST_LATER << k)
     assert caps[0] <= FIRST_LATER
-
-
-def test_rows_of_a_decode_are_copied_out_narrow_where_their_values_fit():
-    from mds.executor.catalog.early_rows import narrowed
-
-    decode = np.arange(1000, dtype=np.int32) * 60  # values up to 59,940: fit uint16
-    wide = np.array([5, 70_000, 9, 11], dtype=np.int32)
-    rows = [decode[10:20], decode[500:510], "text", wide[1:2], decode[900:901]]
-    out = narrowed(rows)
-    for got, want in zip(out, rows, strict=True):
-        if isinstance(want, str):
-            assert got is want
-            continue
-        assert np.array_equal(got.astype(np.int64), want.astype(np.int64))
-    assert {out[k].dtype for k in (0, 1, 4)} == {np.dtype(np.uint16)}
-    assert out[0].base is out[1].base is out[4].base  # one array of those rows alone
-    assert out[0].base.nbytes == 21 * 2 and out[0].base is not decode
-    # its value needs 4 bytes: the row is copied out at its width
-    assert out[3].dtype == np.int32 and out[3].base is not wide
-    whole = np.array([70_000, 2, 3], dtype=np.int32)
-    assert narrowed([whole[0:3]])[0].base is whole  # no smaller than the decode: kept as is

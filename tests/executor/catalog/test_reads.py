@@ -63,10 +63,10 @@ def test_with_threads_the_first_bad_file_of_a_step_is_the_error_and_at_its_step(
     real = parquet_reader.ParquetReader.fetch
     bad = {"d/f03.parquet", "d/f07.parquet"}
 
-    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None, rent=False):
+    def fetch(self, file_rows, offsets=None, lengths=None, keep=True, pages=None, rent=False, **kw):
         if any(str(self.path).endswith(b) for b in bad):
             raise SourceDataError(f"{self.display}: unreadable")
-        return real(self, file_rows, offsets, lengths, keep, pages, rent)
+        return real(self, file_rows, offsets, lengths, keep, pages, rent, **kw)
 
     monkeypatch.setattr(parquet_reader.ParquetReader, "fetch", fetch)
     outcomes = []

@@ -24,6 +24,7 @@ from reader_helpers import (
 import mds.executor.readers.parquet as parquet_reader
 from mds.core import metacache
 from mds.core.lru import LRU
+from mds.core.row_slices import RowSlices
 from mds.errors import SourceDataError
 from mds.formats.parquet import pages as parquet_pages
 from mds.planner.index.parquet import group_offsets
@@ -414,6 +415,26 @@ def test_parquet_rows_located_by_values_are_read_from_pages_where_sparse(tmp_pat
     assert not reader.page_groups(third, offsets[third], lengths[third])
     assert_payloads_equal(reader.fetch(third, offsets[third], lengths[third]), [rows[9]])
     assert sorted(paged) == [0, 0, 2] and whole == [3, 0]
+    reader.close()
+
+
+def test_parquet_rows_read_narrow_come_as_one_array_of_uint16(tmp_path, monkeypatch):
+    """With `narrow` (a read that takes rows ahead) rows read from pages come as one
+    RowSlices, uint16 where every value fits (here all, under 900), rows decoded whole
+    copied in beside them; the values are a wide read's."""
+    monkeypatch.setenv("MDS_PAGE_READS", "on")
+    rows, offsets, lengths, reader = _located_file(tmp_path / "t.parquet", 200, 50, 3)
+    ask = np.array([3, 120, 7, *range(150, 190), 3])  # pages of groups 0 and 2; 3 decoded
+    got = reader.fetch(ask, offsets[ask], lengths[ask], narrow=True)
+    assert isinstance(got, RowSlices) and got.values.dtype == np.uint16
+    assert_payloads_equal(list(got), [rows[i] for i in ask])
+    assert_payloads_equal(got[2:], [rows[i] for i in ask[2:]])
+    one = np.array([9, 5, 40, 5])  # one group's rows, all from pages, in the order asked
+    for narrow in (True, False):
+        got = reader.fetch(one, offsets[one], lengths[one], rent=True, narrow=narrow)
+        assert isinstance(got, RowSlices)
+        assert got.values.dtype == (np.uint16 if narrow else np.int32)
+        assert_payloads_equal(list(got), [rows[i] for i in one])
     reader.close()
 
 

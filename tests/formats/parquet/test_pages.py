@@ -110,6 +110,46 @@ def test_rows_from_pages_are_the_rows_pyarrow_decodes(
 
 
 @settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    writer=WRITERS,
+    dtype=st.sampled_from([pa.int32(), pa.int64()]),
+    vocab=st.sampled_from([1, 300, 65_535, 65_536, 65_537, 70_000, 1 << 40]),
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=120),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_rows_read_narrow_are_the_rows_pyarrow_decodes_at_two_bytes_where_they_fit(
+    tmp_path, writer, dtype, vocab, lengths, seed, data
+):
+    """`narrow`: the same values as pyarrow's whole-chunk decode, as uint16 exactly where
+    every value asked fits (a dictionary cast before its indices are looked up, or the
+    values after), else at the column's width; rows asked in any order, some twice."""
+    rng = np.random.default_rng(seed)
+    vocab = min(vocab, 2**31 - 1) if dtype == pa.int32() else vocab
+    values = rng.integers(0, vocab, sum(lengths))
+    if rng.random() < 0.3:
+        values = np.sort(values)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
+    fd, meta, table = _file(tmp_path, pa.table({"t": lists}), **writer)
+    lay = _layout(meta, table)
+    for g, starts, counts, rows in _groups(meta, table.column("t")):
+        ask = np.array(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=30)))
+        got = parquet_pages.read_rows(fd, lay, g, starts[ask], counts[ask], narrow=True)
+        wide = parquet_pages.read_rows(fd, lay, g, starts[ask], counts[ask])
+        assert got is not None and wide is not None and len(got) == len(ask)
+        wants = [rows[r].values.to_numpy() for r in ask.tolist()]
+        fits = all(w.max() <= 65_535 for w in wants)
+        event(f"fits uint16: {fits}")
+        assert got.values.dtype == (np.uint16 if fits else wants[0].dtype)
+        for v, w, x in zip(got, wants, wide, strict=True):
+            assert v.tobytes() == w.astype(v.dtype).tobytes() and np.array_equal(v, w)
+            assert x.dtype == w.dtype and x.tobytes() == w.tobytes()
+
+
+@settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
@@ -141,11 +181,14 @@ def test_pages_with_nulls_or_empty_lists_give_none_or_the_right_rows(tmp_path, w
         starts = np.cumsum(counts) - counts
         ask = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=10)))
         got = parquet_pages.read_rows(fd, lay, g, starts[ask], counts[ask])
+        narrow = parquet_pages.read_rows(fd, lay, g, starts[ask], counts[ask], narrow=True)
+        assert (got is None) == (narrow is None)
         if got is None:
             continue
-        for r, v in zip(ask.tolist(), got, strict=True):
+        assert narrow.values.dtype == np.uint16  # token ids under 1000
+        for r, v, n in zip(ask.tolist(), got, narrow, strict=True):
             assert group[r] is not None and None not in group[r]
-            assert v.tolist() == group[r]
+            assert v.tolist() == n.tolist() == group[r]
 
 
 @pytest.mark.parametrize(
@@ -205,6 +248,22 @@ def test_damaged_pages_give_none_or_rows_of_the_asked_lengths(tmp_path, writer):
         else:
             assert [len(v) for v in got] == lengths[ask].tolist()
     assert declined > 0
+
+
+@pytest.mark.parametrize("page_size", [64, 1 << 20])  # values over many pages, or one
+def test_ranges_that_overlap_are_read_in_their_order(tmp_path, page_size):
+    """Ranges of values that overlap (no two rows of a file do; a damaged plan's could) are
+    decoded in the order asked, not as one stretch a page."""
+    values = np.arange(500, dtype=np.int64) % 97
+    lists = pa.ListArray.from_arrays(pa.array([0, 250, 500], pa.int32()), pa.array(values))
+    fd, meta, table = _file(tmp_path, pa.table({"t": lists}), data_page_size=page_size)
+    lay = _layout(meta, table)
+    starts, counts = np.array([300, 10, 20, 10]), np.array([150, 30, 290, 30])
+    for narrow in (False, True):
+        got = parquet_pages.read_rows(fd, lay, 0, starts, counts, narrow=narrow)
+        assert got is not None
+        for v, a, n in zip(got, starts.tolist(), counts.tolist(), strict=True):
+            assert v.tolist() == values[a : a + n].tolist()
 
 
 def test_offsets_beyond_the_group_are_declined(tmp_path):

@@ -225,11 +225,13 @@ def test_ranges() -> None:
     assert got.tolist() == [5, 6, 9, 10, 11]
 
 
+@pytest.mark.parametrize("few", [0, 1000])  # ranges cut with array operations, or one by one
 @pytest.mark.parametrize("width", [8, 16])
-def test_full_bit_packed_runs_are_read_by_arithmetic_alike(width, monkeypatch):
-    """Whole-byte indices in runs of the most groups a one-byte header holds are cut from a
-    2-D view (`_full_runs`); the header walk gives the same values, and any other stream
+def test_full_bit_packed_runs_are_read_by_arithmetic_alike(width, few, monkeypatch):
+    """Whole-byte indices in runs of the most groups a one-byte header holds are cut by
+    arithmetic (`_full_runs`); the header walk gives the same values, and any other stream
     (a shorter run before the last value asked, too few bytes) is left to the walk."""
+    monkeypatch.setattr(rle, "_FEW_RANGES", few)
     rng = np.random.default_rng(width)
     run, dtype = 63 * 8, np.dtype(f"<u{width // 8}")
     values = rng.integers(0, 1 << width, 6 * run).astype(dtype)

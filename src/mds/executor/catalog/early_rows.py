@@ -17,19 +17,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
 from mds.core.planfile import RankChunk
+from mds.core.row_slices import RowSlices
 from mds.errors import PlanError
 
-__all__ = ["Later", "Lookahead", "narrowed"]
+__all__ = ["Later", "Lookahead"]
 
 BYTES_PER_TOKEN = 4
 _PAYLOAD_HEADER = 112  # a kept array's bytes beyond its tokens (`_payload_bytes`)
-_U16 = int(np.iinfo(np.uint16).max)
+# A row kept of a read's RowSlices (`Lookahead.keep`): its dict entry, key and code; and
+# the read's values beyond their bytes: the array object and its entry in `_slices`.
+_SLICE_ROW = 112
+_SLICES_HEADER = 256
+# A kept row's code: (id of its read's values << 2 * _BOUND) | (its first value << _BOUND) |
+# the end of its values, so taking it costs integer operations and one slice.
+_BOUND = 40
+_BOUND_MASK = (1 << _BOUND) - 1
 _MAX_BLOCKS = 64  # blocks held in the window at most, however small they are
 MAX_LATER = 256  # later rows taken with one decode at most
 FIRST_LATER = 16  # ... and with the first fetch's decodes; the cap doubles each fetch
@@ -103,9 +110,12 @@ class Lookahead:
         self.max_bytes, self.stride, self.next_block = max_bytes, stride, next_block
         self.nbytes = 0
         self._window: list[_Block] = []
-        # rank-wide index -> (payload, bytes it holds of its own, id of the array it is a view of)
-        self._kept: dict[int, tuple[Any, int, int | None]] = {}
-        self._arrays: dict[int, list[int]] = {}  # such an array's id -> [rows kept, its bytes]
+        # rank-wide index -> (payload, bytes it holds), or the code of a row of a read's
+        # RowSlices (`keep`)
+        self._kept: dict[int, tuple[Any, int] | int] = {}
+        # the id of such a read's values -> [the values, rows of them kept, bytes they hold]
+        self._slices: dict[int, list] = {}
+        self._slices_made = 0
         self._next = 0  # rank-wide index after the last sample taken
         self._fetches = 0  # since the window started
         self._ended = False  # the window's last block is the plan's last
@@ -114,7 +124,7 @@ class Lookahead:
 
     def clear(self) -> None:
         self._window, self._kept, self.nbytes, self._next, self._fetches = [], {}, 0, 0, 0
-        self._arrays = {}
+        self._slices = {}
         self._ended = False
         self._horizon_at, self._touched = (-1, -1), set()
 
@@ -184,7 +194,7 @@ class Lookahead:
         worker's micro-batches) are dropped."""
         first = base + lo
         if first < self._next:  # a seek back: nothing kept is known to be wanted
-            self._kept, self._arrays, self.nbytes, self._fetches = {}, {}, 0, 0
+            self._kept, self._slices, self.nbytes, self._fetches = {}, {}, 0, 0
         elif first - self._next <= 4 * (hi - lo) + 64:
             for g in range(self._next, first):
                 if g in self._kept:
@@ -195,14 +205,22 @@ class Lookahead:
         self._next = base + hi
         self._fetches += 1
         missing = []
-        pop, freed = self._kept.pop, 0
+        pop, slices, freed = self._kept.pop, self._slices, 0
         for j in range(lo, hi):
             kept = pop(base + j, None)
             if kept is None:
                 missing.append(j)
+            elif type(kept) is int:
+                held = slices[kept >> 2 * _BOUND]
+                out[j - lo] = held[0][(kept >> _BOUND) & _BOUND_MASK : kept & _BOUND_MASK]
+                held[1] -= 1
+                freed += _SLICE_ROW
+                if not held[1]:
+                    del slices[kept >> 2 * _BOUND]
+                    freed += held[2]
             else:
                 out[j - lo] = kept[0]
-                freed += kept[1] if kept[2] is None else self._freed(kept)
+                freed += kept[1]
         self.nbytes -= freed
         return np.array(missing, dtype=np.int64)
 
@@ -276,88 +294,54 @@ class Lookahead:
             complete=complete,
         )
 
-    def keep(self, index: list[int], payloads: list[Any]) -> None:
+    def keep(self, index: list[int], payloads: list[Any] | RowSlices) -> None:
         """Keep the payloads of rank-wide samples `index`, in order, while the budget lasts.
 
-        Rows that are views of one array (read from Parquet pages, or copied out of a
-        decode by `narrowed`) keep it alive while any of them does: it is counted whole,
-        with the first of its rows kept, until the last is let go."""
-        kept, arrays, left = self._kept, self._arrays, self.max_bytes - self.nbytes
+        Rows of a RowSlices (read from Parquet pages) keep its values alive while any of
+        them is kept: they are counted whole, with the first of its rows kept, until the
+        last is let go; each row kept costs a dict entry and an integer saying where its
+        values are, no array of its own until it is taken. Any other array kept holds only
+        its own bytes (a view is copied)."""
+        left = self.max_bytes - self.nbytes
+        if isinstance(payloads, RowSlices):
+            values = payloads.values
+            whole = values.nbytes + _SLICES_HEADER
+            n = 0 if left < whole + _SLICE_ROW else min(len(index), (left - whole) // _SLICE_ROW)
+            if n:
+                assert len(values) <= _BOUND_MASK
+                self._slices_made += 1
+                top = self._slices_made << 2 * _BOUND
+                starts, ends = payloads.starts[:n].tolist(), payloads.ends[:n].tolist()
+                codes = [top | a << _BOUND | b for a, b in zip(starts, ends, strict=True)]
+                self._slices[self._slices_made] = [values, n, whole]
+                self._kept.update(zip(index[:n], codes, strict=True))
+                self.nbytes += whole + n * _SLICE_ROW
+            return
+        kept = self._kept
         for g, payload in zip(index, payloads, strict=True):
             if type(payload) is np.ndarray:
-                owner = payload.base
-                if type(owner) is np.ndarray:
-                    key = id(owner)  # unique while a view keeps the array alive
-                    held = arrays.get(key)
-                    extra = owner.nbytes if held is None else 0
-                    if _PAYLOAD_HEADER + extra > left:
-                        break
-                    if held is None:
-                        held = arrays[key] = [0, extra]
-                    held[0] += 1
-                    kept[g] = (payload, _PAYLOAD_HEADER, key)
-                    left -= _PAYLOAD_HEADER + extra
-                    continue
+                if payload.base is not None:
+                    payload = payload.copy()  # not to hold the array it is a view of
                 size = payload.nbytes + _PAYLOAD_HEADER  # `_payload_bytes`, without the call
             else:
                 size = _payload_bytes(payload)
             if size > left:
                 break
-            kept[g] = (payload, size, None)
+            kept[g] = (payload, size)
             left -= size
         self.nbytes = self.max_bytes - left
 
-    def _freed(self, entry: tuple[Any, int, int | None]) -> int:
-        """Bytes no longer held once kept `entry` is let go: its own, and with the last row
-        kept from an array, the array's."""
-        _payload, size, key = entry
-        if key is not None:
-            held = self._arrays[key]
-            held[0] -= 1
-            if not held[0]:
-                del self._arrays[key]
-                size += held[1]
-        return size
-
     def _drop(self, g: int) -> None:
-        self.nbytes -= self._freed(self._kept.pop(g))
-
-
-def narrowed(payloads: list[Any]) -> list[Any]:
-    """`payloads` (a read's rows, this step's and those read ahead) with the integer rows
-    that are views of a larger array replaced by views of one array per such array holding
-    only them, as uint16 where all their values fit (token ids of a vocabulary under
-    65,536), else at their width. The decode is then freed at once, not when the last row
-    read ahead is used; batches widen token ids to int64 whatever their width
-    (`batch.compact`)."""
-    first = payloads[0] if payloads else None
-    owner = first.base if type(first) is np.ndarray else None
-    if type(owner) is np.ndarray and all(
-        type(p) is np.ndarray and p.base is owner for p in payloads
-    ):
-        groups = [list(range(len(payloads)))]  # the common case: one decode's rows
-    else:
-        by_owner: dict[int, list[int]] = {}
-        for k, payload in enumerate(payloads):
-            if type(payload) is np.ndarray and type(payload.base) is np.ndarray:
-                by_owner.setdefault(id(payload.base), []).append(k)
-        groups = list(by_owner.values())
-    out = list(payloads)
-    for ks in groups:
-        owner = payloads[ks[0]].base
-        rows = [payloads[k] for k in ks]
-        if owner.dtype.kind not in "iu" or rows[0].ndim != 1:
-            continue
-        values = np.concatenate(rows)
-        if values.dtype.itemsize > 2 and values.size and 0 <= values.min():
-            if values.max() <= _U16:
-                values = values.astype(np.uint16)
-        if values.nbytes >= owner.nbytes:
-            continue  # no smaller than what it would keep
-        cuts = list(accumulate(len(r) for r in rows))
-        for k, lo, hi in zip(ks, [0, *cuts[:-1]], cuts, strict=True):
-            out[k] = values[lo:hi]
-    return out
+        kept = self._kept.pop(g)
+        if type(kept) is not int:
+            self.nbytes -= kept[1]
+            return
+        held = self._slices[kept >> 2 * _BOUND]
+        held[1] -= 1
+        self.nbytes -= _SLICE_ROW
+        if not held[1]:
+            del self._slices[kept >> 2 * _BOUND]
+            self.nbytes -= held[2]
 
 
 def _payload_bytes(payload: Any) -> int:

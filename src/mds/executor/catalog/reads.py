@@ -21,7 +21,7 @@ from mds.core import storage
 from mds.core.object_ranges import RangeFile, prefetch
 from mds.core.planfile import RankChunk
 from mds.errors import MdsError, PlanError, SourceDataError
-from mds.executor.catalog.early_rows import Later, Lookahead, narrowed
+from mds.executor.catalog.early_rows import Later, Lookahead
 from mds.executor.catalog.first_reads import FirstReads
 from mds.executor.catalog.open_files import OpenFiles
 from mds.executor.catalog.plan_sources import PlanSources, Source
@@ -128,7 +128,7 @@ class SampleReads:
         for (group, later, _r), read in zip(reads, results, strict=True):
             if isinstance(read, Exception):
                 raise read  # the first file's problem, in file order, whichever thread met it
-            for j, payload in zip(group.tolist(), read, strict=False):
+            for j, payload in zip(group.tolist(), read[: len(group)], strict=False):
                 payloads[j - lo] = payload
             if later is not None and len(read) > len(group):
                 ahead.keep(later.index.tolist(), read[len(group) :])  # type: ignore[union-attr]
@@ -265,13 +265,18 @@ class SampleReads:
                 # a memory map: a truncated file would fault (SIGBUS) where it is read
                 self.checks.recheck(s, fid, entry, reader)
             if s.fmt == "parquet":
+                # rows read ahead from pages are kept as one array, narrow where they fit
                 out = reader.fetch(  # type: ignore[call-arg]
-                    rows, offsets, lengths, keep=_cache_groups(later), pages=pages, rent=_rent(later)
+                    rows,
+                    offsets,
+                    lengths,
+                    keep=_cache_groups(later),
+                    pages=pages,
+                    rent=_rent(later),
+                    narrow=_rent(later),
                 )
             else:
                 out = reader.fetch(rows, offsets, lengths)
-            if later is not None and len(later):
-                out = narrowed(out)
             # after the read: a file rewritten before or while it was read shows here, and
             # its bytes are not handed on (an object's are checked by `recheck_objects`)
             self.checks.recheck(s, fid, entry, reader)

@@ -125,13 +125,13 @@ class TokenIds:
         rec = block.fetch
         planned = rec.tokens[lo:hi].tolist()
         cut = self.truncate_to
+        most = max(planned, default=0) if cut is None else cut  # no planned length is cut
         out = []
         for k, payload in enumerate(payloads):
             if (
                 type(payload) is np.ndarray
+                and len(payload) == planned[k] <= most
                 and payload.dtype.kind in "iu"
-                and len(payload) == planned[k]
-                and (cut is None or planned[k] <= cut)
             ):
                 out.append(payload)
                 continue

@@ -20,6 +20,7 @@ from mds.core import object_ranges as ranges
 from mds.core.lru import LRU
 from mds.core.memory_budget import MemoryBudget, Reservation, TooLarge
 from mds.core.object_read_ahead import ReadAhead
+from mds.core.row_slices import RowSlices
 from mds.errors import SourceDataError
 from mds.executor.readers.base import ColumnReader, Handle, ImageText, Payload
 from mds.executor.readers.base import TextBlock as _TextBlock
@@ -352,13 +353,15 @@ class ParquetReader(ColumnReader):
         keep: bool = True,
         pages=None,
         rent: bool = False,
-    ) -> list[Payload]:
+        narrow: bool = False,
+    ) -> list[Payload] | RowSlices:
         """Payloads of `file_rows`. Given where each row's values start in its row group and
         how many there are (`offsets`, `lengths`: a token list the plan locates by values),
         rows that are a small part of an uncached row group are read from its pages
         (`parquet_pages`; an object's from the bytes staged for the fetch); the rest decode
-        row groups with pyarrow. `pages`: what `page_groups` just said for the same rows;
-        `rent`: see `_paged`."""
+        row groups with pyarrow. Where any row is read from pages, all of them come as one
+        RowSlices (`narrow`: as uint16 where they fit; rows decoded whole are copied in).
+        `pages`: what `page_groups` just said for the same rows; `rent`: see `_paged`."""
         rows = _check_rows(file_rows, int(self.starts[-1]), self.display)
         if pages is None:
             pages = self._paged(rows, lengths, keep, rent) if offsets is not None else {}
@@ -366,7 +369,7 @@ class ParquetReader(ColumnReader):
             return self._decoded(rows, keep)
         lay = self._meta.layout(self.column)
         source = self._source.fileno() if self._local else self.object
-        out: list = [None] * len(rows)
+        parts: list[tuple[np.ndarray, Any]] = []
         done = np.zeros(len(rows), dtype=bool)
         most = self._budget.buffer if self._budget is not None else parquet_pages.WHOLE_CHUNK
         for i, pick in pages.items():
@@ -385,21 +388,23 @@ class ParquetReader(ColumnReader):
                         lengths[pick],
                         self.display,
                         most,
+                        narrow,
                     )
                 finally:
                     if ahead is not None:
                         ahead.close()
             if values is not None:  # else decoded whole below, where problems are named
-                for k, v in zip(pick.tolist(), values, strict=True):
-                    out[k] = v
+                parts.append((pick, values))
                 done[pick] = True
                 key = (self.column, i)
                 self._meta.paged[key] = self._meta.paged.get(key, 0) + 1
         rest = np.flatnonzero(~done)
         if len(rest):
-            for k, v in zip(rest.tolist(), self._decoded(rows[rest], keep), strict=True):
-                out[k] = v
-        return out
+            parts.append((rest, self._decoded(rows[rest], keep)))
+        if len(parts) == 1 and len(parts[0][0]) == len(rows):
+            return parts[0][1]  # one row group's rows (or none from pages), as asked
+        joined = RowSlices.joined(parts, len(rows))
+        return joined.narrow() if narrow else joined
 
     def _read_ahead(
         self, lay: parquet_pages.Layout, i: int, offsets, lengths, most: int

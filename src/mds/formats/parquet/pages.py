@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mds.core.row_slices import RowSlices
 from mds.formats.parquet import footer, page_reads, rle
 from mds.formats.parquet.compression import PREFIX_DECODERS, decompress, levels_end
 from mds.formats.parquet.footer import Chunk, chunk_span, leaves
@@ -68,6 +69,10 @@ _MAX_PAGE = 256 << 20  # a (damaged) header's page size beyond this is left to p
 # more than decompressing the whole page in native code (140 against 62 us through the
 # levels of a 1 MB page of token ids).
 _PREFIX_CODECS = {"gzip": 2, "zstd": 4}
+# A read `narrow` casts the dictionary (not the values it gives) where it asks for at least
+# 1/_NARROW_DICTIONARY as many values as the dictionary holds.
+_NARROW_DICTIONARY = 4
+_U16 = int(np.iinfo(np.uint16).max)
 
 
 class Source(Protocol):
@@ -147,7 +152,8 @@ def fetch_rows(
     counts: np.ndarray,
     file: str,
     most: int = WHOLE_CHUNK,
-) -> list[np.ndarray] | None:
+    narrow: bool = False,
+) -> RowSlices | None:
     """`read_rows` as MDS_PAGE_READS says (`page_reads`): `on`, read_rows; `off`, None, so
     the caller decodes the row group with pyarrow; `check`, read_rows compared with pyarrow's
     decode of file rows `rows` (whose values the plan says are [starts, starts + counts) of
@@ -155,15 +161,15 @@ def fetch_rows(
     setting = page_reads.mode()
     if setting == "off":
         return None
-    got = read_rows(source, lay, group, starts, counts, most)
+    got = read_rows(source, lay, group, starts, counts, most, narrow)
     if setting == "check" and got is not None:
         _check(source, lay, group, np.asarray(rows, dtype=np.int64), got, file)
     return got
 
 
-def _check(source, lay: Layout, group: int, rows: np.ndarray, got: list, file: str) -> None:
+def _check(source, lay: Layout, group: int, rows: np.ndarray, got, file: str) -> None:
     """SourceDataError unless each of `got` is file row rows[k] as pyarrow decodes it: the
-    same values of the same dtype."""
+    same values, of the same dtype or (read `narrow`) uint16."""
     try:
         lists = _pyarrow_group(source, lay, group)
     except (OSError, pa.ArrowException) as exc:  # where the page reader read rows
@@ -176,7 +182,8 @@ def _check(source, lay: Layout, group: int, rows: np.ndarray, got: list, file: s
         if valid[r]:
             a, b = int(offsets[r]), int(offsets[r + 1])
             want = lists.values.slice(a, b - a).to_numpy(zero_copy_only=False)
-            if got[k].dtype == want.dtype and np.array_equal(got[k], want):
+            row = got[k]
+            if row.dtype in (want.dtype, np.uint16) and np.array_equal(row, want):
                 continue
         raise page_reads.mismatch(file, group, lay.column, int(rows[k]), "token ids")
 
@@ -233,9 +240,13 @@ def read_rows(
     starts: np.ndarray,
     counts: np.ndarray,
     most: int = WHOLE_CHUNK,
-) -> list[np.ndarray] | None:
-    """The values [starts[k], starts[k] + counts[k]) of row group `group`'s leaf, one array
-    per k (views of one array), or None where the pages cannot be read here. `source`: the
+    narrow: bool = False,
+) -> RowSlices | None:
+    """The values [starts[k], starts[k] + counts[k]) of row group `group`'s leaf, row k of
+    the RowSlices (one array, in order), or None where the pages cannot be read here. With
+    `narrow` the values are uint16 where every one of them fits, else at the leaf's width:
+    a dictionary whose values all fit is cast before its indices are looked up, so rows of
+    a dictionary page are decoded straight into uint16. `source`: the
     file descriptor of a local file, or an object's reader (`read_at`, as ranges.RangeFile:
     its errors are raised as they come). A chunk of at most `most` bytes is read at once,
     a larger one page by page: only the pages holding the values asked, their headers and
@@ -250,12 +261,29 @@ def read_rows(
     # An empty row is an empty list whose page holds a level and no value: left to pyarrow.
     if starts.min() < 0 or counts.min() < 1 or int(ends.max()) > chunk.num_values:
         return None
+    # The ranges in the order of their values, each once: the values of a page then fill
+    # one stretch of the output (a slice, not an index a value), which is what the rows'
+    # slices point into. Ranges that overlap (no two rows share values) keep their order.
+    order = np.argsort(starts, kind="stable")
+    ordered_starts, ordered_ends = starts[order], ends[order]
+    new = np.ones(len(order), dtype=bool)
+    np.not_equal(ordered_starts[1:], ordered_starts[:-1], out=new[1:])
+    first = np.cumsum(new) - 1  # each range's place among the distinct ones
+    lo, hi = ordered_starts[new], ordered_ends[new]
+    ordered = bool((hi[:-1] <= lo[1:]).all() and (ordered_ends == hi[first]).all())
     try:
-        out = _decode(source, lay, chunk, starts, ends, most)
+        if ordered:
+            out = _decode(source, lay, chunk, lo, hi, most, narrow, ordered=True)
+            at = np.cumsum(hi - lo) - (hi - lo)
+            row_starts = np.empty(len(starts), dtype=np.int64)
+            row_starts[order] = at[first]
+            rows = RowSlices(out, row_starts, row_starts + counts)
+        else:
+            out = _decode(source, lay, chunk, starts, ends, most, narrow)
+            rows = RowSlices.of_lengths(out, counts)
     except (Unsupported, Truncated):
         return None
-    cuts = np.cumsum(counts).tolist()
-    return [out[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+    return rows.narrow() if narrow else rows
 
 
 def _read_at(source: int | Source, n: int, offset: int) -> memoryview:
@@ -297,11 +325,21 @@ def _whole(source: int | Source, chunk: Chunk, most: int = WHOLE_CHUNK) -> memor
 
 
 def _decode(
-    source, lay: Layout, chunk: Chunk, starts: np.ndarray, ends: np.ndarray, most: int
+    source,
+    lay: Layout,
+    chunk: Chunk,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    most: int,
+    narrow: bool = False,
+    ordered: bool = False,
 ):
     """The values of ranges [starts, ends) concatenated, reading the pages that hold them
     (and the headers of those before), the whole chunk at once if at most `most` bytes and
-    the values asked reach past its first half (`_SHORT`)."""
+    the values asked reach past its first half (`_SHORT`). `narrow`: a dictionary is cast
+    to uint16 if its values fit and the values asked are not few beside it. `ordered`: the
+    ranges are sorted and disjoint, so each page's values asked are one stretch of the
+    output."""
     data = None if _short(chunk, ends) else _whole(source, chunk, most)
 
     def part(pos: int, n: int, body: bool = False) -> memoryview:
@@ -346,7 +384,9 @@ def _decode(
         pos += size + stored
         if kind == DICTIONARY_PAGE:
             dictionary = _dictionary(fields, body, chunk.codec, lay.dtype)
-            if chunk.codec is None:
+            if narrow and _NARROW_DICTIONARY * int(lengths.sum()) >= len(dictionary):
+                dictionary = _narrow(dictionary)
+            if chunk.codec is None and dictionary.dtype == lay.dtype:
                 dictionary = dictionary.copy()  # not a view of the page's buffer
         elif kind in (DATA_PAGE, DATA_PAGE_V2):
             found = None
@@ -364,8 +404,6 @@ def _decode(
                 return _values(encoding, values, starts, ends, dictionary, lay.dtype, n)
             inside = hi > lo
             if inside.any():
-                if out is None:
-                    out = np.empty(int(lengths.sum()), lay.dtype)
                 lo, hi = lo[inside], hi[inside]
                 if found is not None:
                     got = picked
@@ -373,7 +411,15 @@ def _decode(
                     got = _values(
                         encoding, values, lo - first, hi - first, dictionary, lay.dtype, n
                     )
-                out[rle.ranges(placed[inside] + lo - starts[inside], hi - lo)] = got
+                if out is None:  # at the values' dtype: uint16 from a dictionary narrowed
+                    out = np.empty(int(lengths.sum()), got.dtype)
+                elif out.dtype != got.dtype:  # plain pages after a narrowed dictionary's
+                    out = out.astype(np.promote_types(out.dtype, got.dtype))
+                if ordered:
+                    at = int(placed[inside][0] + lo[0] - starts[inside][0])
+                    out[at : at + len(got)] = got
+                else:
+                    out[rle.ranges(placed[inside] + lo - starts[inside], hi - lo)] = got
             first += n
         elif kind != INDEX_PAGE:
             raise Unsupported(f"page type {kind}")
@@ -407,6 +453,13 @@ def _skipped(fields: dict, part, at: int, stored: int, starts, ends, first: int,
     if not rle.all_equal(levels[rep_bytes:], max_def.bit_length(), n, max_def):
         raise Unsupported("page holds a null or an empty list")
     return n
+
+
+def _narrow(dictionary: np.ndarray) -> np.ndarray:
+    """The dictionary as uint16 if every value fits, else as it is."""
+    if len(dictionary) and 0 <= dictionary.min() and dictionary.max() <= _U16:
+        return dictionary.astype(np.uint16)
+    return dictionary
 
 
 def _decompress(body: memoryview, size: int, codec: str | None) -> memoryview:
