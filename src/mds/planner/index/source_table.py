@@ -265,8 +265,8 @@ def merge_parts(
     one: consecutive files of one source, each scanned alone with the same schema, become one
     part of one frame, handed back with the run's first unit (the others' lists left empty).
     The task then sends one frame per run instead of one per file, and the driver assembles
-    a few large parts; the table is the same, and so is the type check, which reads a file
-    of such a part only where its types differ from the previous file's (they do not)."""
+    a few large parts. The table is the same, and so is the type check's verdict: a run's
+    first file stands for the others, which have its types."""
     merged: list[list[Part]] = [[] for _ in results]
     run: list[Part] = []
     at = source = None  # the run's unit and source

@@ -57,7 +57,8 @@ GROUP_SPREAD = 4
 # merge(items, results) -> results: what a task of several items hands back instead of their
 # results, one per item, in the same order. A caller folds runs of results into the first of
 # each (the others left empty) so that a task sends a few large objects, not one per item;
-# the caller must take either form, as a task of one item is never merged.
+# the caller must take either form, as an engine that does not group (the local pool)
+# never merges.
 Merge = Callable[[list[tuple], list[Any]], list[Any]]
 
 
