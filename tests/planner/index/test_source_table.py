@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from builders import config_file, data_file, write_jsonl
+from builders import config_file, data_file, snapshot, source, write_jsonl
 
 from mds.errors import SourceDataError
 from mds.planner.index import source_table
@@ -126,3 +126,98 @@ def test_rows_and_tokens_per_file():
     table = pl.DataFrame({"file_id": [0, 0, 2, 2, 2], "n_tokens": [1, 2, 3, 4, 5]})
     rows, tokens = per_file_counts(table, 4)
     assert rows.tolist() == [2, 0, 3, 0] and tokens.tolist() == [3, 0, 12, 0]
+
+
+def _merge_corpus(root: Path, langs: list) -> None:
+    """Tiny Parquet files, one per entry of `langs` (its `lang` column: a string, an
+    integer, or None for an all-null column of Arrow's null type), and a JSONL source."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "p").mkdir(parents=True)
+    for i, lang in enumerate(langs):
+        column = pa.nulls(3) if lang is None else pa.array([lang] * 3)
+        pq.write_table(pa.table({"n": [1 + i, 2, 3], "lang": column}), root / f"p/f{i:02d}.parquet")
+    for i in range(3):
+        write_jsonl(root / f"j/{i}.jsonl", [{"n": 4 + i}, {"n": 5}])
+    config_file(
+        root,
+        '[[source]]\nname = "p"\npath = "p/*.parquet"\ncount = "n"\nkeep = ["lang"]\n\n'
+        '[[source]]\nname = "j"\npath = "j/*.jsonl"\ncount = "n"\n',
+    )
+
+
+def _grouped_locally(monkeypatch) -> None:
+    """The local pool groups units into tasks as Ray does (merge_parts included)."""
+    from mds.planner.runtime import engine
+
+    monkeypatch.setattr(engine, "GROUP_ITEMS", 5)
+    monkeypatch.setattr(engine.LocalEngine, "groups_units", True)
+
+
+def test_merged_parts_of_a_grouped_task_give_the_index_of_one_part_per_file(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # a null-typed column between typed ones splits a run; the JSONL units follow in a task
+    _merge_corpus(tmp_path, ["en", "de", "fr", None, "en", "de", "xx", "en", None, "fr", "de"])
+    _build(tmp_path, output=tmp_path / "alone", workers=2)
+    with monkeypatch.context() as patched:
+        _grouped_locally(patched)
+        _build(tmp_path, output=tmp_path / "grouped", workers=2)
+        assert snapshot(tmp_path / "grouped") == snapshot(tmp_path / "alone")
+        # a re-index scans one changed file between reused ones
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"n": [9], "lang": ["zz"]}), tmp_path / "p/f05.parquet")
+        _build(tmp_path, output=tmp_path / "grouped", workers=2)
+    _build(tmp_path, output=tmp_path / "fresh", workers=2)
+    again, fresh = _manifest(tmp_path / "grouped"), _manifest(tmp_path / "fresh")
+    assert again["sources"] == fresh["sources"]
+    assert _table(tmp_path / "grouped", "p").equals(_table(tmp_path / "fresh", "p"))
+
+
+def test_type_drift_inside_a_grouped_task_names_the_files_of_a_local_run(
+    tmp_path: Path, monkeypatch
+) -> None:
+    _merge_corpus(tmp_path, ["en", None, "de", "fr", 7, "en", "de"])
+    with pytest.raises(SourceDataError) as alone:
+        _build(tmp_path, workers=2)
+    _grouped_locally(monkeypatch)
+    with pytest.raises(SourceDataError) as grouped:
+        _build(tmp_path, workers=2)
+    assert str(grouped.value) == str(alone.value)
+    assert str(alone.value).startswith("p/f04.parquet: column `lang` has type Int64 but String")
+
+
+def test_merge_parts_folds_runs_of_one_schema_into_their_first_unit() -> None:
+    from mds.planner.index.scan import ScanContext
+    from mds.planner.index.source_table import Part, merge_parts
+
+    a, b = (ScanContext(source(name=name, count="n")) for name in ("a", "b"))
+
+    def part(first: int, rows: int, dtype=pl.Int64, alone: bool = True) -> Part:
+        frame = pl.DataFrame({"x": [1] * rows}).cast({"x": dtype})
+        return Part(first, np.array([rows], dtype=np.int64), frame, alone=alone)
+
+    units = [(0, [], a), (1, [], a), (2, [], a), (4, [], a), (5, [], a), (0, [], b), (1, [], b)]
+    results = [
+        [part(0, 2)],
+        [part(1, 1)],
+        [part(2, 3, pl.String)],  # another schema
+        [part(4, 1)],  # file 3 is not in the task
+        [part(5, 2)],
+        [part(0, 1)],  # another source
+        [part(1, 4, alone=False)],  # a batch part stays as it is
+    ]
+    merged = merge_parts(units, results)
+    shape = [[(p.first, p.rows.tolist(), p.frame.height, p.alone) for p in ps] for ps in merged]
+    assert shape == [
+        [(0, [2, 1], 3, True)],
+        [],
+        [(2, [3], 3, True)],
+        [(4, [1, 2], 3, True)],
+        [],
+        [(0, [1], 1, True)],
+        [(1, [4], 4, False)],
+    ]

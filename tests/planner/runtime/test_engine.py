@@ -224,3 +224,25 @@ def test_a_grouped_map_hands_out_every_result_in_place(monkeypatch):
 
 def _twice(i: int) -> int:
     return 2 * i
+
+
+def _fold(items, results):
+    """A merge: each task's results summed into its first item's, the others 0."""
+    return [sum(results)] + [0] * (len(results) - 1)
+
+
+def test_a_grouped_map_hands_out_what_the_merge_made_of_each_task(monkeypatch):
+    from mds.planner.runtime import engine
+    from mds.planner.runtime.engine import EngineSpec, open_engine
+
+    monkeypatch.setattr(engine, "GROUP_ITEMS", 4)
+    items = [(i,) for i in range(10)]
+    with open_engine(EngineSpec(), 2) as pool:
+        # ungrouped (the local pool's own way): no task is merged
+        assert list(pool.map(_twice, items, size=lambda _: 1, merge=_fold)) == [
+            2 * i for i in range(10)
+        ]
+        monkeypatch.setattr(pool, "groups_units", True)
+        got = list(pool.map(_twice, iter(items), size=lambda _: 1, merge=_fold))
+    # tasks of items 0-3, 4-7, 8-9
+    assert got == [12, 0, 0, 0, 44, 0, 0, 0, 34, 0]

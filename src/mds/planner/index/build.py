@@ -55,6 +55,7 @@ from mds.planner.index.source_table import (
     Part,
     assemble,
     length_stats,
+    merge_parts,
     per_file_counts,
     reused_rows,
     scan_task,
@@ -375,8 +376,11 @@ def _build_locked(
 
             try:
                 # As they complete: parts are put in file order when a table is assembled.
-                # On Ray, runs of small units share a task (engine.groups), by their bytes.
-                scans = pool.map_unordered(scan_task, list(units()), size=_unit_bytes)
+                # On Ray, runs of small units share a task (engine.groups), by their bytes,
+                # which sends back its files' rows as a few parts (merge_parts), not one each.
+                scans = pool.map_unordered(
+                    scan_task, list(units()), size=_unit_bytes, merge=merge_parts
+                )
                 for i, parts in scans:
                     si, _, fs = tasks[i]
                     new_parts[si].extend(parts)

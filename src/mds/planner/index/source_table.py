@@ -34,6 +34,7 @@ __all__ = [
     "Part",
     "assemble",
     "length_stats",
+    "merge_parts",
     "nearest_ranks",
     "per_file_counts",
     "reused_rows",
@@ -69,8 +70,9 @@ class Part:
     """Rows of the consecutive files first, first+1, ... of a source, in file order.
 
     `rows` holds each file's row count. `alone` means each file was scanned alone (or, for
-    rows reused from the previous table, carries that table's types): its column types are
-    the file's own. A batch part's non-null column types hold for every file with a value."""
+    rows reused from the previous table, carries that table's types) and its column types
+    are every file's own: files scanned alone share a part only with one schema (see
+    merge_parts). A batch part's non-null column types hold for every file with a value."""
 
     first: int
     rows: np.ndarray
@@ -254,6 +256,54 @@ def scan_task(first: int, files: list[IndexedFile], ctx: ScanContext) -> list[Pa
         check_nesting(frame, ctx.spec.keep, f.data)
         parts.append(Part(first + i, np.array([frame.height], dtype=np.int64), frame))
     return parts
+
+
+def merge_parts(
+    units: list[tuple[int, list[IndexedFile], ScanContext]], results: list[list[Part]]
+) -> list[list[Part]]:
+    """The parts of a task of several scan units (engine.Merge), runs of them folded into
+    one: consecutive files of one source, each scanned alone with the same schema, become one
+    part of one frame, handed back with the run's first unit (the others' lists left empty).
+    The task then sends one frame per run instead of one per file, and the driver assembles
+    a few large parts. The table is the same, and so is the type check's verdict: a run's
+    first file stands for the others, which have its types."""
+    merged: list[list[Part]] = [[] for _ in results]
+    run: list[Part] = []
+    at = source = None  # the run's unit and source
+
+    def close() -> None:
+        if len(run) == 1:
+            merged[at].append(run[0])
+        elif run:
+            dropped = [p.dropped for p in run]
+            merged[at].append(
+                Part(
+                    run[0].first,
+                    np.concatenate([p.rows for p in run]),
+                    pl.concat([p.frame for p in run], how="vertical"),
+                    dropped=None if dropped[0] is None else np.concatenate(dropped),
+                )
+            )
+        run.clear()
+
+    for u, ((_, _, ctx), parts) in enumerate(zip(units, results, strict=True)):
+        for part in parts:
+            if not (
+                run
+                and part.alone
+                and source == ctx.spec.name
+                and part.first == run[-1].first + len(run[-1].rows)
+                and part.frame.schema == run[0].frame.schema
+                and (part.dropped is None) == (run[0].dropped is None)
+            ):
+                close()
+                at, source = u, ctx.spec.name
+            if not part.alone:
+                merged[u].append(part)  # a batch part: large already, its own type rules
+                continue
+            run.append(part)
+    close()
+    return merged
 
 
 def per_file_counts(table: pl.DataFrame, files: int) -> tuple[np.ndarray, np.ndarray]:

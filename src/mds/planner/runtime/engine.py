@@ -25,6 +25,7 @@ __all__ = [
     "GROUP_BYTES",
     "GROUP_ITEMS",
     "LocalEngine",
+    "Merge",
     "RayEngine",
     "check_address",
     "check_engine",
@@ -52,6 +53,13 @@ RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
 GROUP_BYTES = 32 << 20
 GROUP_ITEMS = 64
 GROUP_SPREAD = 4
+
+# merge(items, results) -> results: what a task of several items hands back instead of their
+# results, one per item, in the same order. A caller folds runs of results into the first of
+# each (the others left empty) so that a task sends a few large objects, not one per item;
+# the caller must take either form, as an engine that does not group (the local pool)
+# never merges.
+Merge = Callable[[list[tuple], list[Any]], list[Any]]
 
 
 def check_engine(value: Any, where: str) -> str:
@@ -116,10 +124,12 @@ class Engine:
         items: Iterable[tuple],
         window: int | None = None,
         size: Callable[[tuple], int] | None = None,
+        merge: Merge | None = None,
     ) -> Iterator[Any]:
         """fn(*item) per item, the results in item order. `size`: an item's input bytes; given,
-        an engine whose tasks are costly runs consecutive small items in one task."""
-        for _, result in self._grouped(fn, items, window, size, ordered=True):
+        an engine whose tasks are costly runs consecutive small items in one task. `merge`:
+        see Merge; applied to such a task's results where it runs."""
+        for _, result in self._grouped(fn, items, window, size, ordered=True, merge=merge):
             yield result
 
     def map_unordered(
@@ -128,10 +138,11 @@ class Engine:
         items: Iterable[tuple],
         window: int | None = None,
         size: Callable[[tuple], int] | None = None,
+        merge: Merge | None = None,
     ) -> Iterator[tuple[int, Any]]:
         """(position of the item, result) as tasks complete: a slow task does not hold the
-        others back. `size` as for map."""
-        return self._grouped(fn, items, window, size, ordered=False)
+        others back. `size` and `merge` as for map."""
+        return self._grouped(fn, items, window, size, ordered=False, merge=merge)
 
     def _grouped(
         self,
@@ -140,6 +151,7 @@ class Engine:
         window: int | None,
         size: Callable[[tuple], int] | None,
         ordered: bool,
+        merge: Merge | None = None,
     ) -> Iterator[tuple[int, Any]]:
         """_run over groups of items (see groups), their results handed out item by item."""
         if size is None or not self.groups_units:
@@ -148,7 +160,7 @@ class Engine:
         count = len(items) if isinstance(items, list | tuple) else None
         firsts: list[int] = []  # each group's first item position
         tasks = (
-            (fn, firsts.append(first) or group)
+            (fn, firsts.append(first) or group, merge)
             for first, group in groups(items, size, self.workers, count)
         )
         for g, results in self._run(_call_each, tasks, window, ordered):
@@ -286,9 +298,15 @@ def _call(fn: Callable[..., Any], args: tuple) -> Any:
     return fn(*args)
 
 
-def _call_each(fn: Callable[..., Any], items: list[tuple]) -> list[Any]:
-    """A task of several units: each run as the local pool runs it, the results in order."""
-    return [fn(*item) for item in items]
+def _call_each(fn: Callable[..., Any], items: list[tuple], merge: Merge | None) -> list[Any]:
+    """A task of several units: each run as the local pool runs it, the results in order
+    (merged, if the caller asked, before they leave the task)."""
+    results = [fn(*item) for item in items]
+    if merge is None:
+        return results
+    merged = merge(items, results)
+    assert len(merged) == len(items), "a merge hands back one result per item"
+    return merged
 
 
 def _missing(paths: list[tuple[str, str]]) -> tuple[str, list[str]]:
