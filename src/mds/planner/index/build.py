@@ -211,7 +211,7 @@ def _check_sources_outside(output: Path, discovered) -> None:
     inside = os.path.realpath(output) + os.sep
     for _, files in discovered:
         for f in files:
-            for path in (f.path, f.companion):
+            for path in (f.text, f.companion):
                 if path is not None and os.fspath(path).startswith(inside):
                     raise ConfigError(
                         f"-o {output} holds the source file {path}; choose another output"
