@@ -274,20 +274,34 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
     return summary
 
 
-def _hints(discovered, old_by_name: dict, mode: str, listed: dict) -> list[Hint]:
-    """Per discovered file, in order: its listed (size, mtime_ns) on an object store, and
-    what the previous index recorded of it (see reuse.fingerprint_file)."""
+def _known(discovered, old_by_name: dict, mode: str, listed: dict) -> tuple[list, list[Hint]]:
+    """Per discovered file, in order: its fingerprint answer (reuse.fingerprint_file's)
+    when the previous index recorded it with the size and mtime it has now (a local file's
+    from discovery's stat, an object's from the listing), else None; and for each of the
+    None ones, its Hint (listed (size, mtime_ns), what the previous index recorded)."""
+    fps: list = []
     hints: list[Hint] = []
+    prefix = f"{mode}:"
     for spec, files in discovered:
         old = old_by_name.get(spec.name)
         before = {
-            e["path"]: (e["size"], e["mtime_ns"], e["fingerprint"])
+            e["path"]: e
             for e in (old or {}).get("files", [])
-            if str(e.get("fingerprint", "")).startswith(f"{mode}:")
+            if str(e.get("fingerprint", "")).startswith(prefix)
         }
-        # a local file's (size, mtime_ns) from discovery's stat, an object's from the listing
-        hints.extend((listed.get(f.rel, f.signature), before.get(f.rel)) for f in files)
-    return hints
+        for f in files:
+            sig = listed.get(f.rel, f.signature) if listed else f.signature
+            e = before.get(f.rel)
+            if e is None:
+                fps.append(None)
+                hints.append((sig, None))
+                continue
+            recorded = (e["size"], e["mtime_ns"], e["fingerprint"])
+            known = recorded_fingerprint(f, mode, sig, recorded)
+            fps.append(known)
+            if known is None:
+                hints.append((sig, recorded))
+    return fps, hints
 
 
 def _build_locked(
@@ -311,14 +325,10 @@ def _build_locked(
         clean_stale_temps(output / HISTORY, every=True)
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
-            hints = _hints(discovered, old_by_name, config.fingerprint, listed)
-            pool.check_visible(_seen_by_workers(config, discovered))
             # An unchanged file keeps its recorded fingerprint here; the others are hashed
             # by the workers. Few files are still shared among them: each hashes a few MiB.
-            fps: list = [
-                recorded_fingerprint(f, config.fingerprint, *h)
-                for f, h in zip(all_files, hints, strict=True)
-            ]
+            fps, hints = _known(discovered, old_by_name, config.fingerprint, listed)
+            pool.check_visible(_seen_by_workers(config, discovered))
             todo = [i for i, fp in enumerate(fps) if fp is None]
             per = max(1, min(FINGERPRINT_BATCH, -(-len(todo) // max(pool.workers, 1))))
             host = socket.gethostname()
@@ -327,7 +337,7 @@ def _build_locked(
                     [all_files[i] for i in todo[k : k + per]],
                     config.fingerprint,
                     host,
-                    [hints[i] for i in todo[k : k + per]],
+                    hints[k : k + per],
                 )
                 for k in range(0, len(todo), per)
             ]

@@ -214,12 +214,28 @@ def reused_files(
     # or synced without mtimes is not rescanned; otherwise the mtime must match too.
     by_content: dict[tuple, int] = {}
     by_stat: dict[tuple, int] = {}
-    if old is not None and old.get("spec_key") == spec_key:
-        for entry in old["files"]:
-            key = (entry["path"], entry["size"], entry["fingerprint"])
-            by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
+    entries = old["files"] if old is not None and old.get("spec_key") == spec_key else []
+    # A file recorded under its path with the same size, mtime and fingerprint keeps that
+    # entry's rows (what the lookups below would find, when no path is recorded twice):
+    # one lookup, the common case of a re-index. The lookups are built for the others.
+    by_path = {e["path"]: e for e in entries}
+    if len(by_path) != len(entries):
+        by_path = {}
     planned = []
     for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
+        entry = by_path.get(f.rel)
+        if (
+            entry is not None
+            and entry["size"] == size
+            and entry["mtime_ns"] == mtime
+            and entry["fingerprint"] == fp
+        ):
+            planned.append(IndexedFile(f, size, mtime, fp, nbytes, entry["id"]))
+            continue
+        if entries and not by_content:
+            for entry in entries:
+                key = (entry["path"], entry["size"], entry["fingerprint"])
+                by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
         key = (f.rel, size, fp)
         if hashes_every_byte(fp, size, nbytes - size):
             reuse = by_content.get(key)

@@ -105,23 +105,37 @@ _FILE_PAD = " " * 8  # manifest -> "sources" -> source -> "files" -> entry
 def _scalar(value: Any) -> str:
     if type(value) is int:  # most values of a file entry
         return int.__repr__(value)
-    if isinstance(value, str):
+    if type(value) is str:
         return encode_basestring_ascii(value)
     return json.dumps(value)
 
 
-# The indented, encoded keys of each set of file-entry keys seen (a handful per manifest).
-_HEADS: dict[tuple[str, ...], tuple[str, ...]] = {}
+# Per order of keys an entry was made with (a handful per manifest): its keys sorted, and
+# a %-template of the entry's indented text with one %s per value.
+_TEMPLATES: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+
+
+def _template(order: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    keys = tuple(sorted(order))
+    inner = _FILE_PAD + "  "
+    fields = [f"{inner}{encode_basestring_ascii(k).replace('%', '%%')}: %s" for k in keys]
+    found = _TEMPLATES[order] = keys, f"{_FILE_PAD}{{\n" + ",\n".join(fields) + f"\n{_FILE_PAD}}}"
+    return found
 
 
 def _file_entry(entry: dict[str, Any]) -> str:
-    keys = tuple(sorted(entry))
-    heads = _HEADS.get(keys)
-    if heads is None:
-        inner = _FILE_PAD + "  "
-        heads = _HEADS[keys] = tuple(f"{inner}{encode_basestring_ascii(k)}: " for k in keys)
-    fields = ",\n".join([h + _scalar(entry[k]) for h, k in zip(heads, keys, strict=True)])
-    return f"{_FILE_PAD}{{\n{fields}\n{_FILE_PAD}}}"
+    found = _TEMPLATES.get(tuple(entry))
+    keys, text = found if found is not None else _template(tuple(entry))
+    return text % tuple(
+        [
+            int.__repr__(v)
+            if type(v) is int
+            else encode_basestring_ascii(v)
+            if type(v) is str
+            else json.dumps(v)
+            for v in map(entry.__getitem__, keys)
+        ]
+    )
 
 
 def manifest_chunks(
