@@ -35,7 +35,12 @@ from mds.planner.index.object_output import (
     upload_index,
 )
 from mds.planner.index.objects import discover_objects, listing
-from mds.planner.index.publish import TableWriter, cannot_write_index, collect_garbage, file_entries
+from mds.planner.index.publish import (
+    TableWriter,
+    cannot_write_index,
+    collect_garbage,
+    file_entry_texts,
+)
 from mds.planner.index.reuse import (
     FINGERPRINT_BATCH,
     Hint,
@@ -296,10 +301,18 @@ def _known(discovered, old_by_name: dict, mode: str, listed: dict) -> tuple[list
                 fps.append(None)
                 hints.append((sig, None))
                 continue
+            if (  # recorded_fingerprint's test, inline (the filter above checked the mode)
+                sig is not None
+                and sig[1] != 0
+                and e["size"] == sig[0]
+                and e["mtime_ns"] == sig[1]
+                and f.companion is None
+            ):
+                fps.append((sig[0], sig[1], e["fingerprint"], sig[0]))
+                continue
             recorded = (e["size"], e["mtime_ns"], e["fingerprint"])
-            known = recorded_fingerprint(f, mode, sig, recorded)
-            fps.append(known)
-            if known is None:
+            fps.append(recorded_fingerprint(f, mode, sig, recorded))
+            if fps[-1] is None:
                 hints.append((sig, recorded))
     return fps, hints
 
@@ -492,7 +505,7 @@ def _build_locked(
             write_manifest(
                 output / MANIFEST,
                 manifest,
-                [file_entries(*c[:4], config.root, dropped=c[4]) for c in counts],
+                [file_entry_texts(*c[:4], config.root, dropped=c[4]) for c in counts],
             )
         except OSError as exc:
             raise cannot_write_index(output, MANIFEST, exc) from exc

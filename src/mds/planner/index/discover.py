@@ -16,6 +16,7 @@ import json
 import os
 import stat
 from collections.abc import Iterable
+from operator import attrgetter
 from pathlib import Path
 
 from mds.core.index_manifest import FORMAT as INDEX_FORMAT
@@ -338,6 +339,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     skip = _Excluded(root, exclude)
     resolve = _Resolver()
     inside = os.path.join(str(root), "")  # the root with one trailing separator
+    cut = len(inside)
     found: dict[str, DataFile] = {}
     seen: dict[str, tuple[int, int, bool]] = {}
     for pattern in spec.paths:
@@ -361,7 +363,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
                 raise ConfigError(
                     f"{where}{match} is outside the data root {root}; set [index] `root`"
                 )
-            rel = resolved[len(inside) :].replace(os.sep, "/")
+            rel = resolved[cut:] if os.sep == "/" else resolved[cut:].replace(os.sep, "/")
             found[resolved] = DataFile.local(  # its Path made only if it is read
                 resolved,
                 rel,
@@ -374,7 +376,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
 
 def one_format(found: Iterable[DataFile], where: str, what: str) -> list[DataFile]:
     """A source's files in path order; a source reads one format, so several are refused."""
-    files = sorted(found, key=lambda f: f.rel)
+    files = sorted(found, key=attrgetter("rel"))
     formats = sorted({f.format for f in files})
     if len(formats) > 1:
         raise ConfigError(

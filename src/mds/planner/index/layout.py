@@ -66,7 +66,9 @@ def detect_format(path: PurePath | str) -> str | None:
     # a key or a name: its last part (a Path per call would cost more than the test)
     name = path.rsplit("/", 1)[-1].lower() if isinstance(path, str) else path.name.lower()
     dot = name.rfind(".")
-    for ext, fmt in _BY_SUFFIX.get(name[dot:], ()) if dot >= 0 else ():
+    if dot < 0:
+        return None
+    for ext, fmt in _BY_SUFFIX.get(name[dot:], ()):
         if name.endswith(ext):
             return fmt
     return None

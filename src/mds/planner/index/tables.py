@@ -33,6 +33,7 @@ __all__ = [
     "FORMAT",
     "TABLES",
     "download_index",
+    "entry_template",
     "MANIFEST",
     "VERSION",
     "IndexManifest",
@@ -115,7 +116,14 @@ def _scalar(value: Any) -> str:
 _TEMPLATES: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
 
 
-def _template(order: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+def entry_template(order: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the keys sorted, the %-template of a file entry's text with one %s per value, in
+    that order) for an entry of these keys: formatted with each value's JSON text, it is
+    what manifest_chunks writes for the entry (an int's text is its repr, a string's
+    encode_basestring_ascii)."""
+    found = _TEMPLATES.get(order)
+    if found is not None:
+        return found
     keys = tuple(sorted(order))
     inner = _FILE_PAD + "  "
     fields = [f"{inner}{encode_basestring_ascii(k).replace('%', '%%')}: %s" for k in keys]
@@ -125,7 +133,7 @@ def _template(order: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
 
 def _file_entry(entry: dict[str, Any]) -> str:
     found = _TEMPLATES.get(tuple(entry))
-    keys, text = found if found is not None else _template(tuple(entry))
+    keys, text = found if found is not None else entry_template(tuple(entry))
     return text % tuple(
         [
             int.__repr__(v)
@@ -142,7 +150,8 @@ def manifest_chunks(
     manifest: dict[str, Any], files: list[Iterable[dict[str, Any]]]
 ) -> Iterator[str]:
     """The text of json.dumps(manifest, indent=2, sort_keys=True) + "\n", in pieces, where
-    source i's "files" list is `files[i]` (flat entries, produced lazily, none kept)."""
+    source i's "files" list is `files[i]` (flat entries, produced lazily, none kept; an
+    entry may come as its text already, made with entry_template)."""
     marks = [f"\x00files-{secrets.token_hex(8)}-{i}" for i in range(len(files))]
     skeleton = {
         **manifest,
@@ -154,7 +163,9 @@ def manifest_chunks(
         yield head
         first = True
         for entry in entries:
-            yield ("[\n" if first else ",\n") + _file_entry(entry)
+            yield ("[\n" if first else ",\n") + (
+                entry if type(entry) is str else _file_entry(entry)
+            )
             first = False
         yield "[]" if first else "\n" + _FILE_PAD[:-2] + "]"
     yield text + "\n"
