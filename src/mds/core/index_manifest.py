@@ -25,6 +25,7 @@ __all__ = [
     "MANIFEST",
     "VERSION",
     "IndexManifest",
+    "identity_fingerprint",
     "index_fingerprint",
     "history_name",
     "index_sources",
@@ -109,10 +110,17 @@ def read_table_bytes(path: Path, expected: str) -> bytes:
 
 def index_fingerprint(sources: list[dict[str, Any]]) -> str:
     """Identity of an index's content: its tables' checksums and its files' fingerprints."""
-    ident = [
-        [s["name"], s["table_checksum"], [[f["path"], f["fingerprint"]] for f in s["files"]]]
-        for s in sources
-    ]
+    return identity_fingerprint(
+        [
+            (s["name"], s["table_checksum"], [(f["path"], f["fingerprint"]) for f in s["files"]])
+            for s in sources
+        ]
+    )
+
+
+def identity_fingerprint(ident: list[tuple[str, str, list[tuple[str, str]]]]) -> str:
+    """index_fingerprint of (name, table checksum, [(path, fingerprint) of each file]) per
+    source: what a build has at hand, without an entry per file."""
     blob = json.dumps(ident, separators=(",", ":"), sort_keys=True).encode()
     return "blake2b:" + hashlib.blake2b(blob, digest_size=16).hexdigest()
 

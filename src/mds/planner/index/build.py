@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mds.core import commit, storage
+from mds.core.index_manifest import identity_fingerprint
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.discover import discover
@@ -70,7 +71,6 @@ from mds.planner.index.tables import (
     MANIFEST,
     TABLES,
     VERSION,
-    index_fingerprint,
     write_manifest,
 )
 from mds.planner.runtime.atomic import clean_stale_temps
@@ -488,12 +488,9 @@ def _build_locked(
             "created_by": "mds",
             "root": str(config.root),
             "fingerprint_mode": config.fingerprint,
-            "fingerprint": index_fingerprint(
+            "fingerprint": identity_fingerprint(  # index_fingerprint's, from the files
                 [
-                    {
-                        **e,
-                        "files": ({"path": f.data.rel, "fingerprint": f.fingerprint} for f in c[0]),
-                    }
+                    (e["name"], e["table_checksum"], [(f.data.rel, f.fingerprint) for f in c[0]])
                     for e, c in zip(entries, counts, strict=True)
                 ]
             ),
