@@ -8,6 +8,8 @@ import pytest
 
 from mds.core.index_manifest import (
     IndexManifest,
+    identity_fingerprint,
+    index_fingerprint,
     index_sources,
     read_table_bytes,
     table_checksum,
@@ -54,3 +56,15 @@ def test_index_sources_give_each_source_its_global_id_range() -> None:
         {"name": "a", "base": 0, "rows": 3, "table_checksum": "x"},
         {"name": "b", "base": 3, "rows": 5, "table_checksum": "y"},
     ]
+
+
+def test_identity_fingerprint_is_the_index_fingerprint_of_the_same_files() -> None:
+    files = [("a/ü.jsonl", "sampled:01"), ('b "q".jsonl', "full:02")]
+    sources = [
+        {"name": "web", "table_checksum": "blake2b:aa", "rows": 3,
+         "files": [{"path": p, "fingerprint": f, "id": i} for i, (p, f) in enumerate(files)]},
+        {"name": "empty", "table_checksum": "blake2b:bb", "files": []},
+    ]  # fmt: skip
+    ident = [("web", "blake2b:aa", files), ("empty", "blake2b:bb", [])]
+    assert identity_fingerprint(ident) == index_fingerprint(sources)
+    assert identity_fingerprint(ident[:1]) != index_fingerprint(sources)

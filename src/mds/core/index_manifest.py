@@ -25,6 +25,7 @@ __all__ = [
     "MANIFEST",
     "VERSION",
     "IndexManifest",
+    "identity_fingerprint",
     "index_fingerprint",
     "history_name",
     "index_sources",
@@ -109,10 +110,17 @@ def read_table_bytes(path: Path, expected: str) -> bytes:
 
 def index_fingerprint(sources: list[dict[str, Any]]) -> str:
     """Identity of an index's content: its tables' checksums and its files' fingerprints."""
-    ident = [
-        [s["name"], s["table_checksum"], [[f["path"], f["fingerprint"]] for f in s["files"]]]
-        for s in sources
-    ]
+    return identity_fingerprint(
+        [
+            (s["name"], s["table_checksum"], [(f["path"], f["fingerprint"]) for f in s["files"]])
+            for s in sources
+        ]
+    )
+
+
+def identity_fingerprint(ident: list[tuple[str, str, list[tuple[str, str]]]]) -> str:
+    """index_fingerprint of (name, table checksum, [(path, fingerprint) of each file]) per
+    source: what a build has at hand, without an entry per file."""
     blob = json.dumps(ident, separators=(",", ":"), sort_keys=True).encode()
     return "blake2b:" + hashlib.blake2b(blob, digest_size=16).hexdigest()
 
@@ -174,22 +182,25 @@ def _source_problem(entry: dict[str, Any]) -> str | None:
     if not isinstance(entry.get("spec_key", ""), str):
         return "spec_key is not a string"
     first = 0
+    megatron = fmt == "megatron"
     for j, item in enumerate(entry["files"]):
-        if not isinstance(item, dict):
-            return f"files[{j}] is not an object"
-        if not isinstance(item.get("path"), str):
-            return f"files[{j}].path is missing or not a string"
-        if (fmt == "megatron" or "index_path" in item) and not isinstance(
-            item.get("index_path"), str
-        ):
+        if type(item) is not dict:
+            if not isinstance(item, dict):
+                return f"files[{j}] is not an object"
+        if type(item.get("path")) is not str:
+            if not isinstance(item.get("path"), str):
+                return f"files[{j}].path is missing or not a string"
+        if (megatron or "index_path" in item) and not isinstance(item.get("index_path"), str):
             return f"files[{j}].index_path is missing or not a string"
         # Samples are located by these: a row's file is the last with first_row <= row.
-        if not (_count(item.get("rows")) and item.get("first_row") == first):
-            return (
-                f"files[{j}] rows {item.get('rows')!r} from first_row "
-                f"{item.get('first_row')!r} do not follow the previous file (first_row {first})"
-            )
-        first += item["rows"]
+        rows = item.get("rows")
+        if not (type(rows) is int and rows >= 0 and item.get("first_row") == first):
+            if not (_count(rows) and item.get("first_row") == first):
+                return (
+                    f"files[{j}] rows {rows!r} from first_row {item.get('first_row')!r} "
+                    f"do not follow the previous file (first_row {first})"
+                )
+        first += rows
     if first != entry["rows"]:
         return f"files hold {first} rows, the source {entry['rows']}"
     return None
@@ -233,7 +244,13 @@ def _check(data: Any, where: Path) -> None:
             raise IndexFormatError(f"{where}: sources[{i}].{problem}")
         for j, item in enumerate(entry["files"]):
             for key in ("path", "index_path"):
-                if isinstance(item.get(key), str) and escapes(item[key]):
+                value = item.get(key)
+                # escapes needs a ".." or an absolute path (a separator or drive) to say yes
+                if (
+                    type(value) is str
+                    and (".." in value or value[:1] in "/\\" or ":" in value)
+                    and escapes(value)
+                ):
                     # Every command refuses it, not only the ones that open files.
                     raise IndexFormatError(
                         f"{where}: {entry['name']} files[{j}]: path {item[key]!r} escapes the "

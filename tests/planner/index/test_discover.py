@@ -256,3 +256,35 @@ def test_a_megatron_prefix_with_glob_characters(tmp_path: Path) -> None:
     write_megatron(tmp_path / "m[1]", [[1, 2, 3]])
     write_megatron(tmp_path / "m1", [[4]])
     assert _rels(tmp_path, path="m[1]", format="megatron") == ["m[1].bin"]
+
+
+def test_glob_on_a_tricky_tree(tmp_path: Path) -> None:
+    """What a glob discovers: glob's regular files (symlinks followed, hidden names and
+    FIFOs left out), each with the stat that decides its reuse."""
+    _touch(tmp_path, "a/x.jsonl", "a/.y.jsonl", "a/b/c.jsonl", "a/.h/d.jsonl", "ü/é z.jsonl")
+    os.symlink(tmp_path / "a/b", tmp_path / "ü/linkdir")
+    os.symlink(tmp_path / "a/x.jsonl", tmp_path / "ü/link.jsonl")
+    os.symlink(tmp_path / "gone.jsonl", tmp_path / "ü/dangling.jsonl")
+    os.mkfifo(tmp_path / "a/fifo.jsonl")
+    files = discover(source(path="**/*.jsonl", tokens="t"), tmp_path)
+    # a symlink is the file it leads to: each file once, under its resolved path
+    assert [f.rel for f in files] == ["a/b/c.jsonl", "a/x.jsonl", "ü/é z.jsonl"]
+    for f in files:
+        st = os.stat(f.path)
+        assert f.signature == (st.st_size, st.st_mtime_ns)
+        assert f.path == (tmp_path / f.rel).resolve()
+        assert f.text == str(f.path)
+
+
+def test_data_file_is_a_value(tmp_path: Path) -> None:
+    import pickle
+
+    (tmp_path / "a.jsonl").write_bytes(b"x")
+    path = (tmp_path / "a.jsonl").resolve()
+    lazy = DataFile.local(str(path), "a.jsonl", "jsonl", None, (1, 2))
+    eager = DataFile(path, "a.jsonl", "jsonl")
+    assert lazy == eager and hash(lazy) == hash(eager)
+    assert isinstance(lazy.path, Path) and lazy.path == path
+    back = pickle.loads(pickle.dumps(lazy))  # noqa: S301  (how a Ray worker gets it)
+    assert back == lazy and back.signature == (1, 2)
+    assert lazy != DataFile(path, "a.jsonl", "parquet")

@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 from builders import data_file
 
-from mds.planner.index.publish import TableWriter, collect_garbage, file_entries
+from mds.planner.index.publish import TableWriter, collect_garbage, file_entries, file_entry_texts
 from mds.planner.index.reuse import IndexedFile
-from mds.planner.index.tables import TABLES, read_table
+from mds.planner.index.tables import TABLES, manifest_chunks, read_table
 
 
 def test_a_table_is_named_by_its_content_and_rolled_back_if_new(tmp_path: Path):
@@ -44,6 +44,31 @@ def test_file_entries_number_the_files_and_record_their_rows(tmp_path: Path):
         {"id": 1, "path": "b.jsonl", "size": 1, "mtime_ns": 7, "fingerprint": "sampled:b.jsonl",
          "first_row": 2, "rows": 3, "tokens": 0},
     ]  # fmt: skip
+
+
+def test_file_entry_texts_write_what_file_entries_do(tmp_path: Path):
+    """The entries given as text (a companion's as a dict) write the same manifest bytes."""
+    names = ("a.jsonl", 'q "ü" %s\\.jsonl', "m.bin")
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "m.idx").write_bytes(b"i")
+    files = [
+        IndexedFile(
+            data_file(tmp_path / name),
+            2**40 + i,
+            1_700_000_000_000_000_000 + i,
+            f"sampled:{i}",
+            1,
+        )
+        for i, name in enumerate(names)
+    ]
+    counts = (files, np.array([0, 2, 5]), np.array([2, 3, 0]), np.array([10, 0, 2**33]), tmp_path)
+    manifest = {"format": "mds-index", "sources": [{"name": "a"}]}
+    texts = list(file_entry_texts(*counts))
+    assert [type(t) for t in texts] == [str, str, dict]
+    assert "".join(manifest_chunks(manifest, [texts])) == "".join(
+        manifest_chunks(manifest, [file_entries(*counts)])
+    )
 
 
 def test_garbage_is_only_what_mds_wrote_and_no_longer_names(tmp_path: Path):

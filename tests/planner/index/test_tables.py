@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from plan_builders import synthetic
 
 from mds.errors import IndexFormatError
@@ -101,3 +103,25 @@ def test_write_manifest_writes_the_same_bytes(tmp_path: Path) -> None:
     expected = (json.dumps(full, indent=2, sort_keys=True) + "\n").encode()
     assert (tmp_path / "manifest.json").read_bytes() == expected
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+_SCALARS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.text(),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=False),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from(["id", "path", "size", "x%s", 'q"k', "é", "%"]), _SCALARS, min_size=1),
+        max_size=6,
+    )
+)
+def test_chunks_equal_json_dumps_for_any_flat_entries(entries: list[dict]) -> None:
+    manifest = {"format": "mds-index", "sources": [{"name": "a"}]}
+    expected = json.dumps({**manifest, "sources": [{"name": "a", "files": entries}]}, indent=2, sort_keys=True)
+    assert "".join(manifest_chunks(manifest, [iter(entries)])) == expected + "\n"

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mds.core import commit, storage
+from mds.core.index_manifest import identity_fingerprint
 from mds.errors import ConfigError, SourceDataError
 from mds.planner.index.config import IndexConfig, SourceSpec, resolve_format
 from mds.planner.index.discover import discover
@@ -35,7 +36,12 @@ from mds.planner.index.object_output import (
     upload_index,
 )
 from mds.planner.index.objects import discover_objects, listing
-from mds.planner.index.publish import TableWriter, cannot_write_index, collect_garbage, file_entries
+from mds.planner.index.publish import (
+    TableWriter,
+    cannot_write_index,
+    collect_garbage,
+    file_entry_texts,
+)
 from mds.planner.index.reuse import (
     FINGERPRINT_BATCH,
     Hint,
@@ -66,7 +72,6 @@ from mds.planner.index.tables import (
     MANIFEST,
     TABLES,
     VERSION,
-    index_fingerprint,
     write_manifest,
 )
 from mds.planner.runtime.atomic import clean_stale_temps
@@ -212,7 +217,7 @@ def _check_sources_outside(output: Path, discovered) -> None:
     inside = os.path.realpath(output) + os.sep
     for _, files in discovered:
         for f in files:
-            for path in (f.path, f.companion):
+            for path in (f.text, f.companion):
                 if path is not None and os.fspath(path).startswith(inside):
                     raise ConfigError(
                         f"-o {output} holds the source file {path}; choose another output"
@@ -275,20 +280,42 @@ def _build_to_objects(config, url, workers, progress, clock, engine, held) -> In
     return summary
 
 
-def _hints(discovered, old_by_name: dict, mode: str, listed: dict) -> list[Hint]:
-    """Per discovered file, in order: its listed (size, mtime_ns) on an object store, and
-    what the previous index recorded of it (see reuse.fingerprint_file)."""
+def _known(discovered, old_by_name: dict, mode: str, listed: dict) -> tuple[list, list[Hint]]:
+    """Per discovered file, in order: its fingerprint answer (reuse.fingerprint_file's)
+    when the previous index recorded it with the size and mtime it has now (a local file's
+    from discovery's stat, an object's from the listing), else None; and for each of the
+    None ones, its Hint (listed (size, mtime_ns), what the previous index recorded)."""
+    fps: list = []
     hints: list[Hint] = []
+    prefix = f"{mode}:"
     for spec, files in discovered:
         old = old_by_name.get(spec.name)
         before = {
-            e["path"]: (e["size"], e["mtime_ns"], e["fingerprint"])
+            e["path"]: e
             for e in (old or {}).get("files", [])
-            if str(e.get("fingerprint", "")).startswith(f"{mode}:")
+            if str(e.get("fingerprint", "")).startswith(prefix)
         }
-        # a local file's (size, mtime_ns) from discovery's stat, an object's from the listing
-        hints.extend((listed.get(f.rel, f.signature), before.get(f.rel)) for f in files)
-    return hints
+        for f in files:
+            sig = listed.get(f.rel, f.signature) if listed else f.signature
+            e = before.get(f.rel)
+            if e is None:
+                fps.append(None)
+                hints.append((sig, None))
+                continue
+            if (  # recorded_fingerprint's test, inline (the filter above checked the mode)
+                sig is not None
+                and sig[1] != 0
+                and e["size"] == sig[0]
+                and e["mtime_ns"] == sig[1]
+                and f.companion is None
+            ):
+                fps.append((sig[0], sig[1], e["fingerprint"], sig[0]))
+                continue
+            recorded = (e["size"], e["mtime_ns"], e["fingerprint"])
+            fps.append(recorded_fingerprint(f, mode, sig, recorded))
+            if fps[-1] is None:
+                hints.append((sig, recorded))
+    return fps, hints
 
 
 def _build_locked(
@@ -312,14 +339,10 @@ def _build_locked(
         clean_stale_temps(output / HISTORY, every=True)
         with open_engine(engine, workers) as pool:
             all_files = [f for _, files in discovered for f in files]
-            hints = _hints(discovered, old_by_name, config.fingerprint, listed)
-            pool.check_visible(_seen_by_workers(config, discovered))
             # An unchanged file keeps its recorded fingerprint here; the others are hashed
             # by the workers. Few files are still shared among them: each hashes a few MiB.
-            fps: list = [
-                recorded_fingerprint(f, config.fingerprint, *h)
-                for f, h in zip(all_files, hints, strict=True)
-            ]
+            fps, hints = _known(discovered, old_by_name, config.fingerprint, listed)
+            pool.check_visible(_seen_by_workers(config, discovered))
             todo = [i for i, fp in enumerate(fps) if fp is None]
             per = max(1, min(FINGERPRINT_BATCH, -(-len(todo) // max(pool.workers, 1))))
             host = socket.gethostname()
@@ -328,7 +351,7 @@ def _build_locked(
                     [all_files[i] for i in todo[k : k + per]],
                     config.fingerprint,
                     host,
-                    [hints[i] for i in todo[k : k + per]],
+                    hints[k : k + per],
                 )
                 for k in range(0, len(todo), per)
             ]
@@ -469,12 +492,9 @@ def _build_locked(
             "created_by": "mds",
             "root": str(config.root),
             "fingerprint_mode": config.fingerprint,
-            "fingerprint": index_fingerprint(
+            "fingerprint": identity_fingerprint(  # index_fingerprint's, from the files
                 [
-                    {
-                        **e,
-                        "files": ({"path": f.data.rel, "fingerprint": f.fingerprint} for f in c[0]),
-                    }
+                    (e["name"], e["table_checksum"], [(f.data.rel, f.fingerprint) for f in c[0]])
                     for e, c in zip(entries, counts, strict=True)
                 ]
             ),
@@ -486,7 +506,7 @@ def _build_locked(
             write_manifest(
                 output / MANIFEST,
                 manifest,
-                [file_entries(*c[:4], config.root, dropped=c[4]) for c in counts],
+                [file_entry_texts(*c[:4], config.root, dropped=c[4]) for c in counts],
             )
         except OSError as exc:
             raise cannot_write_index(output, MANIFEST, exc) from exc

@@ -16,7 +16,7 @@ import json
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from mds.core.index_manifest import FORMAT as INDEX_FORMAT
@@ -30,6 +30,7 @@ from mds.planner.index.layout import (
     inside_index,
     megatron_half,
 )
+from mds.planner.index.walk import cat, glob_entries
 
 __all__ = [
     "MANIFEST_HEAD",
@@ -41,17 +42,65 @@ __all__ = [
     "one_format",
 ]
 
-@dataclass(frozen=True, slots=True)
 class DataFile:
     """One data file of a source; for Megatron `path` is the .bin and `companion` the .idx.
     `signature`: (size, mtime_ns) from the stat discovery made of it, if it made one (a
-    re-index then needs no second stat of an unchanged file)."""
+    re-index then needs no second stat of an unchanged file). Immutable; equal when path,
+    rel, format and companion are. A local file found by discovery keeps its path as a
+    string until `path` is asked for: a re-index never asks for an unchanged file's."""
 
-    path: Path
-    rel: str
-    format: str
-    companion: Path | None = None
-    signature: tuple[int, int] | None = field(default=None, compare=False)
+    __slots__ = ("_path", "_text", "companion", "format", "rel", "signature")
+
+    def __init__(
+        self,
+        path: Path,
+        rel: str,
+        format: str,
+        companion: Path | None = None,
+        signature: tuple[int, int] | None = None,
+    ):
+        self._path, self._text = path, None
+        self.rel, self.format, self.companion, self.signature = rel, format, companion, signature
+
+    @classmethod
+    def local(
+        cls, text: str, rel: str, format: str, companion: Path | None, signature
+    ) -> DataFile:
+        """A local file by its absolute path's string, made a Path when first asked for."""
+        f = cls(None, rel, format, companion, signature)  # type: ignore[arg-type]
+        f._text = text
+        return f
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(self._text)  # type: ignore[arg-type]
+        return self._path
+
+    @property
+    def text(self) -> str:
+        """os.fspath(path), without making the Path."""
+        return self._text if self._path is None else os.fspath(self._path)  # type: ignore[return-value]
+
+    def _key(self) -> tuple:
+        return (self.path, self.rel, self.format, self.companion)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"DataFile(path={self.path!r}, rel={self.rel!r}, format={self.format!r}, "
+            f"companion={self.companion!r}, signature={self.signature!r})"
+        )
+
+    def __reduce__(self):
+        return (DataFile, (self.path, self.rel, self.format, self.companion, self.signature))
 
 
 MANIFEST_HEAD = 1 << 20  # bytes of a manifest.json read to tell whether it is an mds index's
@@ -98,18 +147,21 @@ def _kind(path: Path) -> str | None:
     return "not a regular file"
 
 
-def _file_or_dir(path: Path | str, seen: dict[str, tuple[int, int, bool]]) -> str | None:
-    """ "file" or "dir" (after symlinks), else None, in one lstat (and a stat for a
-    symlink); a file's (size, mtime_ns, is a symlink) goes to `seen`."""
+def _file_or_dir(
+    path: str, seen: dict[str, tuple[int, int, bool]], entry: os.DirEntry[str] | None = None
+) -> str | None:
+    """ "file" or "dir" (after symlinks), else None, in one lstat (from the directory
+    entry the path was listed with, if any; and a stat for a symlink); a file's (size,
+    mtime_ns, is a symlink) goes to `seen`."""
     try:
-        st = os.lstat(path)
+        st = os.lstat(path) if entry is None else entry.stat(follow_symlinks=False)
         link = stat.S_ISLNK(st.st_mode)
         if link:
             st = os.stat(path)
     except OSError:
         return None
     if stat.S_ISREG(st.st_mode):
-        seen[os.fspath(path)] = (st.st_size, st.st_mtime_ns, link)
+        seen[path] = (st.st_size, st.st_mtime_ns, link)
         return "file"
     return "dir" if stat.S_ISDIR(st.st_mode) else None
 
@@ -125,13 +177,15 @@ class _Resolver:
     def __call__(self, path: Path | str, link: bool | None = None) -> str:
         """`link`: whether `path` is a symlink, when a stat of it said so already."""
         text = os.fspath(path)
-        directory, name = os.path.split(text)
+        directory, _, name = text.rpartition("/")
+        if not directory or name in ("", ".", ".."):
+            directory, name = os.path.split(text)
         if name in ("", ".", "..") or (os.path.islink(text) if link is None else link):
             return os.path.realpath(text)
         parent = self._dirs.get(directory)
         if parent is None:
             parent = self._dirs[directory] = os.path.realpath(directory or ".")
-        return os.path.join(parent, name)
+        return cat(parent, name)
 
 
 class _Excluded:
@@ -206,11 +260,12 @@ def _expand(
     where: str = "",
     skip: _Excluded | None = None,
     seen: dict[str, tuple[int, int, bool]] | None = None,
-) -> list[Path]:
+) -> list[Path | str]:
     """The files `pattern` names. A name that exists is that file or directory, even with
     glob characters in it (`data[1].parquet`); so is a Megatron prefix whose .idx or .bin
     exists; only otherwise is a pattern with glob characters a glob. `seen` collects what
-    the stats made on the way said of the files (see _file_or_dir)."""
+    the stats made on the way said of the files (see _file_or_dir). A glob's file matches
+    are strings, the rest Paths."""
     skip = skip or _Excluded(root, ())
     seen = {} if seen is None else seen
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
@@ -226,29 +281,41 @@ def _expand(
     else:
         matches, dirs = [], set()
         # Relative to the root, so glob characters in the root's own name stay literal.
-        found = (
-            glob.glob(pattern, recursive=True)
-            if Path(pattern).is_absolute()
-            else [os.path.join(root, g) for g in glob.glob(pattern, root_dir=root, recursive=True)]
-        )
-        for g in sorted(found):
-            kind = _file_or_dir(g, seen)
+        # glob's matches with their directory entries (index/walk.py): a match is stat-ed
+        # from its entry, and stays a string (a Path per file costs more than its lstat).
+        if Path(pattern).is_absolute():
+            found = glob_entries(pattern, "")
+        else:
+            top = str(root)
+            found = [(cat(top, g), e) for g, e in glob_entries(pattern, top)]
+        found.sort(key=_first)
+        for g, entry in found:
+            kind = _file_or_dir(g, seen, entry)
             # A regular file is never an index itself: only its directories need a look
             # (asked once per directory: index_of caches its answers by the string).
-            if kind is not None and skip.index_of(os.path.dirname(g) if kind == "file" else g) is None:
-                m = Path(g)
-                matches.append(m)
+            if kind is not None and skip.index_of(_parent(g) if kind == "file" else g) is None:
+                matches.append(g)
                 if kind == "dir":
-                    dirs.add(m)
-    out: list[Path] = []
+                    dirs.add(g)
+    out: list[Path | str] = []
     for match in matches:
-        out.extend(_expand_dir(match, skip, seen) if match in dirs else [match])
+        out.extend(_expand_dir(Path(match), skip, seen) if match in dirs else [match])
     if not out and literal and full.is_dir():
         raise ConfigError(
             f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
             "save_to_disk state.json); point `path` at the files, or set it to a glob"
         )
     return out
+
+
+def _parent(path: str) -> str:
+    """os.path.dirname of an absolute POSIX path (a directory named the same, if spelled
+    differently: "a/" for "a//b")."""
+    return path[: path.rindex("/")] or "/"
+
+
+def _first(pair: tuple[str, object]) -> str:
+    return pair[0]
 
 
 def _megatron_pair(path: Path, where: str) -> tuple[Path, Path]:
@@ -272,6 +339,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     skip = _Excluded(root, exclude)
     resolve = _Resolver()
     inside = os.path.join(str(root), "")  # the root with one trailing separator
+    cut = len(inside)
     found: dict[str, DataFile] = {}
     seen: dict[str, tuple[int, int, bool]] = {}
     for pattern in spec.paths:
@@ -288,16 +356,16 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
             companion = None
             known = seen.get(text)
             if fmt == "megatron":
-                match, companion = _megatron_pair(match, where)
+                match, companion = _megatron_pair(Path(match), where)
                 text, known = os.fspath(match), None
             resolved = resolve(text, None if known is None else known[2])
             if not resolved.startswith(inside):
                 raise ConfigError(
                     f"{where}{match} is outside the data root {root}; set [index] `root`"
                 )
-            rel = resolved[len(inside) :].replace(os.sep, "/")
-            found[resolved] = DataFile(
-                match if resolved == text else Path(resolved),  # one Path a file
+            rel = resolved[cut:] if os.sep == "/" else resolved[cut:].replace(os.sep, "/")
+            found[resolved] = DataFile.local(  # its Path made only if it is read
+                resolved,
                 rel,
                 fmt,
                 companion.resolve() if companion else None,
@@ -308,7 +376,7 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
 
 def one_format(found: Iterable[DataFile], where: str, what: str) -> list[DataFile]:
     """A source's files in path order; a source reads one format, so several are refused."""
-    files = sorted(found, key=lambda f: f.rel)
+    files = sorted(found, key=attrgetter("rel"))
     formats = sorted({f.format for f in files})
     if len(formats) > 1:
         raise ConfigError(

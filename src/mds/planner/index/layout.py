@@ -55,11 +55,20 @@ _EXTENSIONS = (
 )
 
 
+# _EXTENSIONS by their last suffix, in their order: a name is tested against these only.
+_BY_SUFFIX: dict[str, list[tuple[str, str]]] = {}
+for _ext, _fmt in _EXTENSIONS:
+    _BY_SUFFIX.setdefault(_ext[_ext.rindex(".") :], []).append((_ext, _fmt))
+
+
 def detect_format(path: PurePath | str) -> str | None:
     """A data file's format from its name, or None when the name says nothing."""
     # a key or a name: its last part (a Path per call would cost more than the test)
     name = path.rsplit("/", 1)[-1].lower() if isinstance(path, str) else path.name.lower()
-    for ext, fmt in _EXTENSIONS:
+    dot = name.rfind(".")
+    if dot < 0:
+        return None
+    for ext, fmt in _BY_SUFFIX.get(name[dot:], ()):
         if name.endswith(ext):
             return fmt
     return None

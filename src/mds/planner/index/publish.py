@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from json.encoder import encode_basestring_ascii
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -18,10 +19,16 @@ from mds.core import storage
 from mds.errors import IndexFormatError, MdsError
 from mds.planner.index.discover import DataFile
 from mds.planner.index.reuse import IndexedFile
-from mds.planner.index.tables import TABLES, table_checksum, table_intact
+from mds.planner.index.tables import TABLES, entry_template, table_checksum, table_intact
 from mds.planner.runtime.atomic import cannot_write, fsync_file, is_temp, temp_sibling
 
-__all__ = ["TableWriter", "cannot_write_index", "collect_garbage", "file_entries"]
+__all__ = [
+    "TableWriter",
+    "cannot_write_index",
+    "collect_garbage",
+    "file_entries",
+    "file_entry_texts",
+]
 
 
 def cannot_write_index(output: Path, what: str, exc: Exception) -> MdsError:
@@ -69,13 +76,14 @@ def file_entries(
     tokens: np.ndarray,
     root: Path,
     dropped: np.ndarray | None = None,
+    id_base: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """The manifest's entry of each file, made as it is written; `dropped`: an image-text
-    source's samples left out for a bad image, per file."""
+    source's samples left out for a bad image, per file; `id_base`: the first file's id."""
     for fi, (f, first_row, n_rows, n_tok) in enumerate(
-        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
+        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True), id_base
     ):
-        extra = {} if dropped is None else {"dropped_bad_images": int(dropped[fi])}
+        extra = {} if dropped is None else {"dropped_bad_images": int(dropped[fi - id_base])}
         yield {
             "id": fi,
             "path": f.data.rel,
@@ -88,6 +96,45 @@ def file_entries(
             "tokens": n_tok,
             **extra,
         }
+
+
+# The keys of a file's entry as file_entries makes it (no companion, no dropped count).
+_PLAIN = ("id", "path", "size", "mtime_ns", "fingerprint", "first_row", "rows", "tokens")
+
+
+def file_entry_texts(
+    files: list[IndexedFile],
+    first_rows: np.ndarray,
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    root: Path,
+    dropped: np.ndarray | None = None,
+) -> Iterator[dict[str, Any] | str]:
+    """file_entries, with the entry of a file without a companion given as its manifest
+    text (tables.entry_template): no dict per file, the same bytes written."""
+    if dropped is not None:
+        yield from file_entries(files, first_rows, rows, tokens, root, dropped)
+        return
+    keys, text = entry_template(_PLAIN)
+    assert keys == tuple(sorted(_PLAIN)), keys  # the values below are in this order
+    for fi, (f, first_row, n_rows, n_tok) in enumerate(
+        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
+    ):
+        data = f.data
+        if data.companion is not None:
+            yield next(file_entries([f], np.array([first_row]), np.array([n_rows]),
+                                    np.array([n_tok]), root, id_base=fi))  # fmt: skip
+            continue
+        yield text % (
+            encode_basestring_ascii(f.fingerprint),
+            first_row,
+            fi,
+            int.__repr__(f.mtime_ns),
+            encode_basestring_ascii(data.rel),
+            n_rows,
+            int.__repr__(f.size),
+            n_tok,
+        )
 
 
 def _companion(f: DataFile, root: Path) -> dict[str, str]:

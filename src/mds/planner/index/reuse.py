@@ -212,12 +212,31 @@ def reused_files(
     # A file's identity is its content: when its fingerprint covers every byte (a full one,
     # or a sampled one of a small file) its rows are reused whatever its mtime, so data copied
     # or synced without mtimes is not rescanned; otherwise the mtime must match too.
+    entries = old["files"] if old is not None and old.get("spec_key") == spec_key else []
+    by_path = {e["path"]: e for e in entries}
+    if len(by_path) != len(entries):  # a path recorded twice: the last matching entry
+        return _reused_by_keys(files, fps, entries)
+    # With one entry per path, the only entry a file can keep is the one of its path.
+    planned = []
+    for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
+        entry = by_path.get(f.rel)
+        reuse = None
+        if entry is not None and entry["size"] == size and entry["fingerprint"] == fp:
+            if entry["mtime_ns"] == mtime or hashes_every_byte(fp, size, nbytes - size):
+                reuse = entry["id"]
+        planned.append(IndexedFile(f, size, mtime, fp, nbytes, reuse))
+    return planned
+
+
+def _reused_by_keys(
+    files: list[DataFile], fps: list[tuple[int, int, str, int]], entries: list[dict]
+) -> list[IndexedFile]:
+    """reused_files for entries that record a path more than once."""
     by_content: dict[tuple, int] = {}
     by_stat: dict[tuple, int] = {}
-    if old is not None and old.get("spec_key") == spec_key:
-        for entry in old["files"]:
-            key = (entry["path"], entry["size"], entry["fingerprint"])
-            by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
+    for entry in entries:
+        key = (entry["path"], entry["size"], entry["fingerprint"])
+        by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
     planned = []
     for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
         key = (f.rel, size, fp)

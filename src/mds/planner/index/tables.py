@@ -33,6 +33,7 @@ __all__ = [
     "FORMAT",
     "TABLES",
     "download_index",
+    "entry_template",
     "MANIFEST",
     "VERSION",
     "IndexManifest",
@@ -105,30 +106,52 @@ _FILE_PAD = " " * 8  # manifest -> "sources" -> source -> "files" -> entry
 def _scalar(value: Any) -> str:
     if type(value) is int:  # most values of a file entry
         return int.__repr__(value)
-    if isinstance(value, str):
+    if type(value) is str:
         return encode_basestring_ascii(value)
     return json.dumps(value)
 
 
-# The indented, encoded keys of each set of file-entry keys seen (a handful per manifest).
-_HEADS: dict[tuple[str, ...], tuple[str, ...]] = {}
+# Per order of keys an entry was made with (a handful per manifest): its keys sorted, and
+# a %-template of the entry's indented text with one %s per value.
+_TEMPLATES: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+
+
+def entry_template(order: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the keys sorted, the %-template of a file entry's text with one %s per value, in
+    that order) for an entry of these keys: formatted with each value's JSON text, it is
+    what manifest_chunks writes for the entry (an int's text is its repr, a string's
+    encode_basestring_ascii)."""
+    found = _TEMPLATES.get(order)
+    if found is not None:
+        return found
+    keys = tuple(sorted(order))
+    inner = _FILE_PAD + "  "
+    fields = [f"{inner}{encode_basestring_ascii(k).replace('%', '%%')}: %s" for k in keys]
+    found = _TEMPLATES[order] = keys, f"{_FILE_PAD}{{\n" + ",\n".join(fields) + f"\n{_FILE_PAD}}}"
+    return found
 
 
 def _file_entry(entry: dict[str, Any]) -> str:
-    keys = tuple(sorted(entry))
-    heads = _HEADS.get(keys)
-    if heads is None:
-        inner = _FILE_PAD + "  "
-        heads = _HEADS[keys] = tuple(f"{inner}{encode_basestring_ascii(k)}: " for k in keys)
-    fields = ",\n".join([h + _scalar(entry[k]) for h, k in zip(heads, keys, strict=True)])
-    return f"{_FILE_PAD}{{\n{fields}\n{_FILE_PAD}}}"
+    found = _TEMPLATES.get(tuple(entry))
+    keys, text = found if found is not None else entry_template(tuple(entry))
+    return text % tuple(
+        [
+            int.__repr__(v)
+            if type(v) is int
+            else encode_basestring_ascii(v)
+            if type(v) is str
+            else json.dumps(v)
+            for v in map(entry.__getitem__, keys)
+        ]
+    )
 
 
 def manifest_chunks(
     manifest: dict[str, Any], files: list[Iterable[dict[str, Any]]]
 ) -> Iterator[str]:
     """The text of json.dumps(manifest, indent=2, sort_keys=True) + "\n", in pieces, where
-    source i's "files" list is `files[i]` (flat entries, produced lazily, none kept)."""
+    source i's "files" list is `files[i]` (flat entries, produced lazily, none kept; an
+    entry may come as its text already, made with entry_template)."""
     marks = [f"\x00files-{secrets.token_hex(8)}-{i}" for i in range(len(files))]
     skeleton = {
         **manifest,
@@ -140,7 +163,9 @@ def manifest_chunks(
         yield head
         first = True
         for entry in entries:
-            yield ("[\n" if first else ",\n") + _file_entry(entry)
+            yield ("[\n" if first else ",\n") + (
+                entry if type(entry) is str else _file_entry(entry)
+            )
             first = False
         yield "[]" if first else "\n" + _FILE_PAD[:-2] + "]"
     yield text + "\n"
