@@ -13,9 +13,19 @@ from typing import overload
 
 import numpy as np
 
-__all__ = ["RowSlices"]
+__all__ = ["RowSlices", "narrow_ids"]
 
 _U16 = int(np.iinfo(np.uint16).max)
+
+
+def narrow_ids(values: np.ndarray) -> np.ndarray:
+    """`values` as uint16 if all of them fit (token ids of a vocabulary under 65,536: half
+    the bytes of int32), else as they are."""
+    if values.dtype.kind not in "iu" or values.itemsize <= 2 or not values.size:
+        return values
+    if values.min() < 0 or values.max() > _U16:
+        return values
+    return values.astype(np.uint16)
 
 
 class RowSlices(Sequence):
@@ -78,11 +88,6 @@ class RowSlices(Sequence):
         return self.values.nbytes + self.starts.nbytes + self.ends.nbytes
 
     def narrow(self) -> RowSlices:
-        """The rows with their values as uint16 if all of them fit (token ids of a vocabulary
-        under 65,536: half the bytes of int32), else as they are."""
-        values = self.values
-        if values.dtype.kind not in "iu" or values.itemsize <= 2 or not values.size:
-            return self
-        if values.min() < 0 or values.max() > _U16:
-            return self
-        return RowSlices(values.astype(np.uint16), self.starts, self.ends)
+        """The rows with their values as uint16 if all of them fit (`narrow_ids`)."""
+        values = narrow_ids(self.values)
+        return self if values is self.values else RowSlices(values, self.starts, self.ends)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mds.core.row_slices import RowSlices
+from mds.core.row_slices import RowSlices, narrow_ids
 from mds.formats.parquet import footer, page_reads, rle
 from mds.formats.parquet.compression import PREFIX_DECODERS, decompress, levels_end
 from mds.formats.parquet.footer import Chunk, chunk_span, leaves
@@ -72,7 +72,6 @@ _PREFIX_CODECS = {"gzip": 2, "zstd": 4}
 # A read `narrow` casts the dictionary (not the values it gives) where it asks for at least
 # 1/_NARROW_DICTIONARY as many values as the dictionary holds.
 _NARROW_DICTIONARY = 4
-_U16 = int(np.iinfo(np.uint16).max)
 
 
 class Source(Protocol):
@@ -385,7 +384,7 @@ def _decode(
         if kind == DICTIONARY_PAGE:
             dictionary = _dictionary(fields, body, chunk.codec, lay.dtype)
             if narrow and _NARROW_DICTIONARY * int(lengths.sum()) >= len(dictionary):
-                dictionary = _narrow(dictionary)
+                dictionary = narrow_ids(dictionary)
             if chunk.codec is None and dictionary.dtype == lay.dtype:
                 dictionary = dictionary.copy()  # not a view of the page's buffer
         elif kind in (DATA_PAGE, DATA_PAGE_V2):
@@ -453,13 +452,6 @@ def _skipped(fields: dict, part, at: int, stored: int, starts, ends, first: int,
     if not rle.all_equal(levels[rep_bytes:], max_def.bit_length(), n, max_def):
         raise Unsupported("page holds a null or an empty list")
     return n
-
-
-def _narrow(dictionary: np.ndarray) -> np.ndarray:
-    """The dictionary as uint16 if every value fits, else as it is."""
-    if len(dictionary) and 0 <= dictionary.min() and dictionary.max() <= _U16:
-        return dictionary.astype(np.uint16)
-    return dictionary
 
 
 def _decompress(body: memoryview, size: int, codec: str | None) -> memoryview:
