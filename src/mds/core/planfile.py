@@ -282,12 +282,7 @@ def decode_table(
         if dictionary is not None:
             limit += 2 * len(dictionary.as_bytes())
         return _table_content(decompress(data, limit, dictionary), limit)
-    if len(data) < _TABLE_HEAD.size:
-        raise ValueError("no file table")
-    (size,) = _TABLE_HEAD.unpack_from(data)
-    end = _TABLE_HEAD.size + size
-    if end > len(data):
-        raise ValueError("file table: truncated")
+    end = _table_end(data)
     source, file, start = unpack(data[_TABLE_HEAD.size : end], 3, limit)
     entries = json.loads(decompress(data[end:], limit))
     if not (
@@ -299,15 +294,21 @@ def decode_table(
     return FileTable(source.tolist(), file.tolist(), start.view(np.int64), entries)
 
 
+def _table_end(data: bytes | memoryview) -> int:
+    """Where a file table's packed columns end (its head gives their size), checked."""
+    if len(data) < _TABLE_HEAD.size:
+        raise ValueError("no file table")
+    (size,) = _TABLE_HEAD.unpack_from(data)
+    end = _TABLE_HEAD.size + size
+    if end > len(data):
+        raise ValueError("file table: truncated")
+    return end
+
+
 def _table_content(content: bytes, limit: int) -> FileTable:
     """A version-4 file table from its content: the packed columns' size, the columns, the
     entries' JSON run together (each entry's length is the fourth column)."""
-    if len(content) < _TABLE_HEAD.size:
-        raise ValueError("no file table")
-    (size,) = _TABLE_HEAD.unpack_from(content)
-    end = _TABLE_HEAD.size + size
-    if end > len(content):
-        raise ValueError("file table: truncated")
+    end = _table_end(content)
     source, file, start, length = unpack_raw(
         memoryview(content)[_TABLE_HEAD.size : end], 4, limit
     )
