@@ -302,15 +302,6 @@ def _known(discovered, old_by_name: dict, mode: str, listed: dict) -> tuple[list
                 fps.append(None)
                 hints.append((sig, None))
                 continue
-            if (  # recorded_fingerprint's test, inline (the filter above checked the mode)
-                sig is not None
-                and sig[1] != 0
-                and e["size"] == sig[0]
-                and e["mtime_ns"] == sig[1]
-                and f.companion is None
-            ):
-                fps.append((sig[0], sig[1], e["fingerprint"], sig[0]))
-                continue
             recorded = (e["size"], e["mtime_ns"], e["fingerprint"])
             fps.append(recorded_fingerprint(f, mode, sig, recorded))
             if fps[-1] is None:
