@@ -42,7 +42,7 @@ from report import proc_status_mb, write_report  # noqa: E402
 CASES = {"a": (64, 32_768), "b": (64, 2_048), "c": (1024, 2_048)}
 FIRST = 16  # steps counted as start-up
 SLACK_MB = 32  # what the target allows above the budget
-KEYS = ("start_ms", "first16_ms", "step_ms", "cpu_ms", "rss_mb", "workers_rss_mb")
+KEYS = ("start_ms", "first16_ms", "step_ms", "cpu_ms", "rss_mb", "file_mb", "workers_rss_mb")
 
 
 # --- children ---------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def measure(make_iter, steps: int, base_mb: int, workers: int) -> dict:
     and this process's CPU). With workers, their anonymous RSS is sampled every FIRST steps
     (outside the timing)."""
     me = Path("/proc/self/status")
-    base_anon = status_mb(me, "RssAnon")
+    base_anon, base_file = status_mb(me, "RssAnon"), status_mb(me, "RssFile")
     workers_mb = 0
     t0 = time.perf_counter()
     it = make_iter()
@@ -116,6 +116,9 @@ def measure(make_iter, steps: int, base_mb: int, workers: int) -> dict:
         # this process's CPU a steady step (with workers, theirs is not counted)
         "cpu_ms": 1000 * (c3 - c2 - spent_cpu) / steps,
         "rss_mb": proc_status_mb("VmHWM") - base_mb,
+        # of it, library code and data files mapped since the imports (clean pages, shared,
+        # whose count depends on what the page cache holds of them), at the end
+        "file_mb": status_mb(me, "RssFile") - base_file,
     }
     if workers:
         out["workers_rss_mb"] = max(workers_mb, workers_anon_mb(base_anon))
