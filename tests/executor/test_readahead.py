@@ -134,6 +134,7 @@ def test_a_thread_left_idle_by_steps_built_in_line_is_ended(monkeypatch):
     monkeypatch.setattr(
         ahead_module.freed_memory, "give_back", lambda: gave_back.append(_alive(build))
     )
+    monkeypatch.setattr(ahead_module, "_QUICK", 1e6)  # every step quick, however loaded
     build = _Steps(0.01)
     ra = ReadAhead(build, 1, 100)
     try:
