@@ -105,6 +105,27 @@ def test_a_kept_handle_serves_the_next_open_once(store, monkeypatch):
         assert ranges.take_kept(url) is None and old.closed  # too old: asked again
 
 
+def test_concurrent_reads_of_an_object_share_its_one_handle(store, monkeypatch):
+    """Reads of one object on the range request threads at once go through its one open
+    handle (a read does not move its position): each gets its own bytes, and the object is
+    opened (a HEAD) once, not once per read in flight."""
+    from fault_proxy import fault_proxy
+
+    body = np.random.default_rng(5).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    store.put("ranges/shared", body)
+    rng = np.random.default_rng(6)
+    starts = rng.integers(0, len(body), 96).tolist()
+    sizes = rng.integers(1, 256 << 10, 96).tolist()
+    with fault_proxy(store, monkeypatch) as proxy:
+        proxy.add("GET", "ranges/shared", "delay", seconds=0.005)  # reads overlap
+        f = ranges.RangeFile(store.url("ranges/shared"), None)
+        got = ranges.parallel(lambda job: f.read_at(*job), list(zip(sizes, starts, strict=True)))
+        f.close()
+        methods = [m for m, *_ in proxy.requests(key="ranges/shared")]
+    assert got == [body[s : s + n] for s, n in zip(starts, sizes, strict=True)]
+    assert methods.count("HEAD") == 1 and methods.count("GET") == 96
+
+
 @pytest.fixture(scope="module")
 def plans(store, tmp_path_factory):
     """Parquet sources of many small row groups, local and as objects, one plan."""

@@ -146,7 +146,6 @@ class RangeFile:
         except BaseException:
             self._file.close()
             raise
-        self._idle = [self._file]
         self.requests = 0
         self.checked = 0  # `requests` when the catalog last asked the store for the version
         self._staged_at: list[int] = []  # sorted starts of the staged runs
@@ -180,16 +179,9 @@ class RangeFile:
         return data
 
     def _read(self, start: int, size: int) -> bytes:
-        """One request, on a handle of its own (a read moves the handle's position; reads
-        of this object in parallel each take one, opened as needed)."""
-        try:  # list.pop and append are atomic: no lock that a fork could copy held
-            f = self._idle.pop()
-        except IndexError:
-            f = open_input(self.url)
-        try:
-            return read_exact(f, self.url, self.size, start, size)
-        finally:
-            self._idle.append(f)
+        """One request through the object's one handle: a read does not move its position,
+        so reads of this object in parallel share it (no open, no metadata request each)."""
+        return read_exact(self._file, self.url, self.size, start, size)
 
     def _from_staged(self, start: int, end: int) -> bytes | None:
         """Bytes [start, end) if staged runs (one, or consecutive ones) hold them all."""
@@ -264,9 +256,10 @@ class RangeFile:
         return self.read_at(min((run[1] + 1) * RANGE_BLOCK, self.size) - lo, lo)
 
     def close(self) -> None:
+        """Close the handle (after the reads through it ended: `ReadAhead.close` waits for
+        its requests in flight)."""
         self.unstage()
-        while self._idle:
-            self._idle.pop().close()
+        self._file.close()
 
 
 class _View(io.RawIOBase):
