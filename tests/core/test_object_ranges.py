@@ -77,6 +77,29 @@ def test_a_failed_span_is_raised_only_when_read(store):
     kept.close()
 
 
+def test_in_order_yields_every_read_in_order_with_at_most_its_bytes_asked_ahead():
+    """`in_order` runs the reads on the range threads and hands them back in order; from
+    the one being taken on, the reads begun hold at most `most` bytes (or that one)."""
+    import threading
+
+    begun: list[int] = []
+    lock = threading.Lock()
+
+    def read(k: int) -> int:
+        with lock:
+            begun.append(k)
+        return k * 10
+
+    sizes = [3, 5, 2, 7, 1, 4, 12] * 6
+    got = []
+    for k, value in enumerate(ranges.in_order(read, list(range(len(sizes))), sizes, most=10)):
+        with lock:
+            last = max(begun)
+        assert sum(sizes[k : last + 1]) <= max(10, sizes[k])
+        got.append(value)
+    assert got == [k * 10 for k in range(len(sizes))]
+
+
 def test_a_kept_handle_serves_the_next_open_once(store, monkeypatch):
     """A handle kept open (by a file's first reads or check) is the next RangeFile's, which
     then asks the store nothing; `take_kept` with an owner takes only that owner's; one kept

@@ -20,9 +20,9 @@ import io
 import os
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ __all__ = [
     "RangeFile",
     "counters",
     "drop_kept",
+    "in_order",
     "in_request_pool",
     "keep_open",
     "parallel",
@@ -346,6 +347,28 @@ def parallel(read: Callable[[Any], Any], items: list) -> list:
     if len(items) <= 1:
         return [read(item) for item in items]
     return list(request_pool().map(read, items))
+
+
+def in_order(
+    read: Callable[[Any], Any], items: list, sizes: list[int], most: int = 4 * MAX_REQUEST
+) -> Iterator[Any]:
+    """`read` of every item, yielded in order, made on the range request threads: at most
+    `most` bytes (`sizes`: each item's) requested and not yet taken at once (one item
+    always), so a long list is read at the pool's pace without all its bytes held."""
+    if in_request_pool():  # a range thread must not wait on its own pool
+        yield from map(read, items)
+        return
+    pool = request_pool()
+    pending: deque[tuple[int, Future]] = deque()
+    held, at = 0, 0
+    while at < len(items) or pending:
+        while at < len(items) and (not pending or held + sizes[at] <= most):
+            pending.append((sizes[at], pool.submit(read, items[at])))
+            held += sizes[at]
+            at += 1
+        n, future = pending.popleft()
+        held -= n
+        yield future.result()
 
 
 _POOL_NAME = "mds-range"
