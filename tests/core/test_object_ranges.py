@@ -146,7 +146,8 @@ def test_concurrent_reads_of_an_object_share_its_one_handle(store, monkeypatch):
         f.close()
         methods = [m for m, *_ in proxy.requests(key="ranges/shared")]
     assert got == [body[s : s + n] for s, n in zip(starts, sizes, strict=True)]
-    assert methods.count("HEAD") == 1 and methods.count("GET") == 96
+    # a GET each (a second one only where a read's end matched the fill pattern by chance)
+    assert methods.count("HEAD") == 1 and 96 <= methods.count("GET") < 2 * 96
 
 
 @pytest.fixture(scope="module")
