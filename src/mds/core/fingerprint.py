@@ -54,8 +54,8 @@ def spans(size: int, mode: str) -> list[tuple[int, int]]:
     if size <= 2 * _EDGE + _BLOCKS * _BLOCK:
         return [(0, size)] if size else []
     span = size - 2 * _EDGE - _BLOCK
-    blocks = [(_EDGE + span * i // (_BLOCKS - 1),) * 2 for i in range(_BLOCKS)]
-    return [(0, _EDGE), *((lo, lo + _BLOCK) for lo, _ in blocks), (size - _EDGE, size)]
+    blocks = [_EDGE + span * i // (_BLOCKS - 1) for i in range(_BLOCKS)]
+    return [(0, _EDGE), *((lo, lo + _BLOCK) for lo in blocks), (size - _EDGE, size)]
 
 
 def opened_fingerprints(
