@@ -16,8 +16,12 @@ groups too large for the memory budget to decode whole, read from their pages.
 `src`), alternating with this one: before/after in one run. Timings are reported, never
 asserted.
 
+`--trace DIR` writes each run's object opens (HEAD) and range reads (GET) with their thread
+and times (the code measured wrapped in the child: pyarrow's open and the range reads).
+
 Usage: python bench/bench_first_reads.py [--out build/bench] [--repeat 3] [--delay-ms 20]
        [--verify stat|none|full] [--sources 256 --rows 2048] [--baseline ../main/src]
+       [--trace build/bench/first_reads-trace]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,21 +54,72 @@ ENV = {
 }
 
 
-def child(plan: Path, url: str, first_reads: int, steps: int, verify: str) -> dict:
+def traced(out: Path) -> tuple[Callable[[str, str, float], None], Callable[[], None]]:
+    """Time every object open (pyarrow's, a HEAD) and every range read (a GET) this process
+    makes, on the thread it is made on: (mark(kind, what, since), write to `out`), times
+    in ms since the call. For `--trace`: where a start's or a step's time goes."""
+    from mds.core import storage
+
+    zero, events, lock = time.perf_counter(), [], threading.Lock()
+
+    def mark(kind: str, what: str, since: float) -> None:
+        now = time.perf_counter()
+        with lock:
+            events.append(
+                (threading.current_thread().name, kind, what,
+                 round(1000 * (since - zero), 1), round(1000 * (now - zero), 1))
+            )
+
+    class Timed:
+        def __init__(self, fs):
+            self._fs = fs
+
+        def open_input_file(self, key: str):
+            since = time.perf_counter()
+            try:
+                return self._fs.open_input_file(key)
+            finally:
+                mark("HEAD", key, since)
+
+        def __getattr__(self, name: str):
+            return getattr(self._fs, name)
+
+    filesystem, read_into = storage.filesystem, storage._read_into
+    storage.filesystem = lambda url: Timed(filesystem(url))
+
+    def timed_read(f, url, size, start, want, fill):
+        since = time.perf_counter()
+        try:
+            return read_into(f, url, size, start, want, fill)
+        finally:
+            mark("GET", f"{url} [{start}, {start + want})", since)
+
+    storage._read_into = timed_read
+    return mark, lambda: out.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+
+
+def child(
+    plan: Path, url: str, first_reads: int, steps: int, verify: str, trace: Path | None = None
+) -> dict:
     """One run: construction, the first FIRST steps, then `steps` more (mean ms)."""
+    mark, write = traced(trace) if trace is not None else (lambda *a: None, lambda: None)
     from mds.executor import PlanExecutor
 
     t0 = time.perf_counter()
     ex = PlanExecutor(plan, 0, data_root=url, verify=verify, first_reads=first_reads)
     it = iter(ex)
     t1 = time.perf_counter()
-    for _ in range(FIRST):
+    mark("STEP", "construction", t0)
+    for k in range(FIRST):
+        since = time.perf_counter()
         next(it)
+        mark("STEP", f"step {k}", since)
     t2 = time.perf_counter()
     for _ in range(steps):
         next(it)
     t3 = time.perf_counter()
     ex.close()
+    write()
     return {
         "start_ms": 1000 * (t1 - t0),
         "first16_ms": 1000 * (t2 - t1),
@@ -109,8 +165,10 @@ def run_child(args: list[str], src: str | None) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        plan, url, first, steps, verify = sys.argv[2:7]
-        result = child(Path(plan), url, int(first), int(steps), verify)
+        plan, url, first, steps, verify, trace = sys.argv[2:8]
+        result = child(
+            Path(plan), url, int(first), int(steps), verify, Path(trace) if trace else None
+        )
         print(json.dumps(result))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -125,6 +183,12 @@ def main() -> None:
     ap.add_argument("--first-reads", default="16,0", help="settings to run, comma-separated")
     ap.add_argument("--baseline", help="the src directory of the code to compare with")
     ap.add_argument("--src", help="the src directory of the code measured (default: installed)")
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        help="a directory: each run writes there, a JSON line each, every object open (HEAD) "
+        "and range read (GET) with its thread and times, and the construction and first steps",
+    )
     a = ap.parse_args()
     try:
         import moto.server  # noqa: F401
@@ -154,11 +218,15 @@ def main() -> None:
         for method in ("GET", "HEAD"):
             proxy.add(method, "*", "delay", seconds=a.delay_ms / 1000)
         os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
-        for _ in range(a.repeat):
+        if a.trace is not None:
+            a.trace.mkdir(parents=True, exist_ok=True)
+        for run in range(a.repeat):
             for code, value in settings:
                 before = len(proxy.log)
+                trace = "" if a.trace is None else str(a.trace / f"{code}-{value}-{run}.jsonl")
                 result = run_child(
-                    ["--child", str(plan), url, value, str(a.steps), a.verify], codes[code]
+                    ["--child", str(plan), url, value, str(a.steps), a.verify, trace],
+                    codes[code],
                 )
                 methods = [m for m, *_ in proxy.log[before:]]
                 requests[(code, value)] = {m: methods.count(m) for m in ("HEAD", "GET")}

@@ -127,3 +127,37 @@ def test_stat_signature(tmp_path: Path) -> None:
     path.write_bytes(b"abc")
     os.utime(path, ns=(5, 123456789))
     assert stat_signature(path) == (3, 123456789)
+
+
+@pytest.mark.parametrize("mode", ["sampled", "full"])
+@pytest.mark.parametrize(
+    "size",
+    [0, 1, 3 * MIB, 2 * EDGE + BLOCKS * BLOCK, 2 * EDGE + BLOCKS * BLOCK + 1, 9 * MIB + 77],
+)
+def test_an_opened_objects_fingerprint_from_its_spans_is_the_files(
+    tmp_path: Path, size: int, mode: str
+) -> None:
+    """The ranges `spans` names, read in any order and hashed in order after the size
+    (`opened_fingerprints`, as the start-up check reads an object's through its open), give
+    the fingerprint of the file; a failed read leaves the object out."""
+    import pyarrow as pa
+
+    from mds.core import storage
+    from mds.core.fingerprint import opened_fingerprints, spans
+
+    data = bytes(os.urandom(size))
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    if mode == "sampled" and size > 2 * EDGE + BLOCKS * BLOCK:
+        assert spans(size, mode) == [(lo, lo + n) for lo, n in _sampled_regions(size)]
+
+    def read_in_order(jobs, fail=()):
+        got = {job[3]: storage.read_exact(*job[:4], job[4] - job[3]) for job in reversed(jobs)}
+        return iter(None if job[3] in fail else got[job[3]] for job in jobs)
+
+    with pa.OSFile(str(path)) as f:
+        objects = {"u": (f, size, mode)}
+        assert opened_fingerprints(objects, read_in_order) == {("u", mode): fingerprint(path, mode)}
+        if size:
+            failed = opened_fingerprints(objects, lambda jobs: read_in_order(jobs, {0}))
+            assert failed == {}

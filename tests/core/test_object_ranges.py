@@ -77,6 +77,29 @@ def test_a_failed_span_is_raised_only_when_read(store):
     kept.close()
 
 
+def test_in_order_yields_every_read_in_order_with_at_most_its_bytes_asked_ahead():
+    """`in_order` runs the reads on the range threads and hands them back in order; from
+    the one being taken on, the reads begun hold at most `most` bytes (or that one)."""
+    import threading
+
+    begun: list[int] = []
+    lock = threading.Lock()
+
+    def read(k: int) -> int:
+        with lock:
+            begun.append(k)
+        return k * 10
+
+    sizes = [3, 5, 2, 7, 1, 4, 12] * 6
+    got = []
+    for k, value in enumerate(ranges.in_order(read, list(range(len(sizes))), sizes, most=10)):
+        with lock:
+            last = max(begun)
+        assert sum(sizes[k : last + 1]) <= max(10, sizes[k])
+        got.append(value)
+    assert got == [k * 10 for k in range(len(sizes))]
+
+
 def test_a_kept_handle_serves_the_next_open_once(store, monkeypatch):
     """A handle kept open (by a file's first reads or check) is the next RangeFile's, which
     then asks the store nothing; `take_kept` with an owner takes only that owner's; one kept
@@ -103,6 +126,28 @@ def test_a_kept_handle_serves_the_next_open_once(store, monkeypatch):
         old = storage.open_input(url)
         ranges.keep_open(url, old, None)
         assert ranges.take_kept(url) is None and old.closed  # too old: asked again
+
+
+def test_concurrent_reads_of_an_object_share_its_one_handle(store, monkeypatch):
+    """Reads of one object on the range request threads at once go through its one open
+    handle (a read does not move its position): each gets its own bytes, and the object is
+    opened (a HEAD) once, not once per read in flight."""
+    from fault_proxy import fault_proxy
+
+    body = np.random.default_rng(5).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    store.put("ranges/shared", body)
+    rng = np.random.default_rng(6)
+    starts = rng.integers(0, len(body), 96).tolist()
+    sizes = rng.integers(1, 256 << 10, 96).tolist()
+    with fault_proxy(store, monkeypatch) as proxy:
+        proxy.add("GET", "ranges/shared", "delay", seconds=0.005)  # reads overlap
+        f = ranges.RangeFile(store.url("ranges/shared"), None)
+        got = ranges.parallel(lambda job: f.read_at(*job), list(zip(sizes, starts, strict=True)))
+        f.close()
+        methods = [m for m, *_ in proxy.requests(key="ranges/shared")]
+    assert got == [body[s : s + n] for s, n in zip(starts, sizes, strict=True)]
+    # a GET each (a second one only where a read's end matched the fill pattern by chance)
+    assert methods.count("HEAD") == 1 and 96 <= methods.count("GET") < 2 * 96
 
 
 @pytest.fixture(scope="module")

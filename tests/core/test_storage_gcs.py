@@ -93,3 +93,23 @@ def test_a_gcs_server_that_is_down_is_an_error_naming_the_url(world, monkeypatch
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens
     with pytest.raises(SourceDataError, match=rf"^{url}/\S+: cannot stat after retrying for 2 s"):
         replay(top / "gs.mds", 0)
+
+
+def test_one_open_gcs_object_serves_reads_from_several_threads_at_once(world):
+    """Reads through one open handle from the range request threads at once each get their
+    own bytes: the executor shares an object's one handle among them (`RangeFile`)."""
+    import numpy as np
+
+    from mds.core.object_ranges import parallel
+
+    _top, store, _url = world
+    body = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    store.put("shared/object", body)
+    url = "gs://mds-test/shared/object"
+    rng = np.random.default_rng(4)
+    starts = rng.integers(0, len(body) - 1, 32).tolist()
+    sizes = rng.integers(1, 64 << 10, 32).tolist()
+    jobs = [(s, min(n, len(body) - s)) for s, n in zip(starts, sizes, strict=True)]
+    with storage.open_input(url) as f:
+        got = parallel(lambda job: storage.read_exact(f, url, len(body), *job), jobs)
+    assert got == [body[s : s + n] for s, n in jobs]

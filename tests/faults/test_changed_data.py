@@ -290,6 +290,35 @@ def test_an_object_rewritten_during_the_run_stops_it(store_kind, fmt, tmp_path, 
     assert "changed after it was checked" in message
 
 
+@pytest.mark.parametrize("megatron", [False, True])
+@pytest.mark.parametrize("modify", [False, True])
+def test_uploaded_objects_are_checked_by_content_through_the_checks_open(
+    modify, megatron, tmp_path, expected_of, monkeypatch
+):
+    """An upload of the indexed data is a relocated root: each object's content fingerprint
+    (a Megatron file's with its companion's) is checked before any of its bytes is used,
+    read through the open the check makes (one HEAD an object, not a second open for the
+    fingerprint); other bytes of the same size are refused naming the file."""
+    from fault_proxy import fault_proxy
+    from s3_store import s3_server
+
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+    plan, rel = _world(tmp_path, "megatron" if megatron else "parquet")
+    expected = expected_of(plan)
+    _relocated_copy(tmp_path / "data", tmp_path / "copy", rel, modify=modify)
+    with s3_server(monkeypatch) as store:
+        url = store.upload(tmp_path / "copy", "copy")
+        with fault_proxy(store, monkeypatch) as proxy:
+            if modify:
+                with pytest.raises(DataChangedError, match=f"{rel}: content changed"):
+                    PlanExecutor(plan, 0, data_root=url, read_ahead=0)
+                return
+            with PlanExecutor(plan, 0, data_root=url, read_ahead=0) as ex:
+                heads = [k for m, k, _q in proxy.requests("HEAD")]
+                assert [batch_digest(b) for b in ex] == expected
+    assert sorted(heads) == sorted({f"copy/{rel}", f"copy/{rel[:-4]}.idx"} if megatron else {f"copy/{rel}"})
+
+
 # --- relocated roots ----------------------------------------------------------------------
 
 

@@ -136,13 +136,15 @@ def file_problem(
     where: str,
     content: bool = False,
     known: dict[str, tuple[int, int] | MdsError] | None = None,
+    prints: dict[tuple[str, str], str] | None = None,
 ) -> str | None:
     """Why the file of manifest entry `item` under `root` is not the indexed one, or None:
     `full` compares content fingerprints alone; otherwise size and mtime, with the content
     fingerprint where the mtime differs, or always (`content`: a relocated root, where a copy
     keeps names, sizes and mtimes whatever its bytes are). `known`: (size, mtime_ns) by
     path, or the error asking for them raised, as the caller just had them from the store
-    (an object's open), not asked again."""
+    (an object's open), not asked again; `prints`: fingerprints by (path, mode) the caller
+    just read through that open (`fingerprint.opened_fingerprints`)."""
     try:
         path, companion = entry_paths(root, item, where)
     except ValueError as exc:
@@ -150,8 +152,8 @@ def file_problem(
     rel = item["path"]
     try:
         if full:
-            return _content_problem(path, companion, item, rel)
-        return _stat_problem(path, companion, item, rel, content, known or {})
+            return _content_problem(path, companion, item, rel, prints)
+        return _stat_problem(path, companion, item, rel, content, known or {}, prints)
     except MdsError as exc:  # unreadable or missing: SourceDataError from the fingerprint helpers
         for where, name in ((path, rel), (companion, item.get("index_path"))):
             if where is not None and str(exc).startswith(f"{where}: "):
@@ -173,11 +175,12 @@ def _stat_problem(
     rel: str,
     content: bool = False,
     known: dict[str, tuple[int, int] | MdsError] | None = None,
+    prints: dict[tuple[str, str], str] | None = None,
 ) -> str | None:
     """Size, then mtime; a file whose only difference is its mtime (touched, copied without
     keeping times, synced from object storage) is checked by its content fingerprint, so
     data that moved passes and data that changed fails naming the file. `content`: the
-    fingerprint is checked whatever the mtime. `known`: see `file_problem`."""
+    fingerprint is checked whatever the mtime. `known`, `prints`: see `file_problem`."""
     known = known or {}
 
     def signature(p: Any) -> tuple[int, int]:
@@ -192,11 +195,11 @@ def _stat_problem(
     if companion is not None:
         signature(companion)  # no recorded stat: its content is checked by --full
     if mtime != item.get("mtime_ns"):
-        problem = _content_problem(path, companion, item, rel)
+        problem = _content_problem(path, companion, item, rel, prints)
         if problem is not None:
             return f"{problem}; modified (mtime_ns {item.get('mtime_ns')} -> {mtime})"
     elif content:
-        return _content_problem(path, companion, item, rel)
+        return _content_problem(path, companion, item, rel, prints)
     return None
 
 
@@ -214,14 +217,21 @@ def content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | No
     return _content_problem(path, companion, item, rel)
 
 
-def _content_problem(path: Any, companion: Any, item: dict, rel: str) -> str | None:
+def _content_problem(
+    path: Any, companion: Any, item: dict, rel: str, prints: dict | None = None
+) -> str | None:
     stored = item.get("fingerprint")
     mode = stored.partition(":")[0] if isinstance(stored, str) else None
     if mode not in MODES:
         return f"{rel}: unknown fingerprint {stored!r} in the manifest"
-    got = fingerprint(path, mode)
+    prints = prints or {}
+
+    def of(p: Any) -> str:
+        return prints.get((str(p), mode)) or fingerprint(p, mode)
+
+    got = of(path)
     if companion is not None:
-        got = f"{got}+{fingerprint(companion, mode).split(':', 1)[1]}"
+        got = f"{got}+{of(companion).split(':', 1)[1]}"
     if got != stored:
         return f"{rel}: content changed ({mode} fingerprint {stored} -> {got})"
     return None

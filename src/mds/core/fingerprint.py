@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from mds.core import storage
 from mds.errors import SourceDataError
 
-__all__ = ["fingerprint", "hashes_every_byte", "stat_signature"]
+__all__ = ["fingerprint", "hashes_every_byte", "opened_fingerprints", "spans", "stat_signature"]
 
 _EDGE = 1 << 20
 _BLOCK = 1 << 16
@@ -42,6 +44,48 @@ def _sampled(f, size: int, h) -> None:
         h.update(f.read(_BLOCK))
     f.seek(size - _EDGE)
     h.update(f.read(_EDGE))
+
+
+def spans(size: int, mode: str) -> list[tuple[int, int]]:
+    """The byte ranges [lo, hi) whose bytes, in this order after the size, `fingerprint`
+    hashes in `mode` for a file of `size` bytes: they can be read in any order, at once."""
+    if mode == "full":
+        return [(lo, min(lo + _FULL_READ, size)) for lo in range(0, size, _FULL_READ)]
+    if size <= 2 * _EDGE + _BLOCKS * _BLOCK:
+        return [(0, size)] if size else []
+    span = size - 2 * _EDGE - _BLOCK
+    blocks = [_EDGE + span * i // (_BLOCKS - 1) for i in range(_BLOCKS)]
+    return [(0, _EDGE), *((lo, lo + _BLOCK) for lo in blocks), (size - _EDGE, size)]
+
+
+def opened_fingerprints(
+    objects: dict[str, tuple[Any, int, str]],
+    read_in_order: Callable[[list[tuple[Any, str, int, int, int]]], Iterator[bytes | None]],
+) -> dict[tuple[str, str], str]:
+    """`fingerprint` of objects already open, by (URL, mode): `objects` maps a URL to (its
+    open handle, its size at the open, the mode); `read_in_order` yields the bytes of every
+    (handle, URL, size, lo, hi) asked, in order (a store's requests in flight together),
+    None for a read that failed. An object with a failed read is left out (`fingerprint`
+    of it then reads it again, and names what it finds)."""
+    jobs = [
+        (handle, url, size, lo, hi)
+        for url, (handle, size, mode) in objects.items()
+        for lo, hi in spans(size, mode)
+    ]
+    parts = read_in_order(jobs)
+    out = {}
+    for url, (_handle, size, mode) in objects.items():
+        h = hashlib.blake2b(digest_size=16)
+        h.update(size.to_bytes(8, "little"))
+        whole = True
+        for _ in spans(size, mode):
+            part = next(parts)
+            whole = whole and part is not None
+            if whole:
+                h.update(part)  # type: ignore[arg-type]
+        if whole:
+            out[(url, mode)] = f"{mode}:{h.hexdigest()}"
+    return out
 
 
 def hashes_every_byte(fingerprint: str, *sizes: int) -> bool:

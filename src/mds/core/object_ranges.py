@@ -20,9 +20,9 @@ import io
 import os
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ __all__ = [
     "RangeFile",
     "counters",
     "drop_kept",
+    "in_order",
     "in_request_pool",
     "keep_open",
     "parallel",
@@ -146,7 +147,6 @@ class RangeFile:
         except BaseException:
             self._file.close()
             raise
-        self._idle = [self._file]
         self.requests = 0
         self.checked = 0  # `requests` when the catalog last asked the store for the version
         self._staged_at: list[int] = []  # sorted starts of the staged runs
@@ -180,16 +180,9 @@ class RangeFile:
         return data
 
     def _read(self, start: int, size: int) -> bytes:
-        """One request, on a handle of its own (a read moves the handle's position; reads
-        of this object in parallel each take one, opened as needed)."""
-        try:  # list.pop and append are atomic: no lock that a fork could copy held
-            f = self._idle.pop()
-        except IndexError:
-            f = open_input(self.url)
-        try:
-            return read_exact(f, self.url, self.size, start, size)
-        finally:
-            self._idle.append(f)
+        """One request through the object's one handle: a read does not move its position,
+        so reads of this object in parallel share it (no open, no metadata request each)."""
+        return read_exact(self._file, self.url, self.size, start, size)
 
     def _from_staged(self, start: int, end: int) -> bytes | None:
         """Bytes [start, end) if staged runs (one, or consecutive ones) hold them all."""
@@ -264,9 +257,10 @@ class RangeFile:
         return self.read_at(min((run[1] + 1) * RANGE_BLOCK, self.size) - lo, lo)
 
     def close(self) -> None:
+        """Close the handle (after the reads through it ended: `ReadAhead.close` waits for
+        its requests in flight)."""
         self.unstage()
-        while self._idle:
-            self._idle.pop().close()
+        self._file.close()
 
 
 class _View(io.RawIOBase):
@@ -353,6 +347,28 @@ def parallel(read: Callable[[Any], Any], items: list) -> list:
     if len(items) <= 1:
         return [read(item) for item in items]
     return list(request_pool().map(read, items))
+
+
+def in_order(
+    read: Callable[[Any], Any], items: list, sizes: list[int], most: int = 4 * MAX_REQUEST
+) -> Iterator[Any]:
+    """`read` of every item, yielded in order, made on the range request threads: at most
+    `most` bytes (`sizes`: each item's) requested and not yet taken at once (one item
+    always), so a long list is read at the pool's pace without all its bytes held."""
+    if in_request_pool():  # a range thread must not wait on its own pool
+        yield from map(read, items)
+        return
+    pool = request_pool()
+    pending: deque[tuple[int, Future]] = deque()
+    held, at = 0, 0
+    while at < len(items) or pending:
+        while at < len(items) and (not pending or held + sizes[at] <= most):
+            pending.append((sizes[at], pool.submit(read, items[at])))
+            held += sizes[at]
+            at += 1
+        n, future = pending.popleft()
+        held -= n
+        yield future.result()
 
 
 _POOL_NAME = "mds-range"

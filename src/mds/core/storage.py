@@ -458,8 +458,14 @@ def _read_into(f: Any, url: str, size: int, start: int, want: int, fill: bytes) 
     buf = bytearray(fill) * (want // len(fill) + 1)
     del buf[want:]
     try:
-        f.seek(start)
-        got = f.readinto(buf)
+        # a segment of a pyarrow file reads at its own offset (ReadAt, which Arrow's files,
+        # S3's and GCS's among them, serve from several threads at once): the file's own
+        # position is not moved, so one open handle serves concurrent reads
+        if hasattr(f, "get_stream"):
+            got = f.get_stream(start, want).readinto(buf)
+        else:  # a Python file object
+            f.seek(start)
+            got = f.readinto(buf)
     except OSError as exc:
         raise replaced(url, size) or failure(url, "read", exc) from None
     if got < want:
@@ -469,8 +475,9 @@ def _read_into(f: Any, url: str, size: int, start: int, want: int, fill: bytes) 
 
 def read_exact(f: Any, url: str, size: int, start: int, want: int) -> bytes:
     """Bytes [start, start + want) of the object `url` (opened, at `size` bytes, as the
-    pyarrow file `f`, whose position moves): SourceDataError if the read fails or the
-    server sent fewer bytes (short_read: names the object, or says it was replaced)."""
+    pyarrow file `f`, whose position does not move: threads may read one `f` at once):
+    SourceDataError if the read fails or the server sent fewer bytes (short_read: names the
+    object, or says it was replaced)."""
     if want <= 0:
         return b""
     buf = _read_into(f, url, size, start, want, _FILL)

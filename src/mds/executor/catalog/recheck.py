@@ -18,6 +18,7 @@ import numpy as np
 
 from mds.core import storage
 from mds.core.datacheck import (
+    MODES,
     content_decides,
     content_problem,
     file_identity,
@@ -26,7 +27,8 @@ from mds.core.datacheck import (
     identity_change,
     stat_identity,
 )
-from mds.core.object_ranges import RangeFile, keep_open, parallel, take_kept
+from mds.core.fingerprint import opened_fingerprints
+from mds.core.object_ranges import RangeFile, in_order, keep_open, parallel, take_kept
 from mds.core.planfile import RankChunk
 from mds.core.storage import MOVED_HINT
 from mds.errors import DataChangedError, PlanError, SourceDataError
@@ -89,13 +91,14 @@ class DataChecks:
         entries = [files[f] for f in used]
         opened = self._open_objects(entries)
         try:
+            prints = self._opened_prints(entries, opened, full)
             for sid, fid, entry in entries:
                 s = plan.source_of(sid)
                 plan.same_record(s, fid, entry)
                 if (sid, fid) in self.checked:
                     continue
                 where = f"{s.name} files[{fid}]"
-                problem, seen_before = self._check(sid, fid, entry, full, where, opened)
+                problem, seen_before = self._check(sid, fid, entry, full, where, opened, prints)
                 if problem is not None and seen_before:
                     # seen through a handle the first reads opened earlier: look again, so a
                     # refusal is of the file as it is now
@@ -153,12 +156,66 @@ class DataChecks:
             opened[url] = (handle, False)
         return opened
 
+    def _opened_prints(self, entries: list, opened: dict, full: bool) -> dict:
+        """The content fingerprints the checks of the unchecked `entries` will compare (all
+        of them with `full`; else those of a relocated root, or whose mtime differs), of the
+        objects `_open_objects` opened: read through those handles with every object's
+        ranges in flight together, instead of each object opened again and read one range
+        after another on the building thread. A read that fails is left to the check."""
+        plan, objects = self.plan, {}
+        for sid, fid, entry in entries:
+            stored = entry.get("fingerprint") if isinstance(entry, dict) else None
+            mode = stored.partition(":")[0] if isinstance(stored, str) else None
+            if (sid, fid) in self.checked or mode not in MODES:
+                continue
+            try:
+                paths = plan.paths(entry, f"{plan.source_of(sid).name} files[{fid}]")
+            except (PlanError, ValueError):
+                continue
+            handles = [opened.get(str(p), (None, False))[0] for p in paths if p is not None]
+            if not handles or any(isinstance(h, SourceDataError | None) for h in handles):
+                continue
+            try:
+                st = storage.opened_stat(handles[0], str(paths[0]))
+                sizes = [int(h.size()) for h in handles]
+            except (SourceDataError, OSError):
+                continue
+            if not full and (
+                st is None
+                or st.st_size != entry.get("size")
+                or (not plan.relocated and st.st_mtime_ns == entry.get("mtime_ns"))
+            ):
+                continue  # no content check, or one left to the check itself
+            for p, h, size in zip((p for p in paths if p is not None), handles, sizes, strict=True):
+                objects[str(p)] = (h, size, mode)
+        if not objects:
+            return {}
+
+        def read(job: tuple) -> bytes | None:
+            handle, url, size, lo, hi = job
+            try:
+                return storage.read_exact(handle, url, size, lo, hi - lo)
+            except SourceDataError:
+                return None
+
+        return opened_fingerprints(
+            objects, lambda jobs: in_order(read, jobs, [job[4] - job[3] for job in jobs])
+        )
+
     def _check(
-        self, sid: int, fid: int, entry: Any, full: bool, where: str, opened: dict
+        self,
+        sid: int,
+        fid: int,
+        entry: Any,
+        full: bool,
+        where: str,
+        opened: dict,
+        prints: dict | None = None,
     ) -> tuple[str | None, bool]:
         """Pin a file's version (re-checks on) and compare it with its record
-        (`file_problem`): the problem or None, and whether an object was seen through a
-        handle opened before the check (`_open_objects`)."""
+        (`file_problem`, with the fingerprints `prints` read for it): the problem or None,
+        and whether an object was seen through a handle opened before the check
+        (`_open_objects`)."""
         plan = self.plan
         known: dict[str, Any] = {}
         seen_before = False
@@ -166,7 +223,9 @@ class DataChecks:
             versions, seen_before = self._versions_now(entry, where, known, opened)
             if self.rechecks:
                 self.pins[(sid, fid)] = versions
-        problem = file_problem(plan.root, entry, full, where, content=plan.relocated, known=known)
+        problem = file_problem(
+            plan.root, entry, full, where, content=plan.relocated, known=known, prints=prints
+        )
         return problem, seen_before
 
     def _versions_now(
