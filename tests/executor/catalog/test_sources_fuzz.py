@@ -17,6 +17,7 @@ root, formats, payloads and length rules) must replay the original batches or be
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -203,12 +204,14 @@ def apply_block_edits(block: RankChunk, edits: list[tuple]) -> RankChunk:
             continue
         i = args[0] % len(files)
         entry = files[i][2]
+        # a drawn value is installed as a copy: hypothesis hands the same object to several
+        # edits, and one edited in place could come to hold itself
         if kind == "entry" and isinstance(entry, dict):
-            entry[args[1]] = args[2]
+            entry[args[1]] = copy.deepcopy(args[2])
         elif kind == "unset" and isinstance(entry, dict):
             entry.pop(args[1], None)
         elif kind == "record":
-            files[i][2] = args[1]
+            files[i][2] = copy.deepcopy(args[1])
         elif kind == "source":
             files[i][0] = args[1]
         elif kind == "file":
