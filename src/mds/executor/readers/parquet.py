@@ -422,19 +422,22 @@ class ParquetReader(ColumnReader):
         done = np.zeros(len(rows), dtype=bool)
         most = self._budget.buffer if self._budget is not None else parquet_pages.WHOLE_CHUNK
         for i, pick in pages.items():
+            # all the rows, in order, in one row group (a file's usual read): no copies
+            every = len(pages) == 1 and len(pick) == len(rows)
+            at, size = (offsets, lengths) if every else (offsets[pick], lengths[pick])
             page = min(_PAGE, int(self._meta.column_sizes(self.column)[i]))
-            need = page + 3 * int(lengths[pick].sum()) * lay.dtype.itemsize
-            row = int(rows[pick][np.argmax(lengths[pick])])
+            need = page + 3 * int(size.sum()) * lay.dtype.itemsize
+            row = int(rows[pick[size.argmax()]])
             with self._reserve(need, i, row, "a page and the rows asked of row group"):
-                ahead = self._read_ahead(lay, i, offsets[pick], lengths[pick], most)
+                ahead = self._read_ahead(lay, i, at, size, most)
                 try:
                     values = parquet_pages.fetch_rows(
                         ahead or source,
                         lay,
                         i,
-                        rows[pick],
-                        offsets[pick],
-                        lengths[pick],
+                        rows if every else rows[pick],
+                        at,
+                        size,
                         self.display,
                         most,
                         narrow,
@@ -443,10 +446,12 @@ class ParquetReader(ColumnReader):
                     if ahead is not None:
                         ahead.close()
             if values is not None:  # else decoded whole below, where problems are named
-                parts.append((pick, values))
-                done[pick] = True
                 key = (self.column, i)
                 self._meta.paged[key] = self._meta.paged.get(key, 0) + 1
+                if every:
+                    return values
+                parts.append((pick, values))
+                done[pick] = True
         rest = np.flatnonzero(~done)
         if len(rest):
             parts.append((rest, self._decoded(rows[rest], keep)))
@@ -462,8 +467,10 @@ class ParquetReader(ColumnReader):
         it), its pages' requests made ahead of the page reads, several at once, within the
         reading thread's buffer (`most`): `object_read_ahead`. None for a file, or a group
         whose chunk is staged."""
+        if self.object is None:
+            return None
         chunk = lay.chunk(i)
-        if self.object is None or chunk is None or not self._large(i):
+        if chunk is None or not self._large(i):
             return None
         ends = offsets + lengths
         planned = parquet_pages.planned_reads(lay, i, offsets, ends, most)
