@@ -167,14 +167,14 @@ def _object_footer_meta(url: str, owner: Any = None) -> tuple[tuple, _ParquetMet
 
 class _Schema:
     """What a footer's schema decides, the same for every file written with it: its Arrow
-    schema, the leaves of each column, the (column, payload kind) pairs checked against it
-    and each token-list column's page layout. Files parsed one after another with an equal
-    schema and key-value metadata share one (`_schema_of`): a corpus's files mostly are
-    written alike, and a file's first read then derives none of it again."""
+    schema, the leaves of each column, the (column, payload kind, images column) checked
+    against it and each token-list column's page layout. Files parsed one after another
+    with an equal schema and key-value metadata share one (`_schema_of`): a corpus's files
+    mostly are written alike, and a file's first read then derives none of it again."""
 
     def __init__(self, metadata: pq.FileMetaData, kv: Any):
         self.metadata, self.parquet, self.kv = metadata, metadata.schema, kv
-        self.checked: set[tuple[str, str]] = set()
+        self.checked: set[tuple[str, str, str | None]] = set()
         self._arrow: pa.Schema | None = None
         self._leaves: dict[str, list[int]] = {}
         self._layouts: dict[str, tuple | None] = {}
@@ -220,15 +220,15 @@ def _schema_of(metadata: pq.FileMetaData) -> _Schema:
 
 class _ParquetMeta:
     """What reopening a Parquet file needs: its parsed footer, where its row groups start,
-    and its schema's facts (`_Schema`: the (column, payload kind) pairs already checked
-    against it, shared with the files of the same schema)."""
+    and its schema's facts (`_Schema`: among them the columns already checked against it,
+    shared with the files of the same schema)."""
 
     def __init__(self, metadata: pq.FileMetaData):
         self.metadata = metadata
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.starts = _row_starts(counts)
         self.schema = _schema_of(metadata)
-        self.checked = self.schema.checked  # (column, payload kind, images column)
+        self.checked = self.schema.checked
         self.paged: dict[tuple[str, int], int] = {}  # (column, row group): reads from pages
         self._layouts: dict[str, parquet_pages.Layout | None] = {}
         self._sizes: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
