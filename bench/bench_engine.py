@@ -5,14 +5,22 @@ Ray runs as a local cluster of --cpus CPUs started here (its start-up is reporte
 the local pool gets the same number of workers. Every figure is a median of --repeat runs,
 side by side in one process; the index and plan each engine writes are compared byte for
 byte. docs/scaling.md extrapolates from these numbers.
+
+With --local-only, Ray is left out: each `mds index` of the tiny files (Parquet and JSONL)
+runs on the local pool in a fresh process, which reports its wall and CPU time and the
+driver's table assembly; with --before SRC, a second source tree (the code before a change)
+runs alternately with this one, and the indexes of both are compared byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,14 +48,14 @@ def _noop(i: int) -> int:
     return i
 
 
-def make_files(data: Path, files: int, rows: int) -> Path:
-    """`files` small Parquet files (`rows` rows each, an n_tokens column); the config path.
-    Parquet has no batch scanner, so each file is one scan task: the worst case for
-    per-task overhead."""
+def make_files(data: Path, files: int, rows: int, fmt: str = "parquet") -> Path:
+    """`files` small Parquet or JSONL files (`rows` rows each, an n_tokens column); the
+    config path. Parquet has no batch scanner, so each file is one scan unit: the worst case
+    for per-task overhead. JSONL files of a few lines are scanned up to 4,096 in a unit."""
     config = data / "bench.toml"
-    meta = {"files": files, "rows": rows, "seed": SEED}
+    meta = {"files": files, "rows": rows, "seed": SEED, "format": fmt}
     marker = data / "meta.json"
-    if marker.exists() and json.loads(marker.read_text()) == meta:
+    if marker.exists() and {"format": "parquet", **json.loads(marker.read_text())} == meta:
         return config
     shutil.rmtree(data, ignore_errors=True)
     rng = np.random.default_rng(SEED)
@@ -55,9 +63,13 @@ def make_files(data: Path, files: int, rows: int) -> Path:
         folder = data / "files" / f"{i // 1000:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         n = rng.integers(16, 4096, rows)
-        pq.write_table(pa.table({"n_tokens": n}), folder / f"f{i:06d}.parquet")
+        if fmt == "parquet":
+            pq.write_table(pa.table({"n_tokens": n}), folder / f"f{i:06d}.parquet")
+        else:
+            lines = (json.dumps({"n_tokens": int(k), "text": "x" * 20}) + "\n" for k in n)
+            (folder / f"f{i:06d}.jsonl").write_text("".join(lines))
     config.write_text(
-        '[[source]]\nname = "small"\npath = "files/*/*.parquet"\ncount = "n_tokens"\n'
+        f'[[source]]\nname = "small"\npath = "files/*/*.{fmt}"\ncount = "n_tokens"\n'
     )
     marker.write_text(json.dumps(meta))
     return config
@@ -143,6 +155,121 @@ def connected(cluster, ungrouped: bool = False):
     return ctx()
 
 
+def local_child(job: dict) -> None:
+    """One `mds index` on the local pool in this (fresh) process: prints its wall and CPU
+    seconds (every thread's) and the driver's time in `assemble`, and which mds ran."""
+    import mds
+    from mds.planner.index import build
+
+    assembling = [0.0]
+    assemble = build.assemble
+
+    def timed_assemble(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return assemble(*args, **kwargs)
+        finally:
+            assembling[0] += time.perf_counter() - t
+
+    build.assemble = timed_assemble
+    config = parse_config_file(Path(job["config"]))
+    shutil.rmtree(job["dest"], ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    wall = timed(lambda: build.build_index(config, Path(job["dest"]), workers=job["workers"]))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    result = {"wall_s": wall, "cpu_s": cpu, "assemble_s": assembling[0], "mds": mds.__file__}
+    print(json.dumps(result), flush=True)
+
+
+def run_local(job: dict, src: Path | None, python: str) -> dict:
+    """local_child in a fresh process, with `src` (a source tree's src/) first on its path."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+    done = subprocess.run(
+        [python, __file__, "--child", json.dumps(job)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def local_only(args: argparse.Namespace) -> int:
+    """The local pool alone, each index a fresh process; this code and, with --before, the
+    code before, alternating (the order swapped each round)."""
+    sides = {"after": (None, sys.executable)}
+    if args.before is not None:
+        sides = {"before": (args.before, args.before_python or sys.executable), **sides}
+    work = args.out / "engine-local-work"
+    shutil.rmtree(work, ignore_errors=True)
+    out: dict = {"workers": args.cpus, "repeat": args.repeat, "load": [], "runs": []}
+    for files in (int(n) for n in args.files.split(",")):
+        for fmt in args.formats.split(","):
+            config = make_files(args.data / f"{fmt}-{files}", files, args.rows, fmt)
+            runs: dict[str, list[dict]] = {s: [] for s in sides}
+            out["load"].append(os.getloadavg()[0])
+            for r in range(args.repeat):
+                order = list(sides) if r % 2 == 0 else list(reversed(sides))
+                for side in order:
+                    src, python = sides[side]
+                    job = {
+                        "config": str(config),
+                        "dest": str(work / f"{fmt}-{files}-{side}"),
+                        "workers": args.cpus,
+                    }
+                    runs[side].append(run_local(job, src, python))
+                    got = runs[side][-1]
+                    print(
+                        f"index {files} {fmt} {side}: {got['wall_s']:.2f} s wall, "
+                        f"{got['cpu_s']:.2f} s CPU, assemble {got['assemble_s']:.3f} s",
+                        flush=True,
+                    )
+            out["load"].append(os.getloadavg()[0])
+            trees = {s: tree(work / f"{fmt}-{files}-{s}") for s in sides}
+            out["runs"].append(
+                {
+                    "files": files,
+                    "format": fmt,
+                    "identical": all(t == trees["after"] for t in trees.values()),
+                    **{
+                        side: {
+                            key: statistics.median(run[key] for run in rs)
+                            for key in ("wall_s", "cpu_s", "assemble_s")
+                        }
+                        | {"runs": rs}
+                        for side, rs in runs.items()
+                    },
+                }
+            )
+    write_report(args.out, "engine-local", render_local(out), out)
+    return 0
+
+
+def render_local(r: dict) -> str:
+    load = r["load"]
+    lines = [
+        f"## mds index of tiny files, local pool of {r['workers']} workers, a fresh process "
+        f"each (median of {r['repeat']}; load average {min(load):.1f} to {max(load):.1f})",
+        "",
+        "| files | format | code | wall s | CPU s | assemble s | same bytes |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for run in r["runs"]:
+        for side in ("before", "after"):
+            if side in run:
+                m = run[side]
+                lines.append(
+                    f"| {run['files']:,} | {run['format']} | {side} | {m['wall_s']:.2f} "
+                    f"| {m['cpu_s']:.2f} | {m['assemble_s']:.3f} | {run['identical']} |"
+                )
+    return "\n".join(lines + [""])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
@@ -166,7 +293,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=2, help="Ray CPUs = local workers")
     parser.add_argument("--store-mb", type=int, default=150, help="object store per Ray node")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--local-only", action="store_true", help="the local pool alone, a fresh process a run"
+    )
+    parser.add_argument("--formats", default="parquet,jsonl", help="with --local-only")
+    parser.add_argument(
+        "--before", type=Path, help="with --local-only: a source tree's src/ to run alternately"
+    )
+    parser.add_argument("--before-python", help="the Python that runs --before (default: this)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        local_child(json.loads(args.child))
+        return 0
+    if args.local_only:
+        return local_only(args)
     import ray
 
     W = args.cpus

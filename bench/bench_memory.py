@@ -42,7 +42,7 @@ from report import proc_status_mb, write_report  # noqa: E402
 CASES = {"a": (64, 32_768), "b": (64, 2_048), "c": (1024, 2_048)}
 FIRST = 16  # steps counted as start-up
 SLACK_MB = 32  # what the target allows above the budget
-KEYS = ("start_ms", "first16_ms", "step_ms", "rss_mb", "workers_rss_mb")
+KEYS = ("start_ms", "first16_ms", "step_ms", "cpu_ms", "rss_mb", "file_mb", "workers_rss_mb")
 
 
 # --- children ---------------------------------------------------------------------------
@@ -88,30 +88,37 @@ def workers_anon_mb(base_anon_mb: int) -> int:
 
 
 def measure(make_iter, steps: int, base_mb: int, workers: int) -> dict:
-    """Construction (`make_iter()`), the first FIRST steps, then `steps` more (mean ms).
-    With workers, their anonymous RSS is sampled every FIRST steps (outside the timing)."""
+    """Construction (`make_iter()`), the first FIRST steps, then `steps` more (mean ms, wall
+    and this process's CPU). With workers, their anonymous RSS is sampled every FIRST steps
+    (outside the timing)."""
     me = Path("/proc/self/status")
-    base_anon = status_mb(me, "RssAnon")
+    base_anon, base_file = status_mb(me, "RssAnon"), status_mb(me, "RssFile")
     workers_mb = 0
     t0 = time.perf_counter()
     it = make_iter()
     t1 = time.perf_counter()
     for _ in range(FIRST):
         next(it)
-    t2 = time.perf_counter()
-    spent = 0.0
+    t2, c2 = time.perf_counter(), time.process_time()
+    spent = spent_cpu = 0.0
     for k in range(steps):
         next(it)
         if workers and k % FIRST == 0:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             workers_mb = max(workers_mb, workers_anon_mb(base_anon))
             spent += time.perf_counter() - t
-    t3 = time.perf_counter()
+            spent_cpu += time.process_time() - c
+    t3, c3 = time.perf_counter(), time.process_time()
     out = {
         "start_ms": 1000 * (t1 - t0),
         "first16_ms": 1000 * (t2 - t1),
         "step_ms": 1000 * (t3 - t2 - spent) / steps,
+        # this process's CPU a steady step (with workers, theirs is not counted)
+        "cpu_ms": 1000 * (c3 - c2 - spent_cpu) / steps,
         "rss_mb": proc_status_mb("VmHWM") - base_mb,
+        # of it, library code and data files mapped since the imports (clean pages, shared,
+        # whose count depends on what the page cache holds of them), at the end
+        "file_mb": status_mb(me, "RssFile") - base_file,
     }
     if workers:
         out["workers_rss_mb"] = max(workers_mb, workers_anon_mb(base_anon))

@@ -127,6 +127,33 @@ def test_a_loop_that_comes_straight_back_gets_its_steps_built_on_its_thread():
     assert build.in_line(range(12)) == [False] * 5 + [True] * 7
 
 
+def test_a_thread_left_idle_by_steps_built_in_line_is_ended(monkeypatch):
+    """Its buffers and arena are not kept while nothing uses them; freed memory is handed
+    back once it has ended."""
+    gave_back: list[bool] = []
+    monkeypatch.setattr(
+        ahead_module.freed_memory, "give_back", lambda: gave_back.append(_alive(build))
+    )
+    monkeypatch.setattr(ahead_module, "_QUICK", 1e6)  # every step quick, however loaded
+    build = _Steps(0.01)
+    ra = ReadAhead(build, 1, 100)
+    try:
+        _loop(ra, range(12), 0)
+        assert ra.inline and ra._pool is None
+        assert gave_back == [False]  # once, after the thread ended
+        assert not _alive(build)
+    finally:
+        ra.stop()
+
+
+def _alive(build: _Steps) -> bool:
+    """Whether a thread other than this one that built a step still runs."""
+    me = threading.get_ident()
+    built = {t for threads in build.threads.values() for t in threads if t != me}
+    assert built  # the first steps were built ahead
+    return any(t.ident in built for t in threading.enumerate())
+
+
 def test_a_loop_away_again_gets_its_steps_built_ahead_again():
     build = _Steps(0.01, micro_batches=2)
     ra = ReadAhead(build, 2, 100)

@@ -10,7 +10,9 @@ benchmark) has nothing for the thread to overlap, and pays for it: at every hand
 scheduler may move the building thread to the other core, where its caches are cold. So
 while the loop keeps coming back within a quarter of a step's build, steps are built on
 the calling thread; once it is away longer, the thread builds ahead again. Which thread
-builds a step changes nothing in it.
+builds a step changes nothing in it. A thread left idle by steps built in line is ended, and
+freed memory handed back: what it kept for its reads (a column chunk's buffer, its malloc
+arena's free pages) would otherwise stay while nothing uses it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from mds.core import freed_memory
 
 __all__ = ["ReadAhead"]
 
@@ -52,6 +56,8 @@ class ReadAhead:
         for stale in [s for s in self._steps if not step <= s <= step + self.depth]:
             self._steps.pop(stale).cancel()
         if self.inline:
+            if self._pool is not None and all(f.done() for f in self._steps.values()):
+                self._retire()
             if step not in self._steps:
                 self._steps[step] = self._now(step)
         else:
@@ -76,6 +82,14 @@ class ReadAhead:
         self._streak = self._streak + 1 if quick != self.inline else 0
         if self._streak >= _SETTLE:
             self.inline, self._streak = not self.inline, 0
+
+    def _retire(self) -> None:
+        """End the idle thread (nothing of it is queued or running) and hand back what it
+        freed in ending."""
+        assert self._pool is not None
+        self._pool.shutdown(wait=True)
+        self._pool = None
+        freed_memory.give_back()
 
     def _timed(self, step: int) -> Batches:
         start = time.perf_counter()

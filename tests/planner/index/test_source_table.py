@@ -147,12 +147,33 @@ def _merge_corpus(root: Path, langs: list) -> None:
     )
 
 
-def _grouped_locally(monkeypatch) -> None:
-    """The local pool groups units into tasks as Ray does (merge_parts included)."""
+def _small_groups(monkeypatch) -> None:
+    """Tasks of at most 5 units (the local pool groups sized units, merge_parts included)."""
     from mds.planner.runtime import engine
 
     monkeypatch.setattr(engine, "GROUP_ITEMS", 5)
-    monkeypatch.setattr(engine.LocalEngine, "groups_units", True)
+
+
+def _ungrouped(monkeypatch) -> None:
+    """The local pool runs a unit a task and merges nothing: a part per file scanned."""
+    from mds.planner.runtime import engine
+
+    monkeypatch.setattr(engine.LocalEngine, "group_bytes", lambda self: None)
+
+
+def _tasks(monkeypatch) -> list[list[int]]:
+    """Filled with the first file index of each unit of each scan task the pool runs."""
+    from mds.planner.runtime import engine
+
+    tasks: list[list[int]] = []
+    call_each = engine._call_each
+
+    def recording(fn, units, merge):
+        tasks.append([unit[0] for unit in units])
+        return call_each(fn, units, merge)
+
+    monkeypatch.setattr(engine, "_call_each", recording)
+    return tasks
 
 
 def test_merged_parts_of_a_grouped_task_give_the_index_of_one_part_per_file(
@@ -160,34 +181,82 @@ def test_merged_parts_of_a_grouped_task_give_the_index_of_one_part_per_file(
 ) -> None:
     # a null-typed column between typed ones splits a run; the JSONL units follow in a task
     _merge_corpus(tmp_path, ["en", "de", "fr", None, "en", "de", "xx", "en", None, "fr", "de"])
-    _build(tmp_path, output=tmp_path / "alone", workers=2)
     with monkeypatch.context() as patched:
-        _grouped_locally(patched)
-        _build(tmp_path, output=tmp_path / "grouped", workers=2)
-        assert snapshot(tmp_path / "grouped") == snapshot(tmp_path / "alone")
-        # a re-index scans one changed file between reused ones
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        _ungrouped(patched)
+        _build(tmp_path, output=tmp_path / "alone", workers=2)
+    _small_groups(monkeypatch)
+    _build(tmp_path, output=tmp_path / "grouped", workers=2)
+    assert snapshot(tmp_path / "grouped") == snapshot(tmp_path / "alone")
+    # a re-index scans one changed file between reused ones, in a task of its own
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"n": [9], "lang": ["zz"]}), tmp_path / "p/f05.parquet")
-        _build(tmp_path, output=tmp_path / "grouped", workers=2)
-    _build(tmp_path, output=tmp_path / "fresh", workers=2)
+    pq.write_table(pa.table({"n": [9], "lang": ["zz"]}), tmp_path / "p/f05.parquet")
+    _build(tmp_path, output=tmp_path / "grouped", workers=2)
+    with monkeypatch.context() as patched:
+        _ungrouped(patched)
+        _build(tmp_path, output=tmp_path / "fresh", workers=2)
     again, fresh = _manifest(tmp_path / "grouped"), _manifest(tmp_path / "fresh")
     assert again["sources"] == fresh["sources"]
     assert _table(tmp_path / "grouped", "p").equals(_table(tmp_path / "fresh", "p"))
+
+
+def test_a_reindex_of_changed_files_in_runs_gives_the_fresh_index(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Changed files around reused ones, grouped into tasks: runs of rescanned files merge
+    into parts that interleave with the reused rows as a fresh index of one part per file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    langs = ["en", "de", "fr", "en", "de", "xx", "en", "fr", "de", "en", "fr", "de"]
+    _merge_corpus(tmp_path, langs)
+    _build(tmp_path, workers=1)
+    for i in (1, 2, 3, 6, 10, 11):  # runs of three, one and two changed files
+        table = pa.table({"n": [i, 1], "lang": ["zz", "zz"]})
+        pq.write_table(table, tmp_path / f"p/f{i:02d}.parquet")
+    tasks = _tasks(monkeypatch)
+    summary = _build(tmp_path, workers=1)
+    assert summary.sources[0].files_scanned == 6
+    assert tasks == [[1, 2], [3, 6], [10, 11]]  # 6 units, at least 4 tasks a worker
+    with monkeypatch.context() as patched:
+        _ungrouped(patched)
+        _build(tmp_path, output=tmp_path / "fresh", workers=2)
+    again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
+    assert again["sources"] == fresh["sources"]
+    assert _table(tmp_path / "index", "p").equals(_table(tmp_path / "fresh", "p"))
 
 
 def test_type_drift_inside_a_grouped_task_names_the_files_of_a_local_run(
     tmp_path: Path, monkeypatch
 ) -> None:
     _merge_corpus(tmp_path, ["en", None, "de", "fr", 7, "en", "de"])
-    with pytest.raises(SourceDataError) as alone:
-        _build(tmp_path, workers=2)
-    _grouped_locally(monkeypatch)
+    with monkeypatch.context() as patched:
+        _ungrouped(patched)
+        with pytest.raises(SourceDataError) as alone:
+            _build(tmp_path, workers=2)
+    _small_groups(monkeypatch)
     with pytest.raises(SourceDataError) as grouped:
         _build(tmp_path, workers=2)
     assert str(grouped.value) == str(alone.value)
     assert str(alone.value).startswith("p/f04.parquet: column `lang` has type Int64 but String")
+
+
+def test_a_file_failing_in_the_middle_of_a_grouped_task_is_named(
+    tmp_path: Path, monkeypatch
+) -> None:
+    _merge_corpus(tmp_path, ["en", "de", "fr", "en", "de", "xx", "en", "fr", "de", "en"])
+    (tmp_path / "p/f04.parquet").write_bytes(b"not a parquet file")
+    with monkeypatch.context() as patched:
+        _ungrouped(patched)
+        with pytest.raises(SourceDataError) as alone:
+            _build(tmp_path, workers=1)
+    tasks = _tasks(monkeypatch)
+    with pytest.raises(SourceDataError) as grouped:
+        _build(tmp_path, workers=1)
+    assert str(grouped.value) == str(alone.value)
+    assert str(alone.value).startswith("p/f04.parquet: ")
+    assert [3, 4, 5] in tasks  # f04 was scanned in the middle of a task (11 units: 3 a task)
 
 
 def test_merge_parts_folds_runs_of_one_schema_into_their_first_unit() -> None:

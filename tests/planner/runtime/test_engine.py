@@ -201,14 +201,13 @@ def test_groups_pack_consecutive_units_by_bytes_and_count(monkeypatch):
 
 
 def test_a_grouped_map_hands_out_every_result_in_place(monkeypatch):
-    """What the Ray engine does with `size` given, on the local pool (grouping forced on)."""
+    """With `size` given, the local pool runs consecutive small units in one task, as Ray does."""
     from mds.planner.runtime import engine
     from mds.planner.runtime.engine import EngineSpec, open_engine
 
     monkeypatch.setattr(engine, "GROUP_ITEMS", 4)
     items = [(i,) for i in range(23)]
     with open_engine(EngineSpec(), 2) as pool:
-        monkeypatch.setattr(pool, "groups_units", True)
         submitted = []
         submit = pool._submit
         monkeypatch.setattr(
@@ -238,11 +237,34 @@ def test_a_grouped_map_hands_out_what_the_merge_made_of_each_task(monkeypatch):
     monkeypatch.setattr(engine, "GROUP_ITEMS", 4)
     items = [(i,) for i in range(10)]
     with open_engine(EngineSpec(), 2) as pool:
-        # ungrouped (the local pool's own way): no task is merged
-        assert list(pool.map(_twice, items, size=lambda _: 1, merge=_fold)) == [
-            2 * i for i in range(10)
-        ]
-        monkeypatch.setattr(pool, "groups_units", True)
+        # without sizes, a unit a task: no task is merged
+        assert list(pool.map(_twice, items, merge=_fold)) == [2 * i for i in range(10)]
         got = list(pool.map(_twice, iter(items), size=lambda _: 1, merge=_fold))
     # tasks of items 0-3, 4-7, 8-9
     assert got == [12, 0, 0, 0, 44, 0, 0, 0, 34, 0]
+
+
+def _group_sizes(items, results):
+    """A merge: each task's size in items, at its first item (the others 0)."""
+    return [len(items)] + [0] * (len(items) - 1)
+
+
+def test_the_local_pool_groups_units_only_up_to_its_byte_budget(monkeypatch):
+    """A local task costs microseconds: units share one only up to LOCAL_GROUP_BYTES (so that
+    their results are merged), not up to Ray's GROUP_BYTES; a larger unit goes alone."""
+    from mds.planner.runtime import engine
+    from mds.planner.runtime.engine import EngineSpec, open_engine
+
+    budget = engine.LOCAL_GROUP_BYTES
+    assert budget < engine.GROUP_BYTES
+    sizes = [1, 1, budget, budget // 2, budget // 2, 1, budget + 1, 1]
+    items = [(i, n) for i, n in enumerate(sizes)]
+    with open_engine(EngineSpec(), 1) as pool:
+        got = list(pool.map(_first, iter(items), size=lambda item: item[1], merge=_group_sizes))
+    # {0, 1}, {2} (the budget whole), {3, 4} (halves fill it), {5} (one byte more would pass
+    # it), {6} (over it alone), {7}
+    assert got == [2, 0, 1, 2, 0, 1, 1, 1]
+
+
+def _first(i: int, n: int) -> int:
+    return i

@@ -390,8 +390,9 @@ def _build_locked(
 
             try:
                 # As they complete: parts are put in file order when a table is assembled.
-                # On Ray, runs of small units share a task (engine.groups), by their bytes,
-                # which sends back its files' rows as a few parts (merge_parts), not one each.
+                # Runs of small units share a task (engine.groups), by their bytes, which hands
+                # back its files' rows as a few parts (merge_parts), not one each: fewer
+                # objects sent back from Ray, and fewer parts for the driver to assemble.
                 scans = pool.map_unordered(
                     scan_task, list(units()), size=_unit_bytes, merge=merge_parts
                 )

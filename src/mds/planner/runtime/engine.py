@@ -24,6 +24,7 @@ __all__ = [
     "EngineSpec",
     "GROUP_BYTES",
     "GROUP_ITEMS",
+    "LOCAL_GROUP_BYTES",
     "LocalEngine",
     "Merge",
     "RayEngine",
@@ -47,18 +48,23 @@ RAY_CLIENT_PORT = 10001  # Ray's default for a ray:// address without a port
 # raises is never retried: bad input fails the same way every time.
 RAY_RETRIES = 3
 RAY_WINDOW = 16  # tasks in flight per worker, unless the caller bounds them
-# Where a task costs milliseconds (Ray), consecutive small units share one task: up to
-# GROUP_ITEMS units and GROUP_BYTES bytes of input (a unit of GROUP_BYTES or more goes
-# alone), and never fewer than GROUP_SPREAD tasks per worker when the units are counted.
+# Where a caller gives the units' sizes, consecutive small units share one task: up to
+# GROUP_ITEMS units and the engine's bytes of input (a larger unit goes alone), and never
+# fewer than GROUP_SPREAD tasks per worker when the units are counted. On Ray a task costs
+# milliseconds, which GROUP_BYTES spreads over many units. A local task costs microseconds:
+# there units share a task only so that its results are merged (a few parts to assemble
+# instead of one per tiny file), up to LOCAL_GROUP_BYTES, past which a unit's own work
+# dwarfs what its result costs the driver (a batch of small JSONL files, already one
+# result, mostly goes alone).
 GROUP_BYTES = 32 << 20
+LOCAL_GROUP_BYTES = 4 << 20
 GROUP_ITEMS = 64
 GROUP_SPREAD = 4
 
 # merge(items, results) -> results: what a task of several items hands back instead of their
 # results, one per item, in the same order. A caller folds runs of results into the first of
-# each (the others left empty) so that a task sends a few large objects, not one per item;
-# the caller must take either form, as an engine that does not group (the local pool)
-# never merges.
+# each (the others left empty) so that a task hands back a few large objects, not one per
+# item; the caller must take either form, as a map without sizes is never grouped nor merged.
 Merge = Callable[[list[tuple], list[Any]], list[Any]]
 
 
@@ -115,8 +121,6 @@ class Engine:
     workers = 1
     # Tasks run in this process and may share its objects (an Event, a progress callback).
     in_process = False
-    # A task costs enough (milliseconds) that small units are worth grouping (see groups).
-    groups_units = False
 
     def map(
         self,
@@ -127,8 +131,8 @@ class Engine:
         merge: Merge | None = None,
     ) -> Iterator[Any]:
         """fn(*item) per item, the results in item order. `size`: an item's input bytes; given,
-        an engine whose tasks are costly runs consecutive small items in one task. `merge`:
-        see Merge; applied to such a task's results where it runs."""
+        consecutive small items run in one task (see groups and group_bytes). `merge`: see
+        Merge; applied to such a task's results where it runs."""
         for _, result in self._grouped(fn, items, window, size, ordered=True, merge=merge):
             yield result
 
@@ -154,18 +158,23 @@ class Engine:
         merge: Merge | None = None,
     ) -> Iterator[tuple[int, Any]]:
         """_run over groups of items (see groups), their results handed out item by item."""
-        if size is None or not self.groups_units:
+        budget = None if size is None else self.group_bytes()
+        if budget is None:
             yield from self._run(fn, items, window, ordered)
             return
         count = len(items) if isinstance(items, list | tuple) else None
         firsts: list[int] = []  # each group's first item position
         tasks = (
             (fn, firsts.append(first) or group, merge)
-            for first, group in groups(items, size, self.workers, count)
+            for first, group in groups(items, size, self.workers, count, budget)
         )
         for g, results in self._run(_call_each, tasks, window, ordered):
             for k, result in enumerate(results):
                 yield firsts[g] + k, result
+
+    def group_bytes(self) -> int | None:
+        """The input bytes a task of several sized units may hold; None: a unit a task."""
+        return None
 
     def check_visible(self, paths: list[tuple[str, str]]) -> None:
         """Raise when a worker cannot open one of `paths` ((name for the error, path) pairs)
@@ -245,6 +254,9 @@ class LocalEngine(Engine):
         self.workers = workers
         self.in_process = in_process
 
+    def group_bytes(self) -> int | None:
+        return LOCAL_GROUP_BYTES
+
     def _submit(self, fn: Callable[..., Any], item: tuple) -> Future:
         return self.executor.submit(fn, *item)
 
@@ -269,12 +281,18 @@ class LocalEngine(Engine):
 
 
 def groups(
-    items: Iterable[tuple], size: Callable[[tuple], int], workers: int, count: int | None = None
+    items: Iterable[tuple],
+    size: Callable[[tuple], int],
+    workers: int,
+    count: int | None = None,
+    budget: int | None = None,
 ) -> Iterator[tuple[int, list[tuple]]]:
     """(first position, items) of each task when consecutive items share tasks: a group ends
-    before an item that would take it past GROUP_BYTES bytes or GROUP_ITEMS items; with
-    `count` (the number of items) known, also at count / (GROUP_SPREAD x workers) items, so
-    that every worker gets several tasks and a slow one can be balanced."""
+    before an item that would take it past `budget` bytes (default GROUP_BYTES) or
+    GROUP_ITEMS items; with `count` (the number of items) known, also at count /
+    (GROUP_SPREAD x workers) items, so that every worker gets several tasks and a slow one
+    can be balanced."""
+    budget = GROUP_BYTES if budget is None else budget
     cap = GROUP_ITEMS
     if count is not None:
         cap = max(1, min(cap, -(-count // (GROUP_SPREAD * max(workers, 1)))))
@@ -282,7 +300,7 @@ def groups(
     first = nbytes = 0
     for i, item in enumerate(items):
         n = size(item)
-        if group and (len(group) >= cap or nbytes + n > GROUP_BYTES):
+        if group and (len(group) >= cap or nbytes + n > budget):
             yield first, group
             group = []
         if not group:
@@ -299,7 +317,7 @@ def _call(fn: Callable[..., Any], args: tuple) -> Any:
 
 
 def _call_each(fn: Callable[..., Any], items: list[tuple], merge: Merge | None) -> list[Any]:
-    """A task of several units: each run as the local pool runs it, the results in order
+    """A task of several units: each run as it would run alone, the results in order
     (merged, if the caller asked, before they leave the task)."""
     results = [fn(*item) for item in items]
     if merge is None:
@@ -323,7 +341,6 @@ class RayEngine(Engine):
     already has); a task whose worker dies is retried, one that raises is not."""
 
     name = "ray"
-    groups_units = True
 
     def __init__(
         self,
@@ -397,6 +414,9 @@ class RayEngine(Engine):
     def default_window(self) -> int:
         # A round trip to the cluster costs milliseconds: keep more tasks queued than CPUs.
         return RAY_WINDOW * self.workers
+
+    def group_bytes(self) -> int | None:
+        return GROUP_BYTES
 
     def _submit(self, fn: Callable[..., Any], item: tuple) -> Any:
         return self.remote.remote(fn, item)
