@@ -276,3 +276,15 @@ def test_jsonl_image_paths(tmp_path):
         path.write_bytes(raw + b"\n")
         with pytest.raises(SourceDataError, match=rf"caps.jsonl line 1 \(byte 0\).*{message}"):
             jsonl_reader(path, tmp_path).fetch(np.array([0]), np.array([0]), np.array([len(raw)]))
+
+
+def test_parquet_images_column_checked_per_reader(tmp_path):
+    """The schema check of an image-text reader covers its images column: a reader naming a
+    column the file lacks is refused even after another reader of the same file (whose footer
+    and checks are kept) was opened with one it has."""
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"text": ["a"], "image": pa.array([None], type=struct)})
+    pq.write_table(table, tmp_path / "t.parquet")
+    parquet_reader(tmp_path / "t.parquet").close()
+    with pytest.raises(SourceDataError, match="has no column 'pictures'"):
+        parquet_reader(tmp_path / "t.parquet", images="pictures")

@@ -645,3 +645,32 @@ def test_an_object_gone_while_its_pages_are_read_is_one_line_naming_it(
         reader.fetch(ask, offsets[ask], lengths[ask])
     assert "\n" not in str(info.value) and large_groups
     reader.close()
+
+
+def test_files_of_one_schema_share_its_facts(tmp_path):
+    """Footers parsed one after another with the same schema and key-value metadata share
+    what the schema decides (Arrow schema, checks, page layout); another schema, or the same
+    columns with other metadata, gets its own, and rows read from each are their file's."""
+    table, rows = _token_table(40)
+    wide = table.cast(pa.schema([("tokens", pa.list_(pa.int64())), ("id", pa.int64())]))
+    tagged = table.replace_schema_metadata({"tag": "x"})
+    for name, t in [("a", table), ("b", table), ("c", wide), ("d", tagged), ("e", tagged)]:
+        pq.write_table(t, tmp_path / f"{name}.parquet")
+    metas = {
+        name: parquet_reader._ParquetMeta(pq.read_metadata(tmp_path / f"{name}.parquet"))
+        for name in "abcde"
+    }
+    assert metas["a"].schema is metas["b"].schema and metas["d"].schema is metas["e"].schema
+    assert len({id(metas[n].schema) for n in "acd"}) == 3
+    assert metas["a"].layout("tokens").dtype == np.int32
+    assert metas["c"].layout("tokens").dtype == np.int64
+    assert metas["d"].arrow_schema().metadata[b"tag"] == b"x"
+    assert metas["a"].layout("tokens").meta is metas["a"].metadata  # chunks are per file
+    assert metas["b"].layout("tokens").meta is metas["b"].metadata
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])[:-1]])
+    picks = np.array([3, 17, 29])
+    for name in "abcde":
+        reader = reader_for("parquet", tmp_path / f"{name}.parquet", "token_ids", "tokens")
+        lengths = np.array([len(rows[i]) for i in picks])
+        got = reader.fetch(picks, offsets[picks], lengths)
+        assert [list(g) for g in got] == [rows[i] for i in picks]

@@ -162,3 +162,22 @@ def test_whole_page_decompression(codec: str) -> None:
         decompress(page, len(page) + 1, None)
     with pytest.raises(Unsupported):
         decompress(b"not compressed at all", len(page), codec)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "zstd"])
+def test_decompress_from_threads(codec):
+    """Each thread keeps its own Codec (a gzip one keeps a stream between calls): pages
+    decompressed on several threads at once are each their own bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    pages = [rng.integers(0, 9, 20_000 + k, dtype=np.uint8).tobytes() for k in range(24)]
+    packed = [_compress(p, codec) for p in pages]
+
+    def one(k: int) -> bool:
+        return all(
+            bytes(decompress(packed[k], len(pages[k]), codec)) == pages[k] for _ in range(10)
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(one, range(len(pages))))

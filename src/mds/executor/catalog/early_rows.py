@@ -51,7 +51,7 @@ class _Block:
     base: int  # rank-wide index of the block's first sample
     micro_base: int  # rank-wide index of its first micro-batch
     by_file: np.ndarray = field(init=False)
-    file_at: np.ndarray = field(init=False)
+    file_at: list[int] = field(init=False)
     micro: np.ndarray = field(init=False)
     reach: np.ndarray = field(init=False)
     files: dict[tuple[int, int], int] = field(init=False)
@@ -64,7 +64,7 @@ class _Block:
         self.by_file = np.argsort(rec.file, kind="stable")
         self.file_at = np.searchsorted(
             rec.file[self.by_file], np.arange(len(rec.files) + 1), side="left"
-        )
+        ).tolist()  # read one file at a time (`Lookahead.later`): Python integers
         counts = b.counts.ravel().astype(np.int64)
         self.micro = np.repeat(np.arange(counts.size, dtype=np.int64) + self.micro_base, counts)
         self.reach = np.zeros(len(b.ids) + 1, dtype=np.int64)
@@ -252,14 +252,16 @@ class Lookahead:
                 if w.base >= end:
                     break
                 f = w.files.get(key)
-                if f is None or w.block.fetch.files[f][2] != entry:
+                if f is None:
                     continue
-                group = w.by_file[w.file_at[f] : w.file_at[f + 1]]
-                js = group[
-                    np.searchsorted(group, max(start - w.base, 0)) : np.searchsorted(
-                        group, end - w.base
-                    )
-                ]
+                record = w.block.fetch.files[f][2]
+                if record is not entry and record != entry:
+                    continue
+                js = w.by_file[w.file_at[f] : w.file_at[f + 1]]
+                if start > w.base:  # the block's samples from `start` on
+                    js = js[js.searchsorted(start - w.base) :]
+                if end < w.end:  # ... before `end`
+                    js = js[: js.searchsorted(end - w.base)]
                 if self.stride > 1:
                     js = js[(w.micro[js] - micro_now) % self.stride == 0]
                 if key in self._touched:  # only then can some of its rows be kept already
@@ -275,11 +277,11 @@ class Lookahead:
             if taken:
                 self._touched.add(key)
         rec = [(w.block.fetch, w.block.ids, js, w.base) for w, js in parts]
-        cat = np.concatenate
         if not rec:
             empty = np.zeros(0, dtype=np.int64)
             where = empty if located else None
             return Later(empty, empty, empty, where, where, complete)
+        cat = np.concatenate if len(rec) > 1 else _only
         offset = length = None
         if located:
             size = "length" if located == "bytes" else "tokens"
@@ -342,6 +344,11 @@ class Lookahead:
         if not held[1]:
             del self._slices[kept >> 2 * _BOUND]
             self.nbytes -= held[2]
+
+
+def _only(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate of one array, which needs no copy."""
+    return parts[0]
 
 
 def _payload_bytes(payload: Any) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ BYTE_RANGES = (*JSONL, "webdataset")  # formats whose samples the plan locates b
 
 @dataclass
 class Source:
-    """One index source: its place in global ids and, if planned, how to read it."""
+    """One index source: its place in global ids and, if planned, how to read it. What its
+    facts say is worked out once (they are read for every file a fetch reads)."""
 
     sid: int
     name: str
@@ -40,11 +42,11 @@ class Source:
     facts: dict[str, Any]
     tokenize: Callable[[str], Sequence[int]] | None = None  # text sources (`tokens.bind`)
 
-    @property
+    @cached_property
     def fmt(self) -> str:
         return str(self.facts.get("format"))
 
-    @property
+    @cached_property
     def payload(self) -> dict[str, Any]:
         return self.facts.get("payload") or {}
 
@@ -52,7 +54,7 @@ class Source:
     def length(self) -> dict[str, Any]:
         return self.facts.get("length") or {}
 
-    @property
+    @cached_property
     def image_text(self) -> bool:
         """Whether samples are text with images (docs/vision.md)."""
         return self.payload.get("kind") == "image_text"
@@ -61,7 +63,7 @@ class Source:
     def exact(self) -> bool:
         return bool(self.length.get("exact", False))
 
-    @property
+    @cached_property
     def located(self) -> str | None:
         """How the plan's offset and length locate a sample besides its row: "bytes" (a JSONL
         line's or a WebDataset sample's byte range), "values" (a Parquet token list row:

@@ -165,32 +165,84 @@ def _object_footer_meta(url: str, owner: Any = None) -> tuple[tuple, _ParquetMet
     return key, meta
 
 
+class _Schema:
+    """What a footer's schema decides, the same for every file written with it: its Arrow
+    schema, the leaves of each column, the (column, payload kind, images column) checked
+    against it and each token-list column's page layout. Files parsed one after another
+    with an equal schema and key-value metadata share one (`_schema_of`): a corpus's files
+    mostly are written alike, and a file's first read then derives none of it again."""
+
+    def __init__(self, metadata: pq.FileMetaData, kv: Any):
+        self.metadata, self.parquet, self.kv = metadata, metadata.schema, kv
+        self.checked: set[tuple[str, str, str | None]] = set()
+        self._arrow: pa.Schema | None = None
+        self._leaves: dict[str, list[int]] = {}
+        self._layouts: dict[str, tuple | None] = {}
+
+    def same(self, metadata: pq.FileMetaData, kv: Any) -> bool:
+        """Whether `metadata` (whose key-value metadata is `kv`) has this schema: the Arrow
+        schema comes from both."""
+        return kv == self.kv and metadata.schema.equals(self.parquet)
+
+    def arrow(self) -> pa.Schema:
+        if self._arrow is None:
+            self._arrow = self.parquet.to_arrow_schema()
+        return self._arrow
+
+    def leaves(self, column: str) -> list[int]:
+        found = self._leaves.get(column)
+        if found is None:
+            found = self._leaves[column] = parquet_pages.leaves(self.metadata, column)
+        return found
+
+    def layout(self, column: str) -> tuple | None:
+        """(leaf, dtype, max definition level) of token-list `column`'s pages, or None
+        where they are not read here (`parquet_pages.layout`)."""
+        if column not in self._layouts:
+            value_type = self.arrow().field(column).type.value_type
+            lay = parquet_pages.layout(self.metadata, column, value_type)
+            self._layouts[column] = None if lay is None else (lay.leaf, lay.dtype, lay.max_def)
+        return self._layouts[column]
+
+
+_last_schema: _Schema | None = None
+
+
+def _schema_of(metadata: pq.FileMetaData) -> _Schema:
+    """The `_Schema` of a footer: the last one made, where it is the same."""
+    global _last_schema
+    kv, last = metadata.metadata, _last_schema
+    if last is not None and last.same(metadata, kv):
+        return last
+    _last_schema = _Schema(metadata, kv)
+    return _last_schema
+
+
 class _ParquetMeta:
     """What reopening a Parquet file needs: its parsed footer, where its row groups start,
-    and the (column, payload kind) pairs already checked against its schema."""
+    and its schema's facts (`_Schema`: among them the columns already checked against it,
+    shared with the files of the same schema)."""
 
     def __init__(self, metadata: pq.FileMetaData):
         self.metadata = metadata
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.starts = _row_starts(counts)
-        self.checked: set[tuple[str, str]] = set()
-        self._arrow_schema: pa.Schema | None = None
+        self.schema = _schema_of(metadata)
+        self.checked = self.schema.checked
         self.paged: dict[tuple[str, int], int] = {}  # (column, row group): reads from pages
         self._layouts: dict[str, parquet_pages.Layout | None] = {}
-        self._sizes: dict = {}
+        self._sizes: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._spans: dict[str, list[list[tuple[int, int]]]] = {}
         self.nbytes = _FOOTER_FACTOR * metadata.serialized_size + _FOOTER_FIXED
         self.nbytes += self.starts.nbytes
 
     def _leaves(self, column: str) -> list[int]:
-        return parquet_pages.leaves(self.metadata, column)
+        return self.schema.leaves(column)
 
     def arrow_schema(self) -> pa.Schema:
-        """The footer's schema as Arrow's, made once (the schema check and the page layout
-        both want it)."""
-        if self._arrow_schema is None:
-            self._arrow_schema = self.metadata.schema.to_arrow_schema()
-        return self._arrow_schema
+        """The footer's schema as Arrow's, made once per schema (the schema check and the
+        page layout both want it)."""
+        return self.schema.arrow()
 
     def chunk_spans(self, column: str) -> list[list[tuple[int, int]]]:
         """Per row group, the byte spans [lo, hi) of top-level `column`'s column chunks
@@ -208,55 +260,51 @@ class _ParquetMeta:
     def layout(self, column: str) -> parquet_pages.Layout | None:
         """How rows of token-list `column` are read from its pages (None: decoded whole)."""
         if column not in self._layouts:
-            value_type = self.arrow_schema().field(column).type.value_type
-            self._layouts[column] = parquet_pages.layout(self.metadata, column, value_type)
+            shape = self.schema.layout(column)
+            lay = None if shape is None else parquet_pages.Layout(self.metadata, *shape, column)
+            self._layouts[column] = lay
         return self._layouts[column]
+
+    def _column(self, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row group, bytes of top-level `column` from the footer, in one pass: what a
+        whole decode holds (`decode_sizes`), compressed (`packed_sizes`), uncompressed
+        (`column_sizes`)."""
+        sizes = self._sizes.get(column)
+        if sizes is None:
+            meta, leaves = self.metadata, self._leaves(column)
+            out, chunks, plain = [], [], []
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                packed, decoded, pages = 0, 8 * rg.num_rows, 0
+                for j in leaves:
+                    col = rg.column(j)
+                    width = _WIDTHS.get(col.physical_type, 0)
+                    size = col.total_uncompressed_size
+                    packed += col.total_compressed_size
+                    pages += size
+                    decoded += max(size, width * col.num_values)
+                out.append(packed + _DECODE_FACTOR * decoded)
+                chunks.append(packed)
+                plain.append(pages)
+            sizes = tuple(np.array(v, dtype=np.int64) for v in (out, chunks, plain))
+            self._sizes[column] = sizes  # type: ignore[assignment]
+        return sizes  # type: ignore[return-value]
 
     def decode_sizes(self, column: str) -> np.ndarray:
         """Bytes a whole decode of top-level `column` holds in each row group, from the
         footer: the compressed chunk, and `_DECODE_FACTOR` x the decoded data (the larger of
         the uncompressed pages and the values at their width, which dictionary encoding
         makes several times larger, plus 8 bytes a row of offsets)."""
-        sizes = self._sizes.get((column, "decode"))
-        if sizes is None:
-            meta, leaves = self.metadata, self._leaves(column)
-            out, chunks = [], []
-            for i in range(meta.num_row_groups):
-                rg = meta.row_group(i)
-                packed, decoded = 0, 8 * rg.num_rows
-                for j in leaves:
-                    col = rg.column(j)
-                    width = _WIDTHS.get(col.physical_type, 0)
-                    packed += col.total_compressed_size
-                    decoded += max(col.total_uncompressed_size, width * col.num_values)
-                out.append(packed + _DECODE_FACTOR * decoded)
-                chunks.append(packed)
-            sizes = np.array(out, dtype=np.int64)
-            self._sizes[(column, "decode")] = sizes
-            self._sizes[(column, "packed")] = np.array(chunks, dtype=np.int64)
-        return sizes
+        return self._column(column)[0]
 
     def packed_sizes(self, column: str) -> np.ndarray:
         """Compressed bytes of top-level `column` in each row group (read whole by any
         decode of the group, whole or of its first rows)."""
-        self.decode_sizes(column)
-        return self._sizes[(column, "packed")]
+        return self._column(column)[1]
 
     def column_sizes(self, column: str) -> np.ndarray:
         """Uncompressed bytes of top-level `column` in each row group, from the footer."""
-        sizes = self._sizes.get(column)
-        if sizes is None:
-            meta = self.metadata
-            leaves = self._leaves(column)
-            sizes = np.array(
-                [
-                    sum(meta.row_group(i).column(j).total_uncompressed_size for j in leaves)
-                    for i in range(meta.num_row_groups)
-                ],
-                dtype=np.int64,
-            )
-            self._sizes[column] = sizes
-        return sizes
+        return self._column(column)[2]
 
 
 class ParquetReader(ColumnReader):
@@ -311,9 +359,10 @@ class ParquetReader(ColumnReader):
                 meta = _ParquetMeta(footer)
                 if key is not None:
                     metacache.put(key, meta, meta.nbytes)
-            if (column, kind) not in meta.checked:
+            checked = (column, kind, getattr(self, "images_column", None))
+            if checked not in meta.checked:
                 self._check_schema(meta.arrow_schema())
-                meta.checked.add((column, kind))
+                meta.checked.add(checked)
         except BaseException:
             self.close()
             raise
@@ -373,19 +422,22 @@ class ParquetReader(ColumnReader):
         done = np.zeros(len(rows), dtype=bool)
         most = self._budget.buffer if self._budget is not None else parquet_pages.WHOLE_CHUNK
         for i, pick in pages.items():
+            # all the rows, in order, in one row group (a file's usual read): no copies
+            every = len(pages) == 1 and len(pick) == len(rows)
+            at, size = (offsets, lengths) if every else (offsets[pick], lengths[pick])
             page = min(_PAGE, int(self._meta.column_sizes(self.column)[i]))
-            need = page + 3 * int(lengths[pick].sum()) * lay.dtype.itemsize
-            row = int(rows[pick][np.argmax(lengths[pick])])
+            need = page + 3 * int(size.sum()) * lay.dtype.itemsize
+            row = int(rows[pick[size.argmax()]])
             with self._reserve(need, i, row, "a page and the rows asked of row group"):
-                ahead = self._read_ahead(lay, i, offsets[pick], lengths[pick], most)
+                ahead = self._read_ahead(lay, i, at, size, most)
                 try:
                     values = parquet_pages.fetch_rows(
                         ahead or source,
                         lay,
                         i,
-                        rows[pick],
-                        offsets[pick],
-                        lengths[pick],
+                        rows if every else rows[pick],
+                        at,
+                        size,
                         self.display,
                         most,
                         narrow,
@@ -394,10 +446,12 @@ class ParquetReader(ColumnReader):
                     if ahead is not None:
                         ahead.close()
             if values is not None:  # else decoded whole below, where problems are named
-                parts.append((pick, values))
-                done[pick] = True
                 key = (self.column, i)
                 self._meta.paged[key] = self._meta.paged.get(key, 0) + 1
+                if every:
+                    return values
+                parts.append((pick, values))
+                done[pick] = True
         rest = np.flatnonzero(~done)
         if len(rest):
             parts.append((rest, self._decoded(rows[rest], keep)))
@@ -413,8 +467,10 @@ class ParquetReader(ColumnReader):
         it), its pages' requests made ahead of the page reads, several at once, within the
         reading thread's buffer (`most`): `object_read_ahead`. None for a file, or a group
         whose chunk is staged."""
+        if self.object is None:
+            return None
         chunk = lay.chunk(i)
-        if self.object is None or chunk is None or not self._large(i):
+        if chunk is None or not self._large(i):
             return None
         ends = offsets + lengths
         planned = parquet_pages.planned_reads(lay, i, offsets, ends, most)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 import zlib
 
 import pyarrow as pa
@@ -16,6 +17,11 @@ __all__ = ["PREFIX_DECODERS", "decompress", "levels_end"]
 _LENGTH_BYTES = 5  # snappy's uncompressed length: a 32-bit ULEB128 varint
 
 
+# pa.decompress makes a Codec a call; one is made per thread instead (a gzip Codec keeps a
+# stream between calls, so threads do not share them)
+_codecs = threading.local()
+
+
 def decompress(body, size: int, codec: str | None) -> memoryview:
     """A page body (or a v2 page's values) decompressed to its `size` bytes, as unsigned
     bytes."""
@@ -23,7 +29,11 @@ def decompress(body, size: int, codec: str | None) -> memoryview:
         data = memoryview(body)
     else:
         try:
-            data = memoryview(pa.decompress(body, decompressed_size=size, codec=codec))
+            made = getattr(_codecs, codec, None)
+            if made is None:
+                made = pa.Codec(codec)
+                setattr(_codecs, codec, made)
+            data = memoryview(made.decompress(body, decompressed_size=size))
         except (pa.ArrowException, OSError) as exc:  # e.g. an LZ4 framing we do not expect
             raise Unsupported(f"cannot decompress a page: {exc}") from None
     if len(data) != size:

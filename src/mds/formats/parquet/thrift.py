@@ -182,7 +182,11 @@ def _struct(buf, pos: int, nested: frozenset[int], depth: int) -> tuple[dict, in
             n, pos = varint(buf, pos)
             last = (n >> 1) ^ -(n & 1)
         if _T_I16 <= kind <= _T_I64 or kind == _T_BINARY:  # a varint: zigzag or a length
-            n, pos = varint(buf, pos)
+            if pos < size and buf[pos] < 0x80:  # one byte, the most common: no call
+                n = buf[pos]
+                pos += 1
+            else:
+                n, pos = varint(buf, pos)
             if kind == _T_BINARY:
                 pos += n
                 if pos > size:
