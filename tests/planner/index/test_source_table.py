@@ -193,12 +193,7 @@ def test_merged_parts_of_a_grouped_task_give_the_index_of_one_part_per_file(
 
     pq.write_table(pa.table({"n": [9], "lang": ["zz"]}), tmp_path / "p/f05.parquet")
     _build(tmp_path, output=tmp_path / "grouped", workers=2)
-    with monkeypatch.context() as patched:
-        _ungrouped(patched)
-        _build(tmp_path, output=tmp_path / "fresh", workers=2)
-    again, fresh = _manifest(tmp_path / "grouped"), _manifest(tmp_path / "fresh")
-    assert again["sources"] == fresh["sources"]
-    assert _table(tmp_path / "grouped", "p").equals(_table(tmp_path / "fresh", "p"))
+    _assert_as_fresh(tmp_path, tmp_path / "grouped", monkeypatch)
 
 
 def test_a_reindex_of_changed_files_in_runs_gives_the_fresh_index(
@@ -219,12 +214,16 @@ def test_a_reindex_of_changed_files_in_runs_gives_the_fresh_index(
     summary = _build(tmp_path, workers=1)
     assert summary.sources[0].files_scanned == 6
     assert tasks == [[1, 2], [3, 6], [10, 11]]  # 6 units, at least 4 tasks a worker
+    _assert_as_fresh(tmp_path, tmp_path / "index", monkeypatch)
+
+
+def _assert_as_fresh(tmp_path: Path, index: Path, monkeypatch) -> None:
+    """The index at `index` equals a fresh one of the same files, one scan task per file."""
     with monkeypatch.context() as patched:
         _ungrouped(patched)
         _build(tmp_path, output=tmp_path / "fresh", workers=2)
-    again, fresh = _manifest(tmp_path / "index"), _manifest(tmp_path / "fresh")
-    assert again["sources"] == fresh["sources"]
-    assert _table(tmp_path / "index", "p").equals(_table(tmp_path / "fresh", "p"))
+    assert _manifest(index)["sources"] == _manifest(tmp_path / "fresh")["sources"]
+    assert _table(index, "p").equals(_table(tmp_path / "fresh", "p"))
 
 
 def test_type_drift_inside_a_grouped_task_names_the_files_of_a_local_run(
