@@ -65,7 +65,11 @@ def _index(store, prefix: str) -> dict[str, bytes]:
     """The objects of the index under `prefix` as a full build makes them: the manifest and
     the tables it names, without history/ and the tables only kept manifests name."""
     objects = _objects(store, prefix)
-    named = {s["table"] for s in json.loads(objects["manifest.json"])["sources"]}
+    named = {
+        s[k]
+        for s in json.loads(objects["manifest.json"])["sources"]
+        for k in ("table", "files_table")
+    }
     return {
         k: v
         for k, v in objects.items()
@@ -124,16 +128,20 @@ def test_a_re_index_in_a_store_reads_and_uploads_only_what_changed(
             spy.setattr(storage, "stat", lambda p: (read.append(f"stat {p}"), stat(p))[1])
             build_index(cfg, store.url("idx"), workers=1)
         assert sorted(read) == [store.url("data/a/f2.jsonl"), store.url("data/a/f9.jsonl")]
-        # source b's table is in place already: only a's new table, the replaced manifest
-        # (kept under history/ for the plans made from it) and the manifest go up
-        assert len(sent) == 3 and sent[-1] == store.url("idx/manifest.json")
-        assert "/sources/a-" in sent[0] and "/history/" in sent[1]
+        # source b's table and file list are in place already: only a's new table and
+        # file list, the replaced manifest (kept under history/ for the plans made from it)
+        # and the manifest go up
+        assert len(sent) == 4 and sent[-1] == store.url("idx/manifest.json")
+        assert "/sources/a-" in sent[0] and "/sources/a-files-" in sent[1]
+        assert "/history/" in sent[2]
         build_index(config(store.url("data")), store.url("full"), workers=1)
         assert _index(store, "idx") == _objects(store, "full")
         # the replaced manifest and its tables stay
         (kept,) = [k for k in _objects(store, "idx") if k.startswith("history/") and k != "history/"]
         old = json.loads(store.get(f"idx/{kept}"))
-        assert all(s["table"] in _objects(store, "idx") for s in old["sources"])
+        assert all(
+            s[k] in _objects(store, "idx") for s in old["sources"] for k in ("table", "files_table")
+        )
         # a table object in place whose bytes differ is not reused: its files are rescanned
         # and the table is sent again
         table = next(k for k in _objects(store, "idx") if k.startswith("sources/b-"))
