@@ -1000,3 +1000,36 @@ def test_a_damaged_file_list_rescans_its_source(root: Path, scanned: list[str]) 
     assert scanned == ["forum/forum.jsonl"]
     assert [s.files_scanned for s in summary.sources] == [0, 1, 0, 0, 0]
     assert snapshot(root / "index") == before  # rebuilt byte for byte, damaged file replaced
+
+
+def test_the_cyclic_collector_is_paused_for_a_build_only(root: Path, monkeypatch) -> None:
+    """Paused while a build runs (its objects are freed by reference counts), enabled again
+    after it, whether it succeeds or fails; left off if the caller had it off."""
+    import gc
+
+    during: list[bool] = []
+    real = build._build_dir
+
+    def spy(*args, **kwargs):
+        during.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "_build_dir", spy)
+    assert gc.isenabled()
+    _build(root)
+    assert during == [False] and gc.isenabled()
+    monkeypatch.setattr(build, "_build_locked", _interrupt_locked)
+    with pytest.raises(KeyboardInterrupt):
+        _build(root)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.undo()
+        _build(root)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def _interrupt_locked(*args, **kwargs):
+    raise KeyboardInterrupt

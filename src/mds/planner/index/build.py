@@ -11,6 +11,7 @@ under an object-store prefix is built in a local directory, then uploaded
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
@@ -154,10 +155,22 @@ def build_index(
     """Index every source of `config` into `output` (see the module docstring). `engine`:
     where the scans run (default: the config's [index] engine, else the local pool)."""
     output = output or config.output
-    if output is not None and storage.is_url(output):
-        with output_lock(str(output)) as held:
-            return _build_to_objects(config, str(output), workers, progress, clock, engine, held)
-    return _build_dir(config, output, workers, progress, clock, engine, None)
+    # A build makes a few objects per file and keeps most of them to its end: the cyclic
+    # collector's passes over them find nothing (they are freed by reference counts); they
+    # cost about a tenth of the CPU of a 1% re-index of 20k tiny files (0.50 s against
+    # 0.45 s in one pair of runs). Paused for the build, restored after, even on error.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if output is not None and storage.is_url(output):
+            with output_lock(str(output)) as held:
+                return _build_to_objects(
+                    config, str(output), workers, progress, clock, engine, held
+                )
+        return _build_dir(config, output, workers, progress, clock, engine, None)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _build_dir(config, output, workers, progress, clock, engine, place) -> IndexSummary:
