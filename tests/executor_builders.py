@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from builders import write_jsonl, write_megatron, write_parquet
+from index_files import manifest_with_files
 from plan_builders import REPO, sample_index, sample_plan_config
 
 from mds.core.planfile import RankChunk
@@ -185,7 +186,7 @@ class Oracle:
 
     def __init__(self, index: Path, *, fit_estimates: bool = True):
         self.index = Path(index)
-        self.manifest = json.loads((self.index / "manifest.json").read_text())
+        self.manifest = manifest_with_files(self.index)
         self.root = Path(self.manifest["root"])
         self.tok = tokenizer()
         self.fit = fit_estimates

@@ -260,10 +260,10 @@ def test_index_source_fault(root: Path, fault: Callable[[Path], None], needles: 
 def test_index_newer_version(root: Path) -> None:
     manifest = root / "index/manifest.json"
     data = json.loads(manifest.read_text())
-    data["version"] = 2
+    data["version"] = 3
     manifest.write_text(json.dumps(data))
     before, plan = tree(root / "index"), (root / "plan.mds").read_bytes()
-    want = f"{manifest}: index format version 2 is newer than this mds supports (1); upgrade mds"
+    want = f"{manifest}: index format version 3 is newer than this mds supports (2); upgrade mds"
     one_error_line(mds("index", root / "mds.toml"), want)
     one_error_line(mds("plan", root / "mds.toml", "-o", root / "plan.mds"), want)
     with executor(root / "plan.mds") as ex:  # the executor reads the plan, not the index
@@ -559,10 +559,12 @@ def test_interrupt_during_index(root: Path, tmp_path: Path, sig: signal.Signals)
     )
     assert (done.returncode, done.stderr.strip()) == (130, INTERRUPTED), done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    # on disk at the commit point: the new table, and the copy of the manifest it replaces
+    # on disk at the commit point: the new table and file list, and the copy of the
+    # manifest it replaces
     new = sorted(parked - set(before))
-    assert len(new) == 2 and new[0].startswith("history/"), parked
-    assert new[1].startswith("sources/web-"), parked
+    assert len(new) == 3 and new[0].startswith("history/"), parked
+    assert all(n.startswith("sources/web-") for n in new[1:]), parked
+    assert sum(n.startswith("sources/web-files-") for n in new[1:]) == 1, parked
     assert tree(root / "index") == before
     no_temporaries(root)
 

@@ -30,6 +30,7 @@ import pytest
 from cli_helpers import mds, one_error_line
 from executor_builders import open_executor, rewrite_plan, sample_plan
 from fuzzing import Tripwire
+from index_files import manifest_with_files, write_v1
 from plan_builders import REPO, plan_config, synthetic, train_table
 
 from mds.core.planfile import RankChunk
@@ -258,7 +259,7 @@ class Escape:
         (base / "outside" / "web.parquet").symlink_to(self.secret)
         with open_executor(plan, 0) as ex:
             self.sources = ex.source_names
-        self.manifest = json.loads((index / "manifest.json").read_text())
+        self.manifest = manifest_with_files(index)
 
     def forge(self, change) -> Path:
         """A copy of the plan whose blocks' file records went through `change(sources, files)`
@@ -283,7 +284,7 @@ class Escape:
         manifest["root"] = str(self.root)
         if change is not None:
             change(manifest)
-        (index / "manifest.json").write_text(json.dumps(manifest))
+        write_v1(index, manifest)  # file entries inline: a change can reach one
         return index
 
 

@@ -6,12 +6,12 @@ A plain module (tests/conftest.py puts tests/ on sys.path): `from verify_builder
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
 from pathlib import Path
 
+from index_files import manifest_with_files, write_v1
 from planfile_builders import footer_json
 
 SOURCES = ["web", "books", "forum", "code", "wiki", "math"]
@@ -70,7 +70,8 @@ def copy_index(pristine: Path, tmp_path: Path) -> Path:
 
 
 def edit_manifest(index: Path, change) -> None:
-    path = index / "manifest.json"
-    data = json.loads(path.read_text())
+    """Edit the index's manifest, written back as VERSION 1 (file entries inline, so a
+    change can reach one file's entry)."""
+    data = manifest_with_files(index)
     change(data)
-    path.write_text(json.dumps(data))
+    write_v1(index, data)

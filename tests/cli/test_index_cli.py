@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from builders import config_file, multi_source, write_jsonl, write_parquet
+from index_files import manifest_with_files
 from typer.testing import CliRunner
 
 from mds.cli.main import app
@@ -283,7 +284,7 @@ def _literal_corpus(root: Path) -> str:
 
 
 def _file_rows(index: Path) -> dict[str, tuple[int, int]]:
-    manifest = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+    manifest = manifest_with_files(index)
     return {f["path"]: (f["rows"], f["tokens"]) for s in manifest["sources"] for f in s["files"]}
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import mds, one_error_line
+from index_files import manifest_with_files, write_v1
 from plan_builders import REPO
 
 from mds.planner.index.build import build_index
@@ -98,9 +99,9 @@ def test_changed_content_only_full_notices(work):
 def test_other_index(work, tmp_path_factory):
     other = tmp_path_factory.mktemp("other") / "index"
     shutil.copytree(work / "index", other)
-    manifest = json.loads((other / "manifest.json").read_text())
+    manifest = manifest_with_files(other)
     manifest["sources"][0]["files"][0]["path"] = "../../etc/passwd"
-    (other / "manifest.json").write_text(json.dumps(manifest))
+    write_v1(other, manifest)  # file entries inline: one of them forged
     one_error_line(
         mds("verify", work / "plan.mds", "--index", other),
         "index manifest",

@@ -3,6 +3,7 @@
 or refused with an MdsError. Never another exception, never a hang.
 
 The index is tiny and real: Parquet in two files (several row groups), JSONL and Megatron,
+its manifest forged as VERSION 1 writes it (file entries inline, which every reader reads),
 all token ids. Mutations are byte edits of the JSON text and structural edits of the parsed
 manifest (wrong types, missing keys, negative or huge rows, NaN, `../` and absolute paths,
 very long strings, duplicated or reordered entries), half of them with the manifest
@@ -27,6 +28,7 @@ from fuzzing import DEEP, Tally, edit, paths_of, watchdog
 from fuzzing import fuzz as fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
+from index_files import v1_manifest
 from plan_builders import index_data
 
 from mds.core.index_manifest import index_fingerprint, read_manifest
@@ -56,8 +58,11 @@ class World:
         self.root = base / "data"
         self.index = index_data(self.root, tiny_data(self.root))
         self.plan = base / "plan.mds"  # outside the data root (interesting() names it)
-        self.manifest_text = (self.index / "manifest.json").read_text()
-        self.manifest = json.loads(self.manifest_text)
+        # forged as VERSION 1, whose file entries are in the manifest (every reader reads it)
+        self.manifest = v1_manifest(
+            json.loads((self.index / "manifest.json").read_text()), self.index
+        )
+        self.manifest_text = json.dumps(self.manifest, indent=2, sort_keys=True)
         self.scratch = base / "scratch"
         self.scratch.mkdir()
         self.scratch_manifest = self.scratch / "manifest.json"

@@ -5,7 +5,6 @@ naming it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pyarrow as pa
 import pytest
 from builders import jsonl_bytes, write_arrow, write_megatron, write_zst
 from cli_helpers import mds, one_error_line
+from index_files import manifest_with_files
 from s3_store import s3_server
 from store_corpus import assert_replays_as_local, index_and_plan, replay
 
@@ -46,8 +46,8 @@ def _index_and_plan(top: Path, name: str, root: str, sources: str) -> Path:
 
 
 def _same_index(top: Path, a: str, b: str) -> None:
-    left = json.loads((top / f"{a}-index" / "manifest.json").read_text())
-    right = json.loads((top / f"{b}-index" / "manifest.json").read_text())
+    left = manifest_with_files(top / f"{a}-index")
+    right = manifest_with_files(top / f"{b}-index")
     assert left["fingerprint"] == right["fingerprint"]
     strip = ("size", "mtime_ns")
     files = [
@@ -77,7 +77,7 @@ def megatron(store, tmp_path_factory):
 def test_megatron_objects_index_and_replay_as_local_files(megatron):
     top, url, local, s3 = megatron
     _same_index(top, "local", "s3")
-    manifest = json.loads((top / "s3-index" / "manifest.json").read_text())
+    manifest = manifest_with_files(top / "s3-index")
     assert manifest["sources"][0]["files"][0]["index_path"] == "math/part0_text_document.idx"
     assert_replays_as_local(local, s3, url)
 

@@ -5,11 +5,10 @@ naming the URL, after bounded retries)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from cli_helpers import mds, one_error_line
 from gcs_store import gcs_server
+from index_files import manifest_with_files
 from store_corpus import (
     assert_replays_as_local,
     corpus_config,
@@ -40,8 +39,8 @@ def world(tmp_path_factory):
 
 def test_gcs_objects_index_and_replay_as_local_files(world):
     top, _store, url = world
-    gs = json.loads((top / "gs-index" / "manifest.json").read_text())
-    local = json.loads((top / "local-index" / "manifest.json").read_text())
+    gs = manifest_with_files(top / "gs-index")
+    local = manifest_with_files(top / "local-index")
     assert gs["root"] == url and gs["fingerprint"] == local["fingerprint"]
     assert_replays_as_local(top / "local.mds", top / "gs.mds", url)
 
@@ -52,7 +51,8 @@ def test_an_index_and_a_plan_in_gcs(world):
     assert mds("index", top / "gs.toml", "-o", prefix).exit_code == 0
     keys = store.keys("indexes/corpus/")
     assert keys[0] == "indexes/corpus/manifest.json"
-    assert [k.split("/")[3].split("-")[0] for k in keys[1:]] == ["forum", "web"]
+    # a table and a file list per source
+    assert [k.split("/")[3].split("-")[0] for k in keys[1:]] == ["forum", "forum", "web", "web"]
     target = "gs://mds-test/plans/plan.mds"
     out = mds("plan", top / "gs.toml", "-o", target, "--index", prefix)
     assert out.exit_code == 0, out.output

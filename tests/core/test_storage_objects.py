@@ -4,7 +4,6 @@ object, and a server that is down or hangs (an error naming the URL, never a han
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import struct
@@ -14,6 +13,7 @@ import pytest
 from cli_helpers import mds, one_error_line
 from executor_builders import batch_digest
 from fault_proxy import fault_proxy
+from index_files import manifest_with_files
 from s3_store import BUCKET, free_port, s3_server, silent_server
 from store_corpus import corpus_config, index_and_plan, replay, write_corpus
 
@@ -48,8 +48,8 @@ def world(tmp_path_factory):
 
 def test_an_index_of_objects_is_the_index_of_the_same_files(world):
     top, _, url = world
-    s3 = json.loads((top / "s3-index" / "manifest.json").read_text())
-    local = json.loads((top / "local-index" / "manifest.json").read_text())
+    s3 = manifest_with_files(top / "s3-index")
+    local = manifest_with_files(top / "local-index")
     assert s3["root"] == url
     assert s3["fingerprint"] == local["fingerprint"]  # identity is content
     assert [f["path"] for s in s3["sources"] for f in s["files"]] == [

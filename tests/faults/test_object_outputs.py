@@ -108,7 +108,8 @@ def _manifest(w: World, prefix: str) -> dict:
 
 
 def _tables(manifest: dict) -> set[str]:
-    return {s["table"] for s in manifest["sources"]}
+    """The tables and file lists a manifest names."""
+    return {s[k] for s in manifest["sources"] for k in ("table", "files_table")}
 
 
 # --- refusals ---------------------------------------------------------------------------

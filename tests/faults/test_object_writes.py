@@ -217,14 +217,20 @@ def test_an_interrupt_after_the_plan_was_uploaded_says_it_was_written(world, s3,
 INDEX = "idx"
 
 
+def named_tables(manifest: bytes) -> set[str]:
+    """The tables and file lists a manifest names."""
+    return {s[k] for s in json.loads(manifest)["sources"] for k in ("table", "files_table")}
+
+
 def old_index(root: Path, store) -> tuple[str, bytes, set[str]]:
     """Index the world to the output, then change two sources (forum, web) so that a new
-    index has two new tables; (url, manifest bytes, tables it names)."""
+    index has two new tables and two new file lists; (url, manifest bytes, tables and file
+    lists it names)."""
     url = store.url(INDEX)
     out = mds("index", root / "mds.toml", "-o", url)
     assert out.exit_code == 0, out.output
     manifest = store.get(f"{INDEX}/manifest.json")
-    named = {s["table"] for s in json.loads(manifest)["sources"]}
+    named = named_tables(manifest)
     with open(root / "forum" / "forum.jsonl", "a", encoding="utf-8") as f:
         f.write('{"ids": [1, 2, 3]}\n')
     write_parquet(root / "web" / "part-2.parquet", web_columns(2))
@@ -266,9 +272,10 @@ def assert_previous_index(proc, store, url: str, manifest: bytes, named: set[str
 @pytest.mark.parametrize(
     ("at", "key", "new"),
     [
-        ("put-stream", f"{BUCKET}/{INDEX}/{TABLES}/*web-*", 1),  # forum's table is up
-        ("put-before", f"{BUCKET}/{INDEX}/manifest.json", 2),
-        ("put-stream", f"{BUCKET}/{INDEX}/*manifest.json*", 2),
+        # forum's table and file list are up
+        ("put-stream", f"{BUCKET}/{INDEX}/{TABLES}/*web-*", 2),
+        ("put-before", f"{BUCKET}/{INDEX}/manifest.json", 4),
+        ("put-stream", f"{BUCKET}/{INDEX}/*manifest.json*", 4),
     ],
     ids=["table-upload", "between", "manifest-upload"],
 )
@@ -292,10 +299,10 @@ def test_index_interrupted_during_the_manifest_copy_is_the_new_index(world, s3, 
     assert proc.returncode == 130, proc.stderr
     now = s3.get(f"{INDEX}/manifest.json")
     assert now != manifest
-    new_named = {s["table"] for s in json.loads(now)["sources"]}
-    # the old tables stay beside the replaced manifest, kept under history/
+    new_named = named_tables(now)
+    # the old tables and file lists stay beside the replaced manifest, kept under history/
     kept = left_tables(s3, new_named)
-    assert len(kept) == 2 and all(k.removeprefix(f"{INDEX}/") in named for k in kept)
+    assert len(kept) == 4 and all(k.removeprefix(f"{INDEX}/") in named for k in kept)
     assert [k for k in keys(s3, f"{INDEX}/history/")] != []
     assert stderr_line(proc) == f"interrupted: the new index was written whole at {url}"
     assert temporaries(keys(s3, f"{INDEX}/")) == []
@@ -314,7 +321,7 @@ def test_index_interrupted_while_its_manifest_upload_hangs(world, s3, monkeypatc
             what="the held manifest upload",
             signalled=held.release,
         )
-    assert_previous_index(proc, s3, url, manifest, named, 2)
+    assert_previous_index(proc, s3, url, manifest, named, 4)
 
 
 def test_index_table_upload_answered_500_keeps_the_previous_index(world, s3, monkeypatch):
@@ -335,9 +342,9 @@ def test_a_re_index_leaves_the_temporaries_of_uploads_in_flight(world, s3):
     out = mds(*index_args(world, url))
     assert out.exit_code == 0, out.output
     assert s3.get(other) == b"in flight"
-    named = {s["table"] for s in json.loads(s3.get(f"{INDEX}/manifest.json"))["sources"]}
+    named = named_tables(s3.get(f"{INDEX}/manifest.json"))
     for key in keys(s3, f"{INDEX}/history/"):  # the replaced manifest, kept with its tables
-        named |= {s["table"] for s in json.loads(s3.get(key))["sources"]}
+        named |= named_tables(s3.get(key))
     assert left_tables(s3, named) == []
 
 

@@ -21,7 +21,6 @@ plan at root/plan.mds) and asserts the one `error:` line, the exit code and the 
 from __future__ import annotations
 
 import io
-import json
 import re
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from fault_builders import (
     names,
     word_ids,
 )
+from index_files import manifest_with_files, write_v1
 
 from mds.core.index_manifest import index_fingerprint
 from mds.executor import DataChangedError, PlanExecutor
@@ -129,11 +129,11 @@ def test_moved_plan_says_where_its_index_was_expected(root: Path, tmp_path: Path
 @pytest.mark.parametrize("rel", ["../secret.parquet", "/etc/hostname", "web/../../secret.parquet"])
 def test_a_manifest_path_leaving_the_root_is_refused_by_every_command(root: Path, rel: str) -> None:
     manifest_path = root / "index" / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
+    manifest = manifest_with_files(root / "index")
     web = next(s for s in manifest["sources"] if s["name"] == "web")
     web["files"][1]["path"] = rel
     manifest["fingerprint"] = index_fingerprint(manifest["sources"])
-    manifest_path.write_text(json.dumps(manifest))
+    write_v1(root / "index", manifest)  # file entries inline: one of them forged
     bad = f"{manifest_path}: web files[1]: path {rel!r} escapes the index root; refused, not read"
     plan, top = root / "plan.mds", names(root)
     before = plan.read_bytes()

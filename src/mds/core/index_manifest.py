@@ -1,6 +1,7 @@
 """The index manifest (`manifest.json`): format version, sources, files and fingerprints.
 
-JSON and stdlib only, so the executor can check an index without the planner.
+JSON and stdlib, and PyArrow for a source's file list (a Parquet table beside its source
+table since VERSION 2), so the executor can check an index without the planner.
 
 The manifest is the index's commit point: tables it does not name are not part of the index.
 The layout is specified in docs/index-format.md.
@@ -24,7 +25,12 @@ __all__ = [
     "HISTORY",
     "MANIFEST",
     "VERSION",
+    "FILE_COLUMNS",
     "IndexManifest",
+    "SourceEntry",
+    "file_dicts",
+    "file_list_bytes",
+    "file_list_table",
     "identity_fingerprint",
     "index_fingerprint",
     "history_name",
@@ -39,7 +45,7 @@ __all__ = [
 ]
 
 FORMAT = "mds-index"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
 # Manifests of earlier builds of the index, kept so plans made from them still verify:
 # history/<32 hex of the index fingerprint>.json (docs/index-format.md).
@@ -53,6 +59,176 @@ IMAGE_LAYOUTS = {
     "jsonl": "jsonl",
     "jsonl.zst": "jsonl",
 }
+
+
+# A source's file list (VERSION 2: a Parquet table named by the entry's `files_table`, with
+# its checksum in `files_checksum`; VERSION 1: the entry's `files`, one JSON object per
+# file). Columns in this order; the optional ones only in a source whose files have them
+# (`index_path`: Megatron's .idx, `dropped_bad_images`: image-text sources).
+FILE_COLUMNS = ("id", "path", "size", "mtime_ns", "fingerprint", "first_row", "rows", "tokens")
+OPTIONAL_FILE_COLUMNS = ("index_path", "dropped_bad_images")
+_STRINGS = ("path", "fingerprint", "index_path")
+# The keys of a file's dict, in the order the files of a VERSION 1 manifest had them.
+_DICT_ORDER = ("id", "path", "index_path", "size", "mtime_ns", "fingerprint", "first_row",
+               "rows", "tokens", "dropped_bad_images")  # fmt: skip
+
+
+def file_list_table(columns: dict[str, Any]) -> Any:
+    """The file-list table (a pyarrow.Table) of `columns` (name -> values: lists or arrays),
+    its columns in the order and types of the format; an optional column is left out when
+    it is missing or None."""
+    import pyarrow as pa
+
+    arrays, names = [], []
+    for name in (*FILE_COLUMNS, *OPTIONAL_FILE_COLUMNS):
+        values = columns.get(name)
+        if values is None:
+            if name in OPTIONAL_FILE_COLUMNS:
+                continue
+            raise ValueError(f"file list without column {name!r}")
+        kind = pa.string() if name in _STRINGS else pa.int64()
+        arrays.append(values.cast(kind) if isinstance(values, pa.Array) else pa.array(values, kind))
+        names.append(name)
+    return pa.table(arrays, names=names)
+
+
+def file_list_bytes(table: Any) -> bytes:
+    """The Parquet bytes of a file-list table: fixed writer options and no timestamps, so the
+    same files give the same bytes (and so the same content-addressed name)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        compression_level=3,
+        use_dictionary=False,
+        write_statistics=False,
+        row_group_size=1 << 20,
+        data_page_version="1.0",
+        store_schema=True,
+    )
+    return sink.getvalue().to_pybytes()
+
+
+def file_dicts(table: Any) -> list[dict[str, Any]]:
+    """One dict per file of a file-list table (as a VERSION 1 manifest held them): only for
+    a consumer that wants them; a re-index works on the columns."""
+    names = [n for n in _DICT_ORDER if n in table.column_names]
+    cols = [table.column(n).to_pylist() for n in names]
+    optional = [i for i, n in enumerate(names) if n in OPTIONAL_FILE_COLUMNS]
+    out = []
+    for values in zip(*cols, strict=True):
+        item = dict(zip(names, values, strict=True))
+        for i in optional:
+            if values[i] is None:
+                del item[names[i]]
+        out.append(item)
+    return out
+
+
+class SourceEntry(dict):
+    """A manifest's source entry. A VERSION 2 entry's `files` (one dict per file) are read
+    from its file-list table when first asked for; `file_table()` gives the columns."""
+
+    def __init__(self, data: dict[str, Any], index: Path, where: Path):
+        super().__init__(data)
+        self.index, self.where, self._table = index, where, None
+
+    def __missing__(self, key: str) -> Any:
+        if key != "files" or "files_table" not in self:
+            raise KeyError(key)
+        files = self["files"] = file_dicts(self.file_table())
+        return files
+
+    def file_table(self) -> Any:
+        """The source's file list as a pyarrow.Table (checked against `files_checksum`, its
+        rows against the source's; a VERSION 1 entry's made from its `files`)."""
+        if self._table is None:
+            if "files_table" in self:
+                self._table = read_file_list(self, self.index, self.where)
+            else:
+                self._table = _v1_table(self["files"])
+        return self._table
+
+
+def _v1_table(files: list[dict[str, Any]]) -> Any:
+    columns: dict[str, Any] = {
+        n: [f[n] for f in files] for n in FILE_COLUMNS if n not in ("size", "mtime_ns")
+    }
+    # entries this mds would not have written may lack a stat: they are never reused
+    columns["size"] = [f.get("size", -1) for f in files]
+    columns["mtime_ns"] = [f.get("mtime_ns", -1) for f in files]
+    for name in OPTIONAL_FILE_COLUMNS:
+        if any(name in f for f in files):
+            columns[name] = [f.get(name) for f in files]
+    return file_list_table(columns)
+
+
+def read_file_list(entry: dict[str, Any], index: Path, where: Path) -> Any:
+    """A VERSION 2 source's file-list table, its bytes checked against `files_checksum` and
+    its rows against what the executor relies on (as _source_problem checks a VERSION 1
+    entry's `files`); IndexFormatError naming the file or the manifest otherwise."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = index / entry["files_table"]
+    if not path.is_file():
+        raise IndexFormatError(f"{path}: the file list of source {entry['name']!r} is missing")
+    data = read_table_bytes(path, entry["files_checksum"])
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (OSError, pa.ArrowException) as exc:  # intact bytes, yet not a table
+        raise IndexFormatError(f"{path}: cannot read the file list ({exc})") from None
+    name = entry["name"]
+    try:
+        table = file_list_table({n: table.column(n).combine_chunks() if n in table.column_names
+                                 else None for n in (*FILE_COLUMNS, *OPTIONAL_FILE_COLUMNS)})  # fmt: skip
+    except (ValueError, pa.ArrowException) as exc:
+        raise IndexFormatError(f"{path}: not a file list ({exc})") from None
+    for column in ("id", "path", "size", "mtime_ns", "fingerprint", "first_row", "rows", "tokens"):
+        nulls = table.column(column).null_count
+        if nulls:
+            raise IndexFormatError(f"{path}: {nulls} file(s) without a {column}")
+    rows = table.column("rows").to_numpy()
+    first = table.column("first_row").to_numpy()
+    starts = np.zeros(len(rows), dtype=np.int64)
+    np.cumsum(rows[:-1], out=starts[1:])
+    bad = np.flatnonzero((rows < 0) | (first != starts))
+    if len(bad):
+        j = int(bad[0])
+        raise IndexFormatError(
+            f"{where}: {name} files[{j}] rows {int(rows[j])} from first_row {int(first[j])} "
+            f"do not follow the previous file (first_row {int(starts[j])})"
+        )
+    if int(rows.sum()) != entry["rows"]:
+        raise IndexFormatError(
+            f"{where}: {name} files hold {int(rows.sum())} rows, the source {entry['rows']}"
+        )
+    if entry.get("format") == "megatron":
+        index_paths = table.column("index_path") if "index_path" in table.column_names else None
+        if index_paths is None or index_paths.null_count:
+            raise IndexFormatError(f"{where}: {name} files: index_path is missing")
+    for key in ("path", "index_path"):
+        if key not in table.column_names:
+            continue
+        values = table.column(key)
+        odd = pc.or_(
+            pc.or_(pc.match_substring(values, ".."), pc.match_substring(values, ":")),
+            pc.match_substring_regex(values, r"^[/\\]"),
+        )
+        for j in np.flatnonzero(odd.to_numpy(zero_copy_only=False) == True).tolist():  # noqa: E712
+            value = values[j].as_py()
+            if value is not None and escapes(value):
+                raise IndexFormatError(
+                    f"{where}: {name} files[{j}]: path {value!r} escapes the index root; "
+                    "refused, not read"
+                )
+    return table
 
 
 @dataclass(frozen=True)
@@ -181,6 +357,8 @@ def _source_problem(entry: dict[str, Any]) -> str | None:
         return "length.tokenizer is missing or not a string"
     if not isinstance(entry.get("spec_key", ""), str):
         return "spec_key is not a string"
+    if "files_table" in entry:  # VERSION 2: its rows are checked when the table is read
+        return None
     first = 0
     megatron = fmt == "megatron"
     for j, item in enumerate(entry["files"]):
@@ -222,27 +400,32 @@ def _check(data: Any, where: Path) -> None:
     sources = data.get("sources")
     if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
         raise IndexFormatError(f"{where}: manifest `sources` must be a list of objects")
+    # VERSION 1 holds each source's files in the manifest; VERSION 2 names a table of them.
+    files = (("files", list),) if version == 1 else (("files_table", str), ("files_checksum", str))
     for i, entry in enumerate(sources):
         for key, kind in (
             ("name", str),
             ("table", str),
             ("table_checksum", str),
-            ("files", list),
+            *files,
             ("rows", int),
         ):
             if not isinstance(entry.get(key), kind):
                 raise IndexFormatError(
                     f"{where}: sources[{i}].{key} is missing or not a {kind.__name__}"
                 )
-        table = Path(entry["table"])
-        if table.is_absolute() or ".." in table.parts:
-            raise IndexFormatError(
-                f"{where}: sources[{i}].table {entry['table']!r} leaves the index directory"
-            )
+        if version > 1:
+            entry.pop("files", None)  # never from the manifest: from the table
+        for key in ("table", "files_table"):
+            table = Path(entry.get(key, ""))
+            if table.is_absolute() or ".." in table.parts:
+                raise IndexFormatError(
+                    f"{where}: sources[{i}].{key} {entry[key]!r} leaves the index directory"
+                )
         problem = _source_problem(entry)
         if problem is not None:
             raise IndexFormatError(f"{where}: sources[{i}].{problem}")
-        for j, item in enumerate(entry["files"]):
+        for j, item in enumerate(entry.get("files", ())):
             for key in ("path", "index_path"):
                 value = item.get(key)
                 # escapes needs a ".." or an absolute path (a separator or drive) to say yes
@@ -299,6 +482,7 @@ def _load(where: Path, directory: Path) -> IndexManifest:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # deep nesting
         raise IndexFormatError(f"{where}: unreadable manifest ({exc})") from None
     _check(data, where)
+    data["sources"] = [SourceEntry(s, directory, where) for s in data["sources"]]
     return IndexManifest(directory, data)
 
 

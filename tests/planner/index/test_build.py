@@ -25,13 +25,14 @@ from builders import (
     write_jsonl,
     write_parquet,
 )
+from index_files import manifest_with_files, write_v1
 
 from mds.core.fingerprint import fingerprint
 from mds.errors import ConfigError, IndexFormatError, SourceDataError
 from mds.planner.index import build, publish, source_table
 from mds.planner.index.build import build_index
 from mds.planner.index.config import load_config
-from mds.planner.index.tables import index_fingerprint, read_manifest, source_frame
+from mds.planner.index.tables import index_fingerprint, index_tables, read_manifest, source_frame
 
 WEB = [web_part(i) for i in range(3)]
 
@@ -73,7 +74,7 @@ def _build(root: Path, **kwargs):
 
 
 def _manifest(index: Path) -> dict:
-    return json.loads((index / "manifest.json").read_text())
+    return manifest_with_files(index)
 
 
 def _table(index: Path, name: str) -> pl.DataFrame:
@@ -114,7 +115,7 @@ def test_multi_source_build_and_manifest(root: Path, scanned: list[str]) -> None
 
     m = _manifest(index)
     assert m["format"] == "mds-index"
-    assert m["version"] == 1
+    assert m["version"] == 2
     assert m["root"] == str(root.resolve())
     assert m["fingerprint_mode"] == "sampled"
     assert m["fingerprint"] == summary.fingerprint == index_fingerprint(m["sources"])
@@ -204,7 +205,7 @@ def test_multi_source_build_and_manifest(root: Path, scanned: list[str]) -> None
     assert [s.exact for s in summary.sources] == [True, True, False, True, True]
     # Only live tables are in the index directory, and no temporary files.
     assert sorted(p.name for p in (index / "sources").iterdir()) == sorted(
-        Path(s["table"]).name for s in m["sources"]
+        Path(s[k]).name for s in m["sources"] for k in ("table", "files_table")
     )
 
 
@@ -214,7 +215,7 @@ def test_output_argument_wins_and_defaults_to_root_index(root: Path, tmp_path: P
     assert (tmp_path / "elsewhere/manifest.json").is_file()
     config_file(root, MULTI_TOML.replace('output = "index"\n', ""), "noout.toml")
     build_index(load_config(root / "noout.toml"))
-    assert read_manifest(root / "index").data["version"] == 1
+    assert read_manifest(root / "index").data["version"] == 2
 
 
 def test_full_fingerprint_mode(root: Path) -> None:
@@ -260,9 +261,9 @@ def test_rewritten_file_is_the_only_one_rescanned(root: Path, scanned: list[str]
     assert [f["first_row"] for f in files] == [0, 4, 10]
     assert [f["rows"] for f in files] == [4, 6, 4]
     assert _table(root / "index", "forum").equals(old_forum)
-    # One table per source, and the old web table, which the replaced manifest (kept
-    # under history/ for plans made from it) still names.
-    assert len(list((root / "index/sources").iterdir())) == 6
+    # A table and a file list per source, and the old web table and file list, which the
+    # replaced manifest (kept under history/ for plans made from it) still names.
+    assert len(list((root / "index/sources").iterdir())) == 12
     assert len(list((root / "index/history").iterdir())) == 1
 
 
@@ -419,7 +420,7 @@ def test_scanner_failure_leaves_no_fresh_output(root: Path, tmp_path: Path, monk
     assert not (tmp_path / "fresh").exists()
 
 
-def _interrupt(path, manifest, files):
+def _interrupt(path, manifest):
     raise KeyboardInterrupt
 
 
@@ -438,8 +439,9 @@ def test_interrupt_before_the_manifest_leaves_the_previous_index(root: Path, mon
     monkeypatch.setattr(publish.TableWriter, "rollback", rollback)
     with pytest.raises(KeyboardInterrupt):
         _build(root)
-    # The new web table was written, then removed again; the old one is still there.
-    assert [p.name.split("-")[0] for p in rolled_back] == ["web"]
+    # The new web table and file list were written, then removed again; the old ones are
+    # still there.
+    assert [p.name.split("-")[0] for p in rolled_back] == ["web", "web"]
     assert not any(p.exists() for p in rolled_back)
     assert snapshot(root / "index") == before
     monkeypatch.undo()
@@ -572,7 +574,7 @@ def test_manifest_from_a_newer_version(root: Path) -> None:
     before = snapshot(index)
     with pytest.raises(IndexFormatError) as info:
         _build(root)
-    assert "index format version 99 is newer than this mds supports (1)" in str(info.value)
+    assert "index format version 99 is newer than this mds supports (2)" in str(info.value)
     assert str(index / "manifest.json") in str(info.value)
     assert snapshot(index) == before
 
@@ -583,7 +585,7 @@ def test_unreadable_old_manifest_is_rebuilt(root: Path) -> None:
     (root / "index/manifest.json").write_text(text[: len(text) // 2])  # cut short: damaged
     summary = _build(root)
     assert all(s.files_scanned == s.files for s in summary.sources)
-    assert read_manifest(root / "index").data["version"] == 1
+    assert read_manifest(root / "index").data["version"] == 2
 
 
 def test_bad_glob_fails_before_any_work(root: Path, scanned: list[str]) -> None:
@@ -745,8 +747,8 @@ def test_interrupt_just_after_the_manifest_keeps_the_new_index(root: Path, monke
     _change_every_web_file(root)
     real = build.write_manifest
 
-    def then_interrupt(path, manifest, files):
-        real(path, manifest, files)
+    def then_interrupt(path, manifest):
+        real(path, manifest)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(build, "write_manifest", then_interrupt)
@@ -793,7 +795,7 @@ def _tiny_corpus(root: Path, n: int) -> None:
 def _tree(directory: Path) -> dict[str, bytes]:
     """The index as a full build makes it: what the manifest names, without history/ and
     the tables only the replaced manifests kept there name."""
-    named = {s["table"] for s in read_manifest(directory).sources}
+    named = set(index_tables(read_manifest(directory)))
     return {
         rel: p.read_bytes()
         for p in sorted(directory.rglob("*"))
@@ -905,3 +907,129 @@ def test_an_unchanged_source_keeps_its_table_unread(root: Path, tmp_path: Path, 
     monkeypatch.undo()
     _build(root, output=tmp_path / "full")
     assert _tree(root / "index") == _tree(tmp_path / "full")
+
+
+# --- format VERSION 1 indexes -------------------------------------------------------------------
+
+
+def _to_v1(index: Path) -> None:
+    """Rewrite the index in `index` as VERSION 1 wrote it: file entries in the manifest, no
+    file-list tables."""
+    data = manifest_with_files(index)
+    write_v1(index, data)
+    for s in data["sources"]:
+        if "files_table" in s:
+            (index / s["files_table"]).unlink()
+    assert read_manifest(index).data["version"] == 1
+
+
+@pytest.mark.parametrize("start", ["v2", "v1"])
+@pytest.mark.parametrize("change", ["unchanged", "added", "changed", "removed"])
+def test_a_re_index_is_the_full_index_of_the_same_files(
+    tmp_path: Path, scanned: list[str], change: str, start: str
+) -> None:
+    """Whatever changed, and from an index of either version: the re-index's manifest, tables
+    and file lists are byte for byte a full index's, with the same fingerprint."""
+    root = tmp_path / "data"
+    _tiny_corpus(root, 12)
+    config = load_config(root / "mds.toml")
+    first = build_index(config, tmp_path / "index", workers=1)
+    if start == "v1":
+        _to_v1(tmp_path / "index")
+        assert read_manifest(tmp_path / "index").fingerprint == first.fingerprint
+    if change == "added":
+        (root / "d/f012.jsonl").write_text('{"tokens": [7, 7]}\n')
+    elif change == "changed":
+        _rewrite(root / "d/f003.jsonl", b'{"tokens": [5]}\n')
+    elif change == "removed":
+        (root / "d/f010.jsonl").unlink()
+    scanned.clear()
+    summary = build_index(config, tmp_path / "index", workers=1)
+    assert len(scanned) == (change in ("added", "changed"))
+    full = build_index(config, tmp_path / "full", workers=1)
+    assert summary.fingerprint == full.fingerprint
+    assert (summary.fingerprint == first.fingerprint) == (change == "unchanged")
+    assert _tree(tmp_path / "index") == _tree(tmp_path / "full")
+    assert read_manifest(tmp_path / "index").data["version"] == 2
+
+
+def test_a_v1_index_is_planned_from_verified_and_re_indexed(tmp_path: Path) -> None:
+    """An index an older mds wrote (VERSION 1) is read, planned from and verified as it is;
+    a re-index writes VERSION 2 with the same fingerprint, and the plans still verify."""
+    from plan_builders import sample_workdir
+
+    from mds.planner.plan.build import build_plan, with_overrides
+    from mds.planner.plan.config import load_plan_config
+    from mds.planner.report.verify import verify_plan
+
+    work = sample_workdir(tmp_path)
+    index, config = work / "index", work / "data" / "mds.toml"
+    fingerprint = read_manifest(index).fingerprint
+    _to_v1(index)
+    assert read_manifest(index).fingerprint == fingerprint
+    result = verify_plan(work / "plan.mds", full=True)  # made from the VERSION 2 index
+    assert result.ok, result.first_failure
+    build_plan(with_overrides(load_plan_config(config), index=index), work / "v1.mds")
+    result = verify_plan(work / "v1.mds", full=True)
+    assert result.ok, result.first_failure
+    summary = build_index(load_config(config), index, workers=1)
+    assert summary.fingerprint == fingerprint
+    assert all(s.files_scanned == 0 for s in summary.sources)
+    assert read_manifest(index).data["version"] == 2
+    for plan in ("plan.mds", "v1.mds"):
+        result = verify_plan(work / plan, full=True)
+        assert result.ok, result.first_failure
+    build_index(load_config(config), tmp_path / "full", workers=1)
+    assert _tree(index) == _tree(tmp_path / "full")
+
+
+def test_a_damaged_file_list_rescans_its_source(root: Path, scanned: list[str]) -> None:
+    """A file list whose bytes differ from its checksum: commands that need it fail in one
+    line naming it; a re-index rescans that source and replaces the file."""
+    _build(root)
+    before = snapshot(root / "index")
+    entry = read_manifest(root / "index").source("forum")
+    listed = root / "index" / entry["files_table"]
+    listed.write_bytes(listed.read_bytes()[:-3] + b"xyz")
+    with pytest.raises(IndexFormatError) as info:
+        read_manifest(root / "index").source("forum")["files"]
+    assert str(info.value).startswith(f"{listed}: checksum ")
+    assert "\n" not in str(info.value)
+    scanned.clear()
+    summary = _build(root)
+    assert scanned == ["forum/forum.jsonl"]
+    assert [s.files_scanned for s in summary.sources] == [0, 1, 0, 0, 0]
+    assert snapshot(root / "index") == before  # rebuilt byte for byte, damaged file replaced
+
+
+def test_the_cyclic_collector_is_paused_for_a_build_only(root: Path, monkeypatch) -> None:
+    """Paused while a build runs (its objects are freed by reference counts), enabled again
+    after it, whether it succeeds or fails; left off if the caller had it off."""
+    import gc
+
+    during: list[bool] = []
+    real = build._build_dir
+
+    def spy(*args, **kwargs):
+        during.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "_build_dir", spy)
+    assert gc.isenabled()
+    _build(root)
+    assert during == [False] and gc.isenabled()
+    monkeypatch.setattr(build, "_build_locked", _interrupt_locked)
+    with pytest.raises(KeyboardInterrupt):
+        _build(root)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.undo()
+        _build(root)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def _interrupt_locked(*args, **kwargs):
+    raise KeyboardInterrupt

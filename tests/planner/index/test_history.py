@@ -29,8 +29,10 @@ def test_the_tables_a_manifest_names_are_read_from_its_bytes(tmp_path: Path):
         f.write('[[source]]\nname = "e"\npath = "e/*.jsonl"\ntokens = "tokens"\n')
     build_index(load_config(root / "mds.toml"), tmp_path / "index", workers=1)
     text = (tmp_path / "index/manifest.json").read_bytes()
-    assert manifest_tables(text) == {s["table"] for s in json.loads(text)["sources"]}
-    assert len(manifest_tables(text)) == 2
+    assert manifest_tables(text) == {
+        s[k] for s in json.loads(text)["sources"] for k in ("table", "files_table")
+    }
+    assert len(manifest_tables(text)) == 4  # a table and a file list per source
 
 
 def test_the_newest_manifests_are_kept():
@@ -76,10 +78,10 @@ def test_tables_go_once_no_kept_manifest_names_them(tmp_path: Path):
     assert len(kept) == HISTORY_KEEP
     assert history_name(builds[0]).split("/")[1] not in kept  # the oldest is gone ...
     first = [p for p in (index / "sources").iterdir()]
-    named = {read_manifest(index).sources[0]["table"]}
+    named = {read_manifest(index).sources[0][k] for k in ("table", "files_table")}
     for fp in builds[:-1]:
         if (index / history_name(fp)).is_file():
             named |= manifest_tables((index / history_name(fp)).read_bytes())
     # ... with its table; every table left is one a kept manifest names
     assert {f"sources/{p.name}" for p in first} == named
-    assert len(named) == HISTORY_KEEP + 1
+    assert len(named) == 2 * (HISTORY_KEEP + 1)  # tables and file lists

@@ -65,7 +65,11 @@ def _index(store, prefix: str) -> dict[str, bytes]:
     """The objects of the index under `prefix` as a full build makes them: the manifest and
     the tables it names, without history/ and the tables only kept manifests name."""
     objects = _objects(store, prefix)
-    named = {s["table"] for s in json.loads(objects["manifest.json"])["sources"]}
+    named = {
+        s[k]
+        for s in json.loads(objects["manifest.json"])["sources"]
+        for k in ("table", "files_table")
+    }
     return {
         k: v
         for k, v in objects.items()
@@ -124,16 +128,20 @@ def test_a_re_index_in_a_store_reads_and_uploads_only_what_changed(
             spy.setattr(storage, "stat", lambda p: (read.append(f"stat {p}"), stat(p))[1])
             build_index(cfg, store.url("idx"), workers=1)
         assert sorted(read) == [store.url("data/a/f2.jsonl"), store.url("data/a/f9.jsonl")]
-        # source b's table is in place already: only a's new table, the replaced manifest
-        # (kept under history/ for the plans made from it) and the manifest go up
-        assert len(sent) == 3 and sent[-1] == store.url("idx/manifest.json")
-        assert "/sources/a-" in sent[0] and "/history/" in sent[1]
+        # source b's table and file list are in place already: only a's new table and
+        # file list, the replaced manifest (kept under history/ for the plans made from it)
+        # and the manifest go up
+        assert len(sent) == 4 and sent[-1] == store.url("idx/manifest.json")
+        assert "/sources/a-" in sent[0] and "/sources/a-files-" in sent[1]
+        assert "/history/" in sent[2]
         build_index(config(store.url("data")), store.url("full"), workers=1)
         assert _index(store, "idx") == _objects(store, "full")
         # the replaced manifest and its tables stay
         (kept,) = [k for k in _objects(store, "idx") if k.startswith("history/") and k != "history/"]
         old = json.loads(store.get(f"idx/{kept}"))
-        assert all(s["table"] in _objects(store, "idx") for s in old["sources"])
+        assert all(
+            s[k] in _objects(store, "idx") for s in old["sources"] for k in ("table", "files_table")
+        )
         # a table object in place whose bytes differ is not reused: its files are rescanned
         # and the table is sent again
         table = next(k for k in _objects(store, "idx") if k.startswith("sources/b-"))
@@ -143,3 +151,52 @@ def test_a_re_index_in_a_store_reads_and_uploads_only_what_changed(
         # the listing's modification time is the one a stat of the object gives
         listed = {k: m for k, _, m in storage.list_object_infos(store.url("data"))}
         assert listed["a/f9.jsonl"] == storage.stat(store.url("data/a/f9.jsonl")).st_mtime_ns
+
+
+@pytest.mark.slow
+def test_a_re_index_in_a_store_is_the_full_index_of_the_same_objects(tmp_path: Path, monkeypatch):
+    """Each change (none, an object added, changed, removed), from an index of either format
+    version in place: the prefix's manifest, tables and file lists are byte for byte those
+    of a full index of the same objects, with the same fingerprint."""
+    from index_files import write_v1
+
+    from mds.planner.index.build import build_index
+
+    def config(root: str):
+        source = {"name": "a", "path": "a/*.jsonl", "tokens": "tokens"}
+        data = {"index": {"root": root}, "source": [source]}
+        return parse_config(data, path=tmp_path / "mds.toml")
+
+    with _server("s3")(monkeypatch) as store:
+        for start in ("v2", "v1"):
+            for change in ("unchanged", "added", "changed", "removed"):
+                data = f"data-{start}-{change}"
+                for i in range(5):
+                    store.put(f"{data}/a/f{i}.jsonl", f'{{"tokens": [{i}, 2]}}\n'.encode())
+                cfg = config(store.url(data))
+                index = f"idx-{start}-{change}"
+                build_index(cfg, store.url(index), workers=1)
+                if start == "v1":  # the index as version 1 wrote it: file entries inline
+                    local = tmp_path / "copies" / index
+                    for key, body in _index(store, index).items():
+                        if not key or key.endswith("/"):  # a folder's marker
+                            continue
+                        (local / key).parent.mkdir(parents=True, exist_ok=True)
+                        (local / key).write_bytes(body)
+                    manifest = json.loads((local / "manifest.json").read_text())
+                    write_v1(local, manifest)
+                    store.put(f"{index}/manifest.json", (local / "manifest.json").read_bytes())
+                    for s in manifest["sources"]:
+                        store.delete(f"{index}/{s['files_table']}")
+                if change == "added":
+                    store.put(f"{data}/a/f9.jsonl", b'{"tokens": [9]}\n')
+                elif change == "changed":
+                    store.put(f"{data}/a/f2.jsonl", b'{"tokens": [2, 2, 2]}\n')
+                elif change == "removed":
+                    store.delete(f"{data}/a/f4.jsonl")
+                again = build_index(cfg, store.url(index), workers=1)
+                full = build_index(cfg, store.url(f"full-{start}-{change}"), workers=1)
+                assert again.fingerprint == full.fingerprint, (start, change)
+                got = _index(store, index)
+                assert got == _index(store, f"full-{start}-{change}"), (start, change)
+                assert json.loads(got["manifest.json"])["version"] == 2

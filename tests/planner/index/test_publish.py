@@ -1,5 +1,5 @@
 """src/mds/planner/index/publish.py: tables named by their content, rolled back on failure,
-the manifest's file entries, and the removal of only the tables mds wrote and no longer
+each source's file list, and the removal of only the tables mds wrote and no longer
 names."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import numpy as np
 import polars as pl
 from builders import data_file
 
-from mds.planner.index.publish import TableWriter, collect_garbage, file_entries, file_entry_texts
+from mds.core.index_manifest import FILE_COLUMNS, file_dicts, file_list_bytes
+from mds.planner.index.publish import TableWriter, collect_garbage, file_list
 from mds.planner.index.reuse import IndexedFile
-from mds.planner.index.tables import TABLES, manifest_chunks, read_table
+from mds.planner.index.tables import TABLES, read_table
 
 
 def test_a_table_is_named_by_its_content_and_rolled_back_if_new(tmp_path: Path):
@@ -30,45 +31,41 @@ def test_a_table_is_named_by_its_content_and_rolled_back_if_new(tmp_path: Path):
     assert not (tmp_path / rel).exists()
 
 
-def test_file_entries_number_the_files_and_record_their_rows(tmp_path: Path):
+def test_file_list_numbers_the_files_and_records_their_rows(tmp_path: Path):
     (tmp_path / "a.jsonl").write_bytes(b"x")
     (tmp_path / "b.jsonl").write_bytes(b"y")
     files = [
         IndexedFile(data_file(tmp_path / name), 1, 7, f"sampled:{name}", 1)
         for name in ("a.jsonl", "b.jsonl")
     ]
-    got = list(file_entries(files, np.array([0, 2]), np.array([2, 3]), np.array([10, 0]), tmp_path))
-    assert got == [
+    got = file_list(files, np.array([0, 2]), np.array([2, 3]), np.array([10, 0]), tmp_path)
+    assert got.column_names == list(FILE_COLUMNS)
+    assert file_dicts(got) == [
         {"id": 0, "path": "a.jsonl", "size": 1, "mtime_ns": 7, "fingerprint": "sampled:a.jsonl",
          "first_row": 0, "rows": 2, "tokens": 10},
         {"id": 1, "path": "b.jsonl", "size": 1, "mtime_ns": 7, "fingerprint": "sampled:b.jsonl",
          "first_row": 2, "rows": 3, "tokens": 0},
     ]  # fmt: skip
+    dropped = file_list(files, np.array([0, 2]), np.array([2, 3]), np.array([10, 0]), tmp_path,
+                        np.array([1, 0]))  # fmt: skip
+    assert [f["dropped_bad_images"] for f in file_dicts(dropped)] == [1, 0]
 
 
-def test_file_entry_texts_write_what_file_entries_do(tmp_path: Path):
-    """The entries given as text (a companion's as a dict) write the same manifest bytes."""
-    names = ("a.jsonl", 'q "ü" %s\\.jsonl', "m.bin")
-    for name in names:
-        (tmp_path / name).write_bytes(b"x")
-    (tmp_path / "m.idx").write_bytes(b"i")
-    files = [
-        IndexedFile(
-            data_file(tmp_path / name),
-            2**40 + i,
-            1_700_000_000_000_000_000 + i,
-            f"sampled:{i}",
-            1,
-        )
-        for i, name in enumerate(names)
-    ]
-    counts = (files, np.array([0, 2, 5]), np.array([2, 3, 0]), np.array([10, 0, 2**33]), tmp_path)
-    manifest = {"format": "mds-index", "sources": [{"name": "a"}]}
-    texts = list(file_entry_texts(*counts))
-    assert [type(t) for t in texts] == [str, str, dict]
-    assert "".join(manifest_chunks(manifest, [texts])) == "".join(
-        manifest_chunks(manifest, [file_entries(*counts)])
-    )
+def test_a_file_list_is_named_by_its_content_and_rolled_back_if_new(tmp_path: Path):
+    (tmp_path / "a.jsonl").write_bytes(b"x")
+    files = [IndexedFile(data_file(tmp_path / "a.jsonl"), 1, 7, "sampled:a", 1)]
+    table = file_list(files, np.array([0]), np.array([2]), np.array([10]), tmp_path)
+    writer = TableWriter(tmp_path, keep=set())
+    rel, checksum = writer.write_file_list("web", table)
+    assert rel == f"{TABLES}/web-files-{checksum.removeprefix('blake2b:')[:16]}.parquet"
+    assert (tmp_path / rel).read_bytes() == file_list_bytes(table)
+    assert [p.name for p in (tmp_path / TABLES).iterdir()] == [Path(rel).name]  # no temporary
+    kept = TableWriter(tmp_path, keep={rel})
+    assert kept.write_file_list("web", table) == (rel, checksum)
+    kept.rollback()
+    assert (tmp_path / rel).exists()
+    writer.rollback()
+    assert not (tmp_path / rel).exists()
 
 
 def test_garbage_is_only_what_mds_wrote_and_no_longer_names(tmp_path: Path):

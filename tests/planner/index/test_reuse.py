@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from builders import data_file, source
 
+from mds.core.index_manifest import file_list_table
 from mds.errors import ConfigError
-from mds.planner.index.reuse import previous_index, reused_files, spec_key
+from mds.planner.index.reuse import Recorded, previous_index, reused_files, spec_key
 
 SMALL, BIG = 100, 64 << 20  # a sampled fingerprint covers every byte of the small file only
 
@@ -21,12 +22,18 @@ def _files(tmp_path: Path, *names: str):
     return [data_file(tmp_path / name) for name in names]
 
 
-def _old(key: str, *entries: tuple) -> dict:
-    files = [
-        {"id": i, "path": p, "size": size, "fingerprint": fp, "mtime_ns": mtime}
-        for i, (p, size, fp, mtime) in enumerate(entries)
-    ]
-    return {"spec_key": key, "files": files}
+def _old(key: str, *entries: tuple) -> Recorded:
+    columns = {
+        "id": range(len(entries)),
+        "path": [p for p, *_ in entries],
+        "size": [e[1] for e in entries],
+        "fingerprint": [e[2] for e in entries],
+        "mtime_ns": [e[3] for e in entries],
+        "first_row": [0] * len(entries),
+        "rows": [0] * len(entries),
+        "tokens": [0] * len(entries),
+    }
+    return Recorded(key, file_list_table(columns))
 
 
 def test_a_file_hashed_whole_is_reused_by_content_whatever_its_mtime(tmp_path: Path):
@@ -50,6 +57,11 @@ def test_a_file_hashed_whole_is_reused_by_content_whatever_its_mtime(tmp_path: P
     assert [f.reuse for f in got] == [0, None, 2, None]
     assert [(f.size, f.mtime_ns, f.fingerprint) for f in got] == [fp[:3] for fp in fps]
     assert all(f.reuse is None for f in reused_files(spec, files, fps, key + "x", old))
+    twice = _old(key, ("a.jsonl", SMALL, "sampled:zz", 1), *[(e[0], *e[1:]) for e in [
+        ("a.jsonl", SMALL, "sampled:aa", 1), ("b.jsonl", BIG, "sampled:bb", 1),
+        ("c.jsonl", BIG, "full:cc", 1), ("d.jsonl", SMALL, "sampled:dd", 1)]])  # fmt: skip
+    assert not twice.unique  # a path recorded twice: matched by its content too
+    assert [f.reuse for f in reused_files(spec, files, fps, key, twice)] == [1, None, 3, None]
 
 
 def test_settings_that_change_a_table_change_the_spec_key():

@@ -1,5 +1,5 @@
 """The planner's view of an index manifest: tables read checked, whole or by column; the
-manifest writer gives the same bytes as json.dumps(indent=2, sort_keys=True)."""
+manifest written as json.dumps(indent=2, sort_keys=True); the tables a manifest names."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from plan_builders import synthetic
 
 from mds.errors import IndexFormatError
 from mds.planner.index.tables import (
-    manifest_chunks,
+    index_tables,
     read_manifest,
     source_frame,
     source_table,
@@ -55,73 +53,23 @@ def test_source_table_refuses_a_damaged_table(tmp_path: Path) -> None:
         source_table(m, "a", lambda schema: ["n_tokens"])
 
 
-def _file(i: int, **extra) -> dict:
-    return {
-        "id": i,
-        "path": f"d/f{i}.jsonl",
-        "size": 10 + i,
-        "mtime_ns": 1_700_000_000_000_000_000 + i,
-        "fingerprint": f"sampled:{i:032x}",
-        "first_row": 4 * i,
-        "rows": 4,
-        "tokens": 2**40 + i,
-        **extra,
+def test_write_manifest_writes_json_dumps_sorted_and_indented(tmp_path: Path) -> None:
+    manifest = {
+        "format": "mds-index",
+        "version": 2,
+        "root": "/data/ü",
+        "sources": [{"b": 1, "a": "é"}],
     }
-
-
-def _manifest() -> tuple[dict, list[list[dict]]]:
-    files = [
-        [_file(0), _file(1, index_path="d/f1.idx"), _file(2, path='ünï "quoted" \\ \t.jsonl')],
-        [],
-        [_file(0)],
-    ]
-    sources = [
-        {"name": name, "rows": 1, "keep": {"lang": "String"}, "length_stats": {}, "payload": None}
-        for name in ("a", "b\u00e9", "c")
-    ]
-    manifest = {"format": "mds-index", "version": 1, "root": "/data/ü", "sources": sources}
-    return manifest, files
-
-
-def test_chunks_equal_json_dumps() -> None:
-    manifest, files = _manifest()
-    full = {
-        **manifest,
-        "sources": [{**s, "files": f} for s, f in zip(manifest["sources"], files, strict=True)],
-    }
-    expected = json.dumps(full, indent=2, sort_keys=True) + "\n"
-    assert "".join(manifest_chunks(manifest, [iter(f) for f in files])) == expected
-
-
-def test_write_manifest_writes_the_same_bytes(tmp_path: Path) -> None:
-    manifest, files = _manifest()
-    full = {
-        **manifest,
-        "sources": [{**s, "files": f} for s, f in zip(manifest["sources"], files, strict=True)],
-    }
-    write_manifest(tmp_path / "manifest.json", manifest, [iter(f) for f in files])
-    expected = (json.dumps(full, indent=2, sort_keys=True) + "\n").encode()
+    write_manifest(tmp_path / "manifest.json", manifest)
+    expected = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     assert (tmp_path / "manifest.json").read_bytes() == expected
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
 
 
-_SCALARS = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.text(),
-    st.booleans(),
-    st.none(),
-    st.floats(allow_nan=False),
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.dictionaries(st.sampled_from(["id", "path", "size", "x%s", 'q"k', "é", "%"]), _SCALARS, min_size=1),
-        max_size=6,
-    )
-)
-def test_chunks_equal_json_dumps_for_any_flat_entries(entries: list[dict]) -> None:
-    manifest = {"format": "mds-index", "sources": [{"name": "a"}]}
-    expected = json.dumps({**manifest, "sources": [{"name": "a", "files": entries}]}, indent=2, sort_keys=True)
-    assert "".join(manifest_chunks(manifest, [iter(entries)])) == expected + "\n"
+def test_index_tables_name_each_source_table_and_file_list(index: Path) -> None:
+    m = read_manifest(index)
+    entry = m.source("a")
+    assert index_tables(m) == {
+        entry["table"]: entry["table_checksum"],
+        entry["files_table"]: entry["files_checksum"],
+    }

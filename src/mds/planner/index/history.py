@@ -16,13 +16,15 @@ __all__ = ["HISTORY", "HISTORY_KEEP", "keep_previous", "manifest_tables", "prune
 
 HISTORY_KEEP = 8  # earlier manifests kept; the tables only older ones name are removed
 
-# A source's "table" in a manifest laid out by json.dumps(indent=2, sort_keys=True): six
-# spaces deep, and a string without quotes or escapes (mds names tables sources/NAME-HEX).
-_TABLE = re.compile(rb'^ {6}"table": "([^"\\\n]+)",?$', re.MULTILINE)
+# A source's "table" (and its "files_table", VERSION 2) in a manifest laid out by
+# json.dumps(indent=2, sort_keys=True): six spaces deep, and a string without quotes or
+# escapes (mds names tables sources/NAME-HEX).
+_TABLE = re.compile(rb'^ {6}"(?:files_)?table": "([^"\\\n]+)",?$', re.MULTILINE)
 
 
 def manifest_tables(text: bytes) -> set[str]:
-    """The tables a manifest's bytes name, without parsing its file lists."""
+    """The tables a manifest's bytes name (its source tables and file lists), without
+    parsing a VERSION 1 manifest's file entries."""
     return {m.decode() for m in _TABLE.findall(text)}
 
 

@@ -19,7 +19,7 @@ from mds.planner.index.discover import MANIFEST_HEAD, is_index_manifest
 from mds.planner.index.history import HISTORY, manifest_tables, prune
 from mds.planner.index.objects import head, relative_key
 from mds.planner.index.reuse import not_an_index
-from mds.planner.index.tables import MANIFEST, TABLES, read_manifest
+from mds.planner.index.tables import MANIFEST, TABLES, index_tables, read_manifest
 from mds.planner.runtime import upload
 
 __all__ = [
@@ -32,7 +32,8 @@ __all__ = [
     "upload_index",
 ]
 
-# The name of a table mds writes: sources/<source>-<16 hex digits of its checksum>.parquet.
+# The name of a table mds writes: sources/<source>-<16 hex digits of its checksum>.parquet
+# (a file list: sources/<source>-files-<16 hex>.parquet).
 TABLE_NAME = re.compile(rf"{TABLES}/[^/]+-[0-9a-f]{{16}}\.parquet")
 
 
@@ -40,7 +41,8 @@ TABLE_NAME = re.compile(rf"{TABLES}/[^/]+-[0-9a-f]{{16}}\.parquet")
 class Prefix:
     """What an index prefix held before a build wrote anything (one listing)."""
 
-    named: set[str]  # tables its manifest names: the only objects a re-index may remove
+    named: set[str]  # tables (and file lists) its manifest names: the only objects a
+    # re-index may remove
     present: set[str]  # table objects there, named or not (temporaries aside)
     had_index: bool  # a manifest.json of ours was there
     manifest: bytes | None = None  # its bytes, when they parse as an index this mds reads
@@ -86,7 +88,7 @@ def previous_objects(url: str) -> Prefix:
                     str(exc).replace(str(Path(tmp) / MANIFEST), manifest_url)
                 ) from None
             return Prefix(set(), present, True, history=history)
-    named = {str(e["table"]) for e in previous.sources if TABLE_NAME.fullmatch(str(e["table"]))}
+    named = {t for t in index_tables(previous) if TABLE_NAME.fullmatch(t)}
     return Prefix(named, present, True, data, history)
 
 
@@ -101,8 +103,7 @@ def seed_previous(local: Path, url: str, previous: Prefix) -> dict[str, str]:
     local.mkdir(parents=True)
     (local / MANIFEST).write_bytes(previous.manifest)
     kept: dict[str, str] = {}
-    for entry in read_manifest(local).sources:
-        rel, checksum = str(entry["table"]), str(entry["table_checksum"])
+    for rel, checksum in index_tables(read_manifest(local)).items():
         if rel not in previous.named or rel not in previous.present or rel in kept:
             continue
         data = storage.get_bytes(f"{url}/{rel}")
@@ -142,7 +143,7 @@ def upload_index(
     `held`: its lock object, checked before the manifest is written and before anything
     is removed."""
     manifest = read_manifest(local)
-    checksums = {str(e["table"]): str(e["table_checksum"]) for e in manifest.sources}
+    checksums = index_tables(manifest)
     live = set(checksums)
     kept = kept or {}
     mark = len(commit.written())  # what this build puts in place is noted after it

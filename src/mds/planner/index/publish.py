@@ -1,33 +1,33 @@
-"""Putting an index's files in place in its directory: each source's table written under a
-temporary name and renamed to a name derived from its content (removed again if the build
-fails), the manifest's entry of every file, and, once the new manifest is committed, the
+"""Putting an index's files in place in its directory: each source's table and file list
+written under a temporary name and renamed to a name derived from its content (removed
+again if the build fails), and, once the new manifest is committed, the
 removal of tables only the previous manifest named.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterator
-from json.encoder import encode_basestring_ascii
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from mds.core import storage
+from mds.core.index_manifest import file_list_bytes, file_list_table
 from mds.errors import IndexFormatError, MdsError
 from mds.planner.index.discover import DataFile
 from mds.planner.index.reuse import IndexedFile
-from mds.planner.index.tables import TABLES, entry_template, table_checksum, table_intact
+from mds.planner.index.tables import TABLES, table_checksum, table_intact
 from mds.planner.runtime.atomic import cannot_write, fsync_file, is_temp, temp_sibling
 
 __all__ = [
     "TableWriter",
     "cannot_write_index",
     "collect_garbage",
-    "file_entries",
-    "file_entry_texts",
+    "file_list",
 ]
 
 
@@ -63,78 +63,60 @@ class TableWriter:
             tmp.unlink(missing_ok=True)
         return rel, checksum
 
+    def write_file_list(self, name: str, table: pa.Table) -> tuple[str, str]:
+        """Write a source's file list as write_table writes its table: its name
+        sources/<name>-files-<16 hex of its checksum>.parquet."""
+        data = file_list_bytes(table)
+        checksum = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+        rel = f"{TABLES}/{name}-files-{checksum.removeprefix('blake2b:')[:16]}.parquet"
+        final = self.output / rel
+        if final.exists() and table_intact(final, checksum):
+            return rel, checksum
+        tmp = temp_sibling(final)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            fsync_file(tmp)
+            os.replace(tmp, final)
+            if rel not in self.keep:
+                self.created.append(final)
+        except OSError as exc:
+            raise cannot_write_index(self.output, f"the file list of source '{name}'", exc) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        return rel, checksum
+
     def rollback(self) -> None:
         """Remove the tables this writer created (never one the previous index names)."""
         for path in self.created:
             path.unlink(missing_ok=True)
 
 
-def file_entries(
+def file_list(
     files: list[IndexedFile],
     first_rows: np.ndarray,
     rows: np.ndarray,
     tokens: np.ndarray,
     root: Path,
     dropped: np.ndarray | None = None,
-    id_base: int = 0,
-) -> Iterator[dict[str, Any]]:
-    """The manifest's entry of each file, made as it is written; `dropped`: an image-text
-    source's samples left out for a bad image, per file; `id_base`: the first file's id."""
-    for fi, (f, first_row, n_rows, n_tok) in enumerate(
-        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True), id_base
-    ):
-        extra = {} if dropped is None else {"dropped_bad_images": int(dropped[fi - id_base])}
-        yield {
-            "id": fi,
-            "path": f.data.rel,
-            **_companion(f.data, root),
-            "size": f.size,
-            "mtime_ns": f.mtime_ns,
-            "fingerprint": f.fingerprint,
-            "first_row": first_row,
-            "rows": n_rows,
-            "tokens": n_tok,
-            **extra,
-        }
-
-
-# The keys of a file's entry as file_entries makes it (no companion, no dropped count).
-_PLAIN = ("id", "path", "size", "mtime_ns", "fingerprint", "first_row", "rows", "tokens")
-
-
-def file_entry_texts(
-    files: list[IndexedFile],
-    first_rows: np.ndarray,
-    rows: np.ndarray,
-    tokens: np.ndarray,
-    root: Path,
-    dropped: np.ndarray | None = None,
-) -> Iterator[dict[str, Any] | str]:
-    """file_entries, with the entry of a file without a companion given as its manifest
-    text (tables.entry_template): no dict per file, the same bytes written."""
-    if dropped is not None:
-        yield from file_entries(files, first_rows, rows, tokens, root, dropped)
-        return
-    keys, text = entry_template(_PLAIN)
-    assert keys == tuple(sorted(_PLAIN)), keys  # the values below are in this order
-    for fi, (f, first_row, n_rows, n_tok) in enumerate(
-        zip(files, first_rows.tolist(), rows.tolist(), tokens.tolist(), strict=True)
-    ):
-        data = f.data
-        if data.companion is not None:
-            yield next(file_entries([f], np.array([first_row]), np.array([n_rows]),
-                                    np.array([n_tok]), root, id_base=fi))  # fmt: skip
-            continue
-        yield text % (
-            encode_basestring_ascii(f.fingerprint),
-            first_row,
-            fi,
-            int.__repr__(f.mtime_ns),
-            encode_basestring_ascii(data.rel),
-            n_rows,
-            int.__repr__(f.size),
-            n_tok,
-        )
+) -> pa.Table:
+    """The source's file list (the table its manifest entry names: docs/index-format.md),
+    made from columns; `dropped`: an image-text source's samples left out for a bad image,
+    per file."""
+    columns: dict[str, Any] = {
+        "id": np.arange(len(files), dtype=np.int64),
+        "path": [f.data.rel for f in files],
+        "size": [f.size for f in files],
+        "mtime_ns": [f.mtime_ns for f in files],
+        "fingerprint": [f.fingerprint for f in files],
+        "first_row": first_rows,
+        "rows": rows,
+        "tokens": tokens,
+        "dropped_bad_images": dropped,
+    }
+    if any(f.data.companion is not None for f in files):
+        columns["index_path"] = [_companion(f.data, root).get("index_path") for f in files]
+    return file_list_table(columns)
 
 
 def _companion(f: DataFile, root: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from mds.core import storage
 from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
@@ -37,7 +38,8 @@ __all__ = [
     "reused_files",
     "row_group_located",
     "source_payload",
-    "recorded_counts",
+    "Recorded",
+    "recorded_files",
     "spec_key",
     "unchanged_source",
 ]
@@ -156,9 +158,9 @@ def spec_key(spec: SourceSpec, fmt: str, tokenizer: Path | None) -> str:
 
 
 def previous_index(output: Path) -> IndexManifest | None:
-    """The index already in the directory `output`, whose rows a build may reuse (a damaged
-    table's none); None for a missing or empty directory, or an unreadable manifest of ours
-    (rebuilt from scratch). ConfigError for anything that is not an mds index."""
+    """The index already in the directory `output`, whose rows a build may reuse (see
+    recorded_files); None for a missing or empty directory, or an unreadable manifest of
+    ours (rebuilt from scratch). ConfigError for anything that is not an mds index."""
     if not output.exists():
         return None
     if not output.is_dir():
@@ -167,18 +169,60 @@ def previous_index(output: Path) -> IndexManifest | None:
         if not is_index_dir(output):  # someone else's manifest.json: not ours to replace
             raise not_an_index(output)
         try:
-            previous = read_manifest(output)
+            return read_manifest(output)
         except IndexFormatError as exc:
             if "newer" in str(exc):
                 raise
             return None  # unreadable old index: rebuild from scratch, still atomically
-        for entry in previous.sources:
-            if not table_intact(previous.path / entry["table"], entry["table_checksum"]):
-                entry["files"] = []  # damaged table: none of its rows is reused, all rescanned
-        return previous
     if any(p for p in output.iterdir() if not is_temp(p) and p.name not in (TABLES, HISTORY)):
         raise not_an_index(output)
     return None
+
+
+class Recorded:
+    """A source's file list in the previous index, as columns: what a re-index compares the
+    files it finds with, and the counts of the ones it keeps."""
+
+    def __init__(self, spec_key: str | None, table: pa.Table):
+        self.spec_key, self.table, self.n = spec_key, table, table.num_rows
+        self.paths: list[str] = table.column("path").to_pylist()
+        self.sizes: list[int] = table.column("size").to_pylist()
+        self.mtimes: list[int] = table.column("mtime_ns").to_pylist()
+        self.fingerprints: list[str] = table.column("fingerprint").to_pylist()
+        self.ids: list[int] = table.column("id").to_pylist()
+        # row of each path (the last, where a path is recorded twice)
+        self.by_path = dict(zip(self.paths, range(self.n), strict=True))
+        self.unique = len(self.by_path) == self.n
+
+    def counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first rows, rows, tokens) of each file."""
+        return tuple(  # type: ignore[return-value]
+            self.table.column(k).to_numpy().astype(np.int64, copy=False)
+            for k in ("first_row", "rows", "tokens")
+        )
+
+    def dropped(self) -> dict[int, int]:
+        """An image-text source's samples left out for a bad image, by file id."""
+        if "dropped_bad_images" not in self.table.column_names:
+            return {}
+        values = self.table.column("dropped_bad_images").to_pylist()
+        return {i: v or 0 for i, v in zip(self.ids, values, strict=True)}
+
+
+def recorded_files(previous: IndexManifest | None) -> dict[str, Recorded]:
+    """Each source of the previous index whose table and file list are intact, by name: a
+    damaged or missing one's files are all rescanned (and its table replaced)."""
+    out: dict[str, Recorded] = {}
+    for entry in previous.sources if previous is not None else ():
+        if not table_intact(previous.path / entry["table"], entry["table_checksum"]):
+            continue
+        try:
+            table = entry.file_table() if hasattr(entry, "file_table") else None
+        except IndexFormatError:
+            continue  # a damaged file list: the source is rescanned
+        if table is not None:
+            out[entry["name"]] = Recorded(entry.get("spec_key"), table)
+    return out
 
 
 def not_an_index(output: Path | str) -> ConfigError:
@@ -205,38 +249,45 @@ def reused_files(
     files: list[DataFile],
     fps: list[tuple[int, int, str, int]],
     spec_key: str,
-    old: dict | None,
+    old: Recorded | None,
 ) -> list[IndexedFile]:
     """The source's files with their fingerprints (`fps`), each marked with the id of its
-    rows in the previous manifest's entry `old` where they stay valid."""
+    rows in the previous index's file list `old` where they stay valid."""
     # A file's identity is its content: when its fingerprint covers every byte (a full one,
     # or a sampled one of a small file) its rows are reused whatever its mtime, so data copied
     # or synced without mtimes is not rescanned; otherwise the mtime must match too.
-    entries = old["files"] if old is not None and old.get("spec_key") == spec_key else []
-    by_path = {e["path"]: e for e in entries}
-    if len(by_path) != len(entries):  # a path recorded twice: the last matching entry
-        return _reused_by_keys(files, fps, entries)
+    if old is None or old.spec_key != spec_key:
+        return [IndexedFile(f, *fp) for f, fp in zip(files, fps, strict=True)]
+    if not old.unique:  # a path recorded twice: the last matching entry
+        return _reused_by_keys(files, fps, old)
     # With one entry per path, the only entry a file can keep is the one of its path.
     planned = []
+    by_path, sizes, mtimes, prints, ids = (
+        old.by_path,
+        old.sizes,
+        old.mtimes,
+        old.fingerprints,
+        old.ids,
+    )
     for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
-        entry = by_path.get(f.rel)
+        j = by_path.get(f.rel)
         reuse = None
-        if entry is not None and entry["size"] == size and entry["fingerprint"] == fp:
-            if entry["mtime_ns"] == mtime or hashes_every_byte(fp, size, nbytes - size):
-                reuse = entry["id"]
+        if j is not None and sizes[j] == size and prints[j] == fp:
+            if mtimes[j] == mtime or hashes_every_byte(fp, size, nbytes - size):
+                reuse = ids[j]
         planned.append(IndexedFile(f, size, mtime, fp, nbytes, reuse))
     return planned
 
 
 def _reused_by_keys(
-    files: list[DataFile], fps: list[tuple[int, int, str, int]], entries: list[dict]
+    files: list[DataFile], fps: list[tuple[int, int, str, int]], old: Recorded
 ) -> list[IndexedFile]:
-    """reused_files for entries that record a path more than once."""
+    """reused_files for a file list that records a path more than once."""
     by_content: dict[tuple, int] = {}
     by_stat: dict[tuple, int] = {}
-    for entry in entries:
-        key = (entry["path"], entry["size"], entry["fingerprint"])
-        by_content[key] = by_stat[(*key, entry["mtime_ns"])] = entry["id"]
+    for j in range(old.n):
+        key = (old.paths[j], old.sizes[j], old.fingerprints[j])
+        by_content[key] = by_stat[(*key, old.mtimes[j])] = old.ids[j]
     planned = []
     for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
         key = (f.rel, size, fp)
@@ -249,35 +300,37 @@ def _reused_by_keys(
 
 
 def unchanged_source(
-    spec: SourceSpec, fmt: str, key: str, files: list[IndexedFile], old: dict | None
+    spec: SourceSpec,
+    fmt: str,
+    key: str,
+    files: list[IndexedFile],
+    old: dict | None,
+    recorded: Recorded | None,
 ) -> bool:
-    """Whether a source's table and file entries would come out as the previous index has
+    """Whether a source's table and file list would come out as the previous index has
     them: the same settings, and the same files in the same order, each reused whole with
     the path, size, mtime and fingerprint recorded. Its table is then kept as it is.
-    (Image-text sources, whose entries carry counts of dropped samples, are rebuilt.)"""
-    if old is None or spec.images is not None or old.get("spec_key") != key:
+    (Image-text sources, whose file lists carry counts of dropped samples, are rebuilt.)"""
+    if old is None or recorded is None or spec.images is not None or old.get("spec_key") != key:
         return False
     if not all(k in old for k in ("keep", "tokens", "length_stats")):
         return False  # an entry this mds would not have written: rebuilt
-    before = old["files"]
-    if old.get("format") != fmt or len(before) != len(files):
+    if old.get("format") != fmt or recorded.n != len(files):
         return False
-    for i, (f, entry) in enumerate(zip(files, before, strict=True)):
+    paths, sizes, mtimes, prints, ids = (
+        recorded.paths,
+        recorded.sizes,
+        recorded.mtimes,
+        recorded.fingerprints,
+        recorded.ids,
+    )
+    for i, f in enumerate(files):
         if not (
-            f.reuse == i == entry.get("id")
-            and f.data.rel == entry["path"]
-            and f.size == entry.get("size")
-            and f.mtime_ns == entry.get("mtime_ns")
-            and f.fingerprint == entry.get("fingerprint")
+            f.reuse == i == ids[i]
+            and f.data.rel == paths[i]
+            and f.size == sizes[i]
+            and f.mtime_ns == mtimes[i]
+            and f.fingerprint == prints[i]
         ):
             return False
     return True
-
-
-def recorded_counts(old: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first rows, rows, tokens) of each file of a previous manifest's source entry."""
-    files = old["files"]
-    return tuple(  # type: ignore[return-value]
-        np.fromiter((int(e[k]) for e in files), dtype=np.int64, count=len(files))
-        for k in ("first_row", "rows", "tokens")
-    )

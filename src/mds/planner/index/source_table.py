@@ -22,7 +22,7 @@ from mds.planner.index.jsonl import scan_jsonl
 from mds.planner.index.jsonl_batch import scan_jsonl_batch
 from mds.planner.index.megatron import scan_megatron
 from mds.planner.index.parquet import scan_parquet
-from mds.planner.index.reuse import IndexedFile, row_group_located
+from mds.planner.index.reuse import IndexedFile, Recorded, row_group_located
 from mds.planner.index.scan import MAX_NESTING, ScanContext, check_nesting, nesting
 from mds.planner.index.tables import IndexManifest, read_table
 from mds.planner.index.webdataset import scan_webdataset
@@ -165,16 +165,19 @@ def assemble(
 
 
 def reused_rows(
-    previous: IndexManifest | None, old: dict | None, files: list[IndexedFile]
+    previous: IndexManifest | None,
+    old: dict | None,
+    recorded: Recorded | None,
+    files: list[IndexedFile],
 ) -> list[Part]:
     """The reused files' rows of the previous table, renumbered to the new file ids, as parts
     of consecutive files (a scanned file between two reused ones splits them). Both file
     lists are sorted by path, so the reused files keep their order."""
     reuse = [(f.reuse, fi) for fi, f in enumerate(files) if f.reuse is not None]
-    if not reuse or previous is None or old is None:
+    if not reuse or previous is None or old is None or recorded is None:
         return []
     table = read_table(previous.path / old["table"], old["table_checksum"])
-    new_id = np.full(max(max(o for o, _ in reuse), len(old["files"])) + 1, -1, dtype=np.int64)
+    new_id = np.full(max(max(o for o, _ in reuse), recorded.n) + 1, -1, dtype=np.int64)
     for o, fi in reuse:
         new_id[o] = fi
     ids = new_id[table["file_id"].to_numpy()]

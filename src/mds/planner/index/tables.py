@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import secrets
-from collections.abc import Callable, Iterable, Iterator
-from json.encoder import encode_basestring_ascii
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +31,11 @@ __all__ = [
     "FORMAT",
     "TABLES",
     "download_index",
-    "entry_template",
+    "index_tables",
     "MANIFEST",
     "VERSION",
     "IndexManifest",
     "index_fingerprint",
-    "manifest_chunks",
     "read_manifest",
     "read_table",
     "source_frame",
@@ -97,92 +94,23 @@ def read_table(
         raise IndexFormatError(f"{table}: cannot read index table ({exc})") from None
 
 
-# The manifest's layout: json.dumps(indent=2, sort_keys=True). Python's JSON encoder is pure
-# Python once it indents, ~100 us per file entry; file entries (flat objects of strings and
-# integers) are therefore written here with the same layout, one string at a time.
-_FILE_PAD = " " * 8  # manifest -> "sources" -> source -> "files" -> entry
-
-
-def _scalar(value: Any) -> str:
-    if type(value) is int:  # most values of a file entry
-        return int.__repr__(value)
-    if type(value) is str:
-        return encode_basestring_ascii(value)
-    return json.dumps(value)
-
-
-# Per order of keys an entry was made with (a handful per manifest): its keys sorted, and
-# a %-template of the entry's indented text with one %s per value.
-_TEMPLATES: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
-
-
-def entry_template(order: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """(the keys sorted, the %-template of a file entry's text with one %s per value, in
-    that order) for an entry of these keys: formatted with each value's JSON text, it is
-    what manifest_chunks writes for the entry (an int's text is its repr, a string's
-    encode_basestring_ascii)."""
-    found = _TEMPLATES.get(order)
-    if found is not None:
-        return found
-    keys = tuple(sorted(order))
-    inner = _FILE_PAD + "  "
-    fields = [f"{inner}{encode_basestring_ascii(k).replace('%', '%%')}: %s" for k in keys]
-    found = _TEMPLATES[order] = keys, f"{_FILE_PAD}{{\n" + ",\n".join(fields) + f"\n{_FILE_PAD}}}"
-    return found
-
-
-def _file_entry(entry: dict[str, Any]) -> str:
-    found = _TEMPLATES.get(tuple(entry))
-    keys, text = found if found is not None else entry_template(tuple(entry))
-    return text % tuple(
-        [
-            int.__repr__(v)
-            if type(v) is int
-            else encode_basestring_ascii(v)
-            if type(v) is str
-            else json.dumps(v)
-            for v in map(entry.__getitem__, keys)
-        ]
-    )
-
-
-def manifest_chunks(
-    manifest: dict[str, Any], files: list[Iterable[dict[str, Any]]]
-) -> Iterator[str]:
-    """The text of json.dumps(manifest, indent=2, sort_keys=True) + "\n", in pieces, where
-    source i's "files" list is `files[i]` (flat entries, produced lazily, none kept; an
-    entry may come as its text already, made with entry_template)."""
-    marks = [f"\x00files-{secrets.token_hex(8)}-{i}" for i in range(len(files))]
-    skeleton = {
-        **manifest,
-        "sources": [{**s, "files": m} for s, m in zip(manifest["sources"], marks, strict=True)],
-    }
-    text = json.dumps(skeleton, indent=2, sort_keys=True)
-    for mark, entries in zip(marks, files, strict=True):
-        head, text = text.split(encode_basestring_ascii(mark), 1)
-        yield head
-        first = True
-        for entry in entries:
-            yield ("[\n" if first else ",\n") + (
-                entry if type(entry) is str else _file_entry(entry)
-            )
-            first = False
-        yield "[]" if first else "\n" + _FILE_PAD[:-2] + "]"
-    yield text + "\n"
-
-
-def write_manifest(path: Path, manifest: dict[str, Any], files: list[Iterable[dict]]) -> None:
-    """Write the manifest (see manifest_chunks) to a temporary file, then replace `path`."""
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest (json.dumps(indent=2, sort_keys=True) and a newline: small, its
+    file lists are tables) to a temporary file, then replace `path`."""
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     with atomic_path(path) as tmp, open(tmp, "wb") as out:
-        buffer: list[str] = []
-        size = 0
-        for chunk in manifest_chunks(manifest, files):
-            buffer.append(chunk)
-            size += len(chunk)
-            if size >= 1 << 20:
-                out.write("".join(buffer).encode("ascii"))
-                buffer, size = [], 0
-        out.write("".join(buffer).encode("ascii"))
+        out.write(text.encode("ascii"))
+
+
+def index_tables(manifest: IndexManifest) -> dict[str, str]:
+    """{table: checksum} of every table a manifest names: each source's table and, since
+    VERSION 2, its file list."""
+    out: dict[str, str] = {}
+    for entry in manifest.sources:
+        out[str(entry["table"])] = str(entry["table_checksum"])
+        if "files_table" in entry:
+            out[str(entry["files_table"])] = str(entry["files_checksum"])
+    return out
 
 
 def download_index(url: str, local: Path, fingerprint: str | None = None) -> Path:
@@ -209,12 +137,11 @@ def download_index(url: str, local: Path, fingerprint: str | None = None) -> Pat
         (local / kept).parent.mkdir()
         (local / kept).write_bytes(storage.get_bytes(f"{url}/{kept}"))
         manifest = read_manifest_of(local, fingerprint)
-    for entry in manifest.sources:
-        rel = str(entry["table"])
+    for rel, checksum in index_tables(manifest).items():
         data = storage.get_bytes(f"{url}/{rel}")
         got = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
-        if got != entry["table_checksum"]:
-            raise table_damage(f"{url}/{rel}", got, entry["table_checksum"])
+        if got != checksum:
+            raise table_damage(f"{url}/{rel}", got, checksum)
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
         (local / rel).write_bytes(data)
     return local
