@@ -91,6 +91,22 @@ def test_one_pass_equals_the_chunked_scan(
         assert_frame_equal(got, expected)
 
 
+def test_a_measured_text_that_is_a_number_somewhere_is_left_to_the_chunked_scan(
+    tmp_path: Path,
+) -> None:
+    """The one pass would read the number as its text; the chunked scan, going line by line
+    (the last line's other field defeats its joint parse), refuses the type change."""
+    items = [{"text": 0, "other": False}, {"text": "", "n": 0}, {"text": "", "other": 0}]
+    path = tmp_path / "same.jsonl"
+    path.write_bytes(jsonl_bytes(items, trailing_newline=False))
+    file = data_file(path)
+    c = ctx(source(count=None, text="text", estimate="chars/3"), file.format, chunk_bytes=300)
+    assert scan_mapped(file, c, [0]) is None
+    message = "line 2: field `text` is a string here but a number on line 1"
+    with pytest.raises(SourceDataError, match=message):
+        scan_jsonl(file, c)
+
+
 @pytest.mark.parametrize(
     "table",
     [

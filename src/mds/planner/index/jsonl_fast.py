@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import mmap
 import os
+import re
 
 import numpy as np
 import polars as pl
@@ -79,6 +80,15 @@ def _settled_schema(sample: bytes, spec, loose: str | None) -> dict | None:
     return strict
 
 
+def _not_text(field: str) -> re.Pattern[bytes]:
+    """Finds `field` given a value that is neither a string nor null. The one pass parses the
+    measured text as String, which turns a number into its text where the chunked scan may
+    refuse the line (a field must keep one JSON type); such a file is left to the chunked
+    scan. A string value cannot hold the pattern (its quotes are escaped); a false alarm
+    costs only the slower scan."""
+    return re.compile(b'"' + re.escape(field.encode()) + rb'"[ \t\r\n]*:[ \t\r\n]*[^"n \t\r\n]')
+
+
 def _map_lines(file: DataFile, chunk_bytes: int, spec, loose: str | None):
     """(size, rows, starts, lengths, schema) of a local plain file's samples (its non-blank
     lines), or None where the one pass does not apply (an empty file, a last chunk with
@@ -95,6 +105,8 @@ def _map_lines(file: DataFile, chunk_bytes: int, spec, loose: str | None):
                 del arr
             first, last = _chunk_bounds(ends, size, chunk_bytes)
             if (not len(ends) or ends[-1] < last) and BARE_CR.search(mm, last):
+                return None
+            if loose is not None and _not_text(loose).search(mm):
                 return None
             for lines, nbytes in _SAMPLES:
                 strict = _settled_schema(mm[: _sample_end(ends, first, lines, nbytes)], spec, loose)
