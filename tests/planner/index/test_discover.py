@@ -288,3 +288,84 @@ def test_data_file_is_a_value(tmp_path: Path) -> None:
     back = pickle.loads(pickle.dumps(lazy))  # noqa: S301  (how a Ray worker gets it)
     assert back == lazy and back.signature == (1, 2)
     assert lazy != DataFile(path, "a.jsonl", "parquet")
+
+
+def _by_glob(root: Path, pattern: str) -> list[tuple[str, str, str | None, tuple[int, int]]]:
+    """What discover should find, from glob.glob and a Path per file: (rel, resolved
+    path, format by the name glob gives, (size, mtime_ns)) of each regular file, after
+    symlinks, once by its resolved path."""
+    import glob
+    import stat
+
+    out = {}
+    for g in glob.glob(pattern, root_dir=root, recursive=True):
+        full = root / g
+        try:
+            st = os.stat(full)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            resolved = full.resolve()
+            rel = resolved.relative_to(root.resolve()).as_posix()
+            out[str(resolved)] = (
+                rel,
+                str(resolved),
+                detect_format(full.name),
+                (st.st_size, st.st_mtime_ns),
+            )
+    return sorted(out.values())
+
+
+_DIRS = ["a", "b", ".h", "ü", "sub dir"]
+_FILES = ["x.jsonl", "X.JSONL", ".x.jsonl", "y.tar.jsonl", "z.parquet"]
+
+
+def test_glob_files_by_directory_match_a_path_per_file(tmp_path_factory) -> None:
+    """discover places a glob's plain files by their directory and their format by their
+    extension: the same as glob, a resolved Path and detect_format per file, on random
+    trees with symlinks to files and directories (hypothesis)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    compared = []
+
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(
+        files=st.lists(
+            st.tuples(st.lists(st.sampled_from(_DIRS), max_size=3), st.sampled_from(_FILES)),
+            max_size=12,
+        ),
+        links=st.lists(st.tuples(st.integers(0, 11), st.booleans()), max_size=3),
+        pattern=st.sampled_from(["**/*.jsonl", "*/*.jsonl", "**/*.*", "a/**/*.JSONL", "*.*"]),
+    )
+    def check(files, links, pattern) -> None:
+        root = tmp_path_factory.mktemp("tree")
+        made = []
+        for dirs, name in files:
+            path = root.joinpath(*dirs, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x" * len(dirs))
+            made.append(path)
+        for k, to_file in links:  # in "a" or "lnk": to a file, or its directory (no cycle)
+            if made:
+                target = made[k % len(made)]
+                where = root / ("a" if k % 2 else "lnk") / (f"l{k}.jsonl" if to_file else f"d{k}")
+                if not to_file and target.parent in (root, where.parent, *where.parent.parents):
+                    continue
+                where.parent.mkdir(exist_ok=True)
+                if not os.path.lexists(where):
+                    os.symlink(target if to_file else target.parent, where)
+        want = _by_glob(root, pattern)
+        if not want:
+            return
+        compared.append(len(want))
+        got = discover(source(path=pattern, tokens="t", format="jsonl"), root)
+        assert [(f.rel, f.text, f.signature) for f in got] == [(r, t, s) for r, t, _, s in want]
+        if len({fmt for *_, fmt in want}) == 1:  # one format: told by the names
+            got = discover(source(path=pattern, tokens="t"), root)
+            assert [(f.rel, f.text, f.format, f.signature) for f in got] == want
+
+    check()
+    assert len(compared) > 10

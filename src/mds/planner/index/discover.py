@@ -147,25 +147,6 @@ def _kind(path: Path) -> str | None:
     return "not a regular file"
 
 
-def _file_or_dir(
-    path: str, seen: dict[str, tuple[int, int, bool]], entry: os.DirEntry[str] | None = None
-) -> str | None:
-    """ "file" or "dir" (after symlinks), else None, in one lstat (from the directory
-    entry the path was listed with, if any; and a stat for a symlink); a file's (size,
-    mtime_ns, is a symlink) goes to `seen`."""
-    try:
-        st = os.lstat(path) if entry is None else entry.stat(follow_symlinks=False)
-        link = stat.S_ISLNK(st.st_mode)
-        if link:
-            st = os.stat(path)
-    except OSError:
-        return None
-    if stat.S_ISREG(st.st_mode):
-        seen[path] = (st.st_size, st.st_mtime_ns, link)
-        return "file"
-    return "dir" if stat.S_ISDIR(st.st_mode) else None
-
-
 class _Resolver:
     """Path.resolve() for many files in few directories, as strings (a Path per call costs
     more than the lstat): each directory is resolved once and a file that is not a symlink
@@ -223,7 +204,7 @@ def _expand_dir(
 ) -> list[Path]:
     """A directory's data files: its listing, decided by `directory_files` (index/layout.py)
     as an object prefix's is; files inside an mds index are not listed. What the stat of
-    each file said goes to `seen` (as in _file_or_dir; whether it is a symlink unknown)."""
+    each file said goes to `seen` (as _expand's; whether it is a symlink unknown)."""
     entries = []
     for p in sorted(directory.rglob("*")):
         try:
@@ -264,7 +245,8 @@ def _expand(
     """The files `pattern` names. A name that exists is that file or directory, even with
     glob characters in it (`data[1].parquet`); so is a Megatron prefix whose .idx or .bin
     exists; only otherwise is a pattern with glob characters a glob. `seen` collects what
-    the stats made on the way said of the files (see _file_or_dir). A glob's file matches
+    the stats made on the way said of the files: (size, mtime_ns, is a symlink) of a
+    regular file, after symlinks. A glob's file matches
     are strings, the rest Paths."""
     skip = skip or _Excluded(root, ())
     seen = {} if seen is None else seen
@@ -289,14 +271,30 @@ def _expand(
             top = str(root)
             found = [(cat(top, g), e) for g, e in glob_entries(pattern, top)]
         found.sort(key=_first)
+        # _file_or_dir inlined for the files (most matches): a regular file is never an
+        # index itself, only its directory needs a look, once for a run of files in it.
+        lstat, fstat, is_link, is_reg = os.lstat, os.stat, stat.S_ISLNK, stat.S_ISREG
+        last, kept = None, False
         for g, entry in found:
-            kind = _file_or_dir(g, seen, entry)
-            # A regular file is never an index itself: only its directories need a look
-            # (asked once per directory: index_of caches its answers by the string).
-            if kind is not None and skip.index_of(_parent(g) if kind == "file" else g) is None:
+            try:
+                st = lstat(g) if entry is None else entry.stat(follow_symlinks=False)
+                link = is_link(st.st_mode)
+                if link:
+                    st = fstat(g)
+            except OSError:
+                continue
+            if is_reg(st.st_mode):
+                seen[g] = (st.st_size, st.st_mtime_ns, link)
+                # os.path.dirname of an absolute POSIX path (a directory named the same,
+                # if spelled differently: "a/" for "a//b")
+                parent = g[: g.rindex("/")] or "/"
+                if parent != last:
+                    last, kept = parent, skip.index_of(parent) is None
+                if kept:
+                    matches.append(g)
+            elif stat.S_ISDIR(st.st_mode) and skip.index_of(g) is None:
                 matches.append(g)
-                if kind == "dir":
-                    dirs.add(g)
+                dirs.add(g)
     out: list[Path | str] = []
     for match in matches:
         out.extend(_expand_dir(Path(match), skip, seen) if match in dirs else [match])
@@ -308,10 +306,16 @@ def _expand(
     return out
 
 
-def _parent(path: str) -> str:
-    """os.path.dirname of an absolute POSIX path (a directory named the same, if spelled
-    differently: "a/" for "a//b")."""
-    return path[: path.rindex("/")] or "/"
+def _place(directory: str, inside: str, cut: int) -> tuple[str, str] | None:
+    """(resolved directory, its path relative to the root), each with a trailing "/", of a
+    non-empty directory inside the root (`inside`: the root with a trailing separator, `cut`
+    its length); None otherwise. A name joined to them is where _Resolver and discover put
+    a file in it that is not a symlink."""
+    if not directory:
+        return None
+    real = os.path.realpath(directory)
+    prefix = real if real[-1] == "/" else real + "/"
+    return (prefix, prefix[cut:]) if prefix.startswith(inside) else None
 
 
 def _first(pair: tuple[str, object]) -> str:
@@ -342,11 +346,34 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     cut = len(inside)
     found: dict[str, DataFile] = {}
     seen: dict[str, tuple[int, int, bool]] = {}
+    # A glob's regular file that is not a symlink, in a directory inside the root, is
+    # placed by its directory (resolved once) and its name; its format by its extension
+    # (the name from its first dot, named once). Anything else takes the path below.
+    places: dict[str, tuple[str, str] | None] = {}
+    formats: dict[str, str | None] = {}
+    local = DataFile.local
     for pattern in spec.paths:
         matches = _expand(pattern, root, where, skip, seen)
         if not matches:
             raise ConfigError(f"{where}`path` {pattern!r} matches no files under {root}")
         for match in matches:
+            known = seen.get(match) if match.__class__ is str and os.sep == "/" else None
+            if known is not None and known[2] is False:
+                directory, _, name = match.rpartition("/")
+                fmt = spec.format
+                if not fmt:
+                    ext = name[name.find(".") :] if "." in name else ""
+                    fmt = formats.get(ext, "")
+                    if fmt == "":
+                        fmt = formats[ext] = detect_format(ext) if ext else None
+                place = places.get(directory, ())
+                if place == ():
+                    place = places[directory] = _place(directory, inside, cut)
+                if place is not None and name and fmt is not None and fmt != "megatron":
+                    found[place[0] + name] = local(
+                        place[0] + name, place[1] + name, fmt, None, known[:2]
+                    )
+                    continue
             text = os.fspath(match)  # a Path's string is made anew each time it is asked
             fmt = spec.format or detect_format(text.rpartition(os.sep)[2])
             if fmt is None:
