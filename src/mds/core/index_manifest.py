@@ -28,6 +28,7 @@ __all__ = [
     "FILE_COLUMNS",
     "IndexManifest",
     "SourceEntry",
+    "bytes_checksum",
     "file_dicts",
     "file_list_bytes",
     "file_list_table",
@@ -254,6 +255,11 @@ class IndexManifest:
         raise IndexFormatError(f"{self.path}: no source named {name!r}; the index has {known}")
 
 
+def bytes_checksum(data: bytes) -> str:
+    """ "blake2b:<hex>" of a table's bytes held in memory: table_checksum's value for them."""
+    return "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def table_checksum(path: Path) -> str:
     """ "blake2b:<hex>" of an index table file, read in pieces (the manifest's `table_checksum`)."""
     h = hashlib.blake2b(digest_size=16)
@@ -278,7 +284,7 @@ def read_table_bytes(path: Path, expected: str) -> bytes:
         data = path.read_bytes()
     except OSError as exc:
         raise IndexFormatError(f"{path}: cannot read index table ({exc.strerror or exc})") from None
-    got = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+    got = bytes_checksum(data)
     if got != expected:
         raise table_damage(path, got, expected)
     return data

@@ -7,12 +7,12 @@ an interrupt left there.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mds.core import commit, storage
+from mds.core.index_manifest import bytes_checksum
 from mds.errors import ConfigError, IndexFormatError, Interrupted
 from mds.planner.index.config import IndexConfig
 from mds.planner.index.discover import MANIFEST_HEAD, is_index_manifest
@@ -107,7 +107,7 @@ def seed_previous(local: Path, url: str, previous: Prefix) -> dict[str, str]:
         if rel not in previous.named or rel not in previous.present or rel in kept:
             continue
         data = storage.get_bytes(f"{url}/{rel}")
-        if "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest() != checksum:
+        if bytes_checksum(data) != checksum:
             continue
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
         (local / rel).write_bytes(data)

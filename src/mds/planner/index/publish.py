@@ -6,7 +6,6 @@ removal of tables only the previous manifest named.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -16,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 
 from mds.core import storage
-from mds.core.index_manifest import file_list_bytes, file_list_table
+from mds.core.index_manifest import bytes_checksum, file_list_bytes, file_list_table
 from mds.errors import IndexFormatError, MdsError
 from mds.planner.index.discover import DataFile
 from mds.planner.index.reuse import IndexedFile
@@ -29,6 +28,11 @@ __all__ = [
     "collect_garbage",
     "file_list",
 ]
+
+
+def _content_name(stem: str, checksum: str) -> str:
+    """sources/<stem>-<16 hex of the checksum>.parquet: a table's name derived from its bytes."""
+    return f"{TABLES}/{stem}-{checksum.removeprefix('blake2b:')[:16]}.parquet"
 
 
 def cannot_write_index(output: Path, what: str, exc: Exception) -> MdsError:
@@ -50,13 +54,8 @@ class TableWriter:
             tables.mkdir(parents=True, exist_ok=True)
             frame.write_parquet(tmp, compression="zstd", statistics=True)
             checksum = table_checksum(tmp)
-            rel = f"{TABLES}/{name}-{checksum.removeprefix('blake2b:')[:16]}.parquet"
-            final = self.output / rel
-            if not final.exists() or not table_intact(final, checksum):  # a damaged one is replaced
-                fsync_file(tmp)
-                os.replace(tmp, final)
-                if rel not in self.keep:
-                    self.created.append(final)
+            rel = _content_name(name, checksum)
+            self._install(tmp, rel, checksum)
         except (OSError, pl.exceptions.ComputeError) as exc:
             raise cannot_write_index(self.output, f"the table of source '{name}'", exc) from exc
         finally:
@@ -67,24 +66,30 @@ class TableWriter:
         """Write a source's file list as write_table writes its table: its name
         sources/<name>-files-<16 hex of its checksum>.parquet."""
         data = file_list_bytes(table)
-        checksum = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
-        rel = f"{TABLES}/{name}-files-{checksum.removeprefix('blake2b:')[:16]}.parquet"
-        final = self.output / rel
-        if final.exists() and table_intact(final, checksum):
+        checksum = bytes_checksum(data)
+        rel = _content_name(f"{name}-files", checksum)
+        if table_intact(self.output / rel, checksum):  # nothing to write
             return rel, checksum
-        tmp = temp_sibling(final)
+        tmp = temp_sibling(self.output / rel)
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(data)
-            fsync_file(tmp)
-            os.replace(tmp, final)
-            if rel not in self.keep:
-                self.created.append(final)
+            self._install(tmp, rel, checksum)
         except OSError as exc:
             raise cannot_write_index(self.output, f"the file list of source '{name}'", exc) from exc
         finally:
             tmp.unlink(missing_ok=True)
         return rel, checksum
+
+    def _install(self, tmp: Path, rel: str, checksum: str) -> None:
+        """Rename the written `tmp` to `rel`, unless the file there already has its bytes (a
+        damaged one is replaced); what this build puts there is noted for rollback."""
+        final = self.output / rel
+        if not final.exists() or not table_intact(final, checksum):
+            fsync_file(tmp)
+            os.replace(tmp, final)
+            if rel not in self.keep:
+                self.created.append(final)
 
     def rollback(self) -> None:
         """Remove the tables this writer created (never one the previous index names)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from mds.core.index_manifest import (
     MANIFEST,
     VERSION,
     IndexManifest,
+    bytes_checksum,
     history_name,
     index_fingerprint,
     read_manifest,
@@ -139,7 +139,7 @@ def download_index(url: str, local: Path, fingerprint: str | None = None) -> Pat
         manifest = read_manifest_of(local, fingerprint)
     for rel, checksum in index_tables(manifest).items():
         data = storage.get_bytes(f"{url}/{rel}")
-        got = "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+        got = bytes_checksum(data)
         if got != checksum:
             raise table_damage(f"{url}/{rel}", got, checksum)
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
