@@ -117,7 +117,10 @@ _FILES = st.lists(
         st.integers(0, 2**62),
         st.integers(-(2**62), 2**62),
         st.integers(0, 5),
-        st.one_of(st.none(), st.text(max_size=5).map(lambda p: f"{p}.idx")),
+        st.one_of(
+            st.none(),
+            st.text(max_size=5).map(lambda p: f"{p}.idx").filter(lambda p: not escapes(p)),
+        ),
         st.one_of(st.none(), st.integers(0, 9)),
     ),
     max_size=8,
