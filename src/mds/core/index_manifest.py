@@ -191,7 +191,7 @@ def read_file_list(entry: dict[str, Any], index: Path, where: Path) -> Any:
                                  else None for n in (*FILE_COLUMNS, *OPTIONAL_FILE_COLUMNS)})  # fmt: skip
     except (ValueError, pa.ArrowException) as exc:
         raise IndexFormatError(f"{path}: not a file list ({exc})") from None
-    for column in ("id", "path", "size", "mtime_ns", "fingerprint", "first_row", "rows", "tokens"):
+    for column in FILE_COLUMNS:
         nulls = table.column(column).null_count
         if nulls:
             raise IndexFormatError(f"{path}: {nulls} file(s) without a {column}")

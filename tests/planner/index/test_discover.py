@@ -298,7 +298,7 @@ def _by_glob(root: Path, pattern: str) -> list[tuple[str, str, str | None, tuple
     import stat
 
     out = {}
-    for g in glob.glob(pattern, root_dir=root, recursive=True):
+    for g in sorted(glob.glob(pattern, root_dir=root, recursive=True)):
         full = root / g
         try:
             st = os.stat(full)
@@ -363,7 +363,7 @@ def test_glob_files_by_directory_match_a_path_per_file(tmp_path_factory) -> None
         compared.append(len(want))
         got = discover(source(path=pattern, tokens="t", format="jsonl"), root)
         assert [(f.rel, f.text, f.signature) for f in got] == [(r, t, s) for r, t, _, s in want]
-        if len({fmt for *_, fmt in want}) == 1:  # one format: told by the names
+        if len({fmt for _, _, fmt, _ in want}) == 1:  # one format: told by the names
             got = discover(source(path=pattern, tokens="t"), root)
             assert [(f.rel, f.text, f.format, f.signature) for f in got] == want
 

@@ -217,11 +217,10 @@ def recorded_files(previous: IndexManifest | None) -> dict[str, Recorded]:
         if not table_intact(previous.path / entry["table"], entry["table_checksum"]):
             continue
         try:
-            table = entry.file_table() if hasattr(entry, "file_table") else None
+            table = entry.file_table()
         except IndexFormatError:
             continue  # a damaged file list: the source is rescanned
-        if table is not None:
-            out[entry["name"]] = Recorded(entry.get("spec_key"), table)
+        out[entry["name"]] = Recorded(entry.get("spec_key"), table)
     return out
 
 
