@@ -1,5 +1,6 @@
 """glob_entries lists what glob.glob(recursive=True) lists, in its order, with entries that
-stat the same files: hidden names, symlinks, nested and unicode directories."""
+stat the same files: hidden names, symlinks, nested and unicode directories; glob_groups
+lists the same, a directory at a time."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mds.planner.index.walk import cat, glob_entries
+from mds.planner.index.walk import cat, glob_entries, glob_groups
 
 PATTERNS = [
     "**/*.jsonl",
@@ -65,6 +66,10 @@ def _check(root: Path, pattern: str) -> None:
         if entry is not None:  # the entry is of the file the match names
             assert os.path.normpath(entry.path) == os.path.normpath(cat(str(root), g))
             assert entry.stat(follow_symlinks=False) == os.lstat(cat(str(root), g))
+    groups = glob_groups(pattern, str(root))
+    if groups is not None:  # the same matches, with the same entries, a directory at a time
+        flat = [(cat(d, name), e and e.path) for d, found in groups for name, e in found]
+        assert flat == [(g, e and e.path) for g, e in got], pattern
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -77,6 +82,14 @@ def test_absolute_pattern(tmp_path: Path) -> None:
     _tree(tmp_path)
     pattern = f"{tmp_path}/**/*.jsonl"
     assert [g for g, _ in glob_entries(pattern, "")] == glob.glob(pattern, recursive=True)
+
+
+def test_groups_only_for_a_plain_last_part(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    for pattern in ("**/*.jsonl", "*/*.jsonl", "a/*", "*.jsonl", "missing/*.jsonl"):
+        assert glob_groups(pattern, str(tmp_path)) is not None, pattern
+    for pattern in ("**", "a/**", "a/x.jsonl", "a/", "a//*.jsonl"):
+        assert glob_groups(pattern, str(tmp_path)) is None, pattern
 
 
 def test_cat_is_join() -> None:

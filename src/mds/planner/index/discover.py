@@ -30,7 +30,7 @@ from mds.planner.index.layout import (
     inside_index,
     megatron_half,
 )
-from mds.planner.index.walk import cat, glob_entries
+from mds.planner.index.walk import cat, glob_entries, glob_groups
 
 __all__ = [
     "MANIFEST_HEAD",
@@ -241,13 +241,13 @@ def _expand(
     where: str = "",
     skip: _Excluded | None = None,
     seen: dict[str, tuple[int, int, bool]] | None = None,
-) -> list[Path | str]:
+) -> list[Path | str | _Group]:
     """The files `pattern` names. A name that exists is that file or directory, even with
     glob characters in it (`data[1].parquet`); so is a Megatron prefix whose .idx or .bin
     exists; only otherwise is a pattern with glob characters a glob. `seen` collects what
     the stats made on the way said of the files: (size, mtime_ns, is a symlink) of a
-    regular file, after symlinks. A glob's file matches
-    are strings, the rest Paths."""
+    regular file, after symlinks. A glob's regular files that are not symlinks come a
+    directory at a time (_Group); its other file matches are strings, the rest Paths."""
     skip = skip or _Excluded(root, ())
     seen = {} if seen is None else seen
     full = Path(pattern) if Path(pattern).is_absolute() else root / pattern
@@ -263,39 +263,37 @@ def _expand(
     else:
         matches, dirs = [], set()
         # Relative to the root, so glob characters in the root's own name stay literal.
-        # glob's matches with their directory entries (index/walk.py): a match is stat-ed
-        # from its entry, and stays a string (a Path per file costs more than its lstat).
-        if Path(pattern).is_absolute():
-            found = glob_entries(pattern, "")
-        else:
-            top = str(root)
-            found = [(cat(top, g), e) for g, e in glob_entries(pattern, top)]
-        found.sort(key=_first)
-        # _file_or_dir inlined for the files (most matches): a regular file is never an
-        # index itself, only its directory needs a look, once for a run of files in it.
+        top = "" if Path(pattern).is_absolute() else str(root)
+        groups = _glob_groups(pattern, top)
         lstat, fstat, is_link, is_reg = os.lstat, os.stat, stat.S_ISLNK, stat.S_ISREG
-        last, kept = None, False
-        for g, entry in found:
-            try:
-                st = lstat(g) if entry is None else entry.stat(follow_symlinks=False)
-                link = is_link(st.st_mode)
-                if link:
-                    st = fstat(g)
-            except OSError:
-                continue
-            if is_reg(st.st_mode):
-                seen[g] = (st.st_size, st.st_mtime_ns, link)
-                # os.path.dirname of an absolute POSIX path (a directory named the same,
-                # if spelled differently: "a/" for "a//b")
-                parent = g[: g.rindex("/")] or "/"
-                if parent != last:
-                    last, kept = parent, skip.index_of(parent) is None
-                if kept:
+        for parent, entries in groups:
+            # A regular file is never an index itself: only its directory needs a look.
+            kept, regular = skip.index_of(parent) is None, []
+            for name, entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False) if entry else lstat(cat(parent, name))
+                    if is_reg(st.st_mode):
+                        if kept:
+                            regular.append((name, st.st_size, st.st_mtime_ns))
+                        continue
+                    g = cat(parent, name)
+                    link = is_link(st.st_mode)
+                    if link:
+                        st = fstat(g)
+                except OSError:
+                    continue
+                if is_reg(st.st_mode):
+                    seen[g] = (st.st_size, st.st_mtime_ns, link)
+                    if kept:
+                        matches.append(g)
+                elif stat.S_ISDIR(st.st_mode) and skip.index_of(g) is None:
                     matches.append(g)
-            elif stat.S_ISDIR(st.st_mode) and skip.index_of(g) is None:
-                matches.append(g)
-                dirs.add(g)
-    out: list[Path | str] = []
+                    dirs.add(g)
+            if regular:
+                matches.append(_Group(parent, regular))
+        if any(m.__class__ is not _Group for m in matches):
+            matches = _in_path_order(matches)
+    out: list[Path | str | _Group] = []
     for match in matches:
         out.extend(_expand_dir(Path(match), skip, seen) if match in dirs else [match])
     if not out and literal and full.is_dir():
@@ -303,6 +301,53 @@ def _expand(
             f"{where}`path` {pattern!r} is a directory with no data files in it (and no "
             "save_to_disk state.json); point `path` at the files, or set it to a glob"
         )
+    return out
+
+
+class _Group:
+    """A glob's regular files (not symlinks) in one directory: `parent`, the directory as
+    the glob spells it, and (name, size, mtime_ns) of each, from its directory entry."""
+
+    __slots__ = ("files", "parent")
+
+    def __init__(self, parent: str, files: list[tuple[str, int, int]]):
+        self.parent, self.files = parent, files
+
+
+def _in_path_order(matches: list) -> list:
+    """A glob's matches one by one in the order of their paths (glob.glob's, sorted), for a
+    glob that matched a symlink or a directory: where a file is reached twice (by a symlink
+    to it, or in a directory), the last in that order is the one discovery keeps (its name
+    telling the format). Plain files reached twice (through a symlinked directory) have one
+    name, so either match gives the same DataFile, and their order does not matter."""
+    order = []
+    for m in matches:
+        if m.__class__ is _Group:
+            order.extend((cat(m.parent, f[0]), _Group(m.parent, [f])) for f in m.files)
+        else:
+            order.append((m, m))
+    order.sort(key=_first)
+    return [m for _, m in order]
+
+
+def _first(pair: tuple[str, object]) -> str:
+    return pair[0]
+
+
+def _glob_groups(pattern: str, top: str) -> list[tuple[str, list]]:
+    """The glob's matches under `top` ("" for an absolute pattern) as (directory path,
+    [(name, entry or None), ...]), in glob's order: a directory at a time where the pattern's
+    last part is a plain glob (walk.glob_groups), else each match on its own."""
+    groups = glob_groups(pattern, top)
+    if groups is not None:
+        return [(cat(top, d) if d else top, found) for d, found in groups]
+    out = []
+    for g, entry in glob_entries(pattern, top):
+        full = cat(top, g)
+        # os.path.dirname of an absolute POSIX path (a directory named the same, if
+        # spelled differently: "a/" for "a//b")
+        cut = full.rindex("/")
+        out.append((full[:cut] or "/", [(full[cut + 1 :], entry)]))
     return out
 
 
@@ -316,10 +361,6 @@ def _place(directory: str, inside: str, cut: int) -> tuple[str, str] | None:
     real = os.path.realpath(directory)
     prefix = real if real[-1] == "/" else real + "/"
     return (prefix, prefix[cut:]) if prefix.startswith(inside) else None
-
-
-def _first(pair: tuple[str, object]) -> str:
-    return pair[0]
 
 
 def _megatron_pair(path: Path, where: str) -> tuple[Path, Path]:
@@ -346,58 +387,62 @@ def discover(spec: SourceSpec, root: Path, exclude: Iterable[Path] = ()) -> list
     cut = len(inside)
     found: dict[str, DataFile] = {}
     seen: dict[str, tuple[int, int, bool]] = {}
-    # A glob's regular file that is not a symlink, in a directory inside the root, is
-    # placed by its directory (resolved once) and its name; its format by its extension
-    # (the name from its first dot, named once). Anything else takes the path below.
+    # A glob's regular files that are not symlinks, in a directory inside the root, are
+    # placed by their directory (resolved once) and names; their format by their extension
+    # (the name from its first dot, named once). Anything else takes `other` below.
     places: dict[str, tuple[str, str] | None] = {}
     formats: dict[str, str | None] = {}
     local = DataFile.local
+
+    def other(match: Path | str, known: tuple[int, int, bool] | None) -> None:
+        text = os.fspath(match)  # a Path's string is made anew each time it is asked
+        fmt = spec.format or detect_format(text.rpartition(os.sep)[2])
+        if fmt is None:
+            raise ConfigError(
+                f"{where}cannot tell the format of {match} from its name; set `format`"
+            )
+        companion = None
+        if fmt == "megatron":
+            match, companion = _megatron_pair(Path(match), where)
+            text, known = os.fspath(match), None
+        resolved = resolve(text, None if known is None else known[2])
+        if not resolved.startswith(inside):
+            raise ConfigError(
+                f"{where}{match} is outside the data root {root}; set [index] `root`"
+            )
+        rel = resolved[cut:] if os.sep == "/" else resolved[cut:].replace(os.sep, "/")
+        found[resolved] = local(  # its Path made only if it is read
+            resolved,
+            rel,
+            fmt,
+            companion.resolve() if companion else None,
+            None if known is None else known[:2],
+        )
+
     for pattern in spec.paths:
         matches = _expand(pattern, root, where, skip, seen)
         if not matches:
             raise ConfigError(f"{where}`path` {pattern!r} matches no files under {root}")
         for match in matches:
-            known = seen.get(match) if match.__class__ is str and os.sep == "/" else None
-            if known is not None and known[2] is False:
-                directory, _, name = match.rpartition("/")
+            if match.__class__ is not _Group:
+                other(match, seen.get(os.fspath(match)))
+                continue
+            directory = match.parent  # type: ignore[union-attr]
+            place = places.get(directory, ())
+            if place == ():
+                place = places[directory] = _place(directory, inside, cut)
+            for name, size, mtime in match.files:  # type: ignore[union-attr]
                 fmt = spec.format
                 if not fmt:
                     ext = name[name.find(".") :] if "." in name else ""
                     fmt = formats.get(ext, "")
                     if fmt == "":
                         fmt = formats[ext] = detect_format(ext) if ext else None
-                place = places.get(directory, ())
-                if place == ():
-                    place = places[directory] = _place(directory, inside, cut)
-                if place is not None and name and fmt is not None and fmt != "megatron":
-                    found[place[0] + name] = local(
-                        place[0] + name, place[1] + name, fmt, None, known[:2]
-                    )
+                if place is None or fmt is None or fmt == "megatron":
+                    other(cat(directory, name), (size, mtime, False))
                     continue
-            text = os.fspath(match)  # a Path's string is made anew each time it is asked
-            fmt = spec.format or detect_format(text.rpartition(os.sep)[2])
-            if fmt is None:
-                raise ConfigError(
-                    f"{where}cannot tell the format of {match} from its name; set `format`"
-                )
-            companion = None
-            known = seen.get(text)
-            if fmt == "megatron":
-                match, companion = _megatron_pair(Path(match), where)
-                text, known = os.fspath(match), None
-            resolved = resolve(text, None if known is None else known[2])
-            if not resolved.startswith(inside):
-                raise ConfigError(
-                    f"{where}{match} is outside the data root {root}; set [index] `root`"
-                )
-            rel = resolved[cut:] if os.sep == "/" else resolved[cut:].replace(os.sep, "/")
-            found[resolved] = DataFile.local(  # its Path made only if it is read
-                resolved,
-                rel,
-                fmt,
-                companion.resolve() if companion else None,
-                None if known is None else known[:2],
-            )
+                text = place[0] + name
+                found[text] = local(text, place[1] + name, fmt, None, (size, mtime))
     return one_format(found.values(), where, "files")
 
 

@@ -13,7 +13,7 @@ import fnmatch
 import os
 from collections.abc import Iterator
 
-__all__ = ["cat", "glob_entries"]
+__all__ = ["cat", "glob_entries", "glob_groups"]
 
 Match = tuple[str, "os.DirEntry[str] | None"]
 
@@ -28,6 +28,21 @@ def glob_entries(pattern: str, root: str) -> list[Match]:
         if first is not None and first[0]:
             return [first, *it]
     return list(it)
+
+
+def glob_groups(pattern: str, root: str) -> list[tuple[str, list[Match]]] | None:
+    """glob_entries's matches of a pattern whose last part is a plain glob (`**/*.jsonl`,
+    `data/*.parquet`) as (directory as glob gives it, [(name, entry), ...] of its matches),
+    each directory listed once, in glob's order: a caller handles a directory's files
+    together, never parsing a path per file. None for any other pattern."""
+    dirname, basename = os.path.split(pattern)
+    if not _magic(basename) or _recursive(basename) or "//" in pattern or pattern[-1:] == "/":
+        return None
+    if dirname and _magic(dirname):
+        dirs: Iterator[Match] | list[Match] = _iglob(dirname, root, True)
+    else:
+        dirs = [(dirname, None)]
+    return [(d, _glob1(_join(root, d), basename, False)) for d, _ in dirs]
 
 
 def _recursive(part: str) -> bool:
