@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -216,6 +217,28 @@ def test_output_argument_wins_and_defaults_to_root_index(root: Path, tmp_path: P
     config_file(root, MULTI_TOML.replace('output = "index"\n', ""), "noout.toml")
     build_index(load_config(root / "noout.toml"))
     assert read_manifest(root / "index").data["version"] == 2
+
+
+@pytest.mark.parametrize("linked", ["out/inside.jsonl", "out/deeper/inside.jsonl"])
+def test_an_output_inside_the_root_that_holds_a_source_file_is_refused(
+    tmp_path: Path, linked: str
+) -> None:
+    """A file reached through a symlink into the output (a directory under the data root,
+    left out by discovery) is a source the build would overwrite: refused by name."""
+    for name in ("data/a.jsonl", "data/z.jsonl", linked, "outside/b.jsonl"):
+        write_jsonl(tmp_path / name, [{"text": "x y"}])
+    (tmp_path / "data/m.jsonl").symlink_to(tmp_path / linked)
+    (tmp_path / "data/o.jsonl").symlink_to(tmp_path / "outside/b.jsonl")
+    toml = '[[source]]\nname = "s"\npath = "data/*.jsonl"\nestimate = "bytes/4"\ntext = "text"\n'
+    config_file(tmp_path, toml)
+    with pytest.raises(ConfigError, match=f"holds the source file {tmp_path / linked}; choose"):
+        build_index(load_config(tmp_path / "mds.toml"), tmp_path / "out")
+    (tmp_path / "data/m.jsonl").unlink()
+    shutil.rmtree(tmp_path / "out")
+    build_index(load_config(tmp_path / "mds.toml"), tmp_path / "out")  # "outside" is no output
+    assert [f["path"] for f in _manifest(tmp_path / "out")["sources"][0]["files"]] == [
+        "data/a.jsonl", "data/z.jsonl", "outside/b.jsonl"
+    ]
 
 
 def test_full_fingerprint_mode(root: Path) -> None:

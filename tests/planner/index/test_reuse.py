@@ -8,10 +8,21 @@ from pathlib import Path
 
 import pytest
 from builders import data_file, source
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mds.core.fingerprint import hashes_every_byte
 from mds.core.index_manifest import file_list_table
 from mds.errors import ConfigError
-from mds.planner.index.reuse import Recorded, previous_index, reused_files, spec_key
+from mds.planner.index.discover import DataFile
+from mds.planner.index.reuse import (
+    Recorded,
+    known_fingerprints,
+    previous_index,
+    recorded_fingerprint,
+    reused_files,
+    spec_key,
+)
 
 SMALL, BIG = 100, 64 << 20  # a sampled fingerprint covers every byte of the small file only
 
@@ -83,3 +94,66 @@ def test_only_an_mds_index_or_an_empty_directory_is_replaced(tmp_path: Path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="output exists and is not a directory"):
         previous_index(tmp_path / "file")
+
+
+# Per-file statements of what known_fingerprints and reused_files compute as columns.
+def _known_one(f, old, mode, sig):
+    j = old.by_path.get(f.rel) if old is not None else None
+    if j is None or not old.fingerprints[j].startswith(f"{mode}:"):
+        return None, (sig, None)
+    before = (old.sizes[j], old.mtimes[j], old.fingerprints[j])
+    fp = recorded_fingerprint(f, mode, sig, before)
+    return fp, None if fp is not None else (sig, before)
+
+
+def _reused_one(f, fp, old):
+    size, mtime, print_, nbytes = fp
+    j = old.by_path.get(f.rel)
+    if j is None or old.sizes[j] != size or old.fingerprints[j] != print_:
+        return None
+    if old.mtimes[j] == mtime or hashes_every_byte(print_, size, nbytes - size):
+        return old.ids[j]
+    return None
+
+
+_PATHS = st.sampled_from(["a.jsonl", "b.jsonl", "c/d.jsonl", "e.jsonl", "ü.jsonl"])
+_SIZE = st.sampled_from([0, SMALL, BIG])
+_MTIME = st.sampled_from([0, 1, 2])
+_PRINT = st.sampled_from(["sampled:aa", "sampled:bb", "full:aa", "full:cc"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    recorded=st.lists(st.tuples(_PATHS, _SIZE, _PRINT, _MTIME), max_size=6),
+    found=st.lists(
+        st.tuples(_PATHS, st.none() | st.tuples(_SIZE, _MTIME), _PRINT, st.booleans()),
+        max_size=6,
+        unique_by=lambda t: t[0],
+    ),
+    mode=st.sampled_from(["sampled", "full"]),
+    companion=st.booleans(),
+)
+def test_files_compared_as_columns_as_one_by_one(recorded, found, mode, companion) -> None:
+    """known_fingerprints and reused_files (columns) give what the per-file rules give, on
+    drawn file lists: paths recorded twice, no stat, mtime 0, a Megatron companion."""
+    old = _old("k", *recorded) if recorded else None
+    files = [
+        DataFile(Path("/r") / p, p, "jsonl", Path("/r/x.idx") if companion else None, sig)
+        for p, sig, _, _ in found
+    ]
+    fps, hints = known_fingerprints(files, old, mode)
+    want = [_known_one(f, old, mode, f.signature) for f in files]
+    assert fps == [w[0] for w in want]
+    assert hints == [w[1] for w in want if w[1] is not None]
+    if old is None or not old.unique:
+        return
+    # every file fingerprinted: what it has now, or what the listing said, and a fingerprint
+    done = [
+        fp or (*(f.signature or (SMALL, 1)), print_, (f.signature or (SMALL, 1))[0] + more)
+        for f, fp, (_, _, print_, more) in zip(files, fps, found, strict=True)
+    ]
+    got = reused_files(source(count="n"), files, done, "k", old)
+    assert [g.reuse for g in got] == [_reused_one(f, fp, old) for f, fp in zip(files, done, strict=True)]
+    assert [(g.data, g.size, g.mtime_ns, g.fingerprint, g.nbytes) for g in got] == [
+        (f, *fp) for f, fp in zip(files, done, strict=True)
+    ]

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "IndexedFile",
     "fingerprint_batch",
     "fingerprint_file",
+    "known_fingerprints",
     "recorded_fingerprint",
     "not_an_index",
     "previous_index",
@@ -102,6 +104,41 @@ def recorded_fingerprint(
     ):
         return listed[0], listed[1], before[2], listed[0]
     return None
+
+
+def known_fingerprints(
+    files: list[DataFile], old: Recorded | None, mode: str, listed: dict | None = None
+) -> tuple[list[tuple[int, int, str, int] | None], list[Hint]]:
+    """Per file, in order: recorded_fingerprint's answer for it against `old` (the source's
+    previous file list; a local file's size and mtime from discovery's stat, an object's
+    from `listed`, the listing by key), else None; and for each of the None ones, its Hint.
+    Compared as columns: a re-index of many unchanged files makes no object per file here."""
+    if listed:
+        sigs = [listed.get(f.rel, f.signature) for f in files]
+    else:
+        sigs = [f.signature for f in files]
+    if old is None or not files:
+        return [None] * len(files), [(sig, None) for sig in sigs]
+    sizes = [-1 if sig is None else sig[0] for sig in sigs]
+    mtimes = [0 if sig is None else sig[1] for sig in sigs]
+    rows = old.rows_of([f.rel for f in files])
+    old_sizes, old_mtimes, _, _ = old.arrays()
+    recorded = old.of_mode(mode)[rows]  # recorded under this path, in this mode
+    mt = np.array(mtimes, dtype=np.int64)
+    same = recorded & (old_sizes[rows] == np.array(sizes)) & (old_mtimes[rows] == mt) & (mt != 0)
+    if any(f.companion is not None for f in files):  # a Megatron pair: always hashed
+        same &= np.array([f.companion is None for f in files])
+    rows_list = rows.tolist()
+    fps: list = list(
+        zip(sizes, mtimes, map(old.fingerprints.__getitem__, rows_list), sizes, strict=True)
+    )
+    hints: list[Hint] = []
+    for i in np.flatnonzero(~same).tolist():
+        fps[i] = None
+        j = rows_list[i]
+        before = (old.sizes[j], old.mtimes[j], old.fingerprints[j]) if recorded[i] else None
+        hints.append((sigs[i], before))
+    return fps, hints
 
 
 def fingerprint_batch(
@@ -193,6 +230,28 @@ class Recorded:
         # row of each path (the last, where a path is recorded twice)
         self.by_path = dict(zip(self.paths, range(self.n), strict=True))
         self.unique = len(self.by_path) == self.n
+        self._arrays: tuple[np.ndarray, ...] | None = None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(sizes, mtimes, fingerprints as objects, ids), each with one more row at the end
+        that matches nothing: row -1, where rows_of puts a path not recorded."""
+        if self._arrays is None:
+            self._arrays = (
+                np.array([*self.sizes, -1], dtype=np.int64),
+                np.array([*self.mtimes, -1], dtype=np.int64),
+                np.array([*self.fingerprints, None], dtype=object),
+                np.array([*self.ids, -1], dtype=np.int64),
+            )
+        return self._arrays  # type: ignore[return-value]
+
+    def rows_of(self, rels: list[str]) -> np.ndarray:
+        """The row recording each path (the last, where one is recorded twice), -1 if none."""
+        return np.fromiter(map(self.by_path.get, rels, repeat(-1)), np.int64, len(rels))
+
+    def of_mode(self, mode: str) -> np.ndarray:
+        """Per row (and the extra row -1: False), whether its fingerprint is of `mode`."""
+        prefix = f"{mode}:"
+        return np.array([*(fp.startswith(prefix) for fp in self.fingerprints), False])
 
     def counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first rows, rows, tokens) of each file."""
@@ -255,27 +314,27 @@ def reused_files(
     # A file's identity is its content: when its fingerprint covers every byte (a full one,
     # or a sampled one of a small file) its rows are reused whatever its mtime, so data copied
     # or synced without mtimes is not rescanned; otherwise the mtime must match too.
+    assert len(files) == len(fps), (len(files), len(fps))
     if old is None or old.spec_key != spec_key:
         return [IndexedFile(f, *fp) for f, fp in zip(files, fps, strict=True)]
     if not old.unique:  # a path recorded twice: the last matching entry
         return _reused_by_keys(files, fps, old)
-    # With one entry per path, the only entry a file can keep is the one of its path.
-    planned = []
-    by_path, sizes, mtimes, prints, ids = (
-        old.by_path,
-        old.sizes,
-        old.mtimes,
-        old.fingerprints,
-        old.ids,
-    )
-    for f, (size, mtime, fp, nbytes) in zip(files, fps, strict=True):
-        j = by_path.get(f.rel)
-        reuse = None
-        if j is not None and sizes[j] == size and prints[j] == fp:
-            if mtimes[j] == mtime or hashes_every_byte(fp, size, nbytes - size):
-                reuse = ids[j]
-        planned.append(IndexedFile(f, size, mtime, fp, nbytes, reuse))
-    return planned
+    # With one entry per path, the only entry a file can keep is the one of its path:
+    # compared as columns, and a file's content checked (hashes_every_byte) only where its
+    # mtime is not the one recorded.
+    rows = old.rows_of([f.rel for f in files])
+    old_sizes, old_mtimes, old_prints, old_ids = old.arrays()
+    size, mtime, fp, nbytes = (list(c) for c in zip(*fps, strict=True)) if fps else ([], [], [], [])
+    prints = np.empty(len(fps), dtype=object)
+    prints[:] = fp
+    same = (old_sizes[rows] == np.array(size, dtype=np.int64)) & (old_prints[rows] == prints)
+    stale = same & (old_mtimes[rows] != np.array(mtime, dtype=np.int64))
+    for i in np.flatnonzero(stale).tolist():
+        same[i] = hashes_every_byte(fp[i], size[i], nbytes[i] - size[i])
+    reuse: list = old_ids[rows].tolist()
+    for i in np.flatnonzero(~same).tolist():
+        reuse[i] = None
+    return list(map(IndexedFile, files, size, mtime, fp, nbytes, reuse))
 
 
 def _reused_by_keys(
@@ -316,20 +375,11 @@ def unchanged_source(
         return False  # an entry this mds would not have written: rebuilt
     if old.get("format") != fmt or recorded.n != len(files):
         return False
-    paths, sizes, mtimes, prints, ids = (
-        recorded.paths,
-        recorded.sizes,
-        recorded.mtimes,
-        recorded.fingerprints,
-        recorded.ids,
+    # compared as lists: a source of a million unchanged files is a few C loops
+    return (
+        [f.reuse for f in files] == recorded.ids == list(range(len(files)))
+        and [f.data.rel for f in files] == recorded.paths
+        and [f.size for f in files] == recorded.sizes
+        and [f.mtime_ns for f in files] == recorded.mtimes
+        and [f.fingerprint for f in files] == recorded.fingerprints
     )
-    for i, f in enumerate(files):
-        if not (
-            f.reuse == i == ids[i]
-            and f.data.rel == paths[i]
-            and f.size == sizes[i]
-            and f.mtime_ns == mtimes[i]
-            and f.fingerprint == prints[i]
-        ):
-            return False
-    return True
