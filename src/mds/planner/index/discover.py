@@ -67,8 +67,9 @@ class DataFile:
         cls, text: str, rel: str, format: str, companion: Path | None, signature
     ) -> DataFile:
         """A local file by its absolute path's string, made a Path when first asked for."""
-        f = cls(None, rel, format, companion, signature)  # type: ignore[arg-type]
-        f._text = text
+        f = object.__new__(cls)  # discovery makes one per file: no __init__ call
+        f._path, f._text, f.rel, f.format = None, text, rel, format
+        f.companion, f.signature = companion, signature
         return f
 
     @property

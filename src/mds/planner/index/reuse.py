@@ -121,7 +121,7 @@ def known_fingerprints(
         return [None] * len(files), [(sig, None) for sig in sigs]
     sizes = [-1 if sig is None else sig[0] for sig in sigs]
     mtimes = [0 if sig is None else sig[1] for sig in sigs]
-    rows = old.rows_of([f.rel for f in files])
+    rows = old.rows_of(files)
     old_sizes, old_mtimes, _, _ = old.arrays()
     recorded = old.of_mode(mode)[rows]  # recorded under this path, in this mode
     mt = np.array(mtimes, dtype=np.int64)
@@ -231,6 +231,7 @@ class Recorded:
         self.by_path = dict(zip(self.paths, range(self.n), strict=True))
         self.unique = len(self.by_path) == self.n
         self._arrays: tuple[np.ndarray, ...] | None = None
+        self._rows: tuple[list[DataFile], np.ndarray] | None = None
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(sizes, mtimes, fingerprints as objects, ids), each with one more row at the end
@@ -244,9 +245,15 @@ class Recorded:
             )
         return self._arrays  # type: ignore[return-value]
 
-    def rows_of(self, rels: list[str]) -> np.ndarray:
-        """The row recording each path (the last, where one is recorded twice), -1 if none."""
-        return np.fromiter(map(self.by_path.get, rels, repeat(-1)), np.int64, len(rels))
+    def rows_of(self, files: list[DataFile]) -> np.ndarray:
+        """The row recording each file's path (the last, where one is recorded twice), -1 if
+        none; kept for the last list asked about (a build asks twice of each source's)."""
+        if self._rows is not None and self._rows[0] is files:
+            return self._rows[1]
+        rels = [f.rel for f in files]
+        rows = np.fromiter(map(self.by_path.get, rels, repeat(-1)), np.int64, len(rels))
+        self._rows = (files, rows)
+        return rows
 
     def of_mode(self, mode: str) -> np.ndarray:
         """Per row (and the extra row -1: False), whether its fingerprint is of `mode`."""
@@ -322,7 +329,7 @@ def reused_files(
     # With one entry per path, the only entry a file can keep is the one of its path:
     # compared as columns, and a file's content checked (hashes_every_byte) only where its
     # mtime is not the one recorded.
-    rows = old.rows_of([f.rel for f in files])
+    rows = old.rows_of(files)
     old_sizes, old_mtimes, old_prints, old_ids = old.arrays()
     size, mtime, fp, nbytes = (list(c) for c in zip(*fps, strict=True)) if fps else ([], [], [], [])
     prints = np.empty(len(fps), dtype=object)
