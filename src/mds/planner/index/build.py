@@ -364,15 +364,20 @@ def _build_locked(
             for i, fp in zip(todo, hashed, strict=True):
                 fps[i] = fp
             plans: list[tuple[SourceSpec, str, list[IndexedFile]]] = []
+            chunks = []  # each source's fingerprints
+            kept: set[int] = set()  # sources whose table and file list stay as they are
             pos = 0
-            for spec, files in discovered:
+            for si, (spec, files) in enumerate(discovered):
                 fmt = files[0].format
                 key = spec_key(spec, fmt, tokenizers[spec.name])
-                chunk = fps[pos : pos + len(files)]
+                chunks.append(fps[pos : pos + len(files)])
                 pos += len(files)
-                plans.append(
-                    (spec, key, reused_files(spec, files, chunk, key, recorded.get(spec.name)))
-                )
+                old, rec = old_by_name.get(spec.name), recorded.get(spec.name)
+                if unchanged_source(spec, fmt, key, files, chunks[si], old, rec):
+                    kept.add(si)  # nothing to scan
+                    plans.append((spec, key, []))
+                else:
+                    plans.append((spec, key, reused_files(spec, files, chunks[si], key, rec)))
             tasks = [
                 t
                 for si, plan in enumerate(plans)
@@ -426,18 +431,20 @@ def _build_locked(
         for si, (spec, key, files) in enumerate(plans):
             old = old_by_name.get(spec.name)
             rec = recorded.get(spec.name)
-            fmt = files[0].data.format
-            pairs = [(f.data.rel, f.fingerprint) for f in files]
-            if unchanged_source(spec, fmt, key, files, old, rec):
+            found = discovered[si][1]
+            fmt = found[0].format
+            if si in kept:
                 # its table and file list as they are: neither read nor written again
                 assert old is not None and rec is not None
                 if "files_table" in old:
                     listing = {k: old[k] for k in ("files_table", "files_checksum")}
                 else:  # an index of VERSION 1: its file list gets a table
+                    files = reused_files(spec, found, chunks[si], key, rec)
                     rel, checksum = writer.write_file_list(
                         spec.name, file_list(files, *rec.counts(), config.root)
                     )
                     listing = {"files_table": rel, "files_checksum": checksum}
+                pairs = list(zip(rec.paths, rec.fingerprints, strict=True))
                 idents.append((spec.name, old["table_checksum"], pairs))
                 entries.append(
                     {
@@ -452,10 +459,11 @@ def _build_locked(
                     }
                 )
                 summary.sources.append(
-                    SourceSummary(spec.name, fmt, len(files), 0, old["rows"], old["tokens"],
+                    SourceSummary(spec.name, fmt, len(found), 0, old["rows"], old["tokens"],
                                   spec.length.exact, 0)
                 )  # fmt: skip
                 continue
+            pairs = [(f.data.rel, f.fingerprint) for f in files]
             dropped = _dropped(spec, files, new_parts[si], rec)
             parts = new_parts.pop(si) + reused_rows(previous, old, rec, files)
             table = assemble(spec, fmt, files, parts)

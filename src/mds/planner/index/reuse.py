@@ -368,25 +368,29 @@ def unchanged_source(
     spec: SourceSpec,
     fmt: str,
     key: str,
-    files: list[IndexedFile],
+    files: list[DataFile],
+    fps: list[tuple[int, int, str, int]],
     old: dict | None,
     recorded: Recorded | None,
 ) -> bool:
     """Whether a source's table and file list would come out as the previous index has
-    them: the same settings, and the same files in the same order, each reused whole with
-    the path, size, mtime and fingerprint recorded. Its table is then kept as it is.
-    (Image-text sources, whose file lists carry counts of dropped samples, are rebuilt.)"""
+    them: the same settings, and the same files in the same order, each with the path,
+    size, mtime and fingerprint (`fps`) recorded (so each reuses its own rows whole). Its
+    table is then kept as it is, and no IndexedFile is made for its files. (Image-text
+    sources, whose file lists carry counts of dropped samples, are rebuilt.)"""
     if old is None or recorded is None or spec.images is not None or old.get("spec_key") != key:
         return False
     if not all(k in old for k in ("keep", "tokens", "length_stats")):
         return False  # an entry this mds would not have written: rebuilt
-    if old.get("format") != fmt or recorded.n != len(files):
+    n = len(files)
+    if old.get("format") != fmt or recorded.n != n or recorded.spec_key != key or not n:
         return False
     # compared as lists: a source of a million unchanged files is a few C loops
+    if recorded.ids != list(range(n)) or [f.rel for f in files] != recorded.paths:
+        return False
+    size, mtime, fp, _ = zip(*fps, strict=True)
     return (
-        [f.reuse for f in files] == recorded.ids == list(range(len(files)))
-        and [f.data.rel for f in files] == recorded.paths
-        and [f.size for f in files] == recorded.sizes
-        and [f.mtime_ns for f in files] == recorded.mtimes
-        and [f.fingerprint for f in files] == recorded.fingerprints
+        list(size) == recorded.sizes
+        and list(mtime) == recorded.mtimes
+        and list(fp) == recorded.fingerprints
     )
