@@ -13,7 +13,8 @@ index, and undoes the change (the base index is then brought back in step, untim
 
 Each scenario's wall and CPU time is divided by those of a full index (fresh output) of
 the same corpus measured in the same round; medians over `--repeat` rounds of the times
-and of the ratios. The same runs on moto's
+and of the ratios. Locally, `listing` is the floor any re-index pays in Python: a walk
+of the corpus with os.scandir and one stat per file (sizes and mtimes, no mds code). The same runs on moto's
 S3 server (data root and index both under s3:// prefixes; the server in a process of its
 own, so the CPU times are mds's) at `--s3-files` files. Results go
 to `<out>/reindex.md` and `<out>/reindex.json`; timings are reported, never asserted.
@@ -117,6 +118,20 @@ class LocalCorpus:
         return lambda: None
 
 
+def listing(root: Path) -> list[tuple[str, int, int]]:
+    """Every file's path, size and mtime: os.scandir and one stat per file."""
+    out, stack = [], [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                else:
+                    st = e.stat(follow_symlinks=False)
+                    out.append((e.path, st.st_size, st.st_mtime_ns))
+    return out
+
+
 def run_local(data: Path, files: int, repeat: int, work: Path) -> dict[str, Any]:
     root = corpus(data, files)
     cfg = config(str(root / "corpus"), root)
@@ -124,11 +139,12 @@ def run_local(data: Path, files: int, repeat: int, work: Path) -> dict[str, Any]
     base = work / "base"
     shutil.rmtree(work, ignore_errors=True)
     build_index(cfg, base, workers=WORKERS)  # warm-up, and the index every scenario starts from
-    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("full", *SCENARIOS)}
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in ("full", *SCENARIOS, "listing")}
     for r in range(repeat):
         fresh = work / f"full-{r}"
         runs["full"].append(timed(build_index, cfg, fresh, workers=WORKERS))
         shutil.rmtree(fresh)
+        runs["listing"].append(timed(listing, root / "corpus"))
         for kind in SCENARIOS:
             out = work / f"{kind}-{r}"
             shutil.copytree(base, out)
@@ -236,16 +252,19 @@ def medians(runs: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    head = " | ".join(f"{k}: wall s, CPU s (ratios)" for k in SCENARIOS)
+    shown = (*SCENARIOS, "listing")
+    head = " | ".join(f"{k}: wall s, CPU s (ratios)" for k in shown)
     lines = [
         f"| where | files | full: wall s, CPU s | {head} |",
-        "|---|---:|---:|" + "---:|" * len(SCENARIOS),
+        "|---|---:|---:|" + "---:|" * len(shown),
     ]
     for where, res in results.items():
         m = res["medians"]
         cells = " | ".join(
             f"{m[k]['wall']:.2f}, {m[k]['cpu']:.2f} ({m[k]['wall_ratio']:.3f}, {m[k]['cpu_ratio']:.3f})"
-            for k in SCENARIOS
+            if k in m
+            else "-"
+            for k in shown
         )
         full = m["full"]
         lines.append(f"| {where} | {res['files']} | {full['wall']:.2f}, {full['cpu']:.2f} | {cells} |")
