@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mds.core import storage
 from mds.core.fingerprint import fingerprint, hashes_every_byte, stat_signature
@@ -237,12 +238,13 @@ class Recorded:
         """(sizes, mtimes, fingerprints as objects, ids), each with one more row at the end
         that matches nothing: row -1, where rows_of puts a path not recorded."""
         if self._arrays is None:
-            self._arrays = (
-                np.array([*self.sizes, -1], dtype=np.int64),
-                np.array([*self.mtimes, -1], dtype=np.int64),
-                np.array([*self.fingerprints, None], dtype=object),
-                np.array([*self.ids, -1], dtype=np.int64),
-            )
+            ints = [
+                np.append(self.table.column(k).to_numpy().astype(np.int64, copy=False), -1)
+                for k in ("size", "mtime_ns", "id")
+            ]
+            prints = np.empty(self.n + 1, dtype=object)
+            prints[: self.n] = self.fingerprints
+            self._arrays = (ints[0], ints[1], prints, ints[2])
         return self._arrays  # type: ignore[return-value]
 
     def rows_of(self, files: list[DataFile]) -> np.ndarray:
@@ -257,8 +259,8 @@ class Recorded:
 
     def of_mode(self, mode: str) -> np.ndarray:
         """Per row (and the extra row -1: False), whether its fingerprint is of `mode`."""
-        prefix = f"{mode}:"
-        return np.array([*(fp.startswith(prefix) for fp in self.fingerprints), False])
+        of = pc.starts_with(self.table.column("fingerprint"), f"{mode}:")
+        return np.append(of.to_numpy(zero_copy_only=False).astype(bool, copy=False), False)
 
     def counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first rows, rows, tokens) of each file."""
