@@ -289,3 +289,43 @@ def test_merge_parts_folds_runs_of_one_schema_into_their_first_unit() -> None:
         [(0, [1], 1, True)],
         [(1, [4], 4, False)],
     ]
+
+
+def test_parts_of_several_schemas_assemble_in_file_order_as_one_by_one() -> None:
+    """assemble puts parts of one schema together before its polars calls: the table is the
+    one made part by part (file ids, casts, columns, file order), whatever the parts' column
+    order, extra columns and types of a kept column that has no value."""
+    from mds.planner.index.source_table import Part, assemble
+
+    spec = source(name="s", count="n", keep=["lang"])
+    files = [
+        IndexedFile(data_file(Path(f"/r/f{i}.parquet"), Path("/r")), 1, 1, "sampled:x", 1)
+        for i in range(7)
+    ]
+
+    def part(first: int, rows: list[int], lang, extra: bool = False) -> Part:
+        n = sum(rows)
+        frame = pl.DataFrame(
+            {"n_tokens": list(range(first * 10, first * 10 + n)), "file_row": list(range(n))}
+        ).with_columns(pl.Series("lang", [lang] * n))
+        frame = frame.with_columns(pl.lit(7).alias("x")) if extra else frame
+        return Part(first, np.array(rows, dtype=np.int64), frame)
+
+    parts = [
+        part(4, [1, 2], "de", extra=True),  # an extra column: another schema
+        part(0, [2], "en"),
+        part(2, [0, 3], None),  # no value: a Null column, cast to the kept type
+        part(1, [1], "fr"),
+        part(6, [2], "en", extra=True),
+    ]
+    got = assemble(spec, "parquet", files, parts)
+
+    def alone(p: Part) -> pl.DataFrame:  # what assembly did part by part
+        ids = np.repeat(np.arange(p.first, p.first + len(p.rows), dtype=np.uint32), p.rows)
+        return p.frame.with_columns(
+            pl.Series("file_id", ids, dtype=pl.UInt32), pl.col("lang").cast(pl.String)
+        ).select(["file_id", "file_row", "n_tokens", "lang"])
+
+    want = pl.concat([alone(p) for p in sorted(parts, key=lambda p: p.first)])
+    assert got.equals(want) and got.schema == want.schema
+    assert got["file_id"].to_list() == [0, 0, 1, 3, 3, 3, 4, 5, 5, 6, 6]

@@ -150,18 +150,29 @@ def assemble(
     cols = ["file_id", "file_row"] + (["offset", "length"] if located else [])
     cols += ["offset"] if row_group_located(spec, fmt) else []
     cols += ["n_tokens", *(IMAGE_COLUMNS if spec.images is not None else ()), *spec.keep]
-    frames = []
+    # Parts whose frames have one schema are put together first, and their file ids, casts
+    # and columns done once: a re-index of a few files among many has a part per run of
+    # files (thousands), where a polars call per part would cost more than the rows.
+    by_schema: dict[tuple, list[Part]] = {}
     for part in parts:
-        ids = np.repeat(
-            np.arange(part.first, part.first + len(part.rows), dtype=np.uint32), part.rows
-        )
+        by_schema.setdefault(tuple(part.frame.schema.items()), []).append(part)
+    frames = []
+    for group in by_schema.values():
+        ids = np.concatenate(
+            [np.repeat(np.arange(p.first, p.first + len(p.rows), dtype=np.uint32), p.rows)
+             for p in group]
+        )  # fmt: skip
+        frame = group[0].frame if len(group) == 1 else pl.concat([p.frame for p in group])
         frames.append(
-            part.frame.with_columns(
+            frame.with_columns(
                 pl.Series("file_id", ids, dtype=pl.UInt32),
                 *[pl.col(c).cast(types[c]) for c in spec.keep],
             ).select(cols)
         )
-    return pl.concat(frames, how="vertical")
+    table = pl.concat(frames, how="vertical")
+    if len(frames) > 1:  # file ids do not overlap between parts: back in file order
+        table = table.sort("file_id", maintain_order=True)
+    return table
 
 
 def reused_rows(
