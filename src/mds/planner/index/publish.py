@@ -119,7 +119,7 @@ def file_list(
         "tokens": tokens,
         "dropped_bad_images": dropped,
     }
-    if any(f.data.companion is not None for f in files):
+    if files and files[0].data.companion is not None:  # Megatron (a source is of one format)
         columns["index_path"] = [_companion(f.data, root).get("index_path") for f in files]
     return file_list_table(columns)
 

@@ -127,8 +127,8 @@ def known_fingerprints(
     recorded = old.of_mode(mode)[rows]  # recorded under this path, in this mode
     mt = np.array(mtimes, dtype=np.int64)
     same = recorded & (old_sizes[rows] == np.array(sizes)) & (old_mtimes[rows] == mt) & (mt != 0)
-    if any(f.companion is not None for f in files):  # a Megatron pair: always hashed
-        same &= np.array([f.companion is None for f in files])
+    if files[0].companion is not None:  # Megatron pairs (a source is of one format)
+        same[:] = False  # always hashed
     rows_list = rows.tolist()
     fps: list = list(
         zip(sizes, mtimes, map(old.fingerprints.__getitem__, rows_list), sizes, strict=True)
