@@ -57,6 +57,15 @@ from torch import nn
 
 from mds.executor import MdsError, PlanExecutor
 
+# torch.distributed.nn.functional binds `group.WORLD` as the default argument of its
+# functions when it is first imported. Imported after init_process_group (here
+# use_deterministic_algorithms imports it, through torch._inductor), those defaults hold the
+# gloo group past destroy_process_group: its threads keep running and are only torn down
+# during interpreter shutdown. Imported now, before any group exists, the defaults are None
+# and destroy_process_group ends the group's threads.
+if dist.is_available():
+    import torch.distributed.nn  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER = REPO / "sample_data" / "tokenizer.json"
 CHECKPOINT_NAME = "checkpoint.pt"

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from plan_builders import REPO, sample_index, sample_plan_config
 
 EXAMPLE = REPO / "examples" / "train_tiny.py"
+EXIT_WORKER = Path(__file__).resolve().parent / "train_tiny_exit_worker.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
@@ -168,6 +169,24 @@ def test_killed_and_resumed_run_is_bitwise_the_uninterrupted_run(plans, tmp_path
     assert abs(losses[0] - math.log(2011)) < 0.5  # an untrained model: about uniform
     assert losses[-1] < losses[0] - 0.2  # and it learns
     assert all(sum(a[s]["samples"]) == 32 for s in a)  # samples_per_step of the sample config
+
+
+@needs_gloo
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_no_thread_of_the_process_group_outlives_the_run(plans, tmp_path):
+    """Once main() has destroyed the process group, none of gloo's threads (its transport's
+    event loop, the group's worker threads) is left to run into interpreter shutdown."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    args = ["--plan", str(plans[2]), "--steps", "1", "--checkpoint", str(tmp_path / "ckpt")]
+    cmd = [*TORCHRUN, "--nproc_per_node=2", str(EXIT_WORKER), str(out), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ENV)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
+    for rank in (0, 1):
+        record = json.loads((out / f"rank{rank}.json").read_text())
+        assert record["status"] == 0
+        left = [name for name in record["threads"] if "gloo" in name]
+        assert left == [], f"rank {rank}: threads of the destroyed group still run: {left}"
 
 
 def test_one_process_without_torchrun(plans, tmp_path):
