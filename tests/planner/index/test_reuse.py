@@ -132,11 +132,13 @@ _PRINT = st.sampled_from(["sampled:aa", "sampled:bb", "full:aa", "full:cc"])
     ),
     mode=st.sampled_from(["sampled", "full"]),
     companion=st.booleans(),
+    empty=st.booleans(),
 )
-def test_files_compared_as_columns_as_one_by_one(recorded, found, mode, companion) -> None:
+def test_files_compared_as_columns_as_one_by_one(recorded, found, mode, companion, empty) -> None:
     """known_fingerprints and reused_files (columns) give what the per-file rules give, on
-    drawn file lists: paths recorded twice, no stat, mtime 0, a Megatron companion."""
-    old = _old("k", *recorded) if recorded else None
+    drawn file lists: paths recorded twice, no stat, mtime 0, a Megatron companion, a
+    previous file list that is empty (`empty`) or missing."""
+    old = _old("k", *recorded) if recorded or empty else None
     files = [
         DataFile(Path("/r") / p, p, "jsonl", Path("/r/x.idx") if companion else None, sig)
         for p, sig, _, _ in found

@@ -118,7 +118,7 @@ def known_fingerprints(
         sigs = [listed.get(f.rel, f.signature) for f in files]
     else:
         sigs = [f.signature for f in files]
-    if old is None or not files:
+    if old is None or not files or not old.n:
         return [None] * len(files), [(sig, None) for sig in sigs]
     sizes = [-1 if sig is None else sig[0] for sig in sigs]
     mtimes = [0 if sig is None else sig[1] for sig in sigs]
