@@ -268,6 +268,8 @@ def _expand(
         groups = _glob_groups(pattern, top)
         lstat, fstat, is_link, is_reg = os.lstat, os.stat, stat.S_ISLNK, stat.S_ISREG
         for parent, entries in groups:
+            if not entries:  # `**` lists every directory: most match nothing
+                continue
             # A regular file is never an index itself: only its directory needs a look.
             kept, regular = skip.index_of(parent) is None, []
             for name, entry in entries:
